@@ -1,0 +1,232 @@
+// C++ CPU kernels of layer_norm_dropout_relu and its backward: at::parallel_for over rows, at::vec reductions,
+// fp32 accumulation (fp64 for fp64 x). Per-element math and the dropout RNG come from the headers the CUDA
+// kernels use, so these kernels are the CPU-testable twin of the GPU code.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "checks.h"
+#include "cpu/dropout_mask.h"
+
+namespace gpuopt {
+namespace {
+
+using at::vec::Vectorized;
+
+// Converts a parameter row (or its absence) to acc_t once per call: the row loops then need no branches.
+template <typename acc_t, typename param_t>
+std::vector<acc_t> param_row(const at::Tensor& t, int64_t N, acc_t absent) {
+  std::vector<acc_t> row(N, absent);
+  if (t.defined()) {
+    const param_t* p = t.data_ptr<param_t>();
+    for (int64_t j = 0; j < N; ++j) row[j] = static_cast<acc_t>(p[j]);
+  }
+  return row;
+}
+
+template <typename acc_t>
+acc_t row_sum(const acc_t* v, int64_t n) {
+  return at::vec::reduce_all<acc_t>([](Vectorized<acc_t>& a, Vectorized<acc_t>& b) { return a + b; }, v, n);
+}
+
+// Two-pass statistics of a row already in acc_t: exact variance, not E[x^2] - E[x]^2.
+template <typename acc_t>
+void row_stats(const acc_t* v, int64_t n, double eps, acc_t& mean, acc_t& rstd) {
+  mean = row_sum(v, n) / static_cast<acc_t>(n);
+  const acc_t m = mean;
+  const acc_t var = at::vec::map_reduce_all<acc_t>(
+                        [m](Vectorized<acc_t> x) {
+                          const auto d = x - Vectorized<acc_t>(m);
+                          return d * d;
+                        },
+                        [](Vectorized<acc_t>& a, Vectorized<acc_t>& b) { return a + b; }, v, n) /
+                    static_cast<acc_t>(n);
+  rstd = acc_t(1) / std::sqrt(var + static_cast<acc_t>(eps));
+}
+
+template <typename scalar_t, typename param_t, typename acc_t>
+void ldr_forward_kernel(const LdrArgs& a, int64_t seed, double eps, at::Tensor& out, at::Tensor& mean,
+                        at::Tensor& rstd) {
+  const int64_t M = a.M, N = a.N;
+  const scalar_t* x = a.x.data_ptr<scalar_t>();
+  scalar_t* y_out = out.data_ptr<scalar_t>();
+  acc_t* mean_out = mean.data_ptr<acc_t>();
+  acc_t* rstd_out = rstd.data_ptr<acc_t>();
+  const std::vector<acc_t> w = param_row<acc_t, param_t>(a.weight, N, acc_t(1));
+  const std::vector<acc_t> b = param_row<acc_t, param_t>(a.bias, N, acc_t(0));
+  const DropoutParams drop = a.dropout;
+  const acc_t scale = static_cast<acc_t>(drop.scale);
+  const int64_t grain = std::max<int64_t>(1, 32768 / N);
+
+  at::parallel_for(0, M, grain, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> row(N);
+    std::vector<uint8_t> keep(N, 1);
+    for (int64_t r = begin; r < end; ++r) {
+      const scalar_t* xr = x + r * N;
+      for (int64_t j = 0; j < N; ++j) row[j] = static_cast<acc_t>(xr[j]);
+      acc_t mu, rs;
+      row_stats(row.data(), N, eps, mu, rs);
+      mean_out[r] = mu;
+      rstd_out[r] = rs;
+      if (drop.active()) dropout_keep_row(seed, r * N, N, drop.threshold, keep.data());
+      scalar_t* yr = y_out + r * N;
+      for (int64_t j = 0; j < N; ++j) {
+        const acc_t y = (row[j] - mu) * rs * w[j] + b[j];
+        yr[j] = static_cast<scalar_t>(ldr_forward_element<acc_t>(y, keep[j] != 0, scale));
+      }
+    }
+  });
+}
+
+// Rows are split into a fixed number of blocks that depends on M only, each block sums its rows' dgamma/dbeta
+// in row order into its own partial row, and the partials are summed in block order: the result's bits do not
+// depend on the number of threads.
+inline int64_t reduction_blocks(int64_t M) { return std::min<int64_t>(M, 64); }
+
+template <typename scalar_t, typename param_t, typename acc_t>
+void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, at::Tensor& grad_x, at::Tensor& grad_w,
+                         at::Tensor& grad_b) {
+  const LdrArgs& a = args.fwd;
+  const int64_t M = a.M, N = a.N;
+  const scalar_t* x = a.x.data_ptr<scalar_t>();
+  const scalar_t* g = args.grad_out.data_ptr<scalar_t>();
+  const acc_t* mean = args.mean.data_ptr<acc_t>();
+  const acc_t* rstd = args.rstd.data_ptr<acc_t>();
+  scalar_t* dx = grad_x.data_ptr<scalar_t>();
+  const std::vector<acc_t> w = param_row<acc_t, param_t>(a.weight, N, acc_t(1));
+  const std::vector<acc_t> b = param_row<acc_t, param_t>(a.bias, N, acc_t(0));
+  const DropoutParams drop = a.dropout;
+  const acc_t scale = static_cast<acc_t>(drop.scale);
+  const bool want_dw = a.weight.defined(), want_db = a.bias.defined();
+
+  const int64_t blocks = reduction_blocks(M);
+  const int64_t rows_per_block = blocks == 0 ? 0 : (M + blocks - 1) / blocks;
+  std::vector<acc_t> partial_w(want_dw ? blocks * N : 0, acc_t(0));
+  std::vector<acc_t> partial_b(want_db ? blocks * N : 0, acc_t(0));
+
+  at::parallel_for(0, blocks, 1, [&](int64_t blk_begin, int64_t blk_end) {
+    std::vector<acc_t> xhat(N), dxhat(N);
+    std::vector<uint8_t> keep(N, 1);
+    for (int64_t blk = blk_begin; blk < blk_end; ++blk) {
+      acc_t* pw = want_dw ? partial_w.data() + blk * N : nullptr;
+      acc_t* pb = want_db ? partial_b.data() + blk * N : nullptr;
+      const int64_t r_end = std::min(M, (blk + 1) * rows_per_block);
+      for (int64_t r = blk * rows_per_block; r < r_end; ++r) {
+        const scalar_t* xr = x + r * N;
+        const scalar_t* gr = g + r * N;
+        const acc_t mu = mean[r], rs = rstd[r];
+        if (drop.active()) dropout_keep_row(seed, r * N, N, drop.threshold, keep.data());
+        for (int64_t j = 0; j < N; ++j) {
+          const acc_t xh = (static_cast<acc_t>(xr[j]) - mu) * rs;
+          const acc_t y = xh * w[j] + b[j];
+          const acc_t dy = ldr_backward_element<acc_t>(static_cast<acc_t>(gr[j]), y, keep[j] != 0, scale);
+          xhat[j] = xh;
+          dxhat[j] = dy * w[j];
+          if (pw) pw[j] += dy * xh;
+          if (pb) pb[j] += dy;
+        }
+        const acc_t inv_n = acc_t(1) / static_cast<acc_t>(N);
+        const acc_t c1 = at::vec::map2_reduce_all<acc_t>(
+                             [](Vectorized<acc_t> u, Vectorized<acc_t> v) { return u * v; },
+                             [](Vectorized<acc_t>& p, Vectorized<acc_t>& q) { return p + q; }, dxhat.data(),
+                             xhat.data(), N) *
+                         inv_n;
+        const acc_t c2 = row_sum(dxhat.data(), N) * inv_n;
+        scalar_t* dxr = dx + r * N;
+        for (int64_t j = 0; j < N; ++j) dxr[j] = static_cast<scalar_t>(rs * (dxhat[j] - xhat[j] * c1 - c2));
+      }
+    }
+  });
+
+  auto finish = [&](const std::vector<acc_t>& partial, at::Tensor& dst) {
+    param_t* out = dst.data_ptr<param_t>();
+    at::parallel_for(0, N, 1024, [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        acc_t s = 0;
+        for (int64_t blk = 0; blk < blocks; ++blk) s += partial[blk * N + j];
+        out[j] = static_cast<param_t>(s);
+      }
+    });
+  };
+  if (want_dw) finish(partial_w, grad_w);
+  if (want_db) finish(partial_b, grad_b);
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls body(TypeTag<scalar_t>, TypeTag<param_t>, TypeTag<acc_t>) for x's dtype and the params' dtype.
+template <typename Body>
+void dispatch_ldr(const LdrArgs& a, Body&& body) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.x.scalar_type(), "layer_norm_dropout_relu_cpu", [&] {
+    using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    if (a.param_dtype == at::kFloat) {
+      body(TypeTag<scalar_t>{}, TypeTag<float>{}, TypeTag<acc_t>{});
+    } else {
+      body(TypeTag<scalar_t>{}, TypeTag<scalar_t>{}, TypeTag<acc_t>{});
+    }
+  });
+}
+
+#define GPUOPT_UNPACK_TAGS                          \
+  using scalar_t = typename decltype(st)::type;     \
+  using param_t = typename decltype(pt)::type;      \
+  using acc_t = typename decltype(at_)::type;
+
+int64_t read_seed(const at::Tensor& seed) { return seed.reshape({}).item<int64_t>(); }
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ldr_forward_cpu(const at::Tensor& x,
+                                                                const std::optional<at::Tensor>& weight,
+                                                                const std::optional<at::Tensor>& bias,
+                                                                const at::Tensor& seed, double p, double eps) {
+  LdrArgs a = check_ldr_forward(x, weight, bias, seed, p, eps);
+  at::Tensor out = at::empty(x.sizes(), a.x.options());
+  at::Tensor mean = at::empty({a.M}, a.x.options().dtype(a.acc_dtype));
+  at::Tensor rstd = at::empty({a.M}, a.x.options().dtype(a.acc_dtype));
+  if (a.M == 0) return {out, mean, rstd};
+  const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
+  dispatch_ldr(a, [&](auto st, auto pt, auto at_) {
+    GPUOPT_UNPACK_TAGS
+    ldr_forward_kernel<scalar_t, param_t, acc_t>(a, s, eps, out, mean, rstd);
+  });
+  return {out, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ldr_backward_cpu(
+    const at::Tensor& grad_out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& rstd, const at::Tensor& seed,
+    double p) {
+  LdrBackwardArgs b = check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p);
+  const LdrArgs& a = b.fwd;
+  const auto popts = a.x.options().dtype(a.param_dtype);
+  at::Tensor grad_x = at::empty(x.sizes(), a.x.options());
+  at::Tensor grad_w = a.weight.defined() ? at::zeros({a.N}, popts) : at::empty({0}, popts);
+  at::Tensor grad_b = a.bias.defined() ? at::zeros({a.N}, popts) : at::empty({0}, popts);
+  if (a.M == 0) return {grad_x, grad_w, grad_b};
+  const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
+  dispatch_ldr(a, [&](auto st, auto pt, auto at_) {
+                 GPUOPT_UNPACK_TAGS
+                 ldr_backward_kernel<scalar_t, param_t, acc_t>(b, s, grad_x, grad_w, grad_b);
+               });
+  return {grad_x, grad_w, grad_b};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {
+  m.impl("layer_norm_dropout_relu", &ldr_forward_cpu);
+  m.impl("layer_norm_dropout_relu_backward", &ldr_backward_cpu);
+}
+
+}  // namespace gpuopt

@@ -1,0 +1,25 @@
+"""gpuopt: fused LayerNorm-Dropout-ReLU and bias-ReLU operators for PyTorch.
+
+`import gpuopt_ops` loads the compiled extension (which defines torch.ops.gpuopt.*) and registers the fake
+kernels and autograd formulas.
+"""
+
+import torch
+
+try:
+    from . import _C  # noqa: F401  (registers the schemas and the CPU/CUDA kernels)
+except ImportError as err:  # most often: built against another torch (undefined symbol ...c10...)
+    try:
+        from ._build_info import TORCH_VERSION as _BUILT_WITH
+    except ImportError:
+        _BUILT_WITH = "unknown (no build found)"
+    raise ImportError(
+        f"gpuopt_ops: cannot load the compiled extension gpuopt_ops._C ({err}). It was built against torch "
+        f"{_BUILT_WITH}; this is torch {torch.__version__}. Rebuild it with "
+        "`pip install --no-build-isolation -e .` in this environment."
+    ) from err
+
+from . import ops  # noqa: E402
+from .ops import bias_relu, draw_seed, layer_norm_dropout_relu  # noqa: E402
+
+__all__ = ["layer_norm_dropout_relu", "bias_relu", "draw_seed", "ops"]

@@ -1,0 +1,169 @@
+"""Fake kernels and autograd of the C++/CUDA ops, and the typed public functions."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+
+from . import _validation as V
+
+_ops = torch.ops.gpuopt
+BACKENDS = ("auto", "cuda", "cpu", "triton")
+
+
+# ---------------------------------------------------------------------------------------------- fake kernels
+@torch.library.register_fake("gpuopt::layer_norm_dropout_relu")
+def _ldr_fake(x, weight, bias, seed, p, eps):
+    m, _, _ = V.check_ldr_forward(x, weight, bias, seed, p, eps)
+    acc = V.acc_dtype(x.dtype)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty((m,), dtype=acc), \
+        x.new_empty((m,), dtype=acc)
+
+
+@torch.library.register_fake("gpuopt::layer_norm_dropout_relu_backward")
+def _ldr_backward_fake(grad_out, x, weight, bias, mean, rstd, seed, p):
+    _, n, param_dtype = V.check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p)
+    grad_w = x.new_empty((n,) if weight is not None else (0,), dtype=param_dtype)
+    grad_b = x.new_empty((n,) if bias is not None else (0,), dtype=param_dtype)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), grad_w, grad_b
+
+
+@torch.library.register_fake("gpuopt::bias_relu")
+def _bias_relu_fake(x, bias):
+    V.check_bias_relu(x, bias)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("gpuopt::bias_relu_backward")
+def _bias_relu_backward_fake(grad_out, out):
+    _, n = V.check_bias_relu_backward(grad_out, out)
+    return torch.empty_like(out, memory_format=torch.contiguous_format), out.new_empty((n,))
+
+
+# ---------------------------------------------------------------------------------------------- autograd
+def register_ldr_autograd(forward_op, backward_op) -> None:
+    """Autograd of a layer_norm_dropout_relu op (C++ or Triton): backward is the `_backward` op.
+
+    Saved for backward: x, weight, bias, mean, rstd, seed (DESIGN.md); the mask is recomputed from the seed.
+    The mean/rstd outputs are statistics, not differentiable results: gradients flowing into them are ignored.
+    """
+
+    def setup_context(ctx, inputs, output):
+        x, weight, bias, seed, p, eps = inputs
+        _, mean, rstd = output
+        ctx.save_for_backward(x, weight, bias, mean, rstd, seed)
+        ctx.p = p
+
+    def backward(ctx, grad_out, _grad_mean, _grad_rstd):
+        x, weight, bias, mean, rstd, seed = ctx.saved_tensors
+        grad_x, grad_w, grad_b = backward_op(grad_out, x, weight, bias, mean, rstd, seed, ctx.p)
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        return (grad_x if need_x else None, grad_w if weight is not None and need_w else None,
+                grad_b if bias is not None and need_b else None, None, None, None)
+
+    torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
+
+
+def register_bias_relu_autograd(forward_op, backward_op) -> None:
+    """Autograd of a bias_relu op: only the output is saved; the ReLU mask is out > 0."""
+
+    def setup_context(ctx, inputs, output):
+        _, bias = inputs
+        ctx.save_for_backward(output)
+        ctx.bias_dtype = bias.dtype
+
+    def backward(ctx, grad_out):
+        (out,) = ctx.saved_tensors
+        grad_x, grad_b = backward_op(grad_out, out)
+        return grad_x, grad_b.to(ctx.bias_dtype)
+
+    torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
+
+
+register_ldr_autograd("gpuopt::layer_norm_dropout_relu", _ops.layer_norm_dropout_relu_backward)
+register_bias_relu_autograd("gpuopt::bias_relu", _ops.bias_relu_backward)
+
+
+# ---------------------------------------------------------------------------------------------- public API
+def _has_kernel(name: str, key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"gpuopt::{name}", key)
+
+
+def _check_backend(backend: str, x: torch.Tensor, name: str) -> str:
+    """Resolves backend='auto' and rejects a backend that cannot run x, with what to do instead."""
+    if backend not in BACKENDS:
+        raise ValueError(f"gpuopt.{name}: backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        backend = "cuda" if x.device.type == "cuda" else "cpu"
+    if backend == "cpu" and x.device.type != "cpu":
+        raise ValueError(f"gpuopt.{name}: backend='cpu' needs a CPU tensor, got x on {x.device}; "
+                         "use backend='auto', 'cuda' or 'triton'")
+    if backend == "cuda":
+        if x.device.type != "cuda":
+            raise ValueError(f"gpuopt.{name}: backend='cuda' needs a CUDA tensor, got x on {x.device}; "
+                             "use backend='auto' or 'cpu'")
+        if not _has_kernel(name, "CUDA"):
+            raise RuntimeError(f"gpuopt.{name}: this gpuopt build has no CUDA kernels (it was built CPU-only, "
+                               "without nvcc or with GPUOPT_CPU_ONLY=1). Rebuild with a CUDA toolkit "
+                               "(pip install --no-build-isolation -e .) or use backend='triton'.")
+    return backend
+
+
+def _triton_ops():
+    from . import triton_ops  # imported lazily: triton is optional
+
+    return triton_ops
+
+
+def _flatten_normalized(x: torch.Tensor, normalized_shape, weight, bias):
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    normalized_shape = tuple(normalized_shape)
+    k = len(normalized_shape)
+    if k == 0 or x.dim() < k or tuple(x.shape[x.dim() - k:]) != normalized_shape:
+        raise ValueError(f"gpuopt.layer_norm_dropout_relu: normalized_shape {normalized_shape} must be the "
+                         f"trailing dimensions of x, got x of shape {tuple(x.shape)}")
+    n = math.prod(normalized_shape)
+    x2 = x if k == 1 else x.reshape(*x.shape[: x.dim() - k], n)
+    w = weight.reshape(n) if weight is not None and k > 1 else weight
+    b = bias.reshape(n) if bias is not None and k > 1 else bias
+    return x2, w, b
+
+
+def draw_seed(device: torch.device, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """A dropout seed drawn from torch's generator on `device`, as a 1-element int64 tensor on that device.
+
+    Drawn on the device itself: no host sync, and CUDA graphs replay a new draw each time.
+    """
+    return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64, generator=generator)
+
+
+def layer_norm_dropout_relu(x: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
+                            weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                            p: float = 0.1, training: bool = True, eps: float = 1e-5,
+                            generator: Optional[torch.Generator] = None, backend: str = "auto") -> torch.Tensor:
+    """relu(dropout(layer_norm(x, normalized_shape, weight, bias, eps), p)) in one fused kernel.
+
+    Dropout keeps an element with probability 1 - p quantized to a multiple of 2**-16 (see DESIGN.md) and is
+    off when training=False. The dropout seed is drawn from `generator` (default: torch's default generator
+    on x's device), so torch.manual_seed reproduces a run.
+    """
+    backend = _check_backend(backend, x, "layer_norm_dropout_relu")
+    x2, w, b = _flatten_normalized(x, normalized_shape, weight, bias)
+    p_eff = float(p) if training else 0.0
+    if p_eff > 0.0:
+        seed = draw_seed(x.device, generator)
+    else:
+        seed = torch.zeros(1, dtype=torch.int64, device=x.device)
+    op = _triton_ops().triton_layer_norm_dropout_relu if backend == "triton" else _ops.layer_norm_dropout_relu
+    out, _, _ = op(x2, w, b, seed, p_eff, float(eps))
+    return out.view(x.shape) if out.shape != x.shape else out
+
+
+def bias_relu(x: torch.Tensor, bias: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """relu(x + bias), bias of shape (x.shape[-1],) broadcast over the rows; backward fuses the dbias sum."""
+    backend = _check_backend(backend, x, "bias_relu")
+    op = _triton_ops().triton_bias_relu if backend == "triton" else _ops.bias_relu
+    return op(x, bias)

@@ -1,0 +1,119 @@
+"""Pure-PyTorch references of the gpuopt ops, shared by the tests and the benchmarks.
+
+The Philox4x32-10 here is a second, independent implementation of DESIGN.md's dropout RNG (numpy uint64
+arithmetic instead of the C++ header), checked against the Random123 known-answer vectors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
+PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+def philox4x32_10(counter: Sequence[int], key: Sequence[int]) -> Tuple[int, int, int, int]:
+    """One Philox4x32-10 call on Python ints (for the known-answer tests)."""
+    out = philox4x32_10_array(*(np.array([c], dtype=np.uint64) for c in counter),
+                              np.uint64(key[0]), np.uint64(key[1]))
+    return tuple(int(w[0]) for w in out)
+
+
+def philox4x32_10_array(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 on arrays of uint32 values held in np.uint64 (products of two uint32 fit exactly)."""
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) & _MASK32 for c in (c0, c1, c2, c3))
+    k0, k1 = np.uint64(int(k0) & 0xFFFFFFFF), np.uint64(int(k1) & 0xFFFFFFFF)
+    m0, m1 = np.uint64(PHILOX_M0), np.uint64(PHILOX_M1)
+    for _ in range(10):
+        p0 = m0 * c0
+        p1 = m1 * c2
+        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & _MASK32, (p0 >> np.uint64(32)) ^ c3 ^ k1,
+                          p0 & _MASK32)
+        k0 = np.uint64((int(k0) + PHILOX_W0) & 0xFFFFFFFF)
+        k1 = np.uint64((int(k1) + PHILOX_W1) & 0xFFFFFFFF)
+    return c0, c1, c2, c3
+
+
+def dropout_threshold(p: float) -> int:
+    """t = round(p * 65536), half up, identical to csrc/fused_math.h."""
+    return int(min(max(math.floor(p * 65536.0 + 0.5), 0), 65536))
+
+
+def dropout_scale(p: float) -> float:
+    """Scale of kept values: 65536 / (65536 - t) rounded to fp32 (0 when everything is dropped)."""
+    t = dropout_threshold(p)
+    return 0.0 if t == 65536 else float(np.float32(65536.0 / (65536 - t)))
+
+
+def dropout_uniform16(seed: int, idx: np.ndarray) -> np.ndarray:
+    """The 16-bit lane u of each element's linear index idx (int64 array) under `seed`."""
+    idx = np.asarray(idx, dtype=np.int64)
+    s = int(seed) & 0xFFFFFFFFFFFFFFFF
+    g = (idx >> 3).astype(np.uint64)
+    words = philox4x32_10_array(g & _MASK32, g >> np.uint64(32), np.zeros_like(g), np.zeros_like(g),
+                                s & 0xFFFFFFFF, s >> 32)
+    lane = (idx & 7).astype(np.int64)
+    stacked = np.stack(words)  # (4, n)
+    word = np.take_along_axis(stacked, (lane >> 1)[None, :], axis=0)[0]
+    return np.where(lane & 1, word >> np.uint64(16), word & np.uint64(0xFFFF)).astype(np.int64)
+
+
+def dropout_keep_mask(seed: int, m: int, n: int, p: float, device=None) -> torch.Tensor:
+    """Boolean (m, n) keep mask of DESIGN.md's dropout for the contiguous (m, n) view."""
+    t = dropout_threshold(p)
+    if t == 0:
+        return torch.ones(m, n, dtype=torch.bool, device=device)
+    u = dropout_uniform16(seed, np.arange(m * n, dtype=np.int64))
+    return torch.from_numpy(u >= t).reshape(m, n).to(device)
+
+
+def seed_value(seed: torch.Tensor | int) -> int:
+    return int(seed.reshape(()).item()) if isinstance(seed, torch.Tensor) else int(seed)
+
+
+def layer_norm_dropout_relu(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                            seed, p: float, eps: float = 1e-5, compute_dtype: Optional[torch.dtype] = None):
+    """relu(dropout(layer_norm(x) * weight + bias)) over the last dim, built from unfused PyTorch ops.
+
+    compute_dtype=None computes in x's dtype (what plain PyTorch would do); torch.float64 gives the
+    high-precision reference. Differentiable: the tests take its gradients as the reference gradients.
+    Returns (out, mean, rstd) with out in compute_dtype.
+    """
+    dt = compute_dtype or x.dtype
+    n = x.shape[-1]
+    m = x.numel() // n
+    xc = x.to(dt)
+    w = None if weight is None else weight.to(dt)
+    b = None if bias is None else bias.to(dt)
+    mean = xc.mean(-1, keepdim=True)
+    var = ((xc - mean) ** 2).mean(-1, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    y = (xc - mean) * rstd
+    if w is not None:
+        y = y * w
+    if b is not None:
+        y = y + b
+    keep = dropout_keep_mask(seed_value(seed), m, n, p, device=x.device).reshape(x.shape)
+    scale = dropout_scale(p)
+    y = torch.where(keep, y * scale, torch.zeros((), dtype=dt, device=x.device))
+    return torch.relu(y), mean.reshape(-1), rstd.reshape(-1)
+
+
+def bias_relu(x: torch.Tensor, bias: torch.Tensor, compute_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    dt = compute_dtype or x.dtype
+    return torch.relu(x.to(dt) + bias.to(dt))
+
+
+def eager_layer_norm_dropout_relu(x, weight, bias, p: float, training: bool = True, eps: float = 1e-5):
+    """What a user writes without gpuopt (the benchmarks' `eager` provider); torch's own dropout RNG."""
+    y = torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    return torch.relu(torch.nn.functional.dropout(y, p, training))
+
+
+def eager_bias_relu(x, bias):
+    return torch.relu(x + bias)
