@@ -1,0 +1,62 @@
+"""Shared inputs and comparison helpers for the op tests (one sample_inputs feeds every kind of test)."""
+
+import torch
+
+from gpuopt_ops import reference as R
+
+# (M-shape prefix, N): N=1, odd, not a power of two, 3-D input, M=0
+SHAPES = [((4,), 1), ((3,), 7), ((5,), 37), ((2, 3), 123), ((6, 42), 123), ((0,), 16), ((17,), 256),
+          ((8,), 1000)]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def make_inputs(prefix, n, dtype, device="cpu", affine=True, param_dtype=None, requires_grad=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*prefix, n, generator=g, dtype=torch.float64).to(dtype)
+    pd = param_dtype or dtype
+    w = (1 + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)).to(pd) if affine else None
+    b = (0.3 * torch.randn(n, generator=g, dtype=torch.float64)).to(pd) if affine else None
+    ts = [t.to(device) if t is not None else None for t in (x, w, b)]
+    if requires_grad:
+        for t in ts:
+            if t is not None:
+                t.requires_grad_(True)
+    return ts
+
+
+def seed_tensor(value, device="cpu"):
+    return torch.tensor([value], dtype=torch.int64, device=device)
+
+
+def report_mismatch(name, ours, ref, tol):
+    diff = (ours.double() - ref.double()).abs()
+    idx = int(diff.reshape(-1).argmax()) if diff.numel() else 0
+    return (f"{name}: max |ours - ref| = {diff.max().item() if diff.numel() else 0:.3e} > tol {tol:.3e} "
+            f"at flat index {idx} (ours {ours.reshape(-1)[idx].item() if diff.numel() else None}, "
+            f"ref {ref.reshape(-1)[idx].item() if diff.numel() else None})")
+
+
+def assert_close_to_reference(name, ours, ref64, torch_lowp, floor):
+    """flash-attn rule: our error vs the fp64 reference is at most 2x PyTorch's own error in that dtype."""
+    if ours.numel() == 0:
+        assert ours.shape == ref64.shape
+        return
+    assert ours.shape == ref64.shape, f"{name}: shape {tuple(ours.shape)} != {tuple(ref64.shape)}"
+    torch_err = (torch_lowp.double() - ref64).abs().max().item()
+    if not torch_err == torch_err or torch_err == float("inf"):
+        # PyTorch itself overflows in this dtype (e.g. fp16 with rstd = 1/sqrt(eps)): fall back to a few ulps
+        torch_err = 4 * torch.finfo(ours.dtype).eps * max(1.0, ref64.abs().max().item())
+    tol = 2 * torch_err + floor
+    err = (ours.double() - ref64).abs().max().item()
+    assert err <= tol, report_mismatch(name, ours, ref64, tol)
+
+
+FLOORS = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+
+
+def ldr_reference_and_grads(x, w, b, seed, p, eps, grad_out, dtype):
+    """(out, grads) of the unfused reference computed in `dtype` (fp64 for the high-precision reference)."""
+    leaves = [t.detach().clone().requires_grad_(True) if t is not None else None for t in (x, w, b)]
+    out, _, _ = R.layer_norm_dropout_relu(*leaves, seed, p, eps, compute_dtype=dtype)
+    out.backward(grad_out.to(dtype))
+    return out.detach(), [t.grad if t is not None else None for t in leaves]
