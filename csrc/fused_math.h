@@ -10,7 +10,7 @@ namespace gpuopt {
 struct DropoutParams {
   uint32_t threshold;  // 0 .. 65536
   float scale;         // 65536 / (65536 - threshold), 0 when threshold == 65536
-  bool active() const { return threshold != 0; }
+  GPUOPT_HD bool active() const { return threshold != 0; }
 };
 
 inline uint32_t dropout_threshold(double p) {
