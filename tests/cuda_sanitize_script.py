@@ -1,0 +1,30 @@
+"""Calls every CUDA kernel path once on small shapes; meant to run under compute-sanitizer
+(memcheck / racecheck / initcheck) on the GPU machine: `compute-sanitizer --tool memcheck python tests/cuda_sanitize_script.py`."""
+
+import torch
+
+import gpuopt_ops  # noqa: F401
+
+ops = torch.ops.gpuopt
+
+
+def main():
+    seed = torch.tensor([5], device="cuda")
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in (7, 64, 1000, 4096, 16384, 65536):  # generic, fast, 1/2/4/8 chunks per thread
+            for affine in (True, False):
+                for p in (0.0, 0.1, 1.0):
+                    x = torch.randn(3, n, device="cuda", dtype=dtype)
+                    w = torch.randn(n, device="cuda") if affine else None
+                    b = torch.randn(n, device="cuda") if affine else None
+                    out, mean, rstd = ops.layer_norm_dropout_relu(x, w, b, seed, p, 1e-5)
+                    ops.layer_norm_dropout_relu_backward(torch.randn_like(out), x, w, b, mean, rstd, seed, p)
+            xb = torch.randn(5, n, device="cuda", dtype=dtype)
+            o = ops.bias_relu(xb, torch.randn(n, device="cuda", dtype=dtype))
+            ops.bias_relu_backward(torch.randn_like(o), o)
+    torch.cuda.synchronize()
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
