@@ -10,12 +10,11 @@
 #include <vector>
 
 #include "checks.h"
+#include "cpu/row_blocks.h"
+#include "dispatch.h"
 
 namespace gpuopt {
 namespace {
-
-template <typename scalar_t>
-using acc_type_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
 
 template <typename scalar_t, typename bias_t>
 void bias_relu_kernel(const BiasReluArgs& a, at::Tensor& out) {
@@ -37,7 +36,6 @@ void bias_relu_kernel(const BiasReluArgs& a, at::Tensor& out) {
   });
 }
 
-// Fixed row blocks (a function of M only) summed in order: bits independent of the thread count.
 template <typename scalar_t>
 void bias_relu_backward_kernel(const BiasReluBackwardArgs& a, at::Tensor& grad_x, at::Tensor& grad_b) {
   using acc_t = acc_type_t<scalar_t>;
@@ -45,14 +43,13 @@ void bias_relu_backward_kernel(const BiasReluBackwardArgs& a, at::Tensor& grad_x
   const scalar_t* g = a.grad_out.data_ptr<scalar_t>();
   const scalar_t* o = a.out.data_ptr<scalar_t>();
   scalar_t* dx = grad_x.data_ptr<scalar_t>();
-  const int64_t blocks = std::min<int64_t>(M, 64);
-  const int64_t rows_per_block = (M + blocks - 1) / blocks;
+  const RowBlocks rb(M);
+  const int64_t blocks = rb.blocks;
   std::vector<acc_t> partial(blocks * N, acc_t(0));
   at::parallel_for(0, blocks, 1, [&](int64_t blk_begin, int64_t blk_end) {
     for (int64_t blk = blk_begin; blk < blk_end; ++blk) {
       acc_t* pb = partial.data() + blk * N;
-      const int64_t r_end = std::min(M, (blk + 1) * rows_per_block);
-      for (int64_t r = blk * rows_per_block; r < r_end; ++r) {
+      for (int64_t r = rb.begin(blk); r < rb.end(blk, M); ++r) {
         const scalar_t* gr = g + r * N;
         const scalar_t* orow = o + r * N;
         scalar_t* dxr = dx + r * N;
@@ -64,14 +61,7 @@ void bias_relu_backward_kernel(const BiasReluBackwardArgs& a, at::Tensor& grad_x
       }
     }
   });
-  scalar_t* db = grad_b.data_ptr<scalar_t>();
-  at::parallel_for(0, N, 1024, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j) {
-      acc_t s = 0;
-      for (int64_t blk = 0; blk < blocks; ++blk) s += partial[blk * N + j];
-      db[j] = static_cast<scalar_t>(s);
-    }
-  });
+  sum_partials(partial, blocks, N, grad_b.data_ptr<scalar_t>());
 }
 
 at::Tensor bias_relu_cpu(const at::Tensor& x, const at::Tensor& bias) {

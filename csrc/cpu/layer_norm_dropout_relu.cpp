@@ -16,6 +16,8 @@
 
 #include "checks.h"
 #include "cpu/dropout_mask.h"
+#include "cpu/row_blocks.h"
+#include "dispatch.h"
 
 namespace gpuopt {
 namespace {
@@ -87,11 +89,6 @@ void ldr_forward_kernel(const LdrArgs& a, int64_t seed, double eps, at::Tensor& 
   });
 }
 
-// Rows are split into a fixed number of blocks that depends on M only, each block sums its rows' dgamma/dbeta
-// in row order into its own partial row, and the partials are summed in block order: the result's bits do not
-// depend on the number of threads.
-inline int64_t reduction_blocks(int64_t M) { return std::min<int64_t>(M, 64); }
-
 template <typename scalar_t, typename param_t, typename acc_t>
 void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, at::Tensor& grad_x, at::Tensor& grad_w,
                          at::Tensor& grad_b) {
@@ -108,8 +105,8 @@ void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, at::Tensor& 
   const acc_t scale = static_cast<acc_t>(drop.scale);
   const bool want_dw = a.weight.defined(), want_db = a.bias.defined();
 
-  const int64_t blocks = reduction_blocks(M);
-  const int64_t rows_per_block = blocks == 0 ? 0 : (M + blocks - 1) / blocks;
+  const RowBlocks rb(M);
+  const int64_t blocks = rb.blocks;
   std::vector<acc_t> partial_w(want_dw ? blocks * N : 0, acc_t(0));
   std::vector<acc_t> partial_b(want_db ? blocks * N : 0, acc_t(0));
 
@@ -119,8 +116,7 @@ void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, at::Tensor& 
     for (int64_t blk = blk_begin; blk < blk_end; ++blk) {
       acc_t* pw = want_dw ? partial_w.data() + blk * N : nullptr;
       acc_t* pb = want_db ? partial_b.data() + blk * N : nullptr;
-      const int64_t r_end = std::min(M, (blk + 1) * rows_per_block);
-      for (int64_t r = blk * rows_per_block; r < r_end; ++r) {
+      for (int64_t r = rb.begin(blk); r < rb.end(blk, M); ++r) {
         const scalar_t* xr = x + r * N;
         const scalar_t* gr = g + r * N;
         const acc_t mu = mean[r], rs = rstd[r];
@@ -147,42 +143,14 @@ void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, at::Tensor& 
     }
   });
 
-  auto finish = [&](const std::vector<acc_t>& partial, at::Tensor& dst) {
-    param_t* out = dst.data_ptr<param_t>();
-    at::parallel_for(0, N, 1024, [&](int64_t j0, int64_t j1) {
-      for (int64_t j = j0; j < j1; ++j) {
-        acc_t s = 0;
-        for (int64_t blk = 0; blk < blocks; ++blk) s += partial[blk * N + j];
-        out[j] = static_cast<param_t>(s);
-      }
-    });
-  };
-  if (want_dw) finish(partial_w, grad_w);
-  if (want_db) finish(partial_b, grad_b);
+  if (want_dw) sum_partials(partial_w, blocks, N, grad_w.data_ptr<param_t>());
+  if (want_db) sum_partials(partial_b, blocks, N, grad_b.data_ptr<param_t>());
 }
 
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-// Calls body(TypeTag<scalar_t>, TypeTag<param_t>, TypeTag<acc_t>) for x's dtype and the params' dtype.
-template <typename Body>
-void dispatch_ldr(const LdrArgs& a, Body&& body) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.x.scalar_type(), "layer_norm_dropout_relu_cpu", [&] {
-    using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-    if (a.param_dtype == at::kFloat) {
-      body(TypeTag<scalar_t>{}, TypeTag<float>{}, TypeTag<acc_t>{});
-    } else {
-      body(TypeTag<scalar_t>{}, TypeTag<scalar_t>{}, TypeTag<acc_t>{});
-    }
-  });
-}
-
-#define GPUOPT_UNPACK_TAGS                          \
-  using scalar_t = typename decltype(st)::type;     \
-  using param_t = typename decltype(pt)::type;      \
-  using acc_t = typename decltype(at_)::type;
+#define GPUOPT_UNPACK_TAGS                       \
+  using scalar_t = typename decltype(st)::type;  \
+  using param_t = typename decltype(pt)::type;   \
+  using acc_t = acc_type_t<scalar_t>;
 
 int64_t read_seed(const at::Tensor& seed) { return seed.reshape({}).item<int64_t>(); }
 
@@ -196,7 +164,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ldr_forward_cpu(const at::Tensor&
   at::Tensor rstd = at::empty({a.M}, a.x.options().dtype(a.acc_dtype));
   if (a.M == 0) return {out, mean, rstd};
   const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
-  dispatch_ldr(a, [&](auto st, auto pt, auto at_) {
+  dispatch_ldr(a, [&](auto st, auto pt) {
     GPUOPT_UNPACK_TAGS
     ldr_forward_kernel<scalar_t, param_t, acc_t>(a, s, eps, out, mean, rstd);
   });
@@ -215,7 +183,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ldr_backward_cpu(
   at::Tensor grad_b = a.bias.defined() ? at::zeros({a.N}, popts) : at::empty({0}, popts);
   if (a.M == 0) return {grad_x, grad_w, grad_b};
   const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
-  dispatch_ldr(a, [&](auto st, auto pt, auto at_) {
+  dispatch_ldr(a, [&](auto st, auto pt) {
                  GPUOPT_UNPACK_TAGS
                  ldr_backward_kernel<scalar_t, param_t, acc_t>(b, s, grad_x, grad_w, grad_b);
                });

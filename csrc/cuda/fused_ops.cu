@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "checks.h"
+#include "dispatch.h"
 #include "fused_math.h"
 #include "philox.h"
 
@@ -28,9 +29,6 @@ namespace gpuopt {
 namespace {
 
 constexpr int kChunk = 8;
-
-template <typename scalar_t>
-using acc_type_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -292,22 +290,6 @@ RowLaunch row_launch(int64_t N) {
 template <typename T>
 bool aligned16(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-template <typename Body>
-void dispatch_ldr(const LdrArgs& a, Body&& body) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.x.scalar_type(), "layer_norm_dropout_relu_cuda", [&] {
-    if (a.param_dtype == at::kFloat) {
-      body(TypeTag<scalar_t>{}, TypeTag<float>{});
-    } else {
-      body(TypeTag<scalar_t>{}, TypeTag<scalar_t>{});
-    }
-  });
 }
 
 template <typename param_t>
