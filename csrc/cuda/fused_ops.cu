@@ -118,8 +118,10 @@ __device__ __forceinline__ void block_sum2(acc_t& a, acc_t& b, acc_t* shared) {
   }
 }
 
+// __launch_bounds__(1024): row_launch may pick 1024 threads, so ptxas must fit the kernel in 64 registers per
+// thread (spilling if it must) or the launch fails with "too many resources requested".
 template <typename scalar_t, typename param_t, typename acc_t, int CHUNKS>
-__global__ void ldr_forward_kernel(const scalar_t* __restrict__ x, const param_t* __restrict__ w,
+__global__ void __launch_bounds__(1024) ldr_forward_kernel(const scalar_t* __restrict__ x, const param_t* __restrict__ w,
                                    const param_t* __restrict__ b, const int64_t* __restrict__ seed_ptr,
                                    scalar_t* __restrict__ out, acc_t* __restrict__ mean_out,
                                    acc_t* __restrict__ rstd_out, int64_t M, int64_t N, acc_t eps, DropoutParams d,
@@ -180,7 +182,7 @@ __global__ void ldr_forward_kernel(const scalar_t* __restrict__ x, const param_t
 }
 
 template <typename scalar_t, typename param_t, typename acc_t, int CHUNKS>
-__global__ void ldr_backward_kernel(const scalar_t* __restrict__ g, const scalar_t* __restrict__ x,
+__global__ void __launch_bounds__(1024) ldr_backward_kernel(const scalar_t* __restrict__ g, const scalar_t* __restrict__ x,
                                     const param_t* __restrict__ w, const param_t* __restrict__ b,
                                     const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd,
                                     const int64_t* __restrict__ seed_ptr, scalar_t* __restrict__ dx,
