@@ -1,0 +1,170 @@
+"""nn.Module drop-ins for the fused ops.
+
+Parameter names, shapes and initialisation match the unfused PyTorch modules, so state dicts load both ways:
+
+- `FusedLayerNormDropoutReLU`  ≙ nn.LayerNorm → nn.Dropout → nn.ReLU   (parameters `weight`, `bias`)
+- `FusedBiasReLU`              ≙ x + bias → nn.ReLU                    (parameter `bias`)
+- `LinearBiasReLU`             ≙ nn.Linear → nn.ReLU                   (parameters `weight`, `bias`)
+
+`backend` is "auto" (CUDA kernels on CUDA tensors, C++ on CPU), "cuda", "cpu" or "triton" (see ops.py).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .ops import BACKENDS, bias_relu, layer_norm_dropout_relu
+
+_ShapeT = Union[int, Sequence[int]]
+
+
+def _check_backend_name(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+class FusedLayerNormDropoutReLU(nn.Module):
+    """relu(dropout(layer_norm(x))) in one kernel; a drop-in for LayerNorm → Dropout(p) → ReLU.
+
+    The dropout seed is drawn from torch's generator on x's device at each training forward, so
+    torch.manual_seed reproduces a run and activation checkpointing (which restores the RNG state) recomputes
+    the same mask. `eval()` turns dropout off.
+    """
+
+    def __init__(self, normalized_shape: _ShapeT, p: float = 0.1, eps: float = 1e-5,
+                 elementwise_affine: bool = True, bias: bool = True, backend: str = "auto",
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (int(normalized_shape),)
+        self.normalized_shape = tuple(int(s) for s in normalized_shape)
+        if not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = float(p)
+        self.eps = float(eps)
+        self.elementwise_affine = elementwise_affine
+        self.backend = _check_backend_name(backend)
+        factory = {"device": device, "dtype": dtype}
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory))
+            if bias:
+                self.bias = nn.Parameter(torch.empty(self.normalized_shape, **factory))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm_dropout_relu(x, self.normalized_shape, self.weight, self.bias, p=self.p,
+                                       training=self.training, eps=self.eps, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return (f"{self.normalized_shape}, p={self.p}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}, "
+                f"backend={self.backend!r}")
+
+
+class FusedBiasReLU(nn.Module):
+    """relu(x + bias) with bias of shape (num_features,) over the last dimension; backward fuses the dbias sum."""
+
+    def __init__(self, num_features: int, backend: str = "auto", device=None, dtype=None) -> None:
+        super().__init__()
+        self.num_features = int(num_features)
+        self.backend = _check_backend_name(backend)
+        self.bias = nn.Parameter(torch.zeros(self.num_features, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return bias_relu(x, self.bias, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, backend={self.backend!r}"
+
+
+class LinearBiasReLU(nn.Module):
+    """relu(x @ weight.T + bias): a bias-free matmul, then the fused bias-add + ReLU.
+
+    Same parameters and initialisation as nn.Linear(in_features, out_features), so a state dict of
+    nn.Linear (or of nn.Sequential(nn.Linear, nn.ReLU)'s first entry) loads unchanged.
+    """
+
+    def __init__(self, in_features: int, out_features: int, backend: str = "auto", device=None,
+                 dtype=None) -> None:
+        super().__init__()
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.backend = _check_backend_name(backend)
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(self.out_features, self.in_features, **factory))
+        self.bias = nn.Parameter(torch.empty(self.out_features, **factory))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # nn.Linear's initialisation, in the same order (weight, then bias), so a seeded model matches it
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        fan_in = self.in_features
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        # under autocast the matmul returns the autocast dtype; the op accepts fp32 bias with bf16/fp16 x
+        return bias_relu(y, self.bias, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, backend={self.backend!r}"
+
+
+# ---------------------------------------------------------------------------------------------- unfused twins
+class EagerLayerNormDropoutReLU(nn.LayerNorm):
+    """The unfused LayerNorm → Dropout → ReLU with FusedLayerNormDropoutReLU's parameter names (for comparisons)."""
+
+    def __init__(self, normalized_shape: _ShapeT, p: float = 0.1, eps: float = 1e-5,
+                 elementwise_affine: bool = True, bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine, bias=bias,
+                         device=device, dtype=dtype)
+        self.p = float(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return F.relu(F.dropout(y, self.p, self.training))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, p={self.p}, backend='eager'"
+
+
+class EagerLinearReLU(nn.Linear):
+    """nn.Linear followed by ReLU, with LinearBiasReLU's parameter names (for comparisons)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(super().forward(x))
+
+
+def unfused_equivalent(module: nn.Module) -> Optional[nn.Module]:
+    """The unfused PyTorch twin of a fused module, with the same parameters copied in (None if not ours)."""
+    if isinstance(module, FusedLayerNormDropoutReLU):
+        twin = EagerLayerNormDropoutReLU(module.normalized_shape, module.p, module.eps, module.elementwise_affine,
+                                         module.bias is not None)
+    elif isinstance(module, LinearBiasReLU):
+        twin = EagerLinearReLU(module.in_features, module.out_features)
+    else:
+        return None
+    ref = next(module.parameters(), None)
+    if ref is not None:
+        twin = twin.to(device=ref.device, dtype=ref.dtype)
+    twin.load_state_dict(module.state_dict())
+    return twin.train(module.training)
