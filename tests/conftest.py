@@ -21,3 +21,15 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "cuda" in item.keywords or "triton_gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+# hypothesis profiles (tests/test_fuzz.py): `ci` by default; `--hypothesis-profile=long` for a deeper run
+try:
+    from hypothesis import settings as _hsettings
+
+    _hsettings.register_profile("ci", max_examples=500, deadline=None, derandomize=True, print_blob=True)
+    _hsettings.register_profile("long", max_examples=5000, deadline=None, print_blob=True)
+    _hsettings.register_profile("dev", max_examples=50, deadline=None)
+    _hsettings.load_profile(os.environ.get("GPUOPT_HYPOTHESIS_PROFILE", "ci"))
+except ImportError:  # pragma: no cover
+    pass

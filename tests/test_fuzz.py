@@ -1,0 +1,154 @@
+"""Property-based fuzzing of both ops on every available backend against the fp64 reference.
+
+Profiles (tests/conftest.py): `ci` (default, 500 examples per op on the C++ CPU backend, derandomized so CI is
+reproducible), `long` (5000, random: `pytest tests/test_fuzz.py --hypothesis-profile=long`), `dev` (50).
+The Triton kernels run under TRITON_INTERPRET=1 on CPU here (about 4 examples a second).
+Every example checks the output, all gradients and, bit for bit, the dropout keep mask.
+"""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuopt_ops import reference as R
+
+from helpers import FLOORS, assert_close_to_reference, ldr_reference_and_grads
+from backends import backend_params, get_backend
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+@st.composite
+def ldr_case(draw, allow_fp64=True):
+    dtype = draw(st.sampled_from(DTYPES if allow_fp64 else DTYPES[:1] + DTYPES[2:]))
+    n = draw(st.one_of(st.integers(1, 40), st.integers(41, 700), st.sampled_from([8, 64, 256, 1024, 2048])))
+    rows = draw(st.lists(st.integers(0, 6), min_size=0, max_size=2))
+    layout = draw(st.sampled_from(["contiguous", "transposed", "sliced", "expanded"]))
+    if layout == "transposed" and len(rows) != 1:
+        layout = "contiguous"
+    affine = draw(st.sampled_from(["both", "none", "weight_only"]))
+    param_fp32 = dtype in (torch.float16, torch.bfloat16) and draw(st.booleans())
+    p = draw(st.one_of(st.just(0.0), st.just(1.0), st.floats(0.0, 1.0), st.sampled_from([0.1, 0.5, 0.9])))
+    seed = draw(st.integers(-2**63, 2**63 - 1))
+    scale = draw(st.sampled_from([1.0, 1e-2, 1e2])) if dtype != torch.float16 else 1.0
+    offset = draw(st.sampled_from([0.0, 3.0]))
+    data_seed = draw(st.integers(0, 2**31 - 1))
+    return dict(dtype=dtype, n=n, rows=rows, layout=layout, affine=affine, param_fp32=param_fp32, p=p,
+                seed=seed, scale=scale, offset=offset, data_seed=data_seed)
+
+
+def make_x(case, device):
+    g = torch.Generator().manual_seed(case["data_seed"])
+    rows, n, dt = case["rows"], case["n"], case["dtype"]
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * case["scale"] + case["offset"]).to(dt)
+
+    if case["layout"] == "transposed":
+        x = rnd(n, rows[0]).t()
+    elif case["layout"] == "sliced":
+        x = rnd(*rows, 2 * n)[..., ::2]
+    elif case["layout"] == "expanded":
+        x = rnd(n).expand(*rows, n)
+    else:
+        x = rnd(*rows, n)
+    return x.to(device)
+
+
+def make_params(case, device):
+    g = torch.Generator().manual_seed(case["data_seed"] + 1)
+    pd = torch.float32 if case["param_fp32"] else case["dtype"]
+    n = case["n"]
+    w = (1 + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)).to(pd).to(device)
+    b = (0.3 * torch.randn(n, generator=g, dtype=torch.float64)).to(pd).to(device)
+    if case["affine"] == "none":
+        return None, None
+    if case["affine"] == "weight_only":
+        return w, None
+    return w, b
+
+
+def check_ldr(backend, case):
+    be = get_backend(backend)
+    dev = be.device
+    x = make_x(case, dev)
+    w, b = make_params(case, dev)
+    seed = torch.tensor([case["seed"]], dtype=torch.int64, device=dev)
+    p, eps, dt = case["p"], 1e-5, case["dtype"]
+    grad_out = torch.randn(x.shape, generator=torch.Generator().manual_seed(case["data_seed"] + 2),
+                           dtype=torch.float64).to(dt).to(dev)
+    out, mean, rstd = be.ldr(x, w, b, seed, p, eps)
+    gx, gw, gb = be.ldr_backward(grad_out, x, w, b, mean, rstd, seed, p)
+    m, n = x.numel() // case["n"], case["n"]
+    assert out.shape == x.shape and out.dtype == dt and mean.shape == (m,) and rstd.shape == (m,)
+    ref64, (rgx, rgw, rgb) = ldr_reference_and_grads(x, w, b, seed, p, eps, grad_out, torch.float64)
+    pw = None if w is None else w.to(dt)
+    pb = None if b is None else b.to(dt)
+    low, (lgx, lgw, lgb) = ldr_reference_and_grads(x, pw, pb, seed, p, eps, grad_out, dt)
+    # rows far from zero mean (offset 3, spread 0.01) are ill-conditioned: the mean's rounding in the accumulation
+    # dtype is amplified by offset/spread in every backend and in PyTorch, so the floor grows with it
+    cond = (abs(case["offset"]) + case["scale"]) / case["scale"]
+    eps_acc = torch.finfo(torch.float64 if dt == torch.float64 else torch.float32).eps
+    fl = FLOORS[dt] * max(1.0, case["scale"] if dt == torch.float64 else 1.0) + 16 * eps_acc * cond * 2.5
+    assert_close_to_reference("out", out.cpu(), ref64.cpu(), low.cpu(), fl)
+    assert_close_to_reference("grad_x", gx.cpu(), rgx.cpu(), lgx.cpu(), fl / min(1.0, case["scale"]))
+    for name, ours, ref, lp, param in (("grad_weight", gw, rgw, lgw, w), ("grad_bias", gb, rgb, lgb, b)):
+        if param is None:
+            assert ours.numel() == 0
+        else:
+            assert ours.dtype == param.dtype and ours.shape == (n,)
+            assert_close_to_reference(name, ours.cpu(), ref.cpu(), lp.cpu(), fl * max(1, m))
+    # the keep mask, bit for bit: with weight 0 and bias 1 the output is the dropout scale where kept, else 0
+    pd = torch.float32 if case["param_fp32"] else dt
+    ones = torch.ones(n, dtype=pd, device=dev)
+    probe, _, _ = be.ldr(x, torch.zeros_like(ones), ones, seed, p, eps)
+    keep = R.dropout_keep_mask(case["seed"], m, n, p).reshape(x.shape)
+    assert torch.equal(probe.cpu() != 0, keep), "dropout keep mask differs from DESIGN.md's Philox"
+
+
+def check_bias_relu(backend, case):
+    be = get_backend(backend)
+    dev = be.device
+    x = make_x(case, dev)
+    w, b = make_params(dict(case, affine="both"), dev)
+    out = be.bias_relu(x, b)
+    dt = case["dtype"]
+    ref64 = R.bias_relu(x.cpu(), b.cpu(), torch.float64)
+    low = R.bias_relu(x.cpu(), b.cpu().to(dt))
+    assert out.shape == x.shape and out.dtype == dt
+    assert_close_to_reference("out", out.cpu(), ref64, low, FLOORS[dt] * case["scale"])
+    grad_out = torch.randn(x.shape, generator=torch.Generator().manual_seed(case["data_seed"] + 3),
+                           dtype=torch.float64).to(dt).to(dev)
+    gx, gb = be.bias_relu_backward(grad_out, out)
+    assert torch.equal(gx.cpu(), torch.where(out.cpu() > 0, grad_out.cpu(), torch.zeros((), dtype=dt)))
+    m = x.numel() // case["n"]
+    ref_gb = gx.cpu().double().reshape(m, case["n"]).sum(0)
+    low_gb = gx.cpu().reshape(m, case["n"]).sum(0)  # PyTorch's own sum in the low dtype
+    assert_close_to_reference("grad_bias", gb.cpu(), ref_gb, low_gb, FLOORS[dt] * max(1, m))
+
+
+_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+
+
+def _examples(backend):
+    return settings().max_examples
+
+
+def _fuzz(check, backend, allow_fp64):
+    @settings(max_examples=_examples(backend), deadline=None, suppress_health_check=_HEALTH)
+    @given(case=ldr_case(allow_fp64=allow_fp64))
+    def inner(case):
+        check(backend, case)
+
+    inner()
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_fuzz_layer_norm_dropout_relu(backend):
+    _fuzz(check_ldr, backend, get_backend(backend).fp64)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_fuzz_bias_relu(backend):
+    _fuzz(check_bias_relu, backend, get_backend(backend).fp64)
