@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 from .modules import EagerLayerNormDropoutReLU, EagerLinearReLU, FusedLayerNormDropoutReLU, LinearBiasReLU
 
@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="continue from CHECKPOINT (default <out>/checkpoint.pt)")
     ap.add_argument("--stop-after", type=int, default=None, metavar="K",
                     help="stop after K epochs of this run (time-sliced jobs; resume later with --resume)")
+    ap.add_argument("--fsdp", action="store_true",
+                    help="under torchrun: FSDP2 (fully_shard per block) instead of DDP")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     ap.add_argument("--profile", action="store_true",
                     help="profile 3 training steps: Chrome trace <out>/trace.json and a key_averages table")
@@ -402,7 +404,74 @@ def evaluate(model: nn.Module, loader: DataLoader, device, autocast) -> Tuple[fl
 
 
 # ---------------------------------------------------------------------------------------------- main
+class Dist:
+    """This process's place in a torchrun job (world 1 without torchrun)."""
+
+    def __init__(self) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.active = False
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def init(self, device: torch.device) -> None:
+        if self.world > 1 and not torch.distributed.is_initialized():
+            import datetime
+
+            torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                                 timeout=datetime.timedelta(minutes=10))
+            self.active = True
+
+    def barrier(self) -> None:
+        if self.active:
+            torch.distributed.barrier()
+
+    def sum(self, values: Sequence[float], device) -> List[float]:
+        t = torch.tensor(list(values), dtype=torch.float64, device=device)
+        if self.active:
+            torch.distributed.all_reduce(t)
+        return t.tolist()
+
+    def gather_object(self, obj):
+        if not self.active:
+            return [obj]
+        out = [None] * self.world
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def close(self) -> None:
+        if self.active and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+            self.active = False
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank `rank`'s dropout generator: different on every rank, fixed by --seed."""
+    return int(np.random.SeedSequence([seed % 2**63, rank]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def _state_dict_options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def full_state(model: nn.Module, optimizer, dist: Dist) -> Tuple[Dict, Dict]:
+    """Full (unsharded) model and optimizer state dicts keyed by parameter names, on CPU, on rank 0.
+
+    The same format for a single process, DDP and FSDP2, so checkpoints move between them."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    opts = _state_dict_options(cpu_offload=dist.active)
+    return get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, optimizer, options=opts)
+
+
 def run(args) -> Dict:
+    dist = Dist()
+    log = print if dist.main else (lambda *a, **k: None)
     # everything that can fail on the user's input is checked before anything is written
     if args.epochs < 1 or args.batch_size < 1 or args.hidden < 1 or args.depth < 1 or args.workers < 0:
         raise UsageError("--epochs, --batch-size, --hidden and --depth must be >= 1 and --workers >= 0")
@@ -412,7 +481,21 @@ def run(args) -> Dict:
         raise UsageError(f"--dropout must be in [0, 1], got {args.dropout}")
     if args.stop_after is not None and args.stop_after < 1:
         raise UsageError(f"--stop-after must be >= 1, got {args.stop_after}")
+    if args.batch_size % dist.world:
+        raise UsageError(f"--batch-size {args.batch_size} is the global batch: it must be divisible by the "
+                         f"world size {dist.world}")
+    if args.fsdp and dist.world < 2:
+        raise UsageError("--fsdp shards over several processes: launch with torchrun --nproc_per_node=K (K >= 2)")
+    if args.fsdp and args.amp == "fp16":
+        raise UsageError("--fsdp with --amp fp16 is not supported (no sharded GradScaler here): use --amp bf16")
+    if args.memory_report and dist.world > 1:
+        raise UsageError("--memory-report measures one process: run it without torchrun")
     device = resolve_device(args)
+    if device.type == "cuda" and dist.world > 1:
+        if dist.local_rank >= torch.cuda.device_count():
+            raise UsageError(f"LOCAL_RANK {dist.local_rank} but only {torch.cuda.device_count()} GPUs")
+        device = torch.device("cuda", dist.local_rank)
+        torch.cuda.set_device(device)
     backend = resolve_backend(args, device)
     out_dir = args.out if args.out is not None else Path("runs") / args.data
     if out_dir.exists() and not out_dir.is_dir():
@@ -420,50 +503,95 @@ def run(args) -> Dict:
     x_train, y_train, x_test, y_test = load_data(args.data, args.data_dir)
     cfg = model_config(args, x_train.shape[1], int(max(y_train.max(), y_test.max())) + 1)
     ckpt_path = out_dir / "checkpoint.pt"
-    ckpt = None
-    if args.resume is not None:
-        ckpt = load_checkpoint(ckpt_path if args.resume == "auto" else Path(args.resume), cfg)
+    resume_path = None if args.resume is None else (ckpt_path if args.resume == "auto" else Path(args.resume))
+    ckpt = load_checkpoint(resume_path, cfg) if resume_path is not None else None
 
-    torch.manual_seed(args.seed)
+    dist.init(device)
+    try:
+        return _train(args, dist, log, device, backend, out_dir, ckpt_path, resume_path, ckpt, cfg,
+                      (x_train, y_train, x_test, y_test))
+    finally:
+        dist.close()
+
+
+def _train(args, dist, log, device, backend, out_dir, ckpt_path, resume_path, ckpt, cfg, data) -> Dict:
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    from torch.utils.data.distributed import DistributedSampler
+
+    x_train, y_train, x_test, y_test = data
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
     random.seed(args.seed)
     np.random.seed(args.seed % 2**32)
     model = MLP(cfg["in_features"], cfg["num_classes"], args.hidden, args.depth, args.dropout, args.linear,
                 backend, args.checkpoint_activations).to(device)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    if ckpt is not None:
+        try:
+            model.load_state_dict(ckpt["model"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise UsageError(f"--resume: checkpoint does not fit this model: {str(err).splitlines()[0]}") from err
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+    wrapped = model
+    if args.fsdp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32) if amp_dtype else \
+            MixedPrecisionPolicy()
+        for block in model.blocks:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        amp_dtype = None  # FSDP2 casts the parameters itself; no autocast on top
+    elif dist.active:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
     pin = device.type == "cuda"
     train_set, test_set = TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
-    steps_per_epoch = math.ceil(len(train_set) / args.batch_size)
+    local_batch = args.batch_size // dist.world
+    # the shuffle depends on (seed, epoch, world size) only; rank r takes every world-th sample of it, so a
+    # global batch of K ranks is the batch a single process takes (when len(data) divides by K: else it pads)
+    sampler = DistributedSampler(train_set, num_replicas=dist.world, rank=dist.rank, shuffle=True, seed=args.seed)
+    steps_per_epoch = math.ceil(len(sampler) / local_batch)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * steps_per_epoch)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
 
     def autocast():
         return torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
 
+    torch.manual_seed(rank_seed(args.seed, dist.rank))  # dropout: a different, reproducible stream per rank
+    if device.type == "cuda":
+        torch.cuda.manual_seed(rank_seed(args.seed, dist.rank))
     start_epoch, step, history = 0, 0, []
     if ckpt is not None:
         try:
-            model.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
+            set_optimizer_state_dict(model, optimizer, optim_state_dict=ckpt["optimizer"],
+                                     options=_state_dict_options())
         except (RuntimeError, ValueError, KeyError) as err:
-            raise UsageError(f"--resume: checkpoint does not fit this model: {str(err).splitlines()[0]}") from err
+            raise UsageError(f"--resume: optimizer state does not fit this model: {str(err).splitlines()[0]}") \
+                from err
         scheduler.load_state_dict(ckpt["scheduler"])
         if ckpt.get("scaler") and scaler.is_enabled():
             scaler.load_state_dict(ckpt["scaler"])
         start_epoch, step, history = ckpt["epoch"], ckpt["step"], list(ckpt["history"])
-        set_rng_state(ckpt["rng"], device)
-        print(f"{PROG}: resumed {ckpt_path if args.resume == 'auto' else args.resume} at epoch {start_epoch}, "
-              f"step {step}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+        states = ckpt.get("rng_per_rank") or [ckpt["rng"]]
+        if len(states) == dist.world:
+            set_rng_state(states[dist.rank], device)
+        else:
+            log(f"{PROG}: the checkpoint was written by {len(states)} process(es), this run has {dist.world}: "
+                "weights, optimizer and schedule resume exactly; the data split and dropout streams start anew")
+            torch.manual_seed(rank_seed(args.seed + start_epoch, dist.rank))
+        log(f"{PROG}: resumed {resume_path} at epoch {start_epoch}, step {step}")
+    if dist.main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
 
-    sampler_gen = torch.Generator()
-    train_loader = DataLoader(train_set, batch_size=args.batch_size, num_workers=args.workers, pin_memory=pin,
-                              sampler=RandomSampler(train_set, generator=sampler_gen))
+    train_loader = DataLoader(train_set, batch_size=local_batch, num_workers=args.workers, pin_memory=pin,
+                              sampler=sampler)
     test_loader = DataLoader(test_set, batch_size=512, num_workers=args.workers, pin_memory=pin)
-    step_model = torch.compile(model, fullgraph=True) if args.compile else model
+    step_model = torch.compile(wrapped, fullgraph=not dist.active) if args.compile else wrapped
     params = [p for p in model.parameters()]
 
     if args.memory_report:
@@ -474,25 +602,30 @@ def run(args) -> Dict:
         from tqdm import tqdm
     except ImportError:
         tqdm = None
-    print(f"{PROG}: {args.data} ({len(train_set)} train / {len(test_set)} test), MLP {cfg['in_features']}→"
-          f"{args.hidden}×{args.depth}→{cfg['num_classes']}, backend {backend}, device {device}, amp {args.amp}"
-          f"{', compiled' if args.compile else ''}{', activation checkpointing' if args.checkpoint_activations else ''}")
+    mode = f", {'FSDP2' if args.fsdp else 'DDP'} over {dist.world} processes" if dist.active else ""
+    log(f"{PROG}: {args.data} ({len(train_set)} train / {len(test_set)} test), MLP {cfg['in_features']}→"
+        f"{args.hidden}×{args.depth}→{cfg['num_classes']}, backend {backend}, device {device}, amp {args.amp}"
+        f"{', compiled' if args.compile else ''}{', activation checkpointing' if args.checkpoint_activations else ''}"
+        f"{mode}")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    fail_at = _injected_failure(dist.rank)
     t_run = time.perf_counter()
     end_epoch = args.epochs if args.stop_after is None else min(args.epochs, start_epoch + args.stop_after)
     model.train()
     for epoch in range(start_epoch, end_epoch):
-        sampler_gen.manual_seed(args.seed * 1_000_003 + epoch)  # the shuffle depends on (seed, epoch) only
+        sampler.set_epoch(epoch)
         prof_ctx = contextlib.nullcontext()
-        if args.profile and epoch == start_epoch:
+        if args.profile and epoch == start_epoch and dist.main:
             prof_ctx = _profiler(out_dir, device)
         bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch + 1}/{args.epochs}", leave=False,
-                   disable=args.no_progress or tqdm is None, file=sys.stderr) if tqdm else None
+                   disable=args.no_progress or not dist.main, file=sys.stderr) if tqdm else None
         t0 = time.perf_counter()
         seen, loss_sum, correct = 0, 0.0, 0
         with prof_ctx as prof:
             for xb, yb in train_loader:
+                if fail_at is not None and step == fail_at:
+                    raise RuntimeError(f"injected failure on rank {dist.rank} at step {step} (GPUOPT_TRAIN_FAIL_AT)")
                 xb = xb.to(device, non_blocking=True)
                 yb = yb.to(device, non_blocking=True)
                 with torch.profiler.record_function("gpuopt.train_step"):
@@ -519,40 +652,56 @@ def run(args) -> Dict:
                     prof.step()
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{loss_val:.4f}", samples_s=f"{seen / (time.perf_counter() - t0):.0f}")
+                    bar.set_postfix(loss=f"{loss_val:.4f}",
+                                    samples_s=f"{dist.world * seen / (time.perf_counter() - t0):.0f}")
         if bar is not None:
             bar.close()
         train_time = time.perf_counter() - t0
-        test_loss, test_acc = evaluate(step_model, test_loader, device, autocast)
+        loss_sum, correct, seen = dist.sum([loss_sum, correct, seen], device)
+        test_loss, test_acc = evaluate(step_model, test_loader, device, autocast)  # every rank: FSDP gathers
         rec = {"epoch": epoch + 1, "step": step, "train_loss": loss_sum / seen, "train_acc": correct / seen,
                "test_loss": test_loss, "test_acc": test_acc, "lr": scheduler.get_last_lr()[0],
                "epoch_seconds": round(train_time, 4), "samples_per_s": round(seen / train_time, 1),
                "data": args.data, "backend": backend, "amp": args.amp}
         history.append(rec)
-        print(f"epoch {epoch + 1:3d}/{args.epochs}  train loss {rec['train_loss']:.4f} acc {100 * rec['train_acc']:.2f}%"
-              f"  test loss {test_loss:.4f} acc {100 * test_acc:.2f}%  {rec['samples_per_s']:.0f} samples/s")
-        state = {"format": CHECKPOINT_FORMAT, "config": cfg, "model": model.state_dict(),
-                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                 "scaler": scaler.state_dict() if scaler.is_enabled() else None, "epoch": epoch + 1,
-                 "step": step, "rng": rng_state(device), "history": history, "torch": str(torch.__version__)}
-        atomic_write_bytes(ckpt_path, lambda f: torch.save(state, f))
-        write_metrics(out_dir, history)
+        log(f"epoch {epoch + 1:3d}/{args.epochs}  train loss {rec['train_loss']:.4f} acc {100 * rec['train_acc']:.2f}%"
+            f"  test loss {test_loss:.4f} acc {100 * test_acc:.2f}%  {rec['samples_per_s']:.0f} samples/s")
+        model_sd, optim_sd = full_state(model, optimizer, dist)  # collective under FSDP: every rank calls it
+        rngs = dist.gather_object(rng_state(device))
+        if dist.main:
+            state = {"format": CHECKPOINT_FORMAT, "config": cfg, "model": model_sd, "optimizer": optim_sd,
+                     "scheduler": scheduler.state_dict(),
+                     "scaler": scaler.state_dict() if scaler.is_enabled() else None, "epoch": epoch + 1,
+                     "step": step, "rng": rngs[0], "rng_per_rank": rngs, "world_size": dist.world,
+                     "history": history, "torch": str(torch.__version__)}
+            atomic_write_bytes(ckpt_path, lambda f: torch.save(state, f))
+            write_metrics(out_dir, history)
+        dist.barrier()
     wall = time.perf_counter() - t_run
     summary = {"epochs_done": history[-1]["epoch"] if history else 0, "test_acc": history[-1]["test_acc"]
                if history else None, "seconds": round(wall, 2), "out": str(out_dir)}
-    if history and not args.no_plot:
+    if history and not args.no_plot and dist.main:
         plot = plot_curves(out_dir, history)
         summary["plot"] = str(plot) if plot else None
     if device.type == "cuda":
         summary["peak_cuda_bytes"] = torch.cuda.max_memory_allocated()
-        print(f"memory: peak CUDA memory allocated during training {summary['peak_cuda_bytes'] / 2**20:.1f} MiB")
+        log(f"memory: peak CUDA memory allocated during training {summary['peak_cuda_bytes'] / 2**20:.1f} MiB")
     if history:
-        print(f"{PROG}: done {summary['epochs_done']}/{args.epochs} epochs in {wall:.1f} s; test accuracy "
-              f"{100 * history[-1]['test_acc']:.2f}%; wrote {ckpt_path}, {out_dir / 'metrics.jsonl'}"
-              f"{', ' + summary['plot'] if summary.get('plot') else ''}")
+        log(f"{PROG}: done {summary['epochs_done']}/{args.epochs} epochs in {wall:.1f} s; test accuracy "
+            f"{100 * history[-1]['test_acc']:.2f}%; wrote {ckpt_path}, {out_dir / 'metrics.jsonl'}"
+            f"{', ' + summary['plot'] if summary.get('plot') else ''}")
     else:
-        print(f"{PROG}: nothing to do: the checkpoint has already finished {start_epoch}/{args.epochs} epochs")
+        log(f"{PROG}: nothing to do: the checkpoint has already finished {start_epoch}/{args.epochs} epochs")
     return summary
+
+
+def _injected_failure(rank: int) -> Optional[int]:
+    """GPUOPT_TRAIN_FAIL_AT=RANK:STEP makes that rank raise at that step (to test failure handling)."""
+    spec = os.environ.get("GPUOPT_TRAIN_FAIL_AT")
+    if not spec:
+        return None
+    r, s = spec.split(":")
+    return int(s) if int(r) == rank else None
 
 
 @contextlib.contextmanager
@@ -578,9 +727,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = build_parser().parse_args(argv)
         run(args)
     except UsageError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(f"{PROG}: error: {_rank_prefix()}{err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # say which rank failed before torchrun tears down the rest
+            print(f"{PROG}: {_rank_prefix()}failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        raise
     return 0
+
+
+def _rank_prefix() -> str:
+    return f"rank {os.environ.get('RANK', '0')}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
 
 
 if __name__ == "__main__":
