@@ -188,3 +188,16 @@ def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatc
         train.atomic_write_bytes(target, crash)
     assert target.read_bytes() == b"old, complete"
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the triton backend is covered by the GPU tests")
+def test_triton_backend_under_the_interpreter_trains_like_cpu(tmp_path):
+    """Same masks bit for bit on every backend, so even with dropout the two runs give the same losses."""
+    pytest.importorskip("triton")
+    assert os.environ.get("TRITON_INTERPRET") == "1"  # set by conftest without a GPU
+    args = ["--no-progress", "--no-plot", "--epochs", 1, "--hidden", 32, "--batch-size", 256, "--dropout", 0.1]
+    run(*args, "--backend", "cpu", "--out", tmp_path / "cpu")
+    run(*args, "--backend", "triton", "--out", tmp_path / "triton")
+    a, b = history(tmp_path / "cpu")[0], history(tmp_path / "triton")[0]
+    assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    assert a["test_acc"] == b["test_acc"]
