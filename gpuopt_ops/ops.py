@@ -108,6 +108,28 @@ def _check_backend(backend: str, x: torch.Tensor, name: str) -> str:
             raise RuntimeError(f"gpuopt.{name}: this gpuopt build has no CUDA kernels (it was built CPU-only, "
                                "without nvcc or with GPUOPT_CPU_ONLY=1). Rebuild with a CUDA toolkit "
                                "(pip install --no-build-isolation -e .) or use backend='triton'.")
+    if backend == "triton":
+        # triton must import, and CPU tensors need its interpreter (TRITON_INTERPRET=1 before the kernels load)
+        import os
+
+        try:
+            import triton  # noqa: F401
+        except ImportError as err:
+            raise RuntimeError(f"gpuopt.{name}: backend='triton' needs the triton package, which cannot be "
+                               f"imported ({err}); install triton or use backend='cpu' (or 'cuda' on a GPU)") from err
+        if x.device.type not in ("cuda", "cpu"):
+            raise ValueError(f"gpuopt.{name}: backend='triton' needs a CUDA tensor (or a CPU tensor under "
+                             f"TRITON_INTERPRET=1), got x on {x.device}")
+        if x.device.type == "cpu":
+            hint = ("set TRITON_INTERPRET=1 before importing triton (and gpuopt_ops.triton_ops) to run the Triton "
+                    "kernels on CPU tensors under Triton's interpreter, or use backend='cpu'")
+            if os.environ.get("TRITON_INTERPRET", "0") != "1":
+                raise RuntimeError(f"gpuopt.{name}: backend='triton' got x on cpu without TRITON_INTERPRET=1: "
+                                   f"{hint}")
+            if not _triton_ops().INTERPRETED:
+                raise RuntimeError(f"gpuopt.{name}: backend='triton' got x on cpu, but the Triton kernels were "
+                                   f"imported before TRITON_INTERPRET=1 was set, so they are compiled for the "
+                                   f"GPU: {hint}")
     return backend
 
 

@@ -1,0 +1,214 @@
+"""Triton twins of the gpuopt ops, registered with torch.library.triton_op + wrap_triton.
+
+    torch.ops.gpuopt.triton_layer_norm_dropout_relu(x, weight, bias, seed, p, eps) -> (out, mean, rstd)
+    torch.ops.gpuopt.triton_layer_norm_dropout_relu_backward(grad_out, x, weight, bias, mean, rstd, seed, p)
+    torch.ops.gpuopt.triton_bias_relu(x, bias) -> out
+    torch.ops.gpuopt.triton_bias_relu_backward(grad_out, out) -> (grad_x, grad_bias)
+
+Same schemas, input checks (gpuopt_ops/_validation.py: the C++ messages word for word), outputs and dropout
+bits as the C++ ops; autograd is that of the C++ ops (ops.register_ldr_autograd / register_bias_relu_autograd).
+The kernels are in triton_kernels/ (repository root).
+
+On a GPU the ops run compiled Triton kernels, and torch.compile decomposes them into the kernels (Inductor sees
+into them). Without a GPU they run on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1 set before
+triton_kernels is imported). Interpreted kernels cannot run on fake tensors, so in that mode the ops are kept
+opaque under torch.compile (not decomposed: Inductor calls the op, which runs the interpreter) and the fake
+kernel only computes output metadata.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+
+try:
+    import triton  # noqa: F401
+except ImportError as err:  # pragma: no cover - exercised only without triton
+    raise ImportError(
+        f"gpuopt_ops.triton_ops needs the `triton` package ({err}). Install it (`pip install triton`; it comes "
+        "with CUDA builds of torch on Linux) or use backend='cpu' / backend='cuda'."
+    ) from err
+
+
+def _import_triton_kernels():
+    try:
+        import triton_kernels  # noqa: F401
+    except ModuleNotFoundError as err:
+        if err.name != "triton_kernels":
+            raise
+        # An editable install made before triton_kernels/ existed maps only gpuopt_ops: load the sibling folder.
+        pkg = Path(__file__).resolve().parent.parent / "triton_kernels"
+        if not (pkg / "__init__.py").is_file():
+            raise ImportError(
+                "gpuopt_ops.triton_ops: cannot import the triton_kernels package (reinstall gpuopt with "
+                "`pip install --no-build-isolation -e .`)") from err
+        spec = importlib.util.spec_from_file_location("triton_kernels", pkg / "__init__.py",
+                                                      submodule_search_locations=[str(pkg)])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["triton_kernels"] = mod
+        spec.loader.exec_module(mod)
+
+
+_import_triton_kernels()
+
+from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
+from torch._subclasses.functional_tensor import FunctionalTensorMode  # noqa: E402
+from torch.library import triton_op, wrap_triton  # noqa: E402
+
+from triton_kernels import bias_relu as _BR  # noqa: E402
+from triton_kernels import layer_norm_dropout_relu as _LDR  # noqa: E402
+
+from . import _validation as V  # noqa: E402
+from .ops import register_bias_relu_autograd, register_ldr_autograd  # noqa: E402
+
+
+def _kernels_interpreted() -> bool:
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(_LDR.ldr_fwd_fused_kernel, InterpretedFunction)
+
+
+INTERPRETED = _kernels_interpreted()
+
+_KERNELS = {
+    "gpuopt::triton_layer_norm_dropout_relu": [_LDR.ldr_fwd_fused_kernel, _LDR.ldr_fwd_looped_kernel],
+    "gpuopt::triton_layer_norm_dropout_relu_backward": [
+        _LDR.ldr_bwd_fused_kernel, _LDR.ldr_bwd_row_coef_kernel, _LDR.ldr_bwd_chunk_kernel,
+        _LDR.sum_partials_kernel],
+    "gpuopt::triton_bias_relu": [_BR.bias_relu_fwd_kernel],
+    "gpuopt::triton_bias_relu_backward": [_BR.bias_relu_bwd_kernel, _LDR.sum_partials_kernel],
+}
+
+SCHEMAS = {
+    "gpuopt::triton_layer_norm_dropout_relu":
+        "(Tensor x, Tensor? weight, Tensor? bias, Tensor seed, float p, float eps)"
+        " -> (Tensor out, Tensor mean, Tensor rstd)",
+    "gpuopt::triton_layer_norm_dropout_relu_backward":
+        "(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, Tensor seed,"
+        " float p) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)",
+    "gpuopt::triton_bias_relu": "(Tensor x, Tensor bias) -> Tensor",
+    "gpuopt::triton_bias_relu_backward": "(Tensor grad_out, Tensor out) -> (Tensor grad_x, Tensor grad_bias)",
+}
+
+
+def _skip_launch(x: torch.Tensor, op: str) -> bool:
+    """True when only output metadata is wanted (fake/meta tensors under the interpreter); raises when the
+    kernels cannot run on x's device."""
+    if x.device.type == "meta":
+        return True
+    if isinstance(x, FakeTensor):
+        return INTERPRETED  # compiled kernels: wrap_triton traces them; interpreted ones cannot run on fakes
+    if x.device.type == "cpu" and not INTERPRETED:
+        raise RuntimeError(
+            f"gpuopt.{op}: the Triton kernels were compiled for the GPU and cannot run on CPU tensors. Set "
+            "TRITON_INTERPRET=1 before importing triton (and gpuopt_ops.triton_ops) to run them on the CPU under "
+            "Triton's interpreter, or use the C++ op (backend='cpu').")
+    return False
+
+
+def _contig(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.contiguous()
+
+
+def _triton_op(name: str):
+    # The exact schema (named returns, as the C++ ops) where triton_op takes and honours `schema=`; older torch
+    # infers it from the annotations below: same arguments and types, unnamed returns.
+    if "schema" in inspect.signature(triton_op).parameters:
+        return triton_op(name, mutates_args=(), schema=SCHEMAS[name])
+    return triton_op(name, mutates_args=())
+
+
+@_triton_op("gpuopt::triton_layer_norm_dropout_relu")
+def _ldr_forward(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                 seed: torch.Tensor, p: float, eps: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m, _, _ = V.check_ldr_forward(x, weight, bias, seed, p, eps)
+    acc = V.acc_dtype(x.dtype)
+    x = x.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    mean = torch.empty((m,), dtype=acc, device=x.device)
+    rstd = torch.empty((m,), dtype=acc, device=x.device)
+    if not _skip_launch(x, "layer_norm_dropout_relu"):
+        _LDR.launch_forward(x, _contig(weight), _contig(bias), seed, out, mean, rstd, p, eps, wrap=wrap_triton)
+    return out, mean, rstd
+
+
+@_triton_op("gpuopt::triton_layer_norm_dropout_relu_backward")
+def _ldr_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+                  bias: Optional[torch.Tensor], mean: torch.Tensor, rstd: torch.Tensor, seed: torch.Tensor,
+                  p: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _, n, param_dtype = V.check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p)
+    x = x.contiguous()
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    # zeros, like the C++ op: M = 0 then gives zero parameter gradients
+    grad_w = torch.zeros((n,) if weight is not None else (0,), dtype=param_dtype, device=x.device)
+    grad_b = torch.zeros((n,) if bias is not None else (0,), dtype=param_dtype, device=x.device)
+    if not _skip_launch(x, "layer_norm_dropout_relu_backward"):
+        _LDR.launch_backward(grad_out.contiguous(), x, _contig(weight), _contig(bias), mean.contiguous(),
+                             rstd.contiguous(), seed, grad_x, grad_w, grad_b, p, wrap=wrap_triton)
+    return grad_x, grad_w, grad_b
+
+
+@_triton_op("gpuopt::triton_bias_relu")
+def _bias_relu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    V.check_bias_relu(x, bias)
+    x = x.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if not _skip_launch(x, "bias_relu"):
+        _BR.launch_forward(x, bias.contiguous(), out, wrap=wrap_triton)
+    return out
+
+
+@_triton_op("gpuopt::triton_bias_relu_backward")
+def _bias_relu_backward(grad_out: torch.Tensor, out: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    _, n = V.check_bias_relu_backward(grad_out, out)
+    out = out.contiguous()
+    grad_x = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    grad_b = torch.zeros((n,), dtype=out.dtype, device=out.device)
+    if not _skip_launch(out, "bias_relu_backward"):
+        _BR.launch_backward(grad_out.contiguous(), out, grad_x, grad_b, wrap=wrap_triton)
+    return grad_x, grad_b
+
+
+_OPDEFS = (_ldr_forward, _ldr_backward, _bias_relu, _bias_relu_backward)
+
+
+def _register_kernels_for_cache_keys() -> None:
+    # triton_op finds the kernels of an op by reading its source for `wrap_triton(name)`; ours are launched by
+    # the helpers in triton_kernels/, so list them explicitly (AOTAutograd's cache key hashes their source).
+    table = getattr(getattr(torch._library, "triton", None), "triton_ops_to_kernels", None)
+    if isinstance(table, dict):
+        for name, kernels in _KERNELS.items():
+            table[name] = list(kernels)
+
+
+def _keep_opaque_under_interpreter() -> None:
+    # triton_op decomposes the op into its kernels under FunctionalTensorMode (AOTAutograd); interpreted kernels
+    # cannot run on the fake tensors that tracing uses, so keep the op opaque, like a plain custom op.
+    def opaque(mode, op, types, args, kwargs):
+        return mode.__torch_dispatch__(op, types, args, kwargs)
+
+    for opdef in _OPDEFS:
+        opdef.register_torch_dispatch(FunctionalTensorMode, opaque)
+
+
+_register_kernels_for_cache_keys()
+if INTERPRETED:
+    _keep_opaque_under_interpreter()
+
+triton_layer_norm_dropout_relu = torch.ops.gpuopt.triton_layer_norm_dropout_relu
+triton_layer_norm_dropout_relu_backward = torch.ops.gpuopt.triton_layer_norm_dropout_relu_backward
+triton_bias_relu = torch.ops.gpuopt.triton_bias_relu
+triton_bias_relu_backward = torch.ops.gpuopt.triton_bias_relu_backward
+
+register_ldr_autograd("gpuopt::triton_layer_norm_dropout_relu", triton_layer_norm_dropout_relu_backward)
+register_bias_relu_autograd("gpuopt::triton_bias_relu", triton_bias_relu_backward)
+
+__all__ = ["triton_layer_norm_dropout_relu", "triton_layer_norm_dropout_relu_backward", "triton_bias_relu",
+           "triton_bias_relu_backward", "INTERPRETED"]

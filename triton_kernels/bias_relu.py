@@ -1,0 +1,98 @@
+"""Triton kernels of bias-add -> ReLU (forward, and backward with the dbias reduction fused) + launch helpers.
+
+Pure ``@triton.jit`` code; the torch.library registrations are in gpuopt_ops/triton_ops.py. Math of
+csrc/fused_math.h: out = (x + b <= 0) ? 0 : x + b in fp32 (fp64 for fp64 x), so a NaN propagates as in
+torch.relu; grad_x = grad_out * [out > 0]; grad_bias = sum over rows of grad_x.
+
+Tuning (from N on the host, no autotune):
+
+- Forward: 2-D grid (row tiles, column tiles), tile BLOCK_M x BLOCK_N with BLOCK_N = min(next_pow2(N), 1024)
+  and BLOCK_M = clamp(4096 // BLOCK_N, 1, 64) (>= 4096 elements per program), num_warps from the tile
+  (4096 elements -> 8 warps, 16 per thread).
+- Backward: grid (column tiles, G row groups), G = 2 x SMs on CUDA (8 on the interpreter); program (c, g)
+  walks row tiles g, g + G, ... of column tile c, writes grad_x and keeps its dbias column sums in registers,
+  then writes them to a (G, N) fp32 partial buffer that ``sum_partials_kernel`` reduces in fixed order.
+  Deterministic: no float atomics.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .layer_norm_dropout_relu import (INTERPRETED, _identity, _num_warps, _to_acc, _to_out, launch_sum_partials,
+                                      num_row_groups)
+
+
+@triton.jit
+def bias_relu_fwd_kernel(X, B, OUT, M, N, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         RTNE_BF16: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    mask = (rows < M)[:, None] & cmask[None, :]
+    offs = rows[:, None] * N + cols[None, :]
+    x = _to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
+    b = _to_acc(tl.load(B + cols, mask=cmask, other=0.0), IS_FP64)
+    y = x + b[None, :]
+    out = tl.where(y <= 0.0, 0.0, y)
+    tl.store(OUT + offs, _to_out(out, OUT, RTNE_BF16), mask=mask)
+
+
+@triton.jit
+def bias_relu_bwd_kernel(DY, OUT, DX, PDB, M, N, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid = tl.program_id(1)
+    num_groups = tl.num_programs(1)
+    cmask = cols < N
+    acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), IS_FP64)
+    num_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in range(pid, num_tiles, num_groups):
+        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
+        mask = (rows < M)[:, None] & cmask[None, :]
+        offs = rows[:, None] * N + cols[None, :]
+        g = _to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
+        o = tl.load(OUT + offs, mask=mask, other=0.0)
+        d = tl.where(o > 0.0, g, 0.0)
+        tl.store(DX + offs, _to_out(d, DX, RTNE_BF16), mask=mask)
+        acc += tl.sum(d, axis=0)
+    tl.store(PDB + pid.to(tl.int64) * N + cols, acc, mask=cmask)
+
+
+def _tile(n: int):
+    block_n = min(triton.next_power_of_2(n), 1024)
+    block_m = max(1, min(64, 4096 // block_n))
+    return block_m, block_n
+
+
+def launch_forward(x, bias, out, *, wrap=_identity) -> None:
+    """out = relu(x + bias) for contiguous x viewed as (M, N)."""
+    n = int(x.shape[-1])
+    m = x.numel() // n
+    if m == 0:
+        return
+    block_m, block_n = _tile(n)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    wrap(bias_relu_fwd_kernel)[grid](x, bias, out, m, n, IS_FP64=x.dtype == torch.float64, BLOCK_M=block_m,
+                                     BLOCK_N=block_n, RTNE_BF16=INTERPRETED,
+                                     num_warps=_num_warps(block_m * block_n))
+
+
+def launch_backward(grad_out, out, grad_x, grad_b, *, wrap=_identity) -> None:
+    """grad_x = grad_out * [out > 0] and grad_b = its column sums (in grad_b's dtype), contiguous inputs."""
+    n = int(out.shape[-1])
+    m = out.numel() // n
+    if m == 0:
+        return
+    is_fp64 = out.dtype == torch.float64
+    block_n = min(triton.next_power_of_2(n), 256)
+    block_m = max(1, min(64, 4096 // block_n))
+    groups = num_row_groups(triton.cdiv(m, block_m), out.device)
+    partial = torch.empty((groups, n), dtype=torch.float64 if is_fp64 else torch.float32, device=out.device)
+    grid = (triton.cdiv(n, block_n), groups)
+    wrap(bias_relu_bwd_kernel)[grid](grad_out, out, grad_x, partial, m, n, IS_FP64=is_fp64, BLOCK_M=block_m,
+                                     BLOCK_N=block_n, RTNE_BF16=INTERPRETED,
+                                     num_warps=_num_warps(block_m * block_n))
+    launch_sum_partials(partial, grad_b, groups, n, wrap=wrap)

@@ -1,0 +1,574 @@
+"""Triton kernels of LayerNorm -> Dropout -> ReLU (forward and backward) and their launch helpers.
+
+Pure ``@triton.jit`` code plus plain-Python launchers: no torch.library here (the registrations live in
+gpuopt_ops/triton_ops.py). The math is that of csrc/fused_math.h, the dropout RNG that of ../shared/DESIGN.md:
+
+- Philox4x32-10 through ``tl.philox(seed, c0, c1, c2, c3)`` with uint32 counters; tl.philox splits the 64-bit
+  seed into the key (seed & 0xffffffff, seed >> 32). The seed is loaded inside the kernel from the int64 seed
+  tensor (no host sync). Element idx (int64 linear index in the contiguous (M, N) view) belongs to group
+  g = idx >> 3, counter (g lo32, g hi32, 0, 0), and takes the 16-bit lane k = idx & 7 of the four output words
+  (even k: low half of word k >> 1, odd k: high half). keep <=> u >= t, t = round(p * 65536) computed on the
+  host, kept values scaled by 65536 / (65536 - t); t = 65536 gives exact zeros through a select.
+- Fast RNG path (N % 8 == 0, so a tile's groups never straddle rows): one Philox call per 8 elements, lanes
+  interleaved with tl.join + tl.reshape into element order. Generic path (any N): one call per element, the
+  lane picked with selects. DROPOUT=False (p = 0) does no RNG work at all.
+- Statistics and accumulation in fp32 (fp64 for fp64 x). eps is passed as an fp32 pair (hi + lo) so the fp64
+  kernels see eps to ~48 bits instead of fp32's 24 (Triton passes Python floats as fp32).
+
+Tuning (chosen from N on the host; no autotune, which the interpreter would only slow down). The rule is a
+fixed number of elements per thread, num_warps = tile / (32 x per_thread) clamped to 1..16, with per_thread
+16 in the forward and 8 in the backward (halved for fp64). Checked with ptxas for sm_90 (compiled without a
+GPU, tests/test_triton.py): no configuration spills, at most 128 registers per thread (e.g. forward
+N = 8192 fp32: 16 warps, 114 registers; backward N = 4096 bf16: 16 warps, 122). Not yet timed on a GPU.
+
+- Forward, single-block path when N <= 8192 (4096 for fp64): BLOCK_N = next_power_of_2(N); several rows per
+  program, BLOCK_M = clamp(4096 // BLOCK_N, 1, 64), so a program moves >= 4096 elements (short rows do not
+  waste a program each). Statistics are exact two-pass (mean, then sum of squared deviations) on the rows
+  held in registers: x is read once.
+- Forward, looped path for longer rows: one row per program, chunks of 4096 columns (2048 for fp64), 8 warps.
+  Pass 1 merges the per-chunk (count, mean, M2) with Chan's formula (exact per chunk, no E[x^2] - E[x]^2
+  cancellation); pass 2 re-reads x and writes the output: two reads of x.
+- Backward, single-block path when N <= 4096 (2048 for fp64): BLOCK_M = clamp(2048 // BLOCK_N, 1, 64) rows per
+  tile; G programs (2 x SM count on CUDA, <= 8 on the interpreter), program p takes row tiles p, p + G, ...;
+  per row it computes c1 = mean(dxhat * xhat), c2 = mean(dxhat) and dx, and accumulates dgamma/dbeta in
+  registers; it writes its partial row into a (G, N) buffer that ``sum_partials_kernel`` reduces in a fixed
+  order (deterministic: no float atomics).
+- Backward, looped path: kernel A computes c1, c2 of one row per program (1024-column chunks, 4 warps);
+  kernel B runs a (1024-column chunk x row group) grid, tiles of 2 rows, computing dx and the dgamma/dbeta
+  partials; then the same reduction. x and grad_out are read twice.
+
+All indexing is int64 (row * N), grids are (tiles,) or (chunks, groups) with groups <= 65535, so M > 65535 and
+numel > 2^31 are fine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+# A deliberately wrong kernel for the tests: added to the Philox group counter when non-zero. Never set it
+# outside tests (tests/test_triton.py monkeypatches it to check that the mask comparison catches the bug).
+DEBUG_COUNTER_OFFSET = 0
+
+# Longest rows of the single-block kernels: 16 warps x 32 threads x (elements per thread, see _warps_for).
+FWD_MAX_FUSED_N = 8192
+FWD_MAX_FUSED_N_FP64 = 4096
+BWD_MAX_FUSED_N = 4096
+BWD_MAX_FUSED_N_FP64 = 2048
+
+
+# ----------------------------------------------------------------------------------------------- jit helpers
+@triton.jit
+def _to_acc(x, IS_FP64: tl.constexpr):
+    if IS_FP64:
+        y = x.to(tl.float64)
+    else:
+        y = x.to(tl.float32)
+    return y
+
+
+@triton.jit
+def _rsqrt(v, IS_FP64: tl.constexpr):
+    # 1 / sqrt(v) with IEEE sqrt and division, as csrc does (acc_t(1) / std::sqrt(var + eps))
+    if IS_FP64:
+        r = 1.0 / tl.sqrt(v)
+    else:
+        r = tl.div_rn(tl.full(v.shape, 1.0, tl.float32), tl.sqrt_rn(v))
+    return r
+
+
+@triton.jit
+def _eps(eps_hi, eps_lo, IS_FP64: tl.constexpr):
+    if IS_FP64:
+        # fp64 [1] tensor + the fp32 scalars (Python floats under the interpreter): exact widening, fp64 adds
+        e = (tl.zeros([1], dtype=tl.float64) + eps_hi) + eps_lo
+    else:
+        e = eps_hi
+    return e
+
+
+@triton.jit
+def _to_out(v, PTR, RTNE_BF16: tl.constexpr):
+    """v converted to PTR's element type. RTNE_BF16 (set under the interpreter, whose fp32 -> bf16 cast
+    truncates) rounds to nearest even through the bits, as the GPU's cvt.rn.bf16.f32 and torch do."""
+    dst: tl.constexpr = PTR.dtype.element_ty
+    if RTNE_BF16 and dst == tl.bfloat16:
+        v32 = v.to(tl.float32)
+        bits = v32.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        rounded = tl.where(v32 != v32, 0x7FC0, rounded)  # NaN stays a (quiet) NaN
+        r = rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        r = v.to(dst)
+    return r
+
+
+@triton.jit
+def _lane_u16_generic(seed, idx, CTR_OFFSET: tl.constexpr):
+    """The 16-bit Philox lane u (int32, 0..65535) of each linear index idx (int64 tensor): one call each."""
+    g = (idx >> 3) + CTR_OFFSET
+    c0 = g.to(tl.uint32)  # truncation: the low 32 bits
+    c1 = (g >> 32).to(tl.uint32)
+    z = tl.zeros(idx.shape, dtype=tl.uint32)
+    w0, w1, w2, w3 = tl.philox(seed, c0, c1, z, z)
+    k = (idx & 7).to(tl.int32)
+    word_idx = k >> 1
+    word = tl.where(word_idx == 0, w0, tl.where(word_idx == 1, w1, tl.where(word_idx == 2, w2, w3)))
+    u = tl.where((k & 1) == 1, word >> 16, word & 0xFFFF)
+    return u.to(tl.int32)
+
+
+@triton.jit
+def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CTR_OFFSET: tl.constexpr):
+    """Lanes u for the [BLOCK_M, BLOCK_N] tile of rows starting at linear index base (int64 [BLOCK_M], each a
+    multiple of 8) and columns col0 + 0..BLOCK_N-1 (col0 a multiple of 8): one Philox call per 8 elements."""
+    GROUPS: tl.constexpr = BLOCK_N // 8
+    gcols = tl.arange(0, GROUPS).to(tl.int64)
+    g = ((base[:, None] + col0) >> 3) + gcols[None, :] + CTR_OFFSET  # [BLOCK_M, GROUPS]
+    c0 = g.to(tl.uint32)
+    c1 = (g >> 32).to(tl.uint32)
+    z = tl.zeros([BLOCK_M, GROUPS], dtype=tl.uint32)
+    w0, w1, w2, w3 = tl.philox(seed, c0, c1, z, z)
+    lo0 = w0 & 0xFFFF
+    lo1 = w1 & 0xFFFF
+    lo2 = w2 & 0xFFFF
+    lo3 = w3 & 0xFFFF
+    hi0 = w0 >> 16
+    hi1 = w1 >> 16
+    hi2 = w2 >> 16
+    hi3 = w3 >> 16
+    # [..., j, i, h] = (lo, hi)[h] of word 2j + i  ->  flattened order w0lo w0hi w1lo w1hi ... = lane k
+    u = tl.join(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)), tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3)))
+    u = tl.reshape(u, [BLOCK_M, BLOCK_N])
+    return u.to(tl.int32)
+
+
+@triton.jit
+def _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               FAST_RNG: tl.constexpr, CTR_OFFSET: tl.constexpr):
+    """Dropout keep bits of the [BLOCK_M, BLOCK_N] tile: rows start at linear index base, columns col0 + cols."""
+    seed = tl.load(SEED).to(tl.uint64, bitcast=True)
+    if FAST_RNG:
+        u = _lane_u16_fast(seed, base, col0, BLOCK_M, BLOCK_N, CTR_OFFSET)
+    else:
+        idx = base[:, None] + col0 + cols[None, :].to(tl.int64)
+        u = _lane_u16_generic(seed, idx, CTR_OFFSET)
+    return u >= threshold
+
+
+# -------------------------------------------------------------------------------------------------- forward
+@triton.jit
+def ldr_fwd_fused_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold, scale,
+                         HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
+                         FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
+    """Single-block forward: BLOCK_M whole rows (BLOCK_N >= N) per program."""
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < M
+    col_mask = cols < N
+    mask = row_mask[:, None] & col_mask[None, :]
+    base = rows * N
+    offs = base[:, None] + cols[None, :]
+    x = _to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
+    mean = tl.sum(x, axis=1) / N
+    d = tl.where(mask, x - mean[:, None], 0.0)
+    var = tl.sum(d * d, axis=1) / N
+    rstd = _rsqrt(var + _eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
+    tl.store(MEAN + rows, mean, mask=row_mask)
+    tl.store(RSTD + rows, rstd, mask=row_mask)
+    y = d * rstd[:, None]
+    if HAS_W:
+        w = _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), IS_FP64)
+        y = y * w[None, :]
+    if HAS_B:
+        b = _to_acc(tl.load(B + cols, mask=col_mask, other=0.0), IS_FP64)
+        y = y + b[None, :]
+    # ldr_forward_element: keep ? (y <= 0 ? 0 : y * scale) : 0  (a NaN that survives dropout stays NaN)
+    out = tl.where(y <= 0.0, 0.0, y)
+    if DROPOUT:
+        keep = _keep_tile(SEED, base, 0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG, CTR_OFFSET)
+        out = tl.where(keep, out * scale, 0.0)
+    tl.store(OUT + offs, _to_out(out, OUT, RTNE_BF16), mask=mask)
+
+
+@triton.jit
+def ldr_fwd_looped_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold, scale,
+                          HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
+                          FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr,
+                          CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
+    """Looped forward for long rows: one row per program, BLOCK_N-column chunks, two passes over x."""
+    row = tl.program_id(0).to(tl.int64)
+    rows = row + tl.arange(0, 1).to(tl.int64)  # [1]: the tile helpers work on [rows, cols]
+    base = rows * N
+    cols = tl.arange(0, BLOCK_N)
+    mean = _to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    m2 = _to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    for col0 in range(0, N, BLOCK_N):
+        cmask = (col0 + cols) < N
+        x = _to_acc(tl.load(X + base[:, None] + col0 + cols[None, :], mask=cmask[None, :], other=0.0), IS_FP64)
+        n_b = tl.minimum(N - col0, BLOCK_N)
+        mean_b = tl.sum(x, axis=1) / n_b
+        d = tl.where(cmask[None, :], x - mean_b[:, None], 0.0)
+        m2_b = tl.sum(d * d, axis=1)
+        # Chan et al.: merge (col0, mean, m2) with (n_b, mean_b, m2_b)
+        n_a = _to_acc(col0 + tl.zeros([1], dtype=tl.int32), IS_FP64)
+        n_b_f = _to_acc(n_b + tl.zeros([1], dtype=tl.int32), IS_FP64)
+        tot = n_a + n_b_f
+        delta = mean_b - mean
+        mean = mean + delta * (n_b_f / tot)
+        m2 = m2 + m2_b + delta * delta * (n_a * n_b_f / tot)
+    var = m2 / N
+    rstd = _rsqrt(var + _eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
+    tl.store(MEAN + rows, mean)
+    tl.store(RSTD + rows, rstd)
+    for col0 in range(0, N, BLOCK_N):
+        cmask = (col0 + cols) < N
+        offs = base[:, None] + col0 + cols[None, :]
+        x = _to_acc(tl.load(X + offs, mask=cmask[None, :], other=0.0), IS_FP64)
+        y = (x - mean[:, None]) * rstd[:, None]
+        if HAS_W:
+            w = _to_acc(tl.load(W + col0 + cols, mask=cmask, other=0.0), IS_FP64)
+            y = y * w[None, :]
+        if HAS_B:
+            b = _to_acc(tl.load(B + col0 + cols, mask=cmask, other=0.0), IS_FP64)
+            y = y + b[None, :]
+        out = tl.where(y <= 0.0, 0.0, y)
+        if DROPOUT:
+            keep = _keep_tile(SEED, base, col0, cols, threshold, 1, BLOCK_N, FAST_RNG, CTR_OFFSET)
+            out = tl.where(keep, out * scale, 0.0)
+        tl.store(OUT + offs, _to_out(out, OUT, RTNE_BF16), mask=cmask[None, :])
+
+
+# ------------------------------------------------------------------------------------------------- backward
+@triton.jit
+def _tile_offsets(rows, row_mask, col0, cols, cmask, N):
+    """Linear offsets and mask of the tile rows x (col0 + cols). Computed in the kernels themselves (not returned
+    from a helper that also loads), so Inductor's TTIR analysis sees that only the output pointers are stored."""
+    mask = row_mask[:, None] & cmask[None, :]
+    offs = rows[:, None] * N + col0 + cols[None, :]
+    return offs, mask
+
+
+@triton.jit
+def _ldr_bwd_tile(DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, col0, cols, cmask, offs, mask, N, threshold,
+                  scale, HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr,
+                  IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  CTR_OFFSET: tl.constexpr):
+    """Recomputes xhat, y, the keep and ReLU bits of a tile; returns (rstd, xhat, dy, dxhat) where dy is the
+    gradient with respect to the pre-dropout y (ldr_backward_element) and dxhat = dy * w."""
+    base = rows * N
+    x = _to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
+    g = _to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
+    mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    y = xhat
+    if HAS_W:
+        w = _to_acc(tl.load(W + col0 + cols, mask=cmask, other=0.0), IS_FP64)
+        y = y * w[None, :]
+    if HAS_B:
+        b = _to_acc(tl.load(B + col0 + cols, mask=cmask, other=0.0), IS_FP64)
+        y = y + b[None, :]
+    pass_grad = y > 0.0
+    if DROPOUT:
+        keep = _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG, CTR_OFFSET)
+        pass_grad = pass_grad & keep
+    dy = tl.where(pass_grad, g * scale, 0.0)
+    dy = tl.where(mask, dy, 0.0)
+    if HAS_W:
+        dxhat = dy * w[None, :]
+    else:
+        dxhat = dy
+    return rstd, xhat, dy, dxhat
+
+
+@triton.jit
+def ldr_bwd_fused_kernel(DY, X, W, B, MEAN, RSTD, SEED, DX, PDW, PDB, M, N, threshold, scale,
+                         HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
+                         FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
+    """Single-block backward: program p handles row tiles p, p + G, ...; writes its dgamma/dbeta partial row."""
+    pid = tl.program_id(0)
+    num_groups = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    dw_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), IS_FP64)
+    db_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), IS_FP64)
+    num_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in range(pid, num_tiles, num_groups):
+        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
+        row_mask = rows < M
+        offs, mask = _tile_offsets(rows, row_mask, 0, cols, cmask, N)
+        rstd, xhat, dy, dxhat = _ldr_bwd_tile(
+            DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, 0, cols, cmask, offs, mask, N, threshold, scale, HAS_W,
+            HAS_B, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, CTR_OFFSET)
+        c1 = tl.sum(dxhat * xhat, axis=1) / N
+        c2 = tl.sum(dxhat, axis=1) / N
+        dx = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
+        tl.store(DX + offs, _to_out(dx, DX, RTNE_BF16), mask=mask)
+        if HAS_W:
+            dw_acc += tl.sum(dy * xhat, axis=0)
+        if HAS_B:
+            db_acc += tl.sum(dy, axis=0)
+    prow = pid.to(tl.int64) * N
+    if HAS_W:
+        tl.store(PDW + prow + cols, dw_acc, mask=cmask)
+    if HAS_B:
+        tl.store(PDB + prow + cols, db_acc, mask=cmask)
+
+
+@triton.jit
+def ldr_bwd_row_coef_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, M, N, threshold, scale,
+                            HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
+                            FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr,
+                            CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
+    """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program."""
+    rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)
+    row_mask = rows < M
+    cols = tl.arange(0, BLOCK_N)
+    s1 = _to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    s2 = _to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    for col0 in range(0, N, BLOCK_N):
+        cmask = (col0 + cols) < N
+        offs, mask = _tile_offsets(rows, row_mask, col0, cols, cmask, N)
+        rstd, xhat, dy, dxhat = _ldr_bwd_tile(
+            DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, col0, cols, cmask, offs, mask, N, threshold, scale,
+            HAS_W, HAS_B, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N, CTR_OFFSET)
+        s1 += tl.sum(dxhat * xhat, axis=1)
+        s2 += tl.sum(dxhat, axis=1)
+    tl.store(C1 + rows, s1 / N, mask=row_mask)
+    tl.store(C2 + rows, s2 / N, mask=row_mask)
+
+
+@triton.jit
+def ldr_bwd_chunk_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, DX, PDW, PDB, M, N, threshold, scale,
+                         HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
+                         FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
+    """Looped backward, kernel B: grid (column chunks, row groups); dx and the dgamma/dbeta partials."""
+    col0 = tl.program_id(0) * BLOCK_N
+    pid = tl.program_id(1)
+    num_groups = tl.num_programs(1)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = (col0 + cols) < N
+    dw_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), IS_FP64)
+    db_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), IS_FP64)
+    num_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in range(pid, num_tiles, num_groups):
+        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
+        row_mask = rows < M
+        offs, mask = _tile_offsets(rows, row_mask, col0, cols, cmask, N)
+        rstd, xhat, dy, dxhat = _ldr_bwd_tile(
+            DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, col0, cols, cmask, offs, mask, N, threshold, scale,
+            HAS_W, HAS_B, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, CTR_OFFSET)
+        c1 = tl.load(C1 + rows, mask=row_mask, other=0.0)
+        c2 = tl.load(C2 + rows, mask=row_mask, other=0.0)
+        dx = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
+        tl.store(DX + offs, _to_out(dx, DX, RTNE_BF16), mask=mask)
+        if HAS_W:
+            dw_acc += tl.sum(dy * xhat, axis=0)
+        if HAS_B:
+            db_acc += tl.sum(dy, axis=0)
+    prow = pid.to(tl.int64) * N + col0
+    if HAS_W:
+        tl.store(PDW + prow + cols, dw_acc, mask=cmask)
+    if HAS_B:
+        tl.store(PDB + prow + cols, db_acc, mask=cmask)
+
+
+@triton.jit
+def sum_partials_kernel(P, OUT, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+                        RTNE_BF16: tl.constexpr):
+    """OUT[j] = sum over g = 0 .. G-1 of P[g, j], in a fixed order (deterministic), cast to OUT's dtype."""
+    col0 = tl.program_id(0) * BLOCK_N
+    cols = col0 + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    gs = tl.arange(0, BLOCK_G)
+    acc = tl.zeros([BLOCK_N], dtype=P.dtype.element_ty)
+    for g0 in range(0, G, BLOCK_G):
+        gg = (g0 + gs).to(tl.int64)
+        m = (gg < G)[:, None] & cmask[None, :]
+        acc += tl.sum(tl.load(P + gg[:, None] * N + cols[None, :], mask=m, other=0.0), axis=0)
+    tl.store(OUT + cols, _to_out(acc, OUT, RTNE_BF16), mask=cmask)
+
+
+# ------------------------------------------------------------------------------------------- launch helpers
+def _is_interpreted(kernel) -> bool:
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(kernel, InterpretedFunction)
+
+
+# True when TRITON_INTERPRET=1 was set as this module was imported: the kernels then run on CPU tensors.
+INTERPRETED = _is_interpreted(ldr_fwd_fused_kernel)
+
+
+def dropout_threshold(p: float) -> int:
+    """t = round(p * 65536) half up, clamped to 0..65536 (csrc/fused_math.h dropout_threshold)."""
+    t = p * 65536.0 + 0.5
+    t = min(max(t, 0.0), 65536.0)
+    return int(math.floor(t))
+
+
+def dropout_scale(threshold: int) -> float:
+    """65536 / (65536 - t) rounded to fp32 (make_dropout_params); 0 when everything is dropped."""
+    return 0.0 if threshold >= 65536 else float(np.float32(65536.0 / (65536.0 - threshold)))
+
+
+def eps_pair(eps: float):
+    """eps as fp32 hi + lo: the fp32 kernels use hi (= float(eps), as csrc), the fp64 kernels hi + lo."""
+    hi = float(np.float32(eps))
+    lo = float(np.float32(eps - hi))
+    return hi, lo
+
+
+def _num_warps(tile: int, per_thread: int = 16) -> int:
+    """Warps for a tile of `tile` elements at `per_thread` elements per thread (1 .. 16 warps)."""
+    return max(1, min(16, tile // (32 * per_thread)))
+
+
+_SM_COUNT = {}
+
+
+def num_row_groups(num_tiles: int, device: torch.device) -> int:
+    """Programs of a row-group reduction (one partial row each): 2 x SMs on CUDA, 8 on the interpreter."""
+    if device.type == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        if idx not in _SM_COUNT:
+            _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+        cap = 2 * _SM_COUNT[idx]
+    else:
+        cap = 8
+    return max(1, min(num_tiles, cap))
+
+
+def _identity(kernel):
+    return kernel
+
+
+@dataclass(frozen=True)
+class LdrConfig:
+    fused: bool
+    block_m: int
+    block_n: int
+    num_warps: int
+    fast_rng: bool
+
+
+def forward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -> LdrConfig:
+    """Forward tiling: 16 elements per thread; 8 for fp64 (values take two registers) and for N % 8 != 0 (one
+    Philox call per element keeps its four words live)."""
+    fp64 = dtype == torch.float64
+    per_thread = 8 if fp64 or n % 8 != 0 else 16
+    if max_fused_n is None:
+        max_fused_n = FWD_MAX_FUSED_N_FP64 if fp64 else FWD_MAX_FUSED_N
+    if n <= max_fused_n:
+        block_n = triton.next_power_of_2(n)
+        block_m = max(1, min(64, 4096 // block_n))
+        return LdrConfig(True, block_m, block_n, _num_warps(block_m * block_n, per_thread), n % 8 == 0)
+    block_n = 2048 if fp64 else 4096
+    block_n = max(8, min(block_n, triton.next_power_of_2(max_fused_n)))  # tests shrink max_fused_n
+    return LdrConfig(False, 1, block_n, _num_warps(block_n, per_thread), n % 8 == 0)
+
+
+def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -> LdrConfig:
+    """Backward tiling: 8 elements per thread (4 for fp64): x, grad_out, xhat, dy, dxhat and the dgamma/dbeta
+    accumulators are live together."""
+    fp64 = dtype == torch.float64
+    per_thread = 4 if fp64 else 8
+    if max_fused_n is None:
+        max_fused_n = BWD_MAX_FUSED_N_FP64 if fp64 else BWD_MAX_FUSED_N
+    if n <= max_fused_n:
+        block_n = triton.next_power_of_2(n)
+        block_m = max(1, min(64, 2048 // block_n))
+        return LdrConfig(True, block_m, block_n, _num_warps(block_m * block_n, per_thread), n % 8 == 0)
+    block_n = max(8, min(1024, triton.next_power_of_2(max_fused_n)))
+    block_m = max(1, min(16, 2048 // block_n))
+    return LdrConfig(False, block_m, block_n, _num_warps(block_m * block_n, per_thread), n % 8 == 0)
+
+
+def launch_forward(x, weight, bias, seed, out, mean, rstd, p: float, eps: float, *, wrap=_identity,
+                   max_fused_n: int | None = None) -> None:
+    """Runs the forward on contiguous x (M, N) view into the preallocated out, mean, rstd.
+
+    `wrap` is applied to each kernel before launching (torch.library.wrap_triton inside a triton_op).
+    """
+    n = int(x.shape[-1])
+    m = x.numel() // n
+    if m == 0:
+        return
+    t = dropout_threshold(p)
+    scale = dropout_scale(t)
+    eps_hi, eps_lo = eps_pair(eps)
+    cfg = forward_config(n, x.dtype, max_fused_n)
+    common = dict(HAS_W=weight is not None, HAS_B=bias is not None, DROPOUT=t != 0, FAST_RNG=cfg.fast_rng,
+                  IS_FP64=x.dtype == torch.float64, BLOCK_N=cfg.block_n, CTR_OFFSET=DEBUG_COUNTER_OFFSET,
+                  RTNE_BF16=INTERPRETED)
+    w = weight if weight is not None else x  # never read when HAS_W is False
+    b = bias if bias is not None else x
+    if cfg.fused:
+        grid = (triton.cdiv(m, cfg.block_m),)
+        wrap(ldr_fwd_fused_kernel)[grid](x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t, scale,
+                                         BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
+    else:
+        grid = (m,)
+        wrap(ldr_fwd_looped_kernel)[grid](x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t, scale,
+                                          num_warps=cfg.num_warps, **common)
+
+
+def launch_sum_partials(partial, out, groups: int, n: int, *, wrap=_identity) -> None:
+    block_n = min(1024, triton.next_power_of_2(n))
+    block_g = max(1, min(triton.next_power_of_2(groups), 4096 // block_n, 64))
+    grid = (triton.cdiv(n, block_n),)
+    wrap(sum_partials_kernel)[grid](partial, out, groups, n, BLOCK_G=block_g, BLOCK_N=block_n,
+                                    RTNE_BF16=INTERPRETED, num_warps=_num_warps(block_g * block_n))
+
+
+def launch_backward(grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w, grad_b, p: float, *,
+                    wrap=_identity, max_fused_n: int | None = None) -> None:
+    """Runs the backward on contiguous inputs into grad_x and (when weight/bias exist) grad_w/grad_b.
+
+    The dgamma/dbeta partials go to a (G, N) buffer in the accumulation dtype, reduced in a fixed order.
+    """
+    n = int(x.shape[-1])
+    m = x.numel() // n
+    if m == 0:
+        return
+    t = dropout_threshold(p)
+    scale = 1.0 if t == 0 else dropout_scale(t)  # p = 0: keep = 1, scale = 65536 / 65536 = 1 (as csrc)
+    is_fp64 = x.dtype == torch.float64
+    acc = torch.float64 if is_fp64 else torch.float32
+    cfg = backward_config(n, x.dtype, max_fused_n)
+    has_w, has_b = weight is not None, bias is not None
+    common = dict(HAS_W=has_w, HAS_B=has_b, DROPOUT=t != 0, FAST_RNG=cfg.fast_rng, IS_FP64=is_fp64,
+                  BLOCK_N=cfg.block_n, CTR_OFFSET=DEBUG_COUNTER_OFFSET, RTNE_BF16=INTERPRETED)
+    w = weight if has_w else x
+    b = bias if has_b else x
+    num_tiles = triton.cdiv(m, cfg.block_m)
+    groups = num_row_groups(num_tiles, x.device)
+    pdw = torch.empty((groups, n) if has_w else (1,), dtype=acc, device=x.device)
+    pdb = torch.empty((groups, n) if has_b else (1,), dtype=acc, device=x.device)
+    if cfg.fused:
+        wrap(ldr_bwd_fused_kernel)[(groups,)](grad_out, x, w, b, mean, rstd, seed, grad_x, pdw, pdb, m, n, t,
+                                              scale, BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
+    else:
+        c1 = torch.empty((m,), dtype=acc, device=x.device)
+        c2 = torch.empty((m,), dtype=acc, device=x.device)
+        wrap(ldr_bwd_row_coef_kernel)[(m,)](grad_out, x, w, b, mean, rstd, seed, c1, c2, m, n, t, scale,
+                                            num_warps=_num_warps(cfg.block_n, 8), **common)
+        grid = (triton.cdiv(n, cfg.block_n), groups)
+        wrap(ldr_bwd_chunk_kernel)[grid](grad_out, x, w, b, mean, rstd, seed, c1, c2, grad_x, pdw, pdb, m, n,
+                                         t, scale, BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
+    if has_w:
+        launch_sum_partials(pdw, grad_w, groups, n, wrap=wrap)
+    if has_b:
+        launch_sum_partials(pdb, grad_b, groups, n, wrap=wrap)
