@@ -7,30 +7,60 @@
 
 #include <algorithm>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "checks.h"
 #include "cpu/row_blocks.h"
+#include "cpu/row_kernels.h"
 #include "dispatch.h"
 
 namespace gpuopt {
 namespace {
 
+// fp32 rows in place; bf16/fp16 rows through per-thread fp32 buffers (cpu/row_kernels.h); fp64 generic loops.
+template <typename T>
+const float* as_float_row(const T* src, float* buf, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    cpu::to_float(src, buf, n);
+    return buf;
+  }
+}
+
 template <typename scalar_t, typename bias_t>
 void bias_relu_kernel(const BiasReluArgs& a, at::Tensor& out) {
   using acc_t = acc_type_t<scalar_t>;
+  constexpr bool kFp32 = std::is_same_v<acc_t, float>;
+  constexpr bool kDirect = std::is_same_v<scalar_t, float>;
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = a.x.data_ptr<scalar_t>();
   scalar_t* y = out.data_ptr<scalar_t>();
   std::vector<acc_t> b(N);
   const bias_t* bp = a.bias.data_ptr<bias_t>();
   for (int64_t j = 0; j < N; ++j) b[j] = static_cast<acc_t>(bp[j]);
-  at::parallel_for(0, M, std::max<int64_t>(1, 32768 / N), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const scalar_t* xr = x + r * N;
-      scalar_t* yr = y + r * N;
-      for (int64_t j = 0; j < N; ++j) {
-        yr[j] = static_cast<scalar_t>(bias_relu_forward_element<acc_t>(static_cast<acc_t>(xr[j]), b[j]));
+  const int64_t tile = std::max<int64_t>(1, 16384 / N);  // rows per scheduling tile
+  parallel_tiles((M + tile - 1) / tile, [&](const auto& take) {
+    std::vector<float> xbuf(kFp32 && !kDirect ? N : 0), ybuf(kFp32 && !kDirect ? N : 0);
+    for (int64_t t; (t = take()) * tile < M;) {
+      const int64_t end = std::min(M, (t + 1) * tile);
+      for (int64_t r = t * tile; r < end; ++r) {
+        const scalar_t* xr = x + r * N;
+        scalar_t* yr = y + r * N;
+        if constexpr (kFp32) {
+          const float* xf = as_float_row(xr, xbuf.data(), N);
+          if constexpr (kDirect) {
+            cpu::bias_relu_row(xf, b.data(), yr, N);
+          } else {
+            cpu::bias_relu_row(xf, b.data(), ybuf.data(), N);
+            cpu::from_float(ybuf.data(), yr, N);
+          }
+        } else {
+          for (int64_t j = 0; j < N; ++j) {
+            yr[j] = static_cast<scalar_t>(bias_relu_forward_element<acc_t>(static_cast<acc_t>(xr[j]), b[j]));
+          }
+        }
       }
     }
   });
@@ -39,24 +69,41 @@ void bias_relu_kernel(const BiasReluArgs& a, at::Tensor& out) {
 template <typename scalar_t>
 void bias_relu_backward_kernel(const BiasReluBackwardArgs& a, at::Tensor& grad_x, at::Tensor& grad_b) {
   using acc_t = acc_type_t<scalar_t>;
+  constexpr bool kFp32 = std::is_same_v<acc_t, float>;
+  constexpr bool kDirect = std::is_same_v<scalar_t, float>;
   const int64_t M = a.M, N = a.N;
   const scalar_t* g = a.grad_out.data_ptr<scalar_t>();
   const scalar_t* o = a.out.data_ptr<scalar_t>();
   scalar_t* dx = grad_x.data_ptr<scalar_t>();
+  // deterministic dbias: fixed row blocks (a function of M only), partials summed in block order
   const RowBlocks rb(M);
   const int64_t blocks = rb.blocks;
   std::vector<acc_t> partial(blocks * N, acc_t(0));
-  at::parallel_for(0, blocks, 1, [&](int64_t blk_begin, int64_t blk_end) {
-    for (int64_t blk = blk_begin; blk < blk_end; ++blk) {
+  parallel_tiles(blocks, [&](const auto& take) {
+    const int64_t nb = kFp32 && !kDirect ? N : 0;
+    std::vector<float> gbuf(nb), obuf(nb), dbuf(nb);
+    for (int64_t blk; (blk = take()) < blocks;) {
       acc_t* pb = partial.data() + blk * N;
       for (int64_t r = rb.begin(blk); r < rb.end(blk, M); ++r) {
         const scalar_t* gr = g + r * N;
         const scalar_t* orow = o + r * N;
         scalar_t* dxr = dx + r * N;
-        for (int64_t j = 0; j < N; ++j) {
-          const acc_t d = bias_relu_backward_element<acc_t>(static_cast<acc_t>(gr[j]), static_cast<acc_t>(orow[j]));
-          dxr[j] = static_cast<scalar_t>(d);
-          pb[j] += d;
+        if constexpr (kFp32) {
+          const float* gf = as_float_row(gr, gbuf.data(), N);
+          const float* of = as_float_row(orow, obuf.data(), N);
+          if constexpr (kDirect) {
+            cpu::bias_relu_backward_row(gf, of, dxr, pb, N);
+          } else {
+            cpu::bias_relu_backward_row(gf, of, dbuf.data(), pb, N);
+            cpu::from_float(dbuf.data(), dxr, N);
+          }
+        } else {
+          for (int64_t j = 0; j < N; ++j) {
+            const acc_t d =
+                bias_relu_backward_element<acc_t>(static_cast<acc_t>(gr[j]), static_cast<acc_t>(orow[j]));
+            dxr[j] = static_cast<scalar_t>(d);
+            pb[j] += d;
+          }
         }
       }
     }

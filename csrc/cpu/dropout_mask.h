@@ -1,10 +1,20 @@
-// Dropout keep bits of a run of consecutive elements on the CPU, from the Philox definition in philox.h.
+// Dropout uniforms of a run of consecutive elements on the CPU, from the Philox definition in philox.h.
 #pragma once
 #include <cstdint>
 
 namespace gpuopt {
 
-// keep[j] = 1 if element (idx0 + j) is kept under `seed` and `threshold`, else 0, for j in [0, n).
+// Capacity (in uint16_t) that dropout_uniforms_row needs for a run of n elements.
+constexpr int64_t dropout_uniforms_capacity(int64_t n) { return ((n + 14) / 8 + 8) * 8; }
+
+// The 16-bit uniforms u (DESIGN.md "Dropout RNG") of the elements idx0 .. idx0 + n - 1 under `seed`:
+// returns p with p[j] = u(idx0 + j) for j in [0, n), a pointer into buf, which must hold
+// dropout_uniforms_capacity(n) values. One Philox4x32-10 call per group of 8 elements; on x86-64 with AVX2 or
+// AVX-512F 8 or 16 calls run side by side in vector registers (same bits as the scalar philox4x32_10). The
+// environment variable GPUOPT_CPU_PHILOX=scalar or =avx2, read once, caps the path (for the tests).
+const uint16_t* dropout_uniforms_row(int64_t seed, int64_t idx0, int64_t n, uint16_t* buf);
+
+// keep[j] = 1 if element (idx0 + j) is kept under `seed` and `threshold` (u >= threshold), else 0.
 void dropout_keep_row(int64_t seed, int64_t idx0, int64_t n, uint32_t threshold, uint8_t* keep);
 
 }  // namespace gpuopt

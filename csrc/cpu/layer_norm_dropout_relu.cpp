@@ -1,6 +1,11 @@
-// C++ CPU kernels of layer_norm_dropout_relu and its backward: at::parallel_for over rows, at::vec reductions,
-// fp32 accumulation (fp64 for fp64 x). Per-element math and the dropout RNG come from the headers the CUDA
-// kernels use, so these kernels are the CPU-testable twin of the GPU code.
+// C++ CPU kernels of layer_norm_dropout_relu and its backward, fp32 accumulation (fp64 for fp64 x).
+// fp32/bf16/fp16 inputs run the vectorized fp32 row kernels of cpu/row_kernels.h: forward = one pass for the
+// statistics (plus one over the row while it is in L1) and one for the output; backward = one pass for xhat, dy
+// and the dgamma/dbeta partials, one for dx. The dropout uniforms come from cpu/dropout_mask.h (8 or 16 Philox
+// calls side by side with AVX2 / AVX-512), computed once per tile of rows. Rows are handed to torch's intra-op
+// threads in tiles, dynamically (row_blocks.h parallel_tiles); the backward's tiles are the fixed row blocks of
+// the deterministic dgamma/dbeta reduction, so no result depends on the thread count. fp64 keeps the generic
+// template loops (the gradcheck path). Per-element formulas: fused_math.h, shared with the CUDA kernels.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -12,11 +17,13 @@
 #include <algorithm>
 #include <cmath>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "checks.h"
 #include "cpu/dropout_mask.h"
 #include "cpu/row_blocks.h"
+#include "cpu/row_kernels.h"
 #include "dispatch.h"
 
 namespace gpuopt {
@@ -55,6 +62,131 @@ void row_stats(const acc_t* v, int64_t n, double eps, acc_t& mean, acc_t& rstd) 
   rstd = acc_t(1) / std::sqrt(var + static_cast<acc_t>(eps));
 }
 
+// ------------------------------------------------------------------------------------------ fp32 fast path
+// Rows are read as fp32: fp32 rows in place, bf16/fp16 rows converted into a per-thread buffer.
+inline const float* load_row(const float* src, float* /*buf*/, int64_t /*n*/) { return src; }
+template <typename T>
+const float* load_row(const T* src, float* buf, int64_t n) {
+  cpu::to_float(src, buf, n);
+  return buf;
+}
+// Where a row's fp32 result is written: in place for fp32 outputs, else a buffer that store_row converts.
+inline float* result_row(float* dst, float* /*buf*/) { return dst; }
+template <typename T>
+float* result_row(T* /*dst*/, float* buf) {
+  return buf;
+}
+inline void store_row(float* /*dst*/, const float* /*buf*/, int64_t /*n*/) {}
+template <typename T>
+void store_row(T* dst, const float* buf, int64_t n) {
+  cpu::from_float(buf, dst, n);
+}
+
+// Rows per dropout tile: the uniforms of a tile's R * N consecutive elements come from one call, so small N
+// does not waste the 8-call (64-element) batches of the AVX2 Philox.
+inline int64_t tile_rows(int64_t N) { return std::max<int64_t>(1, 2048 / N); }
+
+template <typename scalar_t, typename param_t>
+void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, at::Tensor& out, at::Tensor& mean,
+                      at::Tensor& rstd) {
+  constexpr bool kDirect = std::is_same_v<scalar_t, float>;
+  const int64_t M = a.M, N = a.N;
+  const scalar_t* x = a.x.data_ptr<scalar_t>();
+  scalar_t* y_out = out.data_ptr<scalar_t>();
+  float* mean_out = mean.data_ptr<float>();
+  float* rstd_out = rstd.data_ptr<float>();
+  const std::vector<float> w = param_row<float, param_t>(a.weight, N, 1.0f);
+  const std::vector<float> b = param_row<float, param_t>(a.bias, N, 0.0f);
+  const DropoutParams drop = a.dropout;
+  const bool dropping = drop.active();
+  const int64_t R = tile_rows(N);
+  const float inv_n = 1.0f / static_cast<float>(N);
+  const int64_t tile = std::max<int64_t>(R, 16384 / N / R * R);  // rows per scheduling tile (~64 KB of fp32)
+
+  parallel_tiles((M + tile - 1) / tile, [&](const auto& take) {
+    std::vector<float> xbuf(kDirect ? 0 : N), ybuf(kDirect ? 0 : N);
+    std::vector<uint16_t> ubuf(dropping ? dropout_uniforms_capacity(R * N) : 0);
+    for (int64_t t; (t = take()) * tile < M;) {
+      const int64_t end = std::min(M, (t + 1) * tile);
+      for (int64_t r0 = t * tile; r0 < end; r0 += R) {
+        const int64_t r1 = std::min(end, r0 + R);
+        const uint16_t* u = dropping ? dropout_uniforms_row(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* xr = load_row(x + r * N, xbuf.data(), N);
+          const float mu = cpu::row_sum(xr, N) * inv_n;
+          const float var = cpu::row_sq_dev_sum(xr, N, mu) * inv_n;
+          const float rs = 1.0f / std::sqrt(var + static_cast<float>(eps));
+          mean_out[r] = mu;
+          rstd_out[r] = rs;
+          float* yr = result_row(y_out + r * N, ybuf.data());
+          cpu::ldr_forward_row(xr, w.data(), b.data(), u ? u + (r - r0) * N : nullptr, drop.threshold,
+                               drop.scale, mu, rs, yr, N);
+          store_row(y_out + r * N, yr, N);
+        }
+      }
+    }
+  });
+}
+
+template <typename scalar_t, typename param_t>
+void ldr_backward_fp32(const LdrBackwardArgs& args, int64_t seed, at::Tensor& grad_x, at::Tensor& grad_w,
+                       at::Tensor& grad_b) {
+  constexpr bool kDirect = std::is_same_v<scalar_t, float>;
+  const LdrArgs& a = args.fwd;
+  const int64_t M = a.M, N = a.N;
+  const scalar_t* x = a.x.data_ptr<scalar_t>();
+  const scalar_t* g = args.grad_out.data_ptr<scalar_t>();
+  const float* mean = args.mean.data_ptr<float>();
+  const float* rstd = args.rstd.data_ptr<float>();
+  scalar_t* dx = grad_x.data_ptr<scalar_t>();
+  const std::vector<float> w = param_row<float, param_t>(a.weight, N, 1.0f);
+  const std::vector<float> b = param_row<float, param_t>(a.bias, N, 0.0f);
+  const DropoutParams drop = a.dropout;
+  const bool dropping = drop.active();
+  const bool want_dw = a.weight.defined(), want_db = a.bias.defined();
+  const int64_t R = tile_rows(N);
+  const float inv_n = 1.0f / static_cast<float>(N);
+
+  // Deterministic dgamma / dbeta: a fixed number of row blocks (a function of M only), each summing its rows in
+  // order into its own partial row; the partials are then summed in block order (row_blocks.h). Blocks are the
+  // scheduling tiles, so which thread runs a block does not change its bits.
+  const RowBlocks rb(M);
+  const int64_t blocks = rb.blocks;
+  std::vector<float> partial_w(blocks * N, 0.0f), partial_b(blocks * N, 0.0f);
+
+  parallel_tiles(blocks, [&](const auto& take) {
+    std::vector<float> xbuf(kDirect ? 0 : N), gbuf(kDirect ? 0 : N), dxbuf(kDirect ? 0 : N);
+    std::vector<float> xhat(N), dxhat(N);
+    std::vector<uint16_t> ubuf(dropping ? dropout_uniforms_capacity(R * N) : 0);
+    for (int64_t blk; (blk = take()) < blocks;) {
+      float* pw = partial_w.data() + blk * N;
+      float* pb = partial_b.data() + blk * N;
+      const int64_t rend = rb.end(blk, M);
+      for (int64_t r0 = rb.begin(blk); r0 < rend; r0 += R) {
+        const int64_t r1 = std::min(rend, r0 + R);
+        const uint16_t* u =
+            dropping ? dropout_uniforms_row(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* xr = load_row(x + r * N, xbuf.data(), N);
+          const float* gr = load_row(g + r * N, gbuf.data(), N);
+          const float rs = rstd[r];
+          cpu::ldr_backward_row_pass1(xr, gr, w.data(), b.data(), u ? u + (r - r0) * N : nullptr, drop.threshold,
+                                      drop.scale, mean[r], rs, xhat.data(), dxhat.data(), pw, pb, N);
+          const float c1 = cpu::row_dot(dxhat.data(), xhat.data(), N) * inv_n;
+          const float c2 = cpu::row_sum(dxhat.data(), N) * inv_n;
+          float* dxr = result_row(dx + r * N, dxbuf.data());
+          cpu::ldr_backward_row_pass2(xhat.data(), dxhat.data(), rs, c1, c2, dxr, N);
+          store_row(dx + r * N, dxr, N);
+        }
+      }
+    }
+  });
+
+  if (want_dw) sum_partials(partial_w, blocks, N, grad_w.data_ptr<param_t>());
+  if (want_db) sum_partials(partial_b, blocks, N, grad_b.data_ptr<param_t>());
+}
+
+// ------------------------------------------------------------------------------------------ generic (fp64) path
 template <typename scalar_t, typename param_t, typename acc_t>
 void ldr_forward_kernel(const LdrArgs& a, int64_t seed, double eps, at::Tensor& out, at::Tensor& mean,
                         at::Tensor& rstd) {
@@ -166,7 +298,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ldr_forward_cpu(const at::Tensor&
   const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
   dispatch_ldr(a, [&](auto st, auto pt) {
     GPUOPT_UNPACK_TAGS
-    ldr_forward_kernel<scalar_t, param_t, acc_t>(a, s, eps, out, mean, rstd);
+    if constexpr (std::is_same_v<acc_t, float>) {
+      ldr_forward_fp32<scalar_t, param_t>(a, s, eps, out, mean, rstd);
+    } else {
+      ldr_forward_kernel<scalar_t, param_t, acc_t>(a, s, eps, out, mean, rstd);
+    }
   });
   return {out, mean, rstd};
 }
@@ -185,7 +321,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ldr_backward_cpu(
   const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
   dispatch_ldr(a, [&](auto st, auto pt) {
                  GPUOPT_UNPACK_TAGS
-                 ldr_backward_kernel<scalar_t, param_t, acc_t>(b, s, grad_x, grad_w, grad_b);
+                 if constexpr (std::is_same_v<acc_t, float>) {
+                   ldr_backward_fp32<scalar_t, param_t>(b, s, grad_x, grad_w, grad_b);
+                 } else {
+                   ldr_backward_kernel<scalar_t, param_t, acc_t>(b, s, grad_x, grad_w, grad_b);
+                 }
                });
   return {grad_x, grad_w, grad_b};
 }

@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# The GPU machine's check of gpuopt, in one script (< 8 minutes): build, GPU tests, compute-sanitizer, memory,
+# benchmarks, plots. Run from the repository root:
+#
+#     bash benchmarks/gpu_check.sh [OUT_DIR]          # OUT_DIR defaults to $OUT, else ./gpu_check_out
+#
+# Every step runs under `timeout` against one overall deadline, continues on failure, and writes its log to
+# OUT_DIR/<step>.log; OUT_DIR/summary.txt gets one line per step: name, rc, seconds (rc 124 = timed out,
+# "skipped" = no time left or a prerequisite failed). The script's exit code is 0 only when every step passed.
+#
+# Made for the GPU machine: system python3 (no venv, no network) with torch and triton installed, nvcc and
+# compute-sanitizer from the CUDA toolkit, an sm_90 GPU. Knobs (environment):
+#   GPU_CHECK_PYTHON      python to use (default python3)
+#   GPU_CHECK_BUDGET      overall seconds (default 460)
+#   GPU_CHECK_SKIP_BUILD  1 = use the extension already built in place
+#   TORCH_CUDA_ARCH_LIST  default 9.0 (H100/H200);  MAX_JOBS  default 16
+set -u
+
+OUT_DIR="${1:-${OUT:-$PWD/gpu_check_out}}"
+mkdir -p "$OUT_DIR"
+OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+PY="${GPU_CHECK_PYTHON:-python3}"
+BUDGET="${GPU_CHECK_BUDGET:-460}"
+START=$(date +%s)
+DEADLINE=$((START + BUDGET))
+SUMMARY="$OUT_DIR/summary.txt"
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+export MAX_JOBS="${MAX_JOBS:-16}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+FAILED=0
+BUILD_OK=0
+
+: >"$SUMMARY"
+echo "gpu_check $(date -Is) repo=$PWD out=$OUT_DIR python=$PY budget=${BUDGET}s arch=$TORCH_CUDA_ARCH_LIST" \
+  | tee -a "$SUMMARY"
+
+# step NAME CAP_SECONDS RESERVE_SECONDS -- command...
+# Runs the command with timeout min(CAP, time left - RESERVE): RESERVE (scaled by GPU_CHECK_BUDGET / 460) keeps
+# time for the later steps. Sets LAST_RC (a number, or "skipped").
+step() {
+  local name=$1 cap=$2 reserve=$(($3 * BUDGET / 460))
+  shift 4
+  local now left limit t0 rc
+  LAST_RC=skipped
+  now=$(date +%s)
+  left=$((DEADLINE - now - reserve))
+  limit=$((cap < left ? cap : left))
+  if [ "$limit" -lt 5 ]; then
+    printf '%-16s rc=skipped (no time left: %ss)\n' "$name" "$left" | tee -a "$SUMMARY"
+    FAILED=1
+    return 0
+  fi
+  t0=$(date +%s)
+  echo "== $name (limit ${limit}s): $*" >>"$OUT_DIR/$name.log"
+  echo "== $name (limit ${limit}s)"
+  timeout --kill-after=10 "$limit" "$@" >>"$OUT_DIR/$name.log" 2>&1
+  rc=$?
+  printf '%-16s rc=%-4s %4ss  (log %s.log)\n' "$name" "$rc" "$(($(date +%s) - t0))" "$name" | tee -a "$SUMMARY"
+  [ "$rc" -eq 0 ] || FAILED=1
+  LAST_RC=$rc
+  return 0
+}
+
+skip() {
+  printf '%-16s rc=skipped (%s)\n' "$1" "$2" | tee -a "$SUMMARY"
+  FAILED=1
+}
+
+find_sanitizer() {
+  local c
+  for c in "$(command -v compute-sanitizer 2>/dev/null)" "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" \
+    /usr/local/cuda/bin/compute-sanitizer; do
+    if [ -n "$c" ] && [ -x "$c" ]; then
+      echo "$c"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# ---------------------------------------------------------------------------------------------- 1. environment
+step env 30 400 -- bash -c "
+  $PY -c 'import sys, torch; print(\"python\", sys.version.split()[0]); print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"available\", torch.cuda.is_available()); print(torch.cuda.get_device_name() if torch.cuda.is_available() else \"no GPU\")'
+  $PY -c 'import triton; print(\"triton\", triton.__version__)' || true
+  nvidia-smi || true
+  (command -v nvcc && nvcc --version) || ls -l /usr/local/cuda/bin/nvcc || true
+  nproc; free -g || true
+"
+
+# ---------------------------------------------------------------------------------------------- 2. build
+if [ "${GPU_CHECK_SKIP_BUILD:-0}" = "1" ]; then
+  echo "build            skipped on request (GPU_CHECK_SKIP_BUILD=1)" | tee -a "$SUMMARY"
+else
+  step build 240 190 -- "$PY" setup.py build_ext --inplace
+fi
+step import 60 180 -- "$PY" -c "
+import torch, gpuopt_ops
+ok = torch._C._dispatch_has_kernel_for_dispatch_key('gpuopt::layer_norm_dropout_relu', 'CUDA')
+print('gpuopt_ops from', gpuopt_ops.__file__, '| CUDA kernels registered:', ok)
+raise SystemExit(0 if ok else 1)
+"
+[ "$LAST_RC" = 0 ] && BUILD_OK=1
+
+# ---------------------------------------------------------------------------------------------- 3. GPU tests
+if [ "$BUILD_OK" = 1 ]; then
+  # the cuda-marked tests (test_cuda.py, and the device="cuda" params of test_ops.py etc.) and triton_gpu ones
+  step tests 120 150 -- "$PY" -m pytest -q -m "cuda or triton_gpu" tests -p no:cacheprovider \
+    --junitxml="$OUT_DIR/tests_junit.xml"
+else
+  skip tests "extension did not build/import"
+fi
+
+# ---------------------------------------------------------------------------------------------- 4. compute-sanitizer
+SAN="$(find_sanitizer || true)"
+for tool in memcheck racecheck initcheck; do
+  if [ "$BUILD_OK" != 1 ]; then
+    skip "san_$tool" "extension did not build/import"
+  elif [ -z "$SAN" ]; then
+    skip "san_$tool" "compute-sanitizer not found"
+  else
+    # no caching allocator: out-of-bounds accesses inside a larger cached block become visible
+    step "san_$tool" 60 100 -- env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool "$tool" --error-exitcode 1 \
+      --print-limit 50 "$PY" tests/cuda_sanitize_script.py
+  fi
+done
+
+# ---------------------------------------------------------------------------------------------- 5. memory
+if [ "$BUILD_OK" = 1 ]; then
+  step memory 45 80 -- "$PY" -m benchmarks.memory --device cuda --out "$OUT_DIR/memory"
+else
+  skip memory "extension did not build/import"
+fi
+
+# ---------------------------------------------------------------------------------------------- 6. benchmarks
+# (a) every provider but torch.compile over a sweep of N; (b) torch.compile (max-autotune, slow to compile) on
+# a few cases with all providers, for the speed-ups against compile. --time-budget stops each cleanly; the CSV
+# is written row by row, so a timeout still leaves what was measured.
+bench() {  # bench NAME CAP RESERVE args...
+  local name=$1 cap=$2 reserve=$3
+  shift 3
+  local now left limit
+  now=$(date +%s)
+  left=$((DEADLINE - now - reserve * BUDGET / 460))
+  limit=$((cap < left ? cap : left))
+  step "$name" "$cap" "$reserve" -- "$PY" -m benchmarks.run --device cuda --time-budget $((limit > 40 ? limit - 30 : 10)) "$@"
+}
+if [ "$BUILD_OK" = 1 ]; then
+  bench bench_sweep 130 55 --out "$OUT_DIR/bench_sweep" --providers cuda,triton,eager,liger,copy \
+    --dtypes bf16,fp32 --ns 256,1024,4096,16384,65536 --rep-ms 50
+  bench bench_compile 110 15 --out "$OUT_DIR/bench_compile" --providers cuda,triton,eager,compile,liger,copy \
+    --dtypes bf16 --ns 1024,8192 --modes fwd,fwd+bwd --rep-ms 50
+else
+  skip bench_sweep "extension did not build/import"
+  skip bench_compile "extension did not build/import"
+fi
+
+# ---------------------------------------------------------------------------------------------- 7. plots
+csvs=$(ls "$OUT_DIR"/bench_*/bench_cuda.csv 2>/dev/null | tr '\n' ' ')
+if [ -n "$csvs" ]; then
+  # shellcheck disable=SC2086
+  step plots 40 0 -- "$PY" -m benchmarks.plot $csvs
+else
+  skip plots "no benchmark CSV"
+fi
+
+total=$(($(date +%s) - START))
+echo "total ${total}s, $([ "$FAILED" = 0 ] && echo 'all steps passed' || echo 'some steps failed or were skipped')" \
+  | tee -a "$SUMMARY"
+exit "$FAILED"

@@ -1,0 +1,521 @@
+"""Side-by-side benchmark of the gpuopt ops against eager PyTorch, torch.compile, Liger and a plain copy.
+
+    python -m benchmarks.run                       # GPU if there is one, else CPU; CSV under bench_out/
+    python -m benchmarks.run --device cpu --ops ldr --dtypes fp32 --ns 1024 --m 8192 --providers cpu,eager,compile,copy
+    python -m benchmarks.run --quick               # tiny shapes, seconds (the CI smoke test)
+
+Every provider of a case runs on the same input tensors, in the same process, one after the other (on the CPU
+in `--rounds` interleaved rounds whose samples are pooled), so ratios between providers are meaningful even on
+a noisy machine; absolute times are not.
+
+Providers
+    cuda     torch.ops.gpuopt.* C++/CUDA kernels (through gpuopt_ops.layer_norm_dropout_relu / bias_relu and
+             their autograd, i.e. what a user calls)                                            GPU only
+    cpu      the same ops on their C++ CPU kernels                                              CPU only
+    triton   the Triton twins (backend='triton', torch.ops.gpuopt.triton_*), skipped with a note when
+             gpuopt_ops.triton_ops cannot be imported                                            GPU only
+    eager    F.layer_norm -> F.dropout -> F.relu, and relu(x + b)
+    compile  torch.compile of the eager code: mode="max-autotune" on GPU, default mode on CPU; dynamic=False
+    liger    Liger-Kernel's LayerNorm + torch dropout + relu (ldr only), when liger_kernel is importable
+    copy     y.copy_(x) on an (M, N) tensor of the case's dtype: this machine's bandwidth baseline
+
+Modes
+    fwd      the training forward (dropout active), autograd off (torch.no_grad)
+    bwd      torch.autograd.grad of a forward taken once (retain_graph=True): the backward kernels alone
+    fwd+bwd  forward with autograd on, then torch.autograd.grad (a training step of the block)
+
+Bytes model (GB/s = bytes / time). It counts the minimal traffic of a fused kernel, with e = bytes per element
+of x (2 for bf16/fp16, 4 for fp32), pe = bytes per element of the parameters (the dtype of x here), a = 4 bytes
+of a fp32 statistic. Every provider of a case is charged the same bytes, so GB/s is proportional to 1/time
+(eager really moves more: its GB/s is an "effective" figure, comparable with the fused ones).
+    ldr  fwd      read x (M*N*e) + weight, bias (2*N*pe); write out (M*N*e) + mean, rstd (2*M*a)
+    ldr  bwd      read grad_out, x (2*M*N*e) + weight, bias (2*N*pe) + mean, rstd (2*M*a);
+                  write grad_x (M*N*e) + dgamma, dbeta (2*N*pe)
+    bias_relu fwd read x (M*N*e) + bias (N*pe); write out (M*N*e)
+    bias_relu bwd read grad_out, out (2*M*N*e); write grad_x (M*N*e) + dbias (N*pe)
+    fwd+bwd       the sum of fwd and bwd
+    copy          read x + write y (2*M*N*e)
+ratio_copy = GB/s / GB/s of the copy measured in the same case; speedup_vs_eager = eager ms / ms,
+speedup_vs_compile = compile ms / ms (empty when that provider did not run).
+
+M (rows) is chosen per (dtype, N) so that the forward's bytes are at least --mbytes MB (default 256 MB on GPU,
+16 MB on CPU), unless --m fixes it. Timing: triton.testing.do_bench (quantiles 0.5, 0.2, 0.8) on GPU;
+torch.utils.benchmark.Timer.blocked_autorange on CPU (all threads torch uses), median / p20 / p80 of its
+per-run times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+OPS = ("ldr", "bias_relu")
+MODES = ("fwd", "bwd", "fwd+bwd")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+GPU_NS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+CPU_NS = (256, 1024, 4096, 16384)
+GPU_PROVIDERS = ("cuda", "triton", "eager", "compile", "liger", "copy")
+CPU_PROVIDERS = ("cpu", "eager", "compile", "copy")
+EPS = 1e-5
+
+COLUMNS = ["provider", "op", "mode", "dtype", "M", "N", "p", "ms_median", "ms_p20", "ms_p80", "gbps",
+           "ratio_copy", "speedup_vs_eager", "speedup_vs_compile", "device"]
+
+
+# ------------------------------------------------------------------------------------------------ bytes model
+def bytes_moved(op: str, mode: str, m: int, n: int, dtype: torch.dtype) -> int:
+    """Minimal traffic of a fused kernel for (op, mode); see the module docstring."""
+    e = torch.empty((), dtype=dtype).element_size()
+    pe, a = e, 4
+    if op == "copy":
+        return 2 * m * n * e
+    if op == "ldr":
+        fwd = 2 * m * n * e + 2 * n * pe + 2 * m * a
+        bwd = 3 * m * n * e + 4 * n * pe + 2 * m * a
+    elif op == "bias_relu":
+        fwd = 2 * m * n * e + n * pe
+        bwd = 3 * m * n * e + n * pe
+    else:
+        raise ValueError(op)
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
+
+
+def rows_for(n: int, dtype: torch.dtype, mbytes: float) -> int:
+    """Smallest M whose forward (read x + write out) moves at least `mbytes` MB."""
+    e = torch.empty((), dtype=dtype).element_size()
+    return max(1, math.ceil(mbytes * 2**20 / (2 * n * e)))
+
+
+# ------------------------------------------------------------------------------------------------ providers
+class Skip(Exception):
+    """A provider that cannot run here (the reason goes into the notes)."""
+
+
+def _import_gpuopt():
+    import gpuopt_ops  # noqa: F401
+
+    return gpuopt_ops
+
+
+_TRITON_STATE: Dict[str, object] = {}
+
+
+def _triton_available() -> None:
+    if "err" not in _TRITON_STATE:
+        try:
+            from gpuopt_ops import triton_ops  # noqa: F401
+
+            _TRITON_STATE["err"] = None
+        except Exception as err:  # noqa: BLE001
+            _TRITON_STATE["err"] = f"gpuopt_ops.triton_ops unavailable ({type(err).__name__}: {err})"
+    if _TRITON_STATE["err"]:
+        raise Skip(_TRITON_STATE["err"])
+
+
+def eager_ldr(x, w, b, p):
+    return F.relu(F.dropout(F.layer_norm(x, (x.shape[-1],), w, b, EPS), p, True))
+
+
+def eager_bias_relu(x, b):
+    return F.relu(x + b)
+
+
+_COMPILED: Dict[tuple, Callable] = {}
+
+
+def _compiled(op: str, device: str) -> Callable:
+    key = (op, device)
+    if key not in _COMPILED:
+        import torch._dynamo
+
+        # one code object serves every shape/dtype/mode: lift the recompile limits so nothing falls back to eager
+        for name in ("cache_size_limit", "recompile_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 1024)
+        if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
+            torch._dynamo.config.accumulated_cache_size_limit = 4096
+        if hasattr(torch._dynamo.config, "accumulated_recompile_limit"):
+            torch._dynamo.config.accumulated_recompile_limit = 4096
+        fn = eager_ldr if op == "ldr" else eager_bias_relu
+        kwargs = {"mode": "max-autotune"} if device == "cuda" else {}
+        _COMPILED[key] = torch.compile(fn, dynamic=False, **kwargs)
+    return _COMPILED[key]
+
+
+def forward_fn(provider: str, op: str, device: str, p: float) -> Callable:
+    """The callable (x, w, b) -> out of a provider for op (bias_relu ignores w)."""
+    if provider in ("cuda", "cpu"):
+        if (provider == "cuda") != (device == "cuda"):
+            raise Skip(f"provider {provider} does not run on device {device}")
+        g = _import_gpuopt()
+        if op == "ldr":
+            return lambda x, w, b: g.layer_norm_dropout_relu(x, x.shape[-1], w, b, p=p, backend=provider)
+        return lambda x, w, b: g.bias_relu(x, b, backend=provider)
+    if provider == "triton":
+        if device != "cuda":
+            raise Skip("provider triton is benchmarked on GPU only (the CPU interpreter is not a benchmark)")
+        g = _import_gpuopt()
+        _triton_available()
+        if op == "ldr":
+            return lambda x, w, b: g.layer_norm_dropout_relu(x, x.shape[-1], w, b, p=p, backend="triton")
+        return lambda x, w, b: g.bias_relu(x, b, backend="triton")
+    if provider == "eager":
+        if op == "ldr":
+            return lambda x, w, b: eager_ldr(x, w, b, p)
+        return lambda x, w, b: eager_bias_relu(x, b)
+    if provider == "compile":
+        cf = _compiled(op, device)
+        if device == "cuda":
+            def run(x, w, b):
+                torch.compiler.cudagraph_mark_step_begin()
+                return cf(x, w, b, p) if op == "ldr" else cf(x, b)
+            return run
+        return (lambda x, w, b: cf(x, w, b, p)) if op == "ldr" else (lambda x, w, b: cf(x, b))
+    if provider == "liger":
+        if device != "cuda":
+            raise Skip("liger runs on GPU only")
+        if op != "ldr":
+            raise Skip("liger has no bias_relu")
+        try:
+            from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+        except Exception as err:  # noqa: BLE001
+            raise Skip(f"liger_kernel not importable ({type(err).__name__}: {err})") from None
+        return lambda x, w, b: F.relu(F.dropout(LigerLayerNormFunction.apply(x, w, b, EPS), p, True))
+    raise ValueError(f"unknown provider {provider!r}")
+
+
+def make_runner(provider: str, op: str, mode: str, device: str, p: float, x, w, b, g) -> Callable[[], object]:
+    """A no-argument callable that runs one timed iteration of (provider, op, mode) on the given inputs."""
+    if provider == "copy":
+        y = torch.empty_like(x)
+        return lambda: y.copy_(x)
+    f = forward_fn(provider, op, device, p)
+    inputs = (x, w, b) if op == "ldr" else (x, b)
+    if mode == "fwd":
+        def run():
+            with torch.no_grad():
+                return f(x, w, b)
+        return run
+    if mode == "bwd":
+        with torch.enable_grad():
+            y = f(x, w, b)
+        return lambda: torch.autograd.grad(y, inputs, g, retain_graph=True)
+    if mode == "fwd+bwd":
+        def run():
+            with torch.enable_grad():
+                y = f(x, w, b)
+            return torch.autograd.grad(y, inputs, g)
+        return run
+    raise ValueError(mode)
+
+
+# ------------------------------------------------------------------------------------------------ timing
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_gpu(fn, warmup_ms: float, rep_ms: float):
+    import triton.testing
+
+    med, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+    return [med], [p20], [p80]
+
+
+def time_cpu(fn, min_run_time: float) -> List[float]:
+    """Per-run times in ms of blocked_autorange (all of torch's intra-op threads)."""
+    from torch.utils import benchmark
+
+    t = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    m = t.blocked_autorange(min_run_time=min_run_time)
+    return [s * 1e3 for s in m.times]
+
+
+def _percentile(vals: List[float], q: float) -> float:
+    s = sorted(vals)
+    if len(s) == 1:
+        return s[0]
+    k = (len(s) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+# ------------------------------------------------------------------------------------------------ main loop
+def metadata(device: str) -> Dict[str, str]:
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
+            "python": platform.python_version(), "host": platform.node(),
+            "cpu": platform.processor() or platform.machine(), "threads": str(torch.get_num_threads())}
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except Exception:  # noqa: BLE001
+        meta["triton"] = "not installed"
+    meta["cuda"] = str(torch.version.cuda)
+    if device == "cuda":
+        meta["device"] = torch.cuda.get_device_name()
+    else:
+        name = ""
+        try:
+            with open("/proc/cpuinfo") as fh:
+                for line in fh:
+                    if line.startswith("model name"):
+                        name = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            pass
+        meta["device"] = f"CPU {name} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+    try:
+        import gpuopt_ops._build_info as bi
+
+        meta["gpuopt_built_with_torch"] = bi.TORCH_VERSION
+    except Exception:  # noqa: BLE001
+        pass
+    return meta
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available")
+    ap.add_argument("--ops", default=",".join(OPS), help=f"comma list of {OPS}")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {MODES}")
+    ap.add_argument("--dtypes", default=None, help="comma list of bf16,fp16,fp32 (GPU default: all three, CPU: fp32)")
+    ap.add_argument("--ns", default=None, help="comma list of N (GPU default 256..65536, CPU 256..16384)")
+    ap.add_argument("--providers", default=None, help=f"GPU default {GPU_PROVIDERS}, CPU {CPU_PROVIDERS}")
+    ap.add_argument("--m", type=int, default=None, help="fix the number of rows M (else sized by --mbytes)")
+    ap.add_argument("--mbytes", type=float, default=None, help="forward bytes per case in MB (GPU 256, CPU 16)")
+    ap.add_argument("--p", type=float, default=0.1, help="dropout probability")
+    ap.add_argument("--out", default="bench_out", help="output folder (CSV: bench_<device>.csv)")
+    ap.add_argument("--time-budget", type=float, default=None,
+                    help="seconds; no new case starts once spent (GPU default none, CPU 300)")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny shapes and short timings (smoke test): N 256,512, fp32, 1 MB, no compile")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds per case (CPU 3, GPU 1)")
+    ap.add_argument("--min-run-time", type=float, default=None, help="CPU: seconds per provider per round")
+    ap.add_argument("--rep-ms", type=float, default=None, help="GPU: do_bench rep (ms), default 100")
+    ap.add_argument("--threads", type=int, default=None, help="CPU: torch.set_num_threads (default: torch's)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    gpu = args.device == "cuda"
+    if gpu and not torch.cuda.is_available():
+        ap.error("--device cuda but torch.cuda.is_available() is False")
+    args.ops = [s for s in args.ops.split(",") if s]
+    args.modes = [s for s in args.modes.split(",") if s]
+    for o in args.ops:
+        if o not in OPS:
+            ap.error(f"unknown op {o!r}; choose from {OPS}")
+    for m in args.modes:
+        if m not in MODES:
+            ap.error(f"unknown mode {m!r}; choose from {MODES}")
+    if args.dtypes is None:
+        args.dtypes = "fp32" if (args.quick or not gpu) else "bf16,fp16,fp32"
+    args.dtypes = [s for s in args.dtypes.split(",") if s]
+    for d in args.dtypes:
+        if d not in DTYPES:
+            ap.error(f"unknown dtype {d!r}; choose from {tuple(DTYPES)}")
+    if args.ns is None:
+        args.ns = "256,512" if args.quick else ",".join(map(str, GPU_NS if gpu else CPU_NS))
+    args.ns = [int(s) for s in args.ns.split(",") if s]
+    if args.providers is None:
+        prov = GPU_PROVIDERS if gpu else CPU_PROVIDERS
+        if args.quick:
+            prov = tuple(x for x in prov if x not in ("compile",))
+        args.providers = ",".join(prov)
+    args.providers = [s for s in args.providers.split(",") if s]
+    known = set(GPU_PROVIDERS) | set(CPU_PROVIDERS)
+    for pr in args.providers:
+        if pr not in known:
+            ap.error(f"unknown provider {pr!r}; choose from {sorted(known)}")
+    if args.mbytes is None:
+        args.mbytes = 1.0 if args.quick else (256.0 if gpu else 16.0)
+    if args.time_budget is None and not gpu:
+        args.time_budget = 300.0
+    if args.rounds is None:
+        args.rounds = 1 if (gpu or args.quick) else 3
+    if args.min_run_time is None:
+        args.min_run_time = 0.01 if args.quick else 0.25
+    if args.rep_ms is None:
+        args.rep_ms = 20.0 if args.quick else 100.0
+    return args
+
+
+def run(args) -> str:
+    device = args.device
+    gpu = device == "cuda"
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"bench_{device}.csv")
+    meta = metadata(device)
+    notes: List[str] = []
+    t_start = time.monotonic()
+    # bias_relu's fused ops need gpuopt too; load it once so import time is not charged to a case
+    if any(p_ in ("cuda", "cpu", "triton") for p_ in args.providers):
+        _import_gpuopt()
+    cases = [(dt, n, op, mode) for dt in args.dtypes for n in args.ns for op in args.ops for mode in args.modes]
+    rows: List[dict] = []
+    skipped: Dict[str, str] = {}
+    done = 0
+    with open(path, "w", newline="") as fh:
+        for k, v in meta.items():
+            fh.write(f"# {k}: {v}\n")
+        fh.write(f"# command: {' '.join(sys.argv)}\n")
+        fh.write("# bytes model and column meanings: benchmarks/run.py docstring\n")
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer.writeheader()
+        fh.flush()
+        inputs_key, inputs = None, None
+        for dt_name, n, op, mode in cases:
+            if args.time_budget is not None and time.monotonic() - t_start > args.time_budget:
+                notes.append(f"time budget of {args.time_budget:.0f} s spent: ran {done} of {len(cases)} cases, "
+                             "stopped cleanly")
+                break
+            dtype = DTYPES[dt_name]
+            m = args.m if args.m else rows_for(n, dtype, args.mbytes)
+            if inputs_key != (dt_name, n, m):
+                inputs = None
+                if gpu:
+                    torch.cuda.empty_cache()
+                gen = torch.Generator(device=device).manual_seed(args.seed)
+                x = torch.randn(m, n, device=device, dtype=dtype, generator=gen).requires_grad_(True)
+                w = (1 + 0.1 * torch.randn(n, device=device, generator=gen)).to(dtype).requires_grad_(True)
+                b = (0.1 * torch.randn(n, device=device, generator=gen)).to(dtype).requires_grad_(True)
+                g = torch.randn(m, n, device=device, dtype=dtype, generator=gen)
+                inputs_key, inputs = (dt_name, n, m), (x, w, b, g)
+            x, w, b, g = inputs
+            runners: Dict[str, Callable] = {}
+            for prov in args.providers:
+                try:
+                    runners[prov] = make_runner(prov, op, mode, device, args.p, x, w, b, g)
+                    runners[prov]()  # warm-up (and compilation)
+                    runners[prov]()
+                    _sync(device)
+                except Skip as s:
+                    runners.pop(prov, None)
+                    skipped.setdefault(f"{prov} ({s})", "")
+                except Exception as err:  # noqa: BLE001
+                    runners.pop(prov, None)
+                    msg = f"{prov} failed on {op} {mode} {dt_name} M={m} N={n}: {type(err).__name__}: " \
+                          f"{str(err).splitlines()[0] if str(err) else ''}"
+                    notes.append(msg)
+                    print("  " + msg, file=sys.stderr)
+                    if os.environ.get("GPUOPT_BENCH_DEBUG"):
+                        traceback.print_exc()
+            samples: Dict[str, List[List[float]]] = {pr: [[], [], []] for pr in runners}
+            for _ in range(args.rounds):
+                for prov, fn in runners.items():
+                    try:
+                        if gpu:
+                            med, lo, hi = time_gpu(fn, 10.0 if args.quick else 25.0, args.rep_ms)
+                            samples[prov][0] += med
+                            samples[prov][1] += lo
+                            samples[prov][2] += hi
+                        else:
+                            samples[prov][0] += time_cpu(fn, args.min_run_time)
+                    except Exception as err:  # noqa: BLE001
+                        notes.append(f"{prov} failed timing {op} {mode} {dt_name} M={m} N={n}: "
+                                     f"{type(err).__name__}: {err}")
+                        samples[prov] = [[], [], []]
+            runners.clear()
+            case_rows = {}
+            for prov, (med, lo, hi) in samples.items():
+                if not med:
+                    continue
+                if gpu:  # medians of the per-round quantiles
+                    ms, p20, p80 = _percentile(med, 0.5), _percentile(lo, 0.5), _percentile(hi, 0.5)
+                else:
+                    ms, p20, p80 = _percentile(med, 0.5), _percentile(med, 0.2), _percentile(med, 0.8)
+                nbytes = bytes_moved("copy" if prov == "copy" else op, mode, m, n, dtype)
+                case_rows[prov] = {"provider": prov, "op": op, "mode": mode, "dtype": dt_name, "M": m, "N": n,
+                                   "p": args.p, "ms_median": ms, "ms_p20": p20, "ms_p80": p80,
+                                   "gbps": nbytes / (ms * 1e6), "device": device}
+            copy_gbps = case_rows.get("copy", {}).get("gbps")
+            eager_ms = case_rows.get("eager", {}).get("ms_median")
+            compile_ms = case_rows.get("compile", {}).get("ms_median")
+            for r in case_rows.values():
+                r["ratio_copy"] = r["gbps"] / copy_gbps if copy_gbps else ""
+                r["speedup_vs_eager"] = eager_ms / r["ms_median"] if eager_ms and r["provider"] != "copy" else ""
+                r["speedup_vs_compile"] = compile_ms / r["ms_median"] if compile_ms and r["provider"] != "copy" \
+                    else ""
+                writer.writerow({k: _fmt(v) for k, v in r.items()})
+                rows.append(r)
+            fh.flush()
+            done += 1
+            _print_case(op, mode, dt_name, m, n, case_rows)
+        for s in skipped:
+            notes.append(f"skipped provider: {s}")
+        for note in notes:
+            fh.write(f"# note: {note}\n")
+    print(f"\nwrote {path} ({len(rows)} rows, {done} of {len(cases)} cases, "
+          f"{time.monotonic() - t_start:.0f} s)")
+    for note in notes:
+        print(f"note: {note}")
+    print_summary(rows)
+    return path
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return v
+
+
+def _print_case(op, mode, dt, m, n, case_rows) -> None:
+    parts = []
+    for prov, r in case_rows.items():
+        s = f"{prov} {r['ms_median']:.4g} ms {r['gbps']:.1f} GB/s"
+        if prov != "copy" and r.get("speedup_vs_eager"):
+            s += f" x{r['speedup_vs_eager']:.2f}e"
+        if prov != "copy" and r.get("speedup_vs_compile"):
+            s += f" x{r['speedup_vs_compile']:.2f}c"
+        parts.append(s)
+    print(f"{op:9s} {mode:7s} {dt:4s} M={m:<8d} N={n:<6d} | " + " | ".join(parts), flush=True)
+
+
+def print_summary(rows: List[dict]) -> None:
+    """Headline ratios: per (op, mode, dtype) and fused provider, geometric means over N of the speed-ups."""
+    fused = [r for r in rows if r["provider"] in ("cuda", "cpu", "triton", "liger")]
+    if not fused:
+        return
+    print("\nsummary (geometric mean over N; x eager / x compile = speed-up; %copy = share of copy GB/s)")
+    print(f"{'op':9s} {'mode':7s} {'dtype':5s} {'provider':8s} {'#N':>3s} {'x eager':>8s} {'x compile':>9s} "
+          f"{'%copy(mean)':>11s} {'best GB/s':>10s}")
+    groups: Dict[tuple, List[dict]] = {}
+    for r in fused:
+        groups.setdefault((r["op"], r["mode"], r["dtype"], r["provider"]), []).append(r)
+
+    def gmean(vals):
+        vals = [v for v in vals if isinstance(v, float) and v > 0]
+        return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+    for (op, mode, dt, prov), rs in groups.items():
+        ge, gc = gmean([r["speedup_vs_eager"] for r in rs]), gmean([r["speedup_vs_compile"] for r in rs])
+        pc = [r["ratio_copy"] for r in rs if isinstance(r["ratio_copy"], float)]
+        print(f"{op:9s} {mode:7s} {dt:5s} {prov:8s} {len(rs):3d} "
+              f"{'-' if ge is None else f'{ge:.2f}':>8s} {'-' if gc is None else f'{gc:.2f}':>9s} "
+              f"{'-' if not pc else f'{100 * sum(pc) / len(pc):.0f}%':>11s} {max(r['gbps'] for r in rs):10.1f}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+// The per-element formulas are fused_math.h's (ldr_forward_element, ldr_backward_element, bias_relu_*_element),
+// written out here as flat selects with unconditional loads: GCC does not if-convert the header's nested
+// `keep ? (y <= 0 ? 0 : y * scale) : 0` / `keep && y > 0 ? g * scale : 0`, so calling them kept every loop
+// scalar. Same operations in the same order, same NaN behaviour (tests/test_cpu_kernels.py checks it).
+#include "cpu/row_kernels.h"
+
+#include <cmath>
+#include <cstring>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#define GPUOPT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define GPUOPT_CLONES __attribute__((target_clones("avx2", "default")))
+#elif defined(__x86_64__) && defined(__clang__)
+#define GPUOPT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define GPUOPT_CLONES
+#endif
+
+#if defined(__GNUC__)
+#define GPUOPT_RESTRICT __restrict__
+#else
+#define GPUOPT_RESTRICT
+#endif
+
+// FP exceptions are never inspected: without -ftrapping-math GCC may compute both arms of a select (y * scale is
+// evaluated for dropped elements too), which is what lets the dropout loops vectorize. Results are unchanged.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+namespace gpuopt {
+namespace cpu {
+namespace {
+
+constexpr int kLanes = 16;
+
+// fp32 storage read / written as its bits (may_alias: no strict-aliasing assumptions across the two views)
+typedef uint32_t __attribute__((may_alias)) bits32;
+
+inline float combine(float* acc) {
+  for (int w = kLanes / 2; w >= 1; w /= 2) {
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  }
+  return acc[0];
+}
+
+// keep <=> u >= t, compared in fp32 (u <= 65535 and t <= 65536 are exact there): a uint16 -> fp32 widening the
+// vectorizer handles, where a mixed int/float select would keep the loop scalar.
+
+}  // namespace
+
+GPUOPT_CLONES float row_sum(const float* GPUOPT_RESTRICT v, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += v[j + l];
+  }
+  for (int l = 0; j < n; ++j, ++l) acc[l] += v[j];
+  return combine(acc);
+}
+
+GPUOPT_CLONES float row_sq_dev_sum(const float* GPUOPT_RESTRICT v, int64_t n, float mean) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const float d = v[j + l] - mean;
+      acc[l] += d * d;
+    }
+  }
+  for (int l = 0; j < n; ++j, ++l) {
+    const float d = v[j] - mean;
+    acc[l] += d * d;
+  }
+  return combine(acc);
+}
+
+GPUOPT_CLONES float row_dot(const float* GPUOPT_RESTRICT a, const float* GPUOPT_RESTRICT b, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[j + l] * b[j + l];
+  }
+  for (int l = 0; j < n; ++j, ++l) acc[l] += a[j] * b[j];
+  return combine(acc);
+}
+
+GPUOPT_CLONES void ldr_forward_row(const float* GPUOPT_RESTRICT x, const float* GPUOPT_RESTRICT w,
+                                   const float* GPUOPT_RESTRICT b, const uint16_t* GPUOPT_RESTRICT u, uint32_t t,
+                                   float scale, float mean, float rstd, float* GPUOPT_RESTRICT out, int64_t n) {
+  // Same expression and select as fused_math.h's ldr_forward_element (keep ? (y <= 0 ? 0 : y * scale) : 0),
+  // written branch-free so it vectorizes; a NaN that survives dropout stays NaN.
+  if (u == nullptr) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float y = (x[j] - mean) * rstd * w[j] + b[j];
+      out[j] = y <= 0.0f ? 0.0f : y;
+    }
+    return;
+  }
+  const float tf = static_cast<float>(t);
+  for (int64_t j = 0; j < n; ++j) {
+    const float y = (x[j] - mean) * rstd * w[j] + b[j];
+    const float r = y * scale;  // computed unconditionally: selects, no branches, so the loop vectorizes
+    const bool pass = (static_cast<float>(u[j]) >= tf) & !(y <= 0.0f);
+    out[j] = pass ? r : 0.0f;
+  }
+}
+
+GPUOPT_CLONES void ldr_backward_row_pass1(const float* GPUOPT_RESTRICT x, const float* GPUOPT_RESTRICT g,
+                                          const float* GPUOPT_RESTRICT w, const float* GPUOPT_RESTRICT b,
+                                          const uint16_t* GPUOPT_RESTRICT u, uint32_t t, float scale, float mean,
+                                          float rstd, float* GPUOPT_RESTRICT xhat, float* GPUOPT_RESTRICT dxhat,
+                                          float* GPUOPT_RESTRICT pw, float* GPUOPT_RESTRICT pb, int64_t n) {
+  // ldr_backward_element: dy = (keep && y > 0) ? g * scale : 0
+  if (u == nullptr) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float xh = (x[j] - mean) * rstd;
+      const float y = xh * w[j] + b[j];
+      const float gs = g[j] * scale;
+      const float dy = y > 0.0f ? gs : 0.0f;
+      xhat[j] = xh;
+      dxhat[j] = dy * w[j];
+      pw[j] += dy * xh;
+      pb[j] += dy;
+    }
+    return;
+  }
+  const float tf = static_cast<float>(t);
+  for (int64_t j = 0; j < n; ++j) {
+    const float xh = (x[j] - mean) * rstd;
+    const float y = xh * w[j] + b[j];
+    const float gs = g[j] * scale;
+    const bool pass = (static_cast<float>(u[j]) >= tf) & (y > 0.0f);
+    const float dy = pass ? gs : 0.0f;
+    xhat[j] = xh;
+    dxhat[j] = dy * w[j];
+    pw[j] += dy * xh;
+    pb[j] += dy;
+  }
+}
+
+GPUOPT_CLONES void ldr_backward_row_pass2(const float* GPUOPT_RESTRICT xhat, const float* GPUOPT_RESTRICT dxhat,
+                                          float rstd, float c1, float c2, float* GPUOPT_RESTRICT dx, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dx[j] = rstd * (dxhat[j] - xhat[j] * c1 - c2);
+}
+
+GPUOPT_CLONES void bias_relu_row(const float* GPUOPT_RESTRICT x, const float* GPUOPT_RESTRICT b,
+                                 float* GPUOPT_RESTRICT y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float v = x[j] + b[j];
+    y[j] = v <= 0.0f ? 0.0f : v;
+  }
+}
+
+GPUOPT_CLONES void bias_relu_backward_row(const float* GPUOPT_RESTRICT g, const float* GPUOPT_RESTRICT out,
+                                          float* GPUOPT_RESTRICT dx, float* GPUOPT_RESTRICT pb, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float gj = g[j];
+    const float d = out[j] > 0.0f ? gj : 0.0f;
+    dx[j] = d;
+    pb[j] += d;
+  }
+}
+
+GPUOPT_CLONES void to_float(const c10::BFloat16* GPUOPT_RESTRICT src, float* GPUOPT_RESTRICT dst, int64_t n) {
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  bits32* d = reinterpret_cast<bits32*>(dst);
+  for (int64_t j = 0; j < n; ++j) d[j] = static_cast<uint32_t>(s[j]) << 16;
+}
+
+GPUOPT_CLONES void from_float(const float* GPUOPT_RESTRICT src, c10::BFloat16* GPUOPT_RESTRICT dst, int64_t n) {
+  // c10::detail::round_to_nearest_even on the bits, branch-free: NaN -> 0x7FC0, else round half to even
+  const bits32* s = reinterpret_cast<const bits32*>(src);
+  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t u = s[j];
+    const uint32_t rounded = (u + (((u >> 16) & 1u) + 0x7FFFu)) >> 16;
+    const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+    d[j] = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// fp16 <-> fp32 with the F16C instructions (round to nearest even, as c10::Half), picked at run time.
+__attribute__((target("avx,f16c"))) static void half_to_float_f16c(const uint16_t* s, float* d, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    _mm256_storeu_ps(d + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + j))));
+  }
+  for (; j < n; ++j) d[j] = static_cast<float>(c10::Half(s[j], c10::Half::from_bits()));
+}
+
+__attribute__((target("avx,f16c"))) static void float_to_half_f16c(const float* s, uint16_t* d, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + j),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(s + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  for (; j < n; ++j) d[j] = c10::Half(s[j]).x;
+}
+
+static bool have_f16c() {
+  static const bool yes = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  return yes;
+}
+#define GPUOPT_HAVE_F16C_PATH 1
+#endif
+
+void to_float(const c10::Half* src, float* dst, int64_t n) {
+#if GPUOPT_HAVE_F16C_PATH
+  if (have_f16c()) return half_to_float_f16c(reinterpret_cast<const uint16_t*>(src), dst, n);
+#endif
+  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<float>(src[j]);
+}
+
+void from_float(const float* src, c10::Half* dst, int64_t n) {
+#if GPUOPT_HAVE_F16C_PATH
+  if (have_f16c()) return float_to_half_f16c(src, reinterpret_cast<uint16_t*>(dst), n);
+#endif
+  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<c10::Half>(src[j]);
+}
+
+}  // namespace cpu
+}  // namespace gpuopt

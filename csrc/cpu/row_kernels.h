@@ -1,0 +1,52 @@
+// fp32 row kernels of the CPU backend: the inner loops of layer_norm_dropout_relu and bias_relu, forward and
+// backward, on rows already in fp32. Each is compiled twice (x86-64-v3 = AVX2 + FMA + F16C, and the baseline
+// ISA) with GCC/Clang target_clones; the loader picks one per machine, so the .so still runs on any x86-64.
+//
+// Why not at::vec: an extension is compiled without ATen's CPU_CAPABILITY_* macros, so at::vec::Vectorized
+// falls back to its generic std::array implementation (scalar loops). Plain loops over restrict pointers plus
+// per-lane accumulators vectorize in both clones instead.
+//
+// Reductions use 16 per-lane partial sums combined in a fixed tree: the bits depend on n only, never on the
+// thread count or the vector width.
+#pragma once
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+
+namespace gpuopt {
+namespace cpu {
+
+float row_sum(const float* v, int64_t n);
+// sum_j (v[j] - mean)^2
+float row_sq_dev_sum(const float* v, int64_t n, float mean);
+// sum_j a[j] * b[j]
+float row_dot(const float* a, const float* b, int64_t n);
+
+// out[j] = keep_j ? relu((x[j] - mean) * rstd * w[j] + b[j]) * scale : 0, where keep_j = (u[j] >= t);
+// u == nullptr means no dropout (every element kept, scale ignored).
+void ldr_forward_row(const float* x, const float* w, const float* b, const uint16_t* u, uint32_t t, float scale,
+                     float mean, float rstd, float* out, int64_t n);
+
+// Backward, first pass over a row: xhat = (x - mean) * rstd, dy = keep && y > 0 ? g * scale : 0 (y = xhat*w + b),
+// dxhat = dy * w; accumulates pw += dy * xhat and pb += dy (the row's contribution to dgamma / dbeta).
+void ldr_backward_row_pass1(const float* x, const float* g, const float* w, const float* b, const uint16_t* u,
+                            uint32_t t, float scale, float mean, float rstd, float* xhat, float* dxhat, float* pw,
+                            float* pb, int64_t n);
+// dx = rstd * (dxhat - xhat * c1 - c2)
+void ldr_backward_row_pass2(const float* xhat, const float* dxhat, float rstd, float c1, float c2, float* dx,
+                            int64_t n);
+
+// y = relu(x + b)  (NaN propagates)
+void bias_relu_row(const float* x, const float* b, float* y, int64_t n);
+// dx = out > 0 ? g : 0; pb += dx
+void bias_relu_backward_row(const float* g, const float* out, float* dx, float* pb, int64_t n);
+
+// Conversions of a row to / from fp32 (round to nearest even, as c10's own conversions).
+void to_float(const c10::BFloat16* src, float* dst, int64_t n);
+void to_float(const c10::Half* src, float* dst, int64_t n);
+void from_float(const float* src, c10::BFloat16* dst, int64_t n);
+void from_float(const float* src, c10::Half* dst, int64_t n);
+
+}  // namespace cpu
+}  // namespace gpuopt

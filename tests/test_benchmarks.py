@@ -1,0 +1,94 @@
+"""Smoke test of the benchmark tools on tiny CPU shapes (no timed asserts: only shapes of the output)."""
+
+import csv
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+from benchmarks import memory as BM  # noqa: E402
+from benchmarks import run as BR  # noqa: E402
+
+pytest.importorskip("matplotlib")
+
+
+def read_rows(path):
+    with open(path) as fh:
+        lines = [ln for ln in fh if not ln.startswith("#")]
+    return list(csv.DictReader(lines))
+
+
+def test_bytes_model():
+    m, n = 3, 8
+    assert BR.bytes_moved("ldr", "fwd", m, n, torch.float32) == 2 * m * n * 4 + 2 * n * 4 + 2 * m * 4
+    assert BR.bytes_moved("ldr", "bwd", m, n, torch.bfloat16) == 3 * m * n * 2 + 4 * n * 2 + 2 * m * 4
+    assert BR.bytes_moved("bias_relu", "fwd+bwd", m, n, torch.float32) == 5 * m * n * 4 + 2 * n * 4
+    assert BR.bytes_moved("copy", "fwd", m, n, torch.float16) == 2 * m * n * 2
+    assert BR.rows_for(1024, torch.float32, 1.0) == 128
+
+
+def test_quick_run_csv_and_plot(tmp_path):
+    out = tmp_path / "bench"
+    before = torch.get_num_threads()
+    try:
+        _quick_run(out)
+    finally:
+        torch.set_num_threads(before)
+    _check_quick_run(tmp_path, out)
+
+
+def _quick_run(out):
+    BR.main(["--device", "cpu", "--quick", "--ns", "256", "--mbytes", "0.25", "--providers", "cpu,eager,copy",
+             "--threads", "1", "--out", str(out)])
+
+
+def _check_quick_run(tmp_path, out):
+    path = out / "bench_cpu.csv"
+    header = path.read_text().splitlines()
+    for key in ("# device:", "# torch:", "# triton:", "# cuda:", "# date:"):
+        assert any(line.startswith(key) for line in header), key
+    rows = read_rows(path)
+    assert set(BR.COLUMNS) <= set(rows[0].keys())
+    # 2 ops x 3 modes x 1 N, each with the cpu, eager and copy providers
+    assert len(rows) == 2 * 3 * 1 * 3
+    assert {r["provider"] for r in rows} == {"cpu", "eager", "copy"}
+    assert {r["mode"] for r in rows} == {"fwd", "bwd", "fwd+bwd"}
+    for r in rows:
+        for k in ("ms_median", "ms_p20", "ms_p80", "gbps", "ratio_copy"):
+            v = float(r[k])
+            assert v > 0 and math.isfinite(v), (k, r)
+        assert int(r["M"]) > 0 and int(r["N"]) == 256
+        if r["provider"] != "copy":
+            assert float(r["speedup_vs_eager"]) > 0
+            assert r["speedup_vs_compile"] == ""  # compile did not run
+    from benchmarks import plot as BP
+
+    pngs = BP.plot(str(path), str(tmp_path / "png"))
+    assert len(pngs) == 6
+    for p in pngs:
+        assert Path(p).is_file() and Path(p).stat().st_size > 1000
+
+
+def test_time_budget_stops_cleanly(tmp_path):
+    before = torch.get_num_threads()
+    try:
+        BR.main(["--device", "cpu", "--quick", "--time-budget", "0", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(before)
+    text = (tmp_path / "bench_cpu.csv").read_text()
+    assert "time budget of 0 s spent: ran 0 of" in text
+    assert read_rows(tmp_path / "bench_cpu.csv") == []
+
+
+def test_memory_saved_ratio():
+    rows = BM.measure("cpu", m=64, n=256, dtypes=("fp32", "bf16"))
+    ldr = [r for r in rows if r["op"] == "ldr"]
+    assert len(ldr) == 2
+    for r in ldr:
+        assert r["fused_saved"] > 0 and r["saved_ratio"] <= BM.TARGET, r
