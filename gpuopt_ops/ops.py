@@ -64,6 +64,17 @@ def register_ldr_autograd(forward_op, backward_op) -> None:
                 grad_b if bias is not None and need_b else None, None, None, None)
 
     torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
+    _forbid_double_backward(f"{forward_op}_backward")
+
+
+def _forbid_double_backward(qualname: str) -> None:
+    """The `_backward` ops are not differentiable: an error instead of PyTorch's silently-zero fallback."""
+
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{qualname.replace('::', '.')}: double backward (the gradient of a gradient) is not "
+                           "supported by the gpuopt ops; compute second derivatives with the unfused PyTorch ops")
+
+    torch.library.register_autograd(qualname, backward, setup_context=lambda ctx, inputs, output: None)
 
 
 def register_bias_relu_autograd(forward_op, backward_op) -> None:
@@ -80,6 +91,7 @@ def register_bias_relu_autograd(forward_op, backward_op) -> None:
         return grad_x, grad_b.to(ctx.bias_dtype)
 
     torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
+    _forbid_double_backward(f"{forward_op}_backward")
 
 
 register_ldr_autograd("gpuopt::layer_norm_dropout_relu", _ops.layer_norm_dropout_relu_backward)

@@ -302,3 +302,19 @@ def test_more_than_2_pow_31_elements_forward(backend):
     torch.testing.assert_close(out[-5:].float(), ref, rtol=2e-2, atol=2e-2)
     o = be.bias_relu(x, w)
     torch.testing.assert_close(o[-5:], torch.relu(x[-5:] + w))
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_double_backward_raises_instead_of_a_silent_zero(backend):
+    be = get_backend(backend)
+    x, w, b = make_inputs((4,), 16, torch.float64 if be.fp64 else torch.float32, device=be.device,
+                          requires_grad=True)
+    seed = seed_tensor(0, be.device)
+    out = be.ldr(x, w, b, seed, 0.2, 1e-5)[0]
+    (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward .* is not supported"):
+        gx.sum().backward()
+    o = be.bias_relu(x, b)
+    (gb,) = torch.autograd.grad(o.square().sum(), b, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward .* is not supported"):
+        gb.sum().backward()

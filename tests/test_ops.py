@@ -187,7 +187,7 @@ def test_opcheck_all_four_ops(device):
         g = torch.randn_like(out)
         torch.library.opcheck(ops.layer_norm_dropout_relu_backward,
                               (g, x.detach(), None if w is None else w.detach(),
-                               None if b is None else b.detach(), mean, rstd, seed, 0.2))
+                               None if b is None else b.detach(), mean.detach(), rstd.detach(), seed, 0.2))
         bias = torch.randn(x.shape[-1], dtype=x.dtype, device=device, requires_grad=True)
         torch.library.opcheck(ops.bias_relu, (x, bias))
         o = ops.bias_relu(x.detach(), bias.detach())
