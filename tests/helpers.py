@@ -60,3 +60,20 @@ def ldr_reference_and_grads(x, w, b, seed, p, eps, grad_out, dtype):
     out, _, _ = R.layer_norm_dropout_relu(*leaves, seed, p, eps, compute_dtype=dtype)
     out.backward(grad_out.to(dtype))
     return out.detach(), [t.grad if t is not None else None for t in leaves]
+
+
+def check_bias_relu_against_reference(x, b, g, out, gx, gb):
+    """out = relu(x + b) and its grads (grad_out g) against the fp64 reference with the 2x-PyTorch rule."""
+    dtype = x.dtype
+
+    def ref(dt):
+        xx, bb = x.detach().to(dt).requires_grad_(), b.detach().to(dt).requires_grad_()
+        o = R.bias_relu(xx, bb)
+        o.backward(g.to(dt))
+        return o.detach(), xx.grad, bb.grad
+
+    r64, low = ref(torch.float64), ref(dtype)
+    fl = FLOORS[dtype]
+    assert_close_to_reference("out", out, r64[0], low[0], fl)
+    assert_close_to_reference("grad_x", gx, r64[1], low[1], fl)
+    assert_close_to_reference("grad_bias", gb, r64[2], low[2], fl * max(1, x.numel() // max(1, x.shape[-1])))

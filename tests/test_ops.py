@@ -6,8 +6,8 @@ import torch
 import gpuopt_ops
 from gpuopt_ops import reference as R
 
-from helpers import (DTYPES, FLOORS, SHAPES, assert_close_to_reference, ldr_reference_and_grads, make_inputs,
-                     seed_tensor)
+from helpers import (DTYPES, FLOORS, SHAPES, assert_close_to_reference, check_bias_relu_against_reference,
+                     ldr_reference_and_grads, make_inputs, seed_tensor)
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 ops = torch.ops.gpuopt
@@ -135,17 +135,7 @@ def test_bias_relu_matches_reference(device, dtype, prefix, n):
     out = ops.bias_relu(x, b)
     gx, gb = ops.bias_relu_backward(g, out)
 
-    def ref(dt):
-        xx, bb = x.detach().to(dt).requires_grad_(), b.detach().to(dt).requires_grad_()
-        o = R.bias_relu(xx, bb)
-        o.backward(g.to(dt))
-        return o.detach(), xx.grad, bb.grad
-
-    r64, low = ref(torch.float64), ref(dtype)
-    fl = FLOORS[dtype]
-    assert_close_to_reference("out", out, r64[0], low[0], fl)
-    assert_close_to_reference("grad_x", gx, r64[1], low[1], fl)
-    assert_close_to_reference("grad_bias", gb, r64[2], low[2], fl * max(1, x.numel() // n))
+    check_bias_relu_against_reference(x, b, g, out, gx, gb)
 
 
 def test_bias_relu_autograd_fp32_bias():

@@ -17,7 +17,8 @@ import gpuopt_ops  # noqa: E402
 from gpuopt_ops import ops as gpuopt_ops_module  # noqa: E402
 from gpuopt_ops import reference as R  # noqa: E402
 
-from helpers import FLOORS, assert_close_to_reference, ldr_reference_and_grads, make_inputs, seed_tensor  # noqa: E402
+from helpers import (FLOORS, assert_close_to_reference, check_bias_relu_against_reference,  # noqa: E402
+                     ldr_reference_and_grads, make_inputs, seed_tensor)
 
 T = pytest.importorskip("gpuopt_ops.triton_ops")
 from triton_kernels import layer_norm_dropout_relu as LDR  # noqa: E402
@@ -300,23 +301,13 @@ def test_bias_relu_matches_reference_and_cpp(dtype, prefix, n):
     g = torch.randn(x.shape, dtype=torch.float64, device=DEVICE).to(dtype)
     out = ops.triton_bias_relu(x, b)
     gx, gb = ops.triton_bias_relu_backward(g, out)
-
-    def ref(dt):
-        xx, bb = x.detach().to(dt).requires_grad_(), b.detach().to(dt).requires_grad_()
-        o = R.bias_relu(xx, bb)
-        o.backward(g.to(dt))
-        return o.detach(), xx.grad, bb.grad
-
-    r64, low = ref(torch.float64), ref(dtype)
-    fl = FLOORS[dtype]
     assert out.dtype == dtype and gx.dtype == dtype and gb.dtype == dtype
-    assert_close_to_reference("out", out, r64[0], low[0], fl)
-    assert_close_to_reference("grad_x", gx, r64[1], low[1], fl)
-    assert_close_to_reference("grad_bias", gb, r64[2], low[2], fl * max(1, x.numel() // n))
+    check_bias_relu_against_reference(x, b, g, out, gx, gb)
     cpu_out = ops.bias_relu(x.cpu(), b.cpu())
     assert torch.equal(out.cpu(), cpu_out)  # same fp32 (fp64) add, relu and rounding
     cpu_gx, cpu_gb = ops.bias_relu_backward(g.cpu(), cpu_out)
     assert torch.equal(gx.cpu(), cpu_gx)
+    fl = FLOORS[dtype]
     torch.testing.assert_close(gb.cpu(), cpu_gb, atol=fl * max(1, x.numel() // n), rtol=fl)
 
 
