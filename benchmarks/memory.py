@@ -21,7 +21,6 @@ import sys
 from typing import Callable, Dict, List
 
 import torch
-import torch.nn.functional as F
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TARGET = 0.5
@@ -29,31 +28,24 @@ TARGET = 0.5
 
 def saved_bytes(fn: Callable[[], torch.Tensor]) -> int:
     """Bytes of the unique storages autograd saves while fn() runs its forward."""
-    seen: Dict[tuple, int] = {}
+    from gpuopt_ops.memory import saved_tensor_bytes
 
-    def pack(t):
-        s = t.untyped_storage()
-        seen[(t.device.type, t.device.index, s.data_ptr())] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    del out
-    return sum(seen.values())
+    return saved_tensor_bytes(fn)[0]
 
 
 def _blocks(device: str, p: float):
     import gpuopt_ops
+    from gpuopt_ops import reference as R
 
     backend = "cuda" if device == "cuda" else "cpu"
     return {
         "ldr": {
             "fused": lambda x, w, b: gpuopt_ops.layer_norm_dropout_relu(x, x.shape[-1], w, b, p=p, backend=backend),
-            "eager": lambda x, w, b: F.relu(F.dropout(F.layer_norm(x, (x.shape[-1],), w, b, 1e-5), p, True)),
+            "eager": lambda x, w, b: R.eager_layer_norm_dropout_relu(x, w, b, p, True, 1e-5),
         },
         "bias_relu": {
             "fused": lambda x, w, b: gpuopt_ops.bias_relu(x, b, backend=backend),
-            "eager": lambda x, w, b: F.relu(x + b),
+            "eager": lambda x, w, b: R.eager_bias_relu(x, b),
         },
     }
 

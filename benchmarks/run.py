@@ -55,7 +55,7 @@ import platform
 import sys
 import time
 import traceback
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import torch
 import torch.nn.functional as F
@@ -123,12 +123,13 @@ def _triton_available() -> None:
         raise Skip(_TRITON_STATE["err"])
 
 
-def eager_ldr(x, w, b, p):
-    return F.relu(F.dropout(F.layer_norm(x, (x.shape[-1],), w, b, EPS), p, True))
-
-
-def eager_bias_relu(x, b):
-    return F.relu(x + b)
+def _eager(op: str) -> Callable:
+    """The unfused PyTorch code a user writes without gpuopt (gpuopt_ops.reference, shared with the tests)."""
+    _import_gpuopt()
+    from gpuopt_ops import reference as R
+    if op == "ldr":
+        return lambda x, w, b, p: R.eager_layer_norm_dropout_relu(x, w, b, p, True, EPS)
+    return R.eager_bias_relu
 
 
 _COMPILED: Dict[tuple, Callable] = {}
@@ -147,7 +148,7 @@ def _compiled(op: str, device: str) -> Callable:
             torch._dynamo.config.accumulated_cache_size_limit = 4096
         if hasattr(torch._dynamo.config, "accumulated_recompile_limit"):
             torch._dynamo.config.accumulated_recompile_limit = 4096
-        fn = eager_ldr if op == "ldr" else eager_bias_relu
+        fn = _eager(op)
         kwargs = {"mode": "max-autotune"} if device == "cuda" else {}
         _COMPILED[key] = torch.compile(fn, dynamic=False, **kwargs)
     return _COMPILED[key]
@@ -171,9 +172,10 @@ def forward_fn(provider: str, op: str, device: str, p: float) -> Callable:
             return lambda x, w, b: g.layer_norm_dropout_relu(x, x.shape[-1], w, b, p=p, backend="triton")
         return lambda x, w, b: g.bias_relu(x, b, backend="triton")
     if provider == "eager":
+        fn = _eager(op)
         if op == "ldr":
-            return lambda x, w, b: eager_ldr(x, w, b, p)
-        return lambda x, w, b: eager_bias_relu(x, b)
+            return lambda x, w, b: fn(x, w, b, p)
+        return lambda x, w, b: fn(x, b)
     if provider == "compile":
         cf = _compiled(op, device)
         if device == "cuda":

@@ -35,6 +35,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, TensorDataset
 
+from .memory import saved_tensor_bytes
 from .modules import EagerLayerNormDropoutReLU, EagerLinearReLU, FusedLayerNormDropoutReLU, LinearBiasReLU
 
 PROG = "gpuopt-train"
@@ -292,20 +293,15 @@ def load_checkpoint(path: Path, cfg: Dict) -> Dict:
 
 def saved_activation_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, autocast) -> int:
     """Bytes of the tensors autograd saves for backward in one training step (unique storages, not params)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: Dict[int, int] = {}
 
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in params:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
+    def loss_fn():
+        with autocast():
+            return F.cross_entropy(model(x).float(), y)
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
-        loss = F.cross_entropy(model(x).float(), y)
+    saved, loss = saved_tensor_bytes(loss_fn, exclude=model.parameters())
     loss.backward()
     model.zero_grad(set_to_none=True)
-    return sum(seen.values())
+    return saved
 
 
 def memory_report(model: nn.Module, cfg: Dict, args, x: torch.Tensor, y: torch.Tensor, device, autocast,
