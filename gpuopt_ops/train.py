@@ -213,26 +213,22 @@ def resolve_device(args) -> torch.device:
 
 
 def resolve_backend(args, device: torch.device) -> str:
+    """The backend of --backend on this device; the capability checks are the ops' own (ops._check_backend)."""
+    from .ops import _check_backend
+
     backend = args.backend
     if backend == "auto":
         return "cuda" if device.type == "cuda" else "cpu"
+    if backend == "eager":
+        return backend
     if backend == "cpu" and device.type != "cpu":
         raise UsageError("--backend cpu runs on CPU tensors: use --device cpu, or --backend cuda/triton")
-    if backend == "cuda":
-        if device.type != "cuda":
-            raise UsageError("--backend cuda needs a GPU (--device cuda); on CPU use --backend cpu")
-        if not torch._C._dispatch_has_kernel_for_dispatch_key("gpuopt::layer_norm_dropout_relu", "CUDA"):
-            raise UsageError("--backend cuda: this gpuopt build has no CUDA kernels (built CPU-only); "
-                             "rebuild with a CUDA toolkit or use --backend triton")
-    if backend == "triton":
-        if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise UsageError("--backend triton on CPU needs TRITON_INTERPRET=1 in the environment "
-                             "(slow; for testing), or use --backend cpu")
-        try:
-            from . import triton_ops  # noqa: F401
-        except ImportError as err:
-            raise UsageError(f"--backend triton: {err}") from err
-    return backend
+    if backend == "cuda" and device.type != "cuda":
+        raise UsageError("--backend cuda needs a GPU (--device cuda); on CPU use --backend cpu")
+    try:
+        return _check_backend(backend, torch.empty(0, device=device), "layer_norm_dropout_relu")
+    except (ValueError, RuntimeError, ImportError) as err:
+        raise UsageError(f"--backend {backend}: {err}") from err
 
 
 def atomic_write_bytes(path: Path, write) -> None:
