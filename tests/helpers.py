@@ -77,3 +77,22 @@ def check_bias_relu_against_reference(x, b, g, out, gx, gb):
     assert_close_to_reference("out", out, r64[0], low[0], fl)
     assert_close_to_reference("grad_x", gx, r64[1], low[1], fl)
     assert_close_to_reference("grad_bias", gb, r64[2], low[2], fl * max(1, x.numel() // max(1, x.shape[-1])))
+
+
+def _detached(t):
+    return None if t is None else t.detach()
+
+
+def opcheck_four_ops(ldr, ldr_backward, bias_relu, bias_relu_backward, samples, eps=1e-5):
+    """torch.library.opcheck of a backend's four ops on samples of (x, weight, bias, seed), inputs requiring grad.
+
+    The backward ops get detached inputs (they are not differentiable: double backward raises)."""
+    for x, w, b, seed in samples:
+        torch.library.opcheck(ldr, (x, w, b, seed, 0.2, eps))
+        out, mean, rstd = ldr(x.detach(), _detached(w), _detached(b), seed, 0.2, eps)
+        torch.library.opcheck(ldr_backward, (torch.randn_like(out), x.detach(), _detached(w), _detached(b), mean,
+                                             rstd, seed, 0.2))
+        bias = torch.randn(x.shape[-1], dtype=x.dtype, device=x.device, requires_grad=True)
+        torch.library.opcheck(bias_relu, (x, bias))
+        o = bias_relu(x.detach(), bias.detach())
+        torch.library.opcheck(bias_relu_backward, (torch.randn_like(o), o))

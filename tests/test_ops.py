@@ -4,10 +4,9 @@ import pytest
 import torch
 
 import gpuopt_ops
-from gpuopt_ops import reference as R
 
 from helpers import (DTYPES, FLOORS, SHAPES, assert_close_to_reference, check_bias_relu_against_reference,
-                     ldr_reference_and_grads, make_inputs, seed_tensor)
+                     ldr_reference_and_grads, make_inputs, opcheck_four_ops, seed_tensor)
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 ops = torch.ops.gpuopt
@@ -171,17 +170,8 @@ def opcheck_samples(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_all_four_ops(device):
-    for x, w, b, seed in opcheck_samples(device):
-        torch.library.opcheck(ops.layer_norm_dropout_relu, (x, w, b, seed, 0.2, 1e-5))
-        out, mean, rstd = ops.layer_norm_dropout_relu(x, w, b, seed, 0.2, 1e-5)
-        g = torch.randn_like(out)
-        torch.library.opcheck(ops.layer_norm_dropout_relu_backward,
-                              (g, x.detach(), None if w is None else w.detach(),
-                               None if b is None else b.detach(), mean.detach(), rstd.detach(), seed, 0.2))
-        bias = torch.randn(x.shape[-1], dtype=x.dtype, device=device, requires_grad=True)
-        torch.library.opcheck(ops.bias_relu, (x, bias))
-        o = ops.bias_relu(x.detach(), bias.detach())
-        torch.library.opcheck(ops.bias_relu_backward, (torch.randn_like(o), o))
+    opcheck_four_ops(ops.layer_norm_dropout_relu, ops.layer_norm_dropout_relu_backward, ops.bias_relu,
+                     ops.bias_relu_backward, opcheck_samples(device))
 
 
 def test_compile_fullgraph_dynamic_model_cpu():

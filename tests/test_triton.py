@@ -18,7 +18,7 @@ from gpuopt_ops import ops as gpuopt_ops_module  # noqa: E402
 from gpuopt_ops import reference as R  # noqa: E402
 
 from helpers import (FLOORS, assert_close_to_reference, check_bias_relu_against_reference,  # noqa: E402
-                     ldr_reference_and_grads, make_inputs, seed_tensor)
+                     ldr_reference_and_grads, make_inputs, opcheck_four_ops, seed_tensor)
 
 T = pytest.importorskip("gpuopt_ops.triton_ops")
 from triton_kernels import layer_norm_dropout_relu as LDR  # noqa: E402
@@ -428,17 +428,8 @@ def test_opcheck_triton_ops():
     """Under the interpreter the ops are kept opaque (interpreted kernels cannot run on fake tensors), so this
     checks the schema, fake kernel, autograd registration and AOT dispatch of the op as a whole; on CUDA
     (compiled kernels) AOT dispatch decomposes the op into its Triton kernels and checks that path."""
-    for x, w, b, seed in opcheck_samples():
-        torch.library.opcheck(ops.triton_layer_norm_dropout_relu, (x, w, b, seed, 0.2, EPS))
-        out, mean, rstd = ops.triton_layer_norm_dropout_relu(x.detach(), None if w is None else w.detach(),
-                                                             None if b is None else b.detach(), seed, 0.2, EPS)
-        torch.library.opcheck(ops.triton_layer_norm_dropout_relu_backward,
-                              (torch.randn_like(out), x.detach(), None if w is None else w.detach(),
-                               None if b is None else b.detach(), mean, rstd, seed, 0.2))
-        bias = torch.randn(x.shape[-1], dtype=x.dtype, device=DEVICE, requires_grad=True)
-        torch.library.opcheck(ops.triton_bias_relu, (x, bias))
-        o = ops.triton_bias_relu(x.detach(), bias.detach())
-        torch.library.opcheck(ops.triton_bias_relu_backward, (torch.randn_like(o), o))
+    opcheck_four_ops(ops.triton_layer_norm_dropout_relu, ops.triton_layer_norm_dropout_relu_backward,
+                     ops.triton_bias_relu, ops.triton_bias_relu_backward, opcheck_samples(), EPS)
 
 
 class Block(torch.nn.Module):
