@@ -161,6 +161,25 @@ def _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M: tl.constexpr, BLOCK_N
     return u >= threshold
 
 
+@triton.jit
+def _fwd_output(y, W, B, SEED, base, col0, cols, cmask, threshold, scale, HAS_W: tl.constexpr,
+                HAS_B: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CTR_OFFSET: tl.constexpr):
+    """ldr_forward_element on a tile of normalized values y (rows from linear index base, columns col0 + cols):
+    affine, then keep ? (y <= 0 ? 0 : y * scale) : 0  (a NaN that survives dropout stays NaN)."""
+    if HAS_W:
+        w = _to_acc(tl.load(W + col0 + cols, mask=cmask, other=0.0), IS_FP64)
+        y = y * w[None, :]
+    if HAS_B:
+        b = _to_acc(tl.load(B + col0 + cols, mask=cmask, other=0.0), IS_FP64)
+        y = y + b[None, :]
+    out = tl.where(y <= 0.0, 0.0, y)
+    if DROPOUT:
+        keep = _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG, CTR_OFFSET)
+        out = tl.where(keep, out * scale, 0.0)
+    return out
+
+
 # -------------------------------------------------------------------------------------------------- forward
 @triton.jit
 def ldr_fwd_fused_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold, scale,
@@ -183,18 +202,8 @@ def ldr_fwd_fused_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, t
     rstd = _rsqrt(var + _eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
     tl.store(MEAN + rows, mean, mask=row_mask)
     tl.store(RSTD + rows, rstd, mask=row_mask)
-    y = d * rstd[:, None]
-    if HAS_W:
-        w = _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), IS_FP64)
-        y = y * w[None, :]
-    if HAS_B:
-        b = _to_acc(tl.load(B + cols, mask=col_mask, other=0.0), IS_FP64)
-        y = y + b[None, :]
-    # ldr_forward_element: keep ? (y <= 0 ? 0 : y * scale) : 0  (a NaN that survives dropout stays NaN)
-    out = tl.where(y <= 0.0, 0.0, y)
-    if DROPOUT:
-        keep = _keep_tile(SEED, base, 0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG, CTR_OFFSET)
-        out = tl.where(keep, out * scale, 0.0)
+    out = _fwd_output(d * rstd[:, None], W, B, SEED, base, 0, cols, col_mask, threshold, scale, HAS_W, HAS_B,
+                      DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, CTR_OFFSET)
     tl.store(OUT + offs, _to_out(out, OUT, RTNE_BF16), mask=mask)
 
 
@@ -232,17 +241,8 @@ def ldr_fwd_looped_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, 
         cmask = (col0 + cols) < N
         offs = base[:, None] + col0 + cols[None, :]
         x = _to_acc(tl.load(X + offs, mask=cmask[None, :], other=0.0), IS_FP64)
-        y = (x - mean[:, None]) * rstd[:, None]
-        if HAS_W:
-            w = _to_acc(tl.load(W + col0 + cols, mask=cmask, other=0.0), IS_FP64)
-            y = y * w[None, :]
-        if HAS_B:
-            b = _to_acc(tl.load(B + col0 + cols, mask=cmask, other=0.0), IS_FP64)
-            y = y + b[None, :]
-        out = tl.where(y <= 0.0, 0.0, y)
-        if DROPOUT:
-            keep = _keep_tile(SEED, base, col0, cols, threshold, 1, BLOCK_N, FAST_RNG, CTR_OFFSET)
-            out = tl.where(keep, out * scale, 0.0)
+        out = _fwd_output((x - mean[:, None]) * rstd[:, None], W, B, SEED, base, col0, cols, cmask, threshold,
+                          scale, HAS_W, HAS_B, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N, CTR_OFFSET)
         tl.store(OUT + offs, _to_out(out, OUT, RTNE_BF16), mask=cmask[None, :])
 
 
