@@ -96,3 +96,18 @@ def opcheck_four_ops(ldr, ldr_backward, bias_relu, bias_relu_backward, samples, 
         torch.library.opcheck(bias_relu, (x, bias))
         o = bias_relu(x.detach(), bias.detach())
         torch.library.opcheck(bias_relu_backward, (torch.randn_like(o), o))
+
+
+class BiasReluLdrBlock(torch.nn.Module):
+    """relu(x + lin_b) -> layer_norm_dropout_relu(weight w, bias b, p) through raw ops taking the seed."""
+
+    def __init__(self, n, bias_relu_op, ldr_op, eps=1e-5, p=0.2):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(n))
+        self.b = torch.nn.Parameter(torch.randn(n))
+        self.lin_b = torch.nn.Parameter(torch.randn(n))
+        self.bias_relu_op, self.ldr_op, self.eps, self.p = bias_relu_op, ldr_op, eps, p
+
+    def forward(self, x, seed):
+        y = self.bias_relu_op(x, self.lin_b)
+        return self.ldr_op(y, self.w, self.b, seed, self.p, self.eps)[0]

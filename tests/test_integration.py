@@ -11,7 +11,8 @@ from gpuopt_ops import reference as R
 from gpuopt_ops.modules import FusedLayerNormDropoutReLU, LinearBiasReLU
 
 from backends import backend_params, get_backend
-from helpers import FLOORS, assert_close_to_reference, ldr_reference_and_grads, make_inputs, seed_tensor
+from helpers import (FLOORS, BiasReluLdrBlock, assert_close_to_reference, ldr_reference_and_grads, make_inputs,
+                     seed_tensor)
 from test_errors import BIAS_CASES, LDR_CASES, good
 
 ops = torch.ops.gpuopt
@@ -121,21 +122,9 @@ def test_compile_reduce_overhead_cuda_graphs(backend):
 
 
 # ---------------------------------------------------------------------------------------------- torch.export
-class ExplicitSeed(nn.Module):
-    def __init__(self, n):
-        super().__init__()
-        self.w = nn.Parameter(1 + 0.1 * torch.randn(n))
-        self.b = nn.Parameter(0.1 * torch.randn(n))
-        self.lin_b = nn.Parameter(torch.randn(n))
-
-    def forward(self, x, seed):
-        y = ops.bias_relu(x, self.lin_b)
-        return ops.layer_norm_dropout_relu(y, self.w, self.b, seed, 0.3, 1e-5)[0]
-
-
 def test_torch_export_runs_and_matches():
     torch.manual_seed(0)
-    model = ExplicitSeed(40)
+    model = BiasReluLdrBlock(40, ops.bias_relu, ops.layer_norm_dropout_relu, p=0.3)
     x, seed = torch.randn(6, 40), seed_tensor(77)
     batch = torch.export.Dim("batch", min=2, max=1024)
     ep = torch.export.export(model, (x, seed), dynamic_shapes=({0: batch}, None))

@@ -5,7 +5,7 @@ import torch
 
 import gpuopt_ops
 
-from helpers import (DTYPES, FLOORS, SHAPES, assert_close_to_reference, check_bias_relu_against_reference,
+from helpers import (BiasReluLdrBlock, DTYPES, FLOORS, SHAPES, assert_close_to_reference, check_bias_relu_against_reference,
                      ldr_reference_and_grads, make_inputs, opcheck_four_ops, seed_tensor)
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -177,18 +177,7 @@ def test_opcheck_all_four_ops(device):
 def test_compile_fullgraph_dynamic_model_cpu():
     torch._dynamo.reset()
 
-    class Block(torch.nn.Module):
-        def __init__(self, n):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.randn(n))
-            self.b = torch.nn.Parameter(torch.randn(n))
-            self.lin_b = torch.nn.Parameter(torch.randn(n))
-
-        def forward(self, x, seed):
-            y = ops.bias_relu(x, self.lin_b)
-            return ops.layer_norm_dropout_relu(y, self.w, self.b, seed, 0.2, 1e-5)[0]
-
-    model = Block(24)
+    model = BiasReluLdrBlock(24, ops.bias_relu, ops.layer_norm_dropout_relu)
     compiled = torch.compile(model, fullgraph=True, dynamic=True)
     for m in (5, 9, 13):
         x = torch.randn(m, 24, requires_grad=True)

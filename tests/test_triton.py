@@ -17,7 +17,7 @@ import gpuopt_ops  # noqa: E402
 from gpuopt_ops import ops as gpuopt_ops_module  # noqa: E402
 from gpuopt_ops import reference as R  # noqa: E402
 
-from helpers import (FLOORS, assert_close_to_reference, check_bias_relu_against_reference,  # noqa: E402
+from helpers import (FLOORS, BiasReluLdrBlock, assert_close_to_reference, check_bias_relu_against_reference,  # noqa: E402
                      ldr_reference_and_grads, make_inputs, opcheck_four_ops, seed_tensor)
 
 T = pytest.importorskip("gpuopt_ops.triton_ops")
@@ -432,16 +432,8 @@ def test_opcheck_triton_ops():
                      ops.triton_bias_relu, ops.triton_bias_relu_backward, opcheck_samples(), EPS)
 
 
-class Block(torch.nn.Module):
-    def __init__(self, n):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.randn(n))
-        self.b = torch.nn.Parameter(torch.randn(n))
-        self.lin_b = torch.nn.Parameter(torch.randn(n))
-
-    def forward(self, x, seed):
-        y = ops.triton_bias_relu(x, self.lin_b)
-        return ops.triton_layer_norm_dropout_relu(y, self.w, self.b, seed, 0.2, EPS)[0]
+def Block(n):
+    return BiasReluLdrBlock(n, ops.triton_bias_relu, ops.triton_layer_norm_dropout_relu, EPS)
 
 
 def compile_and_compare(device, m=5, n=24):
