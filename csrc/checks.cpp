@@ -87,7 +87,7 @@ LdrArgs check_ldr_common(const char* op, const at::Tensor& x, const std::optiona
   LdrArgs a;
   a.N = x.size(-1);
   a.M = rows_of(x, a.N);
-  a.acc_dtype = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  a.acc_dtype = acc_dtype_of(x.scalar_type());
   a.param_dtype = x.scalar_type();
   const bool has_w = weight.has_value() && weight->defined();
   const bool has_b = bias.has_value() && bias->defined();
@@ -163,6 +163,7 @@ BiasReluBackwardArgs check_bias_relu_backward(const at::Tensor& grad_out, const 
   BiasReluBackwardArgs a;
   a.N = out.size(-1);
   a.M = rows_of(out, a.N);
+  a.acc_dtype = acc_dtype_of(out.scalar_type());
   a.grad_out = grad_out.contiguous();
   a.out = out.contiguous();
   return a;

@@ -44,9 +44,13 @@ BiasReluArgs check_bias_relu(const at::Tensor& x, const at::Tensor& bias);
 struct BiasReluBackwardArgs {
   at::Tensor grad_out, out;  // contiguous
   int64_t M = 0, N = 0;
+  at::ScalarType acc_dtype = at::kFloat;  // dtype of grad_bias: the unrounded sum (AMP's fp32 bias needs it)
 };
 
 BiasReluBackwardArgs check_bias_relu_backward(const at::Tensor& grad_out, const at::Tensor& out);
+
+// Accumulation dtype of inputs of dtype t: fp64 for fp64, fp32 otherwise.
+inline at::ScalarType acc_dtype_of(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 // Rows M of an (M, N) view of a tensor whose last dimension is N (N > 0).
 inline int64_t rows_of(const at::Tensor& t, int64_t N) { return N == 0 ? 0 : t.numel() / N; }

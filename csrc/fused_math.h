@@ -9,7 +9,9 @@ namespace gpuopt {
 // kept values scaled by 65536 / (65536 - threshold). threshold == 65536 (p = 1) drops everything.
 struct DropoutParams {
   uint32_t threshold;  // 0 .. 65536
-  float scale;         // 65536 / (65536 - threshold), 0 when threshold == 65536
+  // 65536 / (65536 - threshold), 0 when threshold == 65536. double, so fp64 kernels get an fp64-accurate scale;
+  // each kernel casts it once to its acc_t (for fp32 that is the fp32 rounding of the exact quotient).
+  double scale;
   GPUOPT_HD bool active() const { return threshold != 0; }
 };
 
@@ -24,7 +26,7 @@ inline uint32_t dropout_threshold(double p) {
 inline DropoutParams make_dropout_params(double p) {
   DropoutParams d;
   d.threshold = dropout_threshold(p);
-  d.scale = d.threshold >= 65536u ? 0.0f : static_cast<float>(65536.0 / (65536.0 - d.threshold));
+  d.scale = d.threshold >= 65536u ? 0.0 : 65536.0 / (65536.0 - d.threshold);
   return d;
 }
 

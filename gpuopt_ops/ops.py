@@ -39,7 +39,8 @@ def _bias_relu_fake(x, bias):
 @torch.library.register_fake("gpuopt::bias_relu_backward")
 def _bias_relu_backward_fake(grad_out, out):
     _, n = V.check_bias_relu_backward(grad_out, out)
-    return torch.empty_like(out, memory_format=torch.contiguous_format), out.new_empty((n,))
+    return torch.empty_like(out, memory_format=torch.contiguous_format), \
+        out.new_empty((n,), dtype=V.acc_dtype(out.dtype))
 
 
 # ---------------------------------------------------------------------------------------------- autograd
@@ -78,7 +79,11 @@ def _forbid_double_backward(qualname: str) -> None:
 
 
 def register_bias_relu_autograd(forward_op, backward_op) -> None:
-    """Autograd of a bias_relu op: only the output is saved; the ReLU mask is out > 0."""
+    """Autograd of a bias_relu op: only the output is saved; the ReLU mask is out > 0.
+
+    The backward op returns grad_bias in the accumulation dtype (fp32 for bf16/fp16 x); it is cast once to the
+    bias's dtype, so an fp32 bias under AMP gets the unrounded sum. Only the bias's dtype is kept, not the bias.
+    """
 
     def setup_context(ctx, inputs, output):
         _, bias = inputs

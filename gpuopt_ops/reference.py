@@ -44,10 +44,14 @@ def dropout_threshold(p: float) -> int:
     return int(min(max(math.floor(p * 65536.0 + 0.5), 0), 65536))
 
 
-def dropout_scale(p: float) -> float:
-    """Scale of kept values: 65536 / (65536 - t) rounded to fp32 (0 when everything is dropped)."""
+def dropout_scale(p: float, dtype: torch.dtype = torch.float32) -> float:
+    """Scale of kept values for inputs of `dtype`: 65536 / (65536 - t) in the op's accumulation dtype (fp64 for
+    fp64, else rounded to fp32), 0 when everything is dropped."""
     t = dropout_threshold(p)
-    return 0.0 if t == 65536 else float(np.float32(65536.0 / (65536 - t)))
+    if t == 65536:
+        return 0.0
+    scale = 65536.0 / (65536 - t)
+    return scale if dtype == torch.float64 else float(np.float32(scale))
 
 
 def dropout_uniform16(seed: int, idx: np.ndarray) -> np.ndarray:
@@ -99,7 +103,7 @@ def layer_norm_dropout_relu(x: torch.Tensor, weight: Optional[torch.Tensor], bia
     if b is not None:
         y = y + b
     keep = dropout_keep_mask(seed_value(seed), m, n, p, device=x.device).reshape(x.shape)
-    scale = dropout_scale(p)
+    scale = dropout_scale(p, x.dtype)  # the op's constant: fp32 unless x is fp64, whatever compute_dtype is
     y = torch.where(keep, y * scale, torch.zeros((), dtype=dt, device=x.device))
     return torch.relu(y), mean.reshape(-1), rstd.reshape(-1)
 

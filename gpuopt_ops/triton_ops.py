@@ -170,7 +170,7 @@ def _bias_relu_backward(grad_out: torch.Tensor, out: torch.Tensor) -> Tuple[torc
     _, n = V.check_bias_relu_backward(grad_out, out)
     out = out.contiguous()
     grad_x = torch.empty(out.shape, dtype=out.dtype, device=out.device)
-    grad_b = torch.zeros((n,), dtype=out.dtype, device=out.device)
+    grad_b = torch.zeros((n,), dtype=V.acc_dtype(out.dtype), device=out.device)  # unrounded sum, as the C++ op
     if not _skip_launch(out, "bias_relu_backward"):
         _BR.launch_backward(grad_out.contiguous(), out, grad_x, grad_b, wrap=wrap_triton)
     return grad_x, grad_b

@@ -73,10 +73,57 @@ def check_bias_relu_against_reference(x, b, g, out, gx, gb):
         return o.detach(), xx.grad, bb.grad
 
     r64, low = ref(torch.float64), ref(dtype)
+    assert gb.dtype == (torch.float64 if dtype == torch.float64 else torch.float32), "grad_bias: accumulation dtype"
     fl = FLOORS[dtype]
     assert_close_to_reference("out", out, r64[0], low[0], fl)
     assert_close_to_reference("grad_x", gx, r64[1], low[1], fl)
     assert_close_to_reference("grad_bias", gb, r64[2], low[2], fl * max(1, x.numel() // max(1, x.shape[-1])))
+
+
+def check_fp64_dropout_precision(ldr, ldr_backward, device, p=0.3, eps=1e-5):
+    """fp64 x with dropout: every constant is fp64, the dropout scale 65536 / (65536 - t) included, so out and the
+    three gradients match the fp64 reference to ~1e-12. An fp32-rounded scale (relative error ~3e-8) would be off
+    by ~1e-7 on these |y| of up to ~20."""
+    t = R.dropout_threshold(p)
+    assert R.dropout_scale(p, torch.float64) == 65536.0 / (65536 - t) != R.dropout_scale(p)  # the reference's own
+    x, w, b = make_inputs((6,), 40, torch.float64, device, seed=5)
+    w = 4 * w
+    seed = seed_tensor(21, device)
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64).to(device)
+    out, mean, rstd = ldr(x, w, b, seed, p, eps)
+    gx, gw, gb = ldr_backward(g, x, w, b, mean, rstd, seed, p)
+    ref, (rgx, rgw, rgb) = ldr_reference_and_grads(x, w, b, seed, p, eps, g, torch.float64)
+    assert (out.cpu() != 0).sum() > 0 and (out.cpu() != 0).sum() < out.numel() // 2  # dropout and ReLU both bite
+    for name, ours, r in [("out", out, ref), ("grad_x", gx, rgx), ("grad_weight", gw, rgw), ("grad_bias", gb, rgb)]:
+        assert ours.dtype == torch.float64, name
+        tol = 1e-12 * max(1.0, r.abs().max().item())
+        assert (ours.cpu() - r.cpu()).abs().max().item() <= tol, report_mismatch(name, ours.cpu(), r.cpu(), tol)
+
+
+def assert_unrounded_fp32_sum(name, got, terms, dtype):
+    """got is fp32 and the fp32 sum over rows of terms (exact `dtype` values): within 1e-6 of their fp64 sum,
+    relative to the column's sum of |terms|. The inputs must be such that the fp64 sum rounded to `dtype` (bf16:
+    8 significant bits) fails that, so a gradient rounded to x's dtype on the way cannot pass."""
+    assert got.dtype == torch.float32, f"{name}: dtype {got.dtype}, expected torch.float32 (the accumulation dtype)"
+    terms = terms.detach().cpu().double()
+    exact = terms.sum(0)
+    tol = 1e-6 * terms.abs().sum(0)
+    err = (got.detach().cpu().double() - exact).abs()
+    assert (err <= tol).all(), report_mismatch(name, got.detach().cpu(), exact, tol[(err > tol).nonzero()[0]].item())
+    assert ((exact.to(dtype).double() - exact).abs() > tol).any(), f"{name}: inputs cannot tell a {dtype} sum apart"
+
+
+def check_grad_bias_is_unrounded_fp32(bias_relu, bias_relu_backward, device, dtype):
+    """bf16/fp16 out: bias_relu_backward returns grad_bias in fp32 (the accumulation dtype), the unrounded sum of
+    grad_x's exact values."""
+    m, n = 300, 33
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(m, n, generator=g).to(dtype).to(device)
+    bias = (0.1 * torch.randn(n, generator=g)).to(dtype).to(device)
+    grad_out = torch.randn(m, n, generator=g).to(dtype).to(device)
+    gx, gb = bias_relu_backward(grad_out, bias_relu(x, bias))
+    assert gx.dtype == dtype
+    assert_unrounded_fp32_sum("grad_bias", gb, gx, dtype)
 
 
 def _detached(t):

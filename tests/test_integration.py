@@ -11,8 +11,8 @@ from gpuopt_ops import reference as R
 from gpuopt_ops.modules import FusedLayerNormDropoutReLU, LinearBiasReLU
 
 from backends import backend_params, get_backend
-from helpers import (FLOORS, BiasReluLdrBlock, assert_close_to_reference, ldr_reference_and_grads, make_inputs,
-                     seed_tensor)
+from helpers import (FLOORS, BiasReluLdrBlock, assert_close_to_reference, assert_unrounded_fp32_sum,
+                     ldr_reference_and_grads, make_inputs, seed_tensor)
 from test_errors import BIAS_CASES, LDR_CASES, good
 
 ops = torch.ops.gpuopt
@@ -164,6 +164,30 @@ def test_autocast_no_rule_the_op_keeps_its_input_dtype(amp_dtype):
     assert_close_to_reference("out", out.detach(), ref64, low, fl)
     assert_close_to_reference("grad_x", gy, rgy, lgy, fl)
     assert_close_to_reference("grad_weight", gw, rgw, lgw, fl * 16)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("via", ["bias_relu", "LinearBiasReLU"])
+def test_autocast_fp32_bias_gets_the_unrounded_fp32_grad(backend, via):
+    """bf16 activations with an fp32 bias (autocast): the bias's .grad is fp32 and the unrounded sum of the
+    gradient reaching the op, not that sum rounded to bf16 on the way (assert_unrounded_fp32_sum would catch it)."""
+    be = get_backend(backend)
+    name = "triton" if backend.startswith("triton") else backend
+    torch.manual_seed(0)
+    m, n = 256, 48
+    if via == "bias_relu":
+        bias = (0.1 * torch.randn(n, device=be.device)).requires_grad_()
+        out = gpuopt_ops.bias_relu(torch.randn(m, n, device=be.device).to(torch.bfloat16), bias, backend=name)
+    else:
+        lin = LinearBiasReLU(32, n, backend=name).to(be.device)
+        bias = lin.bias
+        with torch.autocast(be.device, dtype=torch.bfloat16):
+            out = lin(torch.randn(m, 32, device=be.device))
+    assert out.dtype == torch.bfloat16 and bias.dtype == torch.float32
+    g = torch.randn(m, n, device=be.device)
+    (out.float() * g).sum().backward()
+    # what reaches the op's output is g rounded to bf16; its masked rows sum to the bias's gradient
+    assert_unrounded_fp32_sum("bias.grad", bias.grad, g.to(torch.bfloat16) * (out.detach() > 0), torch.bfloat16)
 
 
 # ---------------------------------------------------------------------------------------------- determinism

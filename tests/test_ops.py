@@ -6,7 +6,8 @@ import torch
 import gpuopt_ops
 
 from helpers import (BiasReluLdrBlock, DTYPES, FLOORS, SHAPES, assert_close_to_reference, check_bias_relu_against_reference,
-                     ldr_reference_and_grads, make_inputs, opcheck_four_ops, seed_tensor)
+                     check_fp64_dropout_precision, check_grad_bias_is_unrounded_fp32, ldr_reference_and_grads,
+                     make_inputs, opcheck_four_ops, seed_tensor)
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 ops = torch.ops.gpuopt
@@ -144,6 +145,17 @@ def test_bias_relu_autograd_fp32_bias():
     assert b.grad.dtype == torch.float32 and x.grad.dtype == torch.bfloat16
     ref = (torch.relu(x.detach().float() + b.detach()) > 0).float().sum(0)
     torch.testing.assert_close(b.grad, ref, atol=0.5, rtol=1e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bias_relu_backward_grad_bias_is_unrounded_fp32(device, dtype):
+    check_grad_bias_is_unrounded_fp32(ops.bias_relu, ops.bias_relu_backward, device, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp64_with_dropout_is_fp64_accurate(device):
+    check_fp64_dropout_precision(ops.layer_norm_dropout_relu, ops.layer_norm_dropout_relu_backward, device)
 
 
 # ------------------------------------------------------------------------------------- gradcheck / opcheck

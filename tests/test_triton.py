@@ -8,6 +8,7 @@ before triton is imported); on a GPU machine the same tests run the compiled ker
 import importlib
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,7 +19,8 @@ from gpuopt_ops import ops as gpuopt_ops_module  # noqa: E402
 from gpuopt_ops import reference as R  # noqa: E402
 
 from helpers import (FLOORS, BiasReluLdrBlock, assert_close_to_reference, check_bias_relu_against_reference,  # noqa: E402
-                     ldr_reference_and_grads, make_inputs, opcheck_four_ops, seed_tensor)
+                     check_fp64_dropout_precision, check_grad_bias_is_unrounded_fp32, ldr_reference_and_grads,
+                     make_inputs, opcheck_four_ops, seed_tensor)
 
 T = pytest.importorskip("gpuopt_ops.triton_ops")
 from triton_kernels import layer_norm_dropout_relu as LDR  # noqa: E402
@@ -113,6 +115,15 @@ def test_fp64_matches_reference(prefix, n):
     check_against_reference(x, w, b, seed_tensor(9, DEVICE), 0.3, g)
 
 
+@pytest.mark.parametrize("path", ["single-block", "looped"])
+def test_fp64_with_dropout_is_fp64_accurate(request, path):
+    """Every kernel computes its own dropout scale: the single-block and the looped ones (N = 40 > 16)."""
+    if path == "looped":
+        request.getfixturevalue("looped")
+    check_fp64_dropout_precision(ops.triton_layer_norm_dropout_relu, ops.triton_layer_norm_dropout_relu_backward,
+                                 DEVICE)
+
+
 def test_fp64_gradcheck():
     x, w, b = make_inputs((2,), 6, torch.float64, DEVICE, requires_grad=True)
     seed = seed_tensor(99, DEVICE)
@@ -204,7 +215,7 @@ def test_meta_tensors_give_output_metadata():
     assert gx.shape == x.shape and gw.shape == (40,) and gw.dtype == torch.float32
     assert ops.triton_bias_relu(x, w).shape == x.shape
     gx, gb = ops.triton_bias_relu_backward(out, out)
-    assert gb.shape == (40,) and gb.dtype == torch.bfloat16
+    assert gb.shape == (40,) and gb.dtype == torch.float32  # the accumulation dtype
 
 
 # ------------------------------------------------------------------------------------------- dropout bits
@@ -301,7 +312,7 @@ def test_bias_relu_matches_reference_and_cpp(dtype, prefix, n):
     g = torch.randn(x.shape, dtype=torch.float64, device=DEVICE).to(dtype)
     out = ops.triton_bias_relu(x, b)
     gx, gb = ops.triton_bias_relu_backward(g, out)
-    assert out.dtype == dtype and gx.dtype == dtype and gb.dtype == dtype
+    assert out.dtype == dtype and gx.dtype == dtype and gb.dtype == acc_of(dtype)
     check_bias_relu_against_reference(x, b, g, out, gx, gb)
     cpu_out = ops.bias_relu(x.cpu(), b.cpu())
     assert torch.equal(out.cpu(), cpu_out)  # same fp32 (fp64) add, relu and rounding
@@ -309,6 +320,11 @@ def test_bias_relu_matches_reference_and_cpp(dtype, prefix, n):
     assert torch.equal(gx.cpu(), cpu_gx)
     fl = FLOORS[dtype]
     torch.testing.assert_close(gb.cpu(), cpu_gb, atol=fl * max(1, x.numel() // n), rtol=fl)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bias_relu_backward_grad_bias_is_unrounded_fp32(dtype):
+    check_grad_bias_is_unrounded_fp32(ops.triton_bias_relu, ops.triton_bias_relu_backward, DEVICE, dtype)
 
 
 def test_bias_relu_autograd_fp32_bias_and_determinism():
@@ -475,10 +491,24 @@ def test_compile_fullgraph_public_functions_backend_triton():
 
 
 def test_dropout_threshold_and_scale_match_reference():
+    """t is csrc's; the scale each kernel computes (read through weight 0, bias 1: out = scale where kept) is the
+    reference's in the accumulation dtype: fp32 for fp32 x, fp64 for fp64 x."""
+    n = 256
+    w, b = torch.zeros(n, device=DEVICE, dtype=torch.float64), torch.ones(n, device=DEVICE, dtype=torch.float64)
     for p in [0.0, 1e-6, 0.5 / 65536, 0.49999 / 65536, 0.1, 0.25, 1 / 3, 0.5, 0.9, 1 - 1e-6, 1 - 0.5 / 65536, 1.0]:
         t = LDR.dropout_threshold(p)
         assert t == R.dropout_threshold(p), p
-        assert LDR.dropout_scale(t) == R.dropout_scale(p), p
+        for dtype in (torch.float32, torch.float64):
+            x = torch.randn(1, n, device=DEVICE, dtype=dtype)
+            out = ops.triton_layer_norm_dropout_relu(x, w.to(dtype), b.to(dtype), seed_tensor(3, DEVICE), p, EPS)[0]
+            kept = out[out != 0].cpu()
+            assert (kept.numel() == 0) == (t == 65536), (p, dtype)
+            assert torch.equal(kept, torch.full_like(kept, 1.0 if t == 0 else R.dropout_scale(p, dtype))), (p, dtype)
+    # The fp32 kernels divide in fp32: for every t that is the fp32 rounding of the fp64 quotient, i.e. the
+    # static_cast<float>(DropoutParams::scale) of the C++ and CUDA kernels, bit for bit.
+    t = np.arange(65536)
+    assert np.array_equal((65536.0 / (65536.0 - t)).astype(np.float32),
+                          np.float32(65536.0) / (65536 - t).astype(np.float32))
 
 
 # ------------------------------------------------------------------------------------- wrong kernel
@@ -663,7 +693,7 @@ from torch._higher_order_ops.triton_kernel_wrap import identify_accessed_tensors
 
 x, v, s = torch.empty(64, 1000), torch.empty(64), torch.zeros(1, dtype=torch.int64)
 flags = dict(HAS_W=True, HAS_B=True, DROPOUT=True, FAST_RNG=True, IS_FP64=False, CTR_OFFSET=0, RTNE_BF16=False)
-ldr_in = dict(X=x, W=x, B=x, MEAN=v, RSTD=v, SEED=s, M=64, N=1000, threshold=13107, scale=1.25)
+ldr_in = dict(X=x, W=x, B=x, MEAN=v, RSTD=v, SEED=s, M=64, N=1000, threshold=13107)
 cases = [
     (L.ldr_fwd_fused_kernel, dict(ldr_in, OUT=x, eps_hi=1e-5, eps_lo=0.0, BLOCK_M=4, BLOCK_N=1024, **flags),
      {"OUT", "MEAN", "RSTD"}),

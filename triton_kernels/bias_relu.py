@@ -2,7 +2,8 @@
 
 Pure ``@triton.jit`` code; the torch.library registrations are in gpuopt_ops/triton_ops.py. Math of
 csrc/fused_math.h: out = (x + b <= 0) ? 0 : x + b in fp32 (fp64 for fp64 x), so a NaN propagates as in
-torch.relu; grad_x = grad_out * [out > 0]; grad_bias = sum over rows of grad_x.
+torch.relu; grad_x = grad_out * [out > 0]; grad_bias = sum over rows of grad_x, returned in the accumulation
+dtype (fp32, fp64 for fp64): AMP's fp32 bias gets the unrounded sum.
 
 Tuning (from N on the host, no autotune):
 
@@ -81,7 +82,8 @@ def launch_forward(x, bias, out, *, wrap=_identity) -> None:
 
 
 def launch_backward(grad_out, out, grad_x, grad_b, *, wrap=_identity) -> None:
-    """grad_x = grad_out * [out > 0] and grad_b = its column sums (in grad_b's dtype), contiguous inputs."""
+    """grad_x = grad_out * [out > 0] and grad_b = its column sums (grad_b in the accumulation dtype), contiguous
+    inputs."""
     n = int(out.shape[-1])
     m = out.numel() // n
     if m == 0:

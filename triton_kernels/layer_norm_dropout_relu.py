@@ -8,7 +8,8 @@ gpuopt_ops/triton_ops.py). The math is that of csrc/fused_math.h, the dropout RN
   tensor (no host sync). Element idx (int64 linear index in the contiguous (M, N) view) belongs to group
   g = idx >> 3, counter (g lo32, g hi32, 0, 0), and takes the 16-bit lane k = idx & 7 of the four output words
   (even k: low half of word k >> 1, odd k: high half). keep <=> u >= t, t = round(p * 65536) computed on the
-  host, kept values scaled by 65536 / (65536 - t); t = 65536 gives exact zeros through a select.
+  host, kept values scaled by 65536 / (65536 - t) (computed in the kernel, in the accumulation dtype);
+  t = 65536 gives exact zeros through a select.
 - Fast RNG path (N % 8 == 0, so a tile's groups never straddle rows): one Philox call per 8 elements, lanes
   interleaved with tl.join + tl.reshape into element order. Generic path (any N): one call per element, the
   lane picked with selects. DROPOUT=False (p = 0) does no RNG work at all.
@@ -90,6 +91,24 @@ def _eps(eps_hi, eps_lo, IS_FP64: tl.constexpr):
     else:
         e = eps_hi
     return e
+
+
+@triton.jit
+def _dropout_scale(threshold, IS_FP64: tl.constexpr):
+    """The scale of kept values, 65536 / (65536 - t), in the accumulation dtype: 1 when t = 0 (the backward
+    multiplies by it with p = 0 too), 0 when t = 65536 (p = 1).
+
+    Computed here rather than passed in: Triton passes a Python float as fp32, which would leave the fp64 kernels
+    only fp32-accurate. Both divisions are correctly rounded, so the fp32 value is the fp32 rounding of the fp64
+    quotient, i.e. csrc's static_cast<float>(DropoutParams::scale), for every t (tests/test_triton.py checks all).
+    """
+    if IS_FP64:
+        kept = tl.full([], 65536 - threshold, tl.float64)
+        s = 65536.0 / tl.maximum(kept, 1.0)
+    else:
+        kept = tl.full([], 65536 - threshold, tl.float32)
+        s = tl.div_rn(tl.full([], 65536.0, tl.float32), tl.maximum(kept, 1.0))
+    return tl.where(kept > 0.0, s, 0.0)
 
 
 @triton.jit
@@ -182,11 +201,12 @@ def _fwd_output(y, W, B, SEED, base, col0, cols, cmask, threshold, scale, HAS_W:
 
 # -------------------------------------------------------------------------------------------------- forward
 @triton.jit
-def ldr_fwd_fused_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold, scale,
+def ldr_fwd_fused_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold,
                          HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
                          FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
     """Single-block forward: BLOCK_M whole rows (BLOCK_N >= N) per program."""
+    scale = _dropout_scale(threshold, IS_FP64)
     pid = tl.program_id(0)
     rows = pid.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -208,11 +228,12 @@ def ldr_fwd_fused_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, t
 
 
 @triton.jit
-def ldr_fwd_looped_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold, scale,
+def ldr_fwd_looped_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold,
                           HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
                           FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr,
                           CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
     """Looped forward for long rows: one row per program, BLOCK_N-column chunks, two passes over x."""
+    scale = _dropout_scale(threshold, IS_FP64)
     row = tl.program_id(0).to(tl.int64)
     rows = row + tl.arange(0, 1).to(tl.int64)  # [1]: the tile helpers work on [rows, cols]
     base = rows * N
@@ -290,11 +311,12 @@ def _ldr_bwd_tile(DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, col0, cols, cma
 
 
 @triton.jit
-def ldr_bwd_fused_kernel(DY, X, W, B, MEAN, RSTD, SEED, DX, PDW, PDB, M, N, threshold, scale,
+def ldr_bwd_fused_kernel(DY, X, W, B, MEAN, RSTD, SEED, DX, PDW, PDB, M, N, threshold,
                          HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
                          FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
     """Single-block backward: program p handles row tiles p, p + G, ...; writes its dgamma/dbeta partial row."""
+    scale = _dropout_scale(threshold, IS_FP64)
     pid = tl.program_id(0)
     num_groups = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
@@ -325,11 +347,12 @@ def ldr_bwd_fused_kernel(DY, X, W, B, MEAN, RSTD, SEED, DX, PDW, PDB, M, N, thre
 
 
 @triton.jit
-def ldr_bwd_row_coef_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, M, N, threshold, scale,
+def ldr_bwd_row_coef_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, M, N, threshold,
                             HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
                             FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr,
                             CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
     """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program."""
+    scale = _dropout_scale(threshold, IS_FP64)
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)
     row_mask = rows < M
     cols = tl.arange(0, BLOCK_N)
@@ -348,11 +371,12 @@ def ldr_bwd_row_coef_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, M, N, thresho
 
 
 @triton.jit
-def ldr_bwd_chunk_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, DX, PDW, PDB, M, N, threshold, scale,
+def ldr_bwd_chunk_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, DX, PDW, PDB, M, N, threshold,
                          HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
                          FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
     """Looped backward, kernel B: grid (column chunks, row groups); dx and the dgamma/dbeta partials."""
+    scale = _dropout_scale(threshold, IS_FP64)
     col0 = tl.program_id(0) * BLOCK_N
     pid = tl.program_id(1)
     num_groups = tl.num_programs(1)
@@ -417,11 +441,6 @@ def dropout_threshold(p: float) -> int:
     t = p * 65536.0 + 0.5
     t = min(max(t, 0.0), 65536.0)
     return int(math.floor(t))
-
-
-def dropout_scale(threshold: int) -> float:
-    """65536 / (65536 - t) rounded to fp32 (make_dropout_params); 0 when everything is dropped."""
-    return 0.0 if threshold >= 65536 else float(np.float32(65536.0 / (65536.0 - threshold)))
 
 
 def eps_pair(eps: float):
@@ -507,7 +526,6 @@ def launch_forward(x, weight, bias, seed, out, mean, rstd, p: float, eps: float,
     if m == 0:
         return
     t = dropout_threshold(p)
-    scale = dropout_scale(t)
     eps_hi, eps_lo = eps_pair(eps)
     cfg = forward_config(n, x.dtype, max_fused_n)
     common = dict(HAS_W=weight is not None, HAS_B=bias is not None, DROPOUT=t != 0, FAST_RNG=cfg.fast_rng,
@@ -517,11 +535,11 @@ def launch_forward(x, weight, bias, seed, out, mean, rstd, p: float, eps: float,
     b = bias if bias is not None else x
     if cfg.fused:
         grid = (triton.cdiv(m, cfg.block_m),)
-        wrap(ldr_fwd_fused_kernel)[grid](x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t, scale,
+        wrap(ldr_fwd_fused_kernel)[grid](x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t,
                                          BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
     else:
         grid = (m,)
-        wrap(ldr_fwd_looped_kernel)[grid](x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t, scale,
+        wrap(ldr_fwd_looped_kernel)[grid](x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t,
                                           num_warps=cfg.num_warps, **common)
 
 
@@ -544,7 +562,6 @@ def launch_backward(grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w,
     if m == 0:
         return
     t = dropout_threshold(p)
-    scale = 1.0 if t == 0 else dropout_scale(t)  # p = 0: keep = 1, scale = 65536 / 65536 = 1 (as csrc)
     is_fp64 = x.dtype == torch.float64
     acc = torch.float64 if is_fp64 else torch.float32
     cfg = backward_config(n, x.dtype, max_fused_n)
@@ -559,15 +576,15 @@ def launch_backward(grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w,
     pdb = torch.empty((groups, n) if has_b else (1,), dtype=acc, device=x.device)
     if cfg.fused:
         wrap(ldr_bwd_fused_kernel)[(groups,)](grad_out, x, w, b, mean, rstd, seed, grad_x, pdw, pdb, m, n, t,
-                                              scale, BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
+                                              BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
     else:
         c1 = torch.empty((m,), dtype=acc, device=x.device)
         c2 = torch.empty((m,), dtype=acc, device=x.device)
-        wrap(ldr_bwd_row_coef_kernel)[(m,)](grad_out, x, w, b, mean, rstd, seed, c1, c2, m, n, t, scale,
+        wrap(ldr_bwd_row_coef_kernel)[(m,)](grad_out, x, w, b, mean, rstd, seed, c1, c2, m, n, t,
                                             num_warps=_num_warps(cfg.block_n, 8), **common)
         grid = (triton.cdiv(n, cfg.block_n), groups)
         wrap(ldr_bwd_chunk_kernel)[grid](grad_out, x, w, b, mean, rstd, seed, c1, c2, grad_x, pdw, pdb, m, n,
-                                         t, scale, BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
+                                         t, BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
     if has_w:
         launch_sum_partials(pdw, grad_w, groups, n, wrap=wrap)
     if has_b:

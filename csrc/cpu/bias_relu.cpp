@@ -1,4 +1,5 @@
-// C++ CPU kernels of bias_relu and its backward (dbias fused into the same pass, deterministic).
+// C++ CPU kernels of bias_relu and its backward (dbias fused into the same pass, deterministic; returned in the
+// accumulation dtype, so AMP's fp32 bias gets the unrounded sum: autograd casts it to the bias's dtype).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -108,7 +109,7 @@ void bias_relu_backward_kernel(const BiasReluBackwardArgs& a, at::Tensor& grad_x
       }
     }
   });
-  sum_partials(partial, blocks, N, grad_b.data_ptr<scalar_t>());
+  sum_partials(partial, blocks, N, grad_b.data_ptr<acc_t>());
 }
 
 at::Tensor bias_relu_cpu(const at::Tensor& x, const at::Tensor& bias) {
@@ -128,7 +129,7 @@ at::Tensor bias_relu_cpu(const at::Tensor& x, const at::Tensor& bias) {
 std::tuple<at::Tensor, at::Tensor> bias_relu_backward_cpu(const at::Tensor& grad_out, const at::Tensor& out) {
   BiasReluBackwardArgs a = check_bias_relu_backward(grad_out, out);
   at::Tensor grad_x = at::empty(out.sizes(), a.out.options());
-  at::Tensor grad_b = at::zeros({a.N}, a.out.options());
+  at::Tensor grad_b = at::zeros({a.N}, a.out.options().dtype(a.acc_dtype));
   if (a.M == 0) return {grad_x, grad_b};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.out.scalar_type(), "bias_relu_backward_cpu",
                                   [&] { bias_relu_backward_kernel<scalar_t>(a, grad_x, grad_b); });

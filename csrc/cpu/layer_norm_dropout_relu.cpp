@@ -98,6 +98,7 @@ void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, at::Tensor& ou
   const std::vector<float> w = param_row<float, param_t>(a.weight, N, 1.0f);
   const std::vector<float> b = param_row<float, param_t>(a.bias, N, 0.0f);
   const DropoutParams drop = a.dropout;
+  const float scale = static_cast<float>(drop.scale);
   const bool dropping = drop.active();
   const int64_t R = tile_rows(N);
   const float inv_n = 1.0f / static_cast<float>(N);
@@ -120,7 +121,7 @@ void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, at::Tensor& ou
           rstd_out[r] = rs;
           float* yr = result_row(y_out + r * N, ybuf.data());
           cpu::ldr_forward_row(xr, w.data(), b.data(), u ? u + (r - r0) * N : nullptr, drop.threshold,
-                               drop.scale, mu, rs, yr, N);
+                               scale, mu, rs, yr, N);
           store_row(y_out + r * N, yr, N);
         }
       }
@@ -142,6 +143,7 @@ void ldr_backward_fp32(const LdrBackwardArgs& args, int64_t seed, at::Tensor& gr
   const std::vector<float> w = param_row<float, param_t>(a.weight, N, 1.0f);
   const std::vector<float> b = param_row<float, param_t>(a.bias, N, 0.0f);
   const DropoutParams drop = a.dropout;
+  const float scale = static_cast<float>(drop.scale);
   const bool dropping = drop.active();
   const bool want_dw = a.weight.defined(), want_db = a.bias.defined();
   const int64_t R = tile_rows(N);
@@ -171,7 +173,7 @@ void ldr_backward_fp32(const LdrBackwardArgs& args, int64_t seed, at::Tensor& gr
           const float* gr = load_row(g + r * N, gbuf.data(), N);
           const float rs = rstd[r];
           cpu::ldr_backward_row_pass1(xr, gr, w.data(), b.data(), u ? u + (r - r0) * N : nullptr, drop.threshold,
-                                      drop.scale, mean[r], rs, xhat.data(), dxhat.data(), pw, pb, N);
+                                      scale, mean[r], rs, xhat.data(), dxhat.data(), pw, pb, N);
           const float c1 = cpu::row_dot(dxhat.data(), xhat.data(), N) * inv_n;
           const float c2 = cpu::row_sum(dxhat.data(), N) * inv_n;
           float* dxr = result_row(dx + r * N, dxbuf.data());
