@@ -11,7 +11,7 @@ ops = torch.ops.gpuopt
 def main():
     seed = torch.tensor([5], device="cuda")
     for dtype in (torch.float32, torch.bfloat16):
-        for n in (7, 64, 1000, 4096, 16384, 65536):  # generic, fast, 1/2/4/8 chunks per thread
+        for n in (7, 64, 768, 1000, 4096, 8192, 16384, 65536, 131072):  # warp rows, block rows, looped, generic N
             for affine in (True, False):
                 for p in (0.0, 0.1, 1.0):
                     x = torch.randn(3, n, device="cuda", dtype=dtype)

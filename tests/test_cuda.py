@@ -13,7 +13,7 @@ ops = torch.ops.gpuopt
 
 
 @pytest.mark.parametrize("m,n", [(3, 7), (5, 8), (64, 1000), (33, 1024), (7, 4096), (4, 12288), (3, 65536),
-                                 (2, 65533)])
+                                 (2, 65533), (2, 131072), (3, 65544)])
 @pytest.mark.parametrize("seed", [0, 99, 2**40 + 7])
 def test_cuda_mask_bit_identical_to_cpu(m, n, seed):
     x = torch.randn(m, n)
@@ -24,7 +24,7 @@ def test_cuda_mask_bit_identical_to_cpu(m, n, seed):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
-@pytest.mark.parametrize("n", [1, 37, 256, 1024, 8192, 32768, 65536])
+@pytest.mark.parametrize("n", [1, 37, 256, 768, 1024, 4104, 8192, 16384, 32768, 65536, 131072])
 @pytest.mark.parametrize("affine", [True, False])
 def test_cuda_matches_cpu(dtype, n, affine):
     x, w, b = make_inputs((6,), n, dtype, affine=affine)
@@ -41,6 +41,25 @@ def test_cuda_matches_cpu(dtype, n, affine):
     for name, a, c in zip(["out", "mean", "rstd", "gx", "gw", "gb"], *res):
         scale = max(1.0, a.abs().max().item()) if a.numel() else 1.0
         assert (a - c).abs().max().item() <= tol * scale if a.numel() else c.numel() == 0, name
+
+
+@pytest.mark.parametrize("n", [768, 8192, 65544])
+def test_cuda_unaligned_views_match_cpu(n):
+    """x one element past a 16-byte boundary and weight / bias as unaligned views take the scalar-load path."""
+    def shifted(t):
+        flat = torch.empty(t.numel() + 8, dtype=t.dtype, device=t.device)
+        v = flat[1:1 + t.numel()].view(t.shape)
+        v.copy_(t)
+        return v
+
+    x, w, b = make_inputs((5,), n, torch.float16)
+    seed = seed_tensor(8)
+    res = []
+    for dev in ("cpu", "cuda"):
+        xs, ws, bs = (shifted(t.to(dev)) for t in (x, w, b))
+        out, mean, rstd = ops.layer_norm_dropout_relu(xs, ws, bs, seed.to(dev), 0.3, 1e-5)
+        res.append((out.cpu() != 0).to(torch.int32))
+    assert torch.equal(res[0], res[1])
 
 
 def test_cuda_many_rows_and_determinism():

@@ -1,0 +1,114 @@
+// The only place where the kernel headers meet a compiler: nvcc for the GPU, or the host C++ compiler under the
+// test-only emulation of CUDA's execution model (tests/cuda_emu, GPUOPT_CUDA_EMULATOR). Everything the kernels
+// need beyond plain C++ comes from here: element types and their conversions, 16-byte vector access, shared
+// memory declarations, warp shuffles. No ATen / c10 (the emulator branch takes its 16-bit types from the
+// emulator's own header).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#if defined(GPUOPT_CUDA_EMULATOR)
+
+#include "cuda_emu.h"        // tests/cuda_emu: threads as fibers, barriers, shuffles, guarded buffers
+#include "cuda_emu_types.h"  // tests/cuda_emu: half_t / bfloat16_t on the host
+
+#define GPUOPT_DEV inline
+#define GPUOPT_HOST_DEV inline
+
+namespace gpuopt {
+namespace dev {
+
+using half_t = ::gpuopt_emu::half_t;
+using bfloat16_t = ::gpuopt_emu::bfloat16_t;
+
+inline float to_acc(half_t v) { return ::gpuopt_emu::to_float(v); }
+inline float to_acc(bfloat16_t v) { return ::gpuopt_emu::to_float(v); }
+
+// 16 bytes at p, which must be 16-byte aligned; the emulator checks the alignment and the bounds.
+inline uint4 load16(const void* p) { return gpuopt_emu_load16(p); }
+inline void store16(void* p, const uint4& v) { gpuopt_emu_store16(p, v); }
+
+}  // namespace dev
+}  // namespace gpuopt
+
+#else  // nvcc
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#define GPUOPT_DEV __device__ __forceinline__
+#define GPUOPT_HOST_DEV __host__ __device__ __forceinline__
+#define GPUOPT_SHARED_ARRAY(T, name, count) __shared__ T name[count]
+
+namespace gpuopt {
+namespace dev {
+
+using half_t = __half;
+using bfloat16_t = __nv_bfloat16;
+
+// torch's nvcc flags disable the implicit __half / __nv_bfloat16 conversions: convert explicitly.
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+__device__ __forceinline__ uint4 load16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ void store16(void* p, const uint4& v) { *reinterpret_cast<uint4*>(p) = v; }
+
+}  // namespace dev
+}  // namespace gpuopt
+
+#endif
+
+namespace gpuopt {
+namespace dev {
+
+GPUOPT_DEV float to_acc(float v) { return v; }
+GPUOPT_DEV double to_acc(double v) { return v; }
+
+// acc_t -> storage type, round to nearest even.
+template <typename T>
+struct FromAcc;
+template <>
+struct FromAcc<float> {
+  static GPUOPT_DEV float from(float v) { return v; }
+};
+template <>
+struct FromAcc<double> {
+  static GPUOPT_DEV double from(double v) { return v; }
+};
+template <>
+struct FromAcc<half_t> {
+#if defined(GPUOPT_CUDA_EMULATOR)
+  static inline half_t from(float v) { return ::gpuopt_emu::from_float<half_t>(v); }
+#else
+  static __device__ __forceinline__ __half from(float v) { return __float2half_rn(v); }
+#endif
+};
+template <>
+struct FromAcc<bfloat16_t> {
+#if defined(GPUOPT_CUDA_EMULATOR)
+  static inline bfloat16_t from(float v) { return ::gpuopt_emu::from_float<bfloat16_t>(v); }
+#else
+  static __device__ __forceinline__ __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
+#endif
+};
+
+template <typename T, typename A>
+GPUOPT_DEV T from_acc(A v) {
+  return FromAcc<T>::from(v);
+}
+
+// Accumulation type: fp64 for fp64 storage, fp32 otherwise (DESIGN.md).
+template <typename T>
+struct AccType {
+  using type = float;
+};
+template <>
+struct AccType<double> {
+  using type = double;
+};
+template <typename T>
+using acc_t_of = typename AccType<T>::type;
+
+}  // namespace dev
+}  // namespace gpuopt

@@ -1,0 +1,155 @@
+// Device helpers shared by the kernels: groups of 8 elements (one Philox call, DESIGN.md) loaded and stored as
+// 16-byte vectors when aligned, deterministic warp and row sums, dropout keep bits. Raw pointers only.
+#pragma once
+#include <cstdint>
+
+#include "cuda/device.cuh"
+#include "fused_math.h"
+#include "philox.h"
+
+namespace gpuopt {
+namespace dev {
+
+constexpr int kGroup = 8;     // elements per group: one Philox call, one or more 16-byte vectors
+constexpr int kWarpSize = 32;
+
+GPUOPT_HOST_DEV int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+GPUOPT_HOST_DEV int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// Loads the group of 8 elements at p, `valid` of which exist (the rest read as 0), into acc_t registers.
+// vec: p is 16-byte aligned and all 8 exist, so the group is sizeof(T) / 2 16-byte loads.
+template <typename T, typename A>
+GPUOPT_DEV void load_group(const T* __restrict__ p, int valid, bool vec, A (&v)[kGroup]) {
+  if (vec) {
+    constexpr int kWords = kGroup * sizeof(T) / 16;
+    uint4 raw[kWords];
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) raw[w] = load16(reinterpret_cast<const char*>(p) + 16 * w);
+    T s[kGroup];
+    memcpy(s, raw, sizeof(s));  // a register move, not a copy through memory
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) v[j] = to_acc(s[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) v[j] = j < valid ? to_acc(p[j]) : A(0);
+  }
+}
+
+// The raw storage of a group (rows kept in registers stay in their 16-bit form: half the registers of fp32).
+template <typename T>
+struct Group {
+  T v[kGroup];
+};
+
+template <typename T>
+GPUOPT_DEV void load_raw_group(const T* __restrict__ p, int valid, bool vec, Group<T>& g) {
+  if (vec) {
+    constexpr int kWords = kGroup * sizeof(T) / 16;
+    uint4 raw[kWords];
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) raw[w] = load16(reinterpret_cast<const char*>(p) + 16 * w);
+    memcpy(g.v, raw, sizeof(raw));
+  } else {
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) g.v[j] = j < valid ? p[j] : from_acc<T>(acc_t_of<T>(0));
+  }
+}
+
+template <typename T, typename A>
+GPUOPT_DEV void store_group(T* __restrict__ p, int valid, bool vec, const A (&v)[kGroup]) {
+  T s[kGroup];
+#pragma unroll
+  for (int j = 0; j < kGroup; ++j) s[j] = from_acc<T>(v[j]);
+  if (vec) {
+    constexpr int kWords = kGroup * sizeof(T) / 16;
+    uint4 raw[kWords];
+    memcpy(raw, s, sizeof(raw));
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) store16(reinterpret_cast<char*>(p) + 16 * w, raw[w]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j)
+      if (j < valid) p[j] = s[j];
+  }
+}
+
+// A weight or bias group; p == nullptr (no weight / bias) gives `absent` everywhere.
+template <typename T, typename A>
+GPUOPT_DEV void load_param_group(const T* __restrict__ p, int64_t c0, int valid, bool vec, A absent,
+                                 A (&v)[kGroup]) {
+  if (p == nullptr) {
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) v[j] = absent;
+  } else {
+    load_group(p + c0, valid, vec, v);
+  }
+}
+
+// Butterfly sum over the 32 lanes: every lane ends with bitwise the same value (a + b == b + a exactly).
+template <typename A>
+GPUOPT_DEV A warp_sum(A v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over the blockDim.x threads of a row (a multiple of 32); every thread of the row gets it. One warp per
+// row needs no shared memory; more warps (then blockDim.y == 1) meet in `shared`, >= 32 values per sum. The
+// caller alternates between two such buffers on consecutive calls, so no trailing barrier is needed: a buffer
+// is rewritten only after the barrier of the call in between, which every thread passes after reading it.
+template <typename A>
+GPUOPT_DEV A row_sum(A v, A* shared) {
+  v = warp_sum(v);
+  if (blockDim.x == kWarpSize) return v;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x / kWarpSize) ? shared[lane] : A(0);
+  return warp_sum(v);
+}
+
+// Two sums at once (one barrier); `shared` holds >= 64 values per call, alternated like row_sum's.
+template <typename A>
+GPUOPT_DEV void row_sum2(A& a, A& b, A* shared) {
+  a = warp_sum(a);
+  b = warp_sum(b);
+  if (blockDim.x == kWarpSize) return;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  if (lane == 0) {
+    shared[warp] = a;
+    shared[kWarpSize + warp] = b;
+  }
+  __syncthreads();
+  const bool in = lane < static_cast<int>(blockDim.x / kWarpSize);
+  a = warp_sum(in ? shared[lane] : A(0));
+  b = warp_sum(in ? shared[kWarpSize + lane] : A(0));
+}
+
+// Keep bits (bit j <=> element idx0 + j kept) of the group of 8 elements at linear index idx0, `valid` of them.
+// With N % 8 == 0 a group starts at a multiple of 8 and is exactly one Philox call; otherwise each element
+// takes its lane from its own call. No RNG at p = 0 (threshold 0) or p = 1 (threshold 65536).
+GPUOPT_DEV uint32_t keep_bits(int64_t seed, int64_t idx0, int valid, uint32_t threshold, bool one_call) {
+  if (threshold == 0u) return 0xffu;
+  if (threshold >= 65536u) return 0u;
+  uint32_t bits = 0;
+  if (one_call) {
+    const Philox4x32 r = dropout_group_random(seed, idx0 >> 3);
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) bits |= static_cast<uint32_t>(dropout_keep(philox_lane(r, j), threshold)) << j;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j)
+      if (j < valid) bits |= static_cast<uint32_t>(dropout_keep(dropout_uniform16(seed, idx0 + j), threshold)) << j;
+  }
+  return bits;
+}
+
+// The seed is read on the device (no host sync, so CUDA graphs capture the op), and only when the RNG runs.
+GPUOPT_DEV int64_t read_seed(const int64_t* __restrict__ seed, uint32_t threshold) {
+  return (threshold != 0u && threshold < 65536u) ? seed[0] : int64_t(0);
+}
+
+GPUOPT_HOST_DEV bool is_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace dev
+}  // namespace gpuopt

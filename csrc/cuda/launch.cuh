@@ -1,0 +1,295 @@
+// Host side of the CUDA ops on raw buffers: picks each kernel and its launch shape (launch_config.h) and issues
+// the launches through a Launcher, so the same code drives the GPU (csrc/cuda/fused_ops.cu) and the CPU
+// emulation of the CUDA execution model (tests/cuda_emu). A Launcher provides
+//   int sm_count();
+//   template <class P> int blocks_per_sm(void (*kernel)(P), int threads);   // occupancy, cached by the caller
+//   template <class P> void run(const char* name, void (*kernel)(P), dim3 grid, dim3 block, int max_threads, const P&);
+//   template <class T> T* scratch(int64_t count);                          // device memory alive until the op returns
+// No ATen here.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/bias_relu_kernels.cuh"
+#include "cuda/column_sums.cuh"
+#include "cuda/launch_config.h"
+#include "cuda/ldr_kernels.cuh"
+#include "fused_math.h"
+
+namespace gpuopt {
+namespace cuda {
+
+enum class DType { kFloat16, kBFloat16, kFloat32, kFloat64 };
+
+template <typename T>
+struct Tag {
+  using type = T;
+};
+
+// Calls f(Tag<storage type>) for dtype.
+template <typename F>
+void dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat16: return f(Tag<dev::half_t>{});
+    case DType::kBFloat16: return f(Tag<dev::bfloat16_t>{});
+    case DType::kFloat32: return f(Tag<float>{});
+    case DType::kFloat64: return f(Tag<double>{});
+  }
+  throw std::runtime_error("gpuopt: internal error: unknown dtype");
+}
+
+// Calls f(Tag<x type>, Tag<param type>); params have x's dtype or fp32 (DESIGN.md).
+template <typename F>
+void dispatch_ldr_dtypes(DType x, DType param, F&& f) {
+  dispatch_dtype(x, [&](auto xt) {
+    using S = typename decltype(xt)::type;
+    if (param == DType::kFloat32) {
+      f(xt, Tag<float>{});
+    } else {
+      f(xt, Tag<S>{});
+    }
+  });
+}
+
+inline bool aligned16_or_null(const void* p) { return p == nullptr || dev::is_aligned16(p); }
+
+struct LdrForwardBuffers {
+  const void* x;
+  const void* weight;  // nullptr: none
+  const void* bias;    // nullptr: none
+  const int64_t* seed;
+  void* out;
+  void* mean;  // accumulation dtype
+  void* rstd;
+  int64_t M, N;
+  DType x_dtype, param_dtype;
+  double eps;
+  DropoutParams dropout;
+};
+
+struct LdrBackwardBuffers {
+  const void* grad_out;
+  const void* x;
+  const void* weight;
+  const void* bias;
+  const void* mean;
+  const void* rstd;
+  const int64_t* seed;
+  void* grad_x;
+  void* grad_weight;  // param dtype, (N,); nullptr when there is no weight
+  void* grad_bias;
+  int64_t M, N;  // M > 0
+  DType x_dtype, param_dtype;
+  DropoutParams dropout;
+};
+
+struct BiasReluBuffers {
+  const void* x;
+  const void* bias;
+  void* out;
+  int64_t M, N;
+  DType x_dtype, bias_dtype;  // bias: x's dtype or fp32
+};
+
+struct BiasReluBackwardBuffers {
+  const void* grad_out;
+  const void* out;
+  void* grad_x;
+  void* grad_bias;  // accumulation dtype (N,)
+  int64_t M, N;     // M > 0
+  DType dtype;
+};
+
+// The kernel pointer of ldr_forward_rows_kernel / ldr_backward_rows_kernel for a runtime VPT.
+template <typename S, typename P, typename A>
+auto ldr_forward_rows(int vpt) -> void (*)(dev::LdrForwardParams<S, P, A>) {
+  switch (vpt) {
+    case 1: return dev::ldr_forward_rows_kernel<S, P, A, 1>;
+    case 2: return dev::ldr_forward_rows_kernel<S, P, A, 2>;
+    default: return dev::ldr_forward_rows_kernel<S, P, A, 4>;
+  }
+}
+
+template <typename S, typename P, typename A>
+auto ldr_backward_rows(int vpt) -> void (*)(dev::LdrBackwardParams<S, P, A>) {
+  if constexpr (ldr_rows_max_vpt(true, sizeof(S)) < 4) {
+    return vpt == 1 ? dev::ldr_backward_rows_kernel<S, P, A, 1> : dev::ldr_backward_rows_kernel<S, P, A, 2>;
+  } else {
+    switch (vpt) {
+      case 1: return dev::ldr_backward_rows_kernel<S, P, A, 1>;
+      case 2: return dev::ldr_backward_rows_kernel<S, P, A, 2>;
+      default: return dev::ldr_backward_rows_kernel<S, P, A, 4>;
+    }
+  }
+}
+
+template <class Launcher>
+void run_ldr_forward(const LdrForwardBuffers& b, Launcher& launcher) {
+  dispatch_ldr_dtypes(b.x_dtype, b.param_dtype, [&](auto st, auto pt) {
+    using S = typename decltype(st)::type;
+    using P = typename decltype(pt)::type;
+    using A = dev::acc_t_of<S>;
+    dev::LdrForwardParams<S, P, A> p;
+    p.x = static_cast<const S*>(b.x);
+    p.weight = static_cast<const P*>(b.weight);
+    p.bias = static_cast<const P*>(b.bias);
+    p.seed = b.seed;
+    p.out = static_cast<S*>(b.out);
+    p.mean = static_cast<A*>(b.mean);
+    p.rstd = static_cast<A*>(b.rstd);
+    p.M = b.M;
+    p.N = b.N;
+    p.eps = static_cast<A>(b.eps);
+    p.scale = static_cast<A>(b.dropout.scale);
+    p.threshold = b.dropout.threshold;
+    p.x_vec = b.N % kGroupSize == 0 && dev::is_aligned16(b.x) && dev::is_aligned16(b.out);
+    p.p_vec = b.N % kGroupSize == 0 && aligned16_or_null(b.weight) && aligned16_or_null(b.bias);
+    const RowsPlan plan = plan_ldr_rows(b.M, b.N, sizeof(S), /*backward=*/false);
+    if (plan.rows) {
+      auto kernel = ldr_forward_rows<S, P, A>(plan.vpt);
+      const dim3 block(plan.threads_x, plan.rows_per_block);
+      const int per_sm = launcher.blocks_per_sm(kernel, plan.threads_x * plan.rows_per_block);
+      const int64_t grid = persistent_grid(plan.blocks_needed, per_sm, launcher.sm_count());
+      launcher.run("ldr_forward_rows_kernel", kernel, dim3(static_cast<unsigned>(grid)), block, plan.max_threads, p);
+    } else {
+      auto kernel = dev::ldr_forward_looped_kernel<S, P, A>;
+      const int per_sm = launcher.blocks_per_sm(kernel, kLoopedThreads);
+      const int64_t grid = persistent_grid(b.M, per_sm, launcher.sm_count());
+      launcher.run("ldr_forward_looped_kernel", kernel, dim3(static_cast<unsigned>(grid)), dim3(kLoopedThreads),
+                   kLoopedThreads, p);
+    }
+  });
+}
+
+// Stage 2 of the column sums: up to two (partial, out) pairs in one launch.
+template <typename A, typename O, class Launcher>
+void run_column_sums(const A* partial0, O* out0, const A* partial1, O* out1, int64_t G, int64_t N, int64_t ldp,
+                     Launcher& launcher) {
+  if (partial0 == nullptr) {
+    partial0 = partial1;
+    out0 = out1;
+    partial1 = nullptr;
+    out1 = nullptr;
+  }
+  if (partial0 == nullptr) return;
+  dev::ColumnSumParams<A, O> p;
+  p.partial0 = partial0;
+  p.out0 = out0;
+  p.partial1 = partial1;
+  p.out1 = out1;
+  p.G = G;
+  p.N = N;
+  p.ldp = ldp;
+  const unsigned sums = partial1 != nullptr ? 2u : 1u;
+  const int64_t tiles = column_sum_blocks(N);
+  if (tiles > 2147483647LL) throw std::runtime_error("gpuopt: N = " + std::to_string(N) + " is too large for the CUDA grid");
+  launcher.run("column_sum_kernel", dev::column_sum_kernel<A, O>, dim3(static_cast<unsigned>(tiles), sums),
+               dim3(kColumnSumTile, kColumnSumTile), kColumnSumTile * kColumnSumTile, p);
+}
+
+template <class Launcher>
+void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
+  dispatch_ldr_dtypes(b.x_dtype, b.param_dtype, [&](auto st, auto pt) {
+    using S = typename decltype(st)::type;
+    using P = typename decltype(pt)::type;
+    using A = dev::acc_t_of<S>;
+    dev::LdrBackwardParams<S, P, A> p;
+    p.grad_out = static_cast<const S*>(b.grad_out);
+    p.x = static_cast<const S*>(b.x);
+    p.weight = static_cast<const P*>(b.weight);
+    p.bias = static_cast<const P*>(b.bias);
+    p.mean = static_cast<const A*>(b.mean);
+    p.rstd = static_cast<const A*>(b.rstd);
+    p.seed = b.seed;
+    p.grad_x = static_cast<S*>(b.grad_x);
+    p.row_stats = nullptr;
+    p.M = b.M;
+    p.N = b.N;
+    p.ldp = partial_stride(b.N);
+    p.scale = static_cast<A>(b.dropout.scale);
+    p.threshold = b.dropout.threshold;
+    p.x_vec = b.N % kGroupSize == 0 && dev::is_aligned16(b.x) && dev::is_aligned16(b.grad_out) &&
+              dev::is_aligned16(b.grad_x);
+    p.p_vec = b.N % kGroupSize == 0 && aligned16_or_null(b.weight) && aligned16_or_null(b.bias);
+    const int sms = launcher.sm_count();
+    const RowsPlan plan = plan_ldr_rows(b.M, b.N, sizeof(S), /*backward=*/true);
+    int64_t G = 0;
+    auto alloc_partials = [&] {
+      p.partial_w = b.grad_weight != nullptr ? launcher.template scratch<A>(G * p.ldp) : nullptr;
+      p.partial_b = b.grad_bias != nullptr ? launcher.template scratch<A>(G * p.ldp) : nullptr;
+    };
+    if (plan.rows) {
+      auto kernel = ldr_backward_rows<S, P, A>(plan.vpt);
+      const int per_sm = launcher.blocks_per_sm(kernel, plan.threads_x * plan.rows_per_block);
+      G = persistent_grid(plan.blocks_needed, per_sm, sms);
+      alloc_partials();
+      launcher.run("ldr_backward_rows_kernel", kernel, dim3(static_cast<unsigned>(G)),
+                   dim3(plan.threads_x, plan.rows_per_block), plan.max_threads, p);
+    } else {
+      p.row_stats = launcher.template scratch<A>(2 * b.M);
+      auto stats = dev::ldr_backward_row_stats_kernel<S, P, A>;
+      const int64_t stats_grid = persistent_grid(b.M, launcher.blocks_per_sm(stats, kLoopedThreads), sms);
+      auto tiled = dev::ldr_backward_tiled_kernel<S, P, A>;
+      const TilePlan t = plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(tiled, kTiledThreads)) * sms);
+      G = t.row_blocks;
+      alloc_partials();
+      launcher.run("ldr_backward_row_stats_kernel", stats, dim3(static_cast<unsigned>(stats_grid)),
+                   dim3(kLoopedThreads), kLoopedThreads, p);
+      launcher.run("ldr_backward_tiled_kernel", tiled,
+                   dim3(static_cast<unsigned>(t.col_tiles), static_cast<unsigned>(t.row_blocks)), dim3(t.tx, t.ty),
+                   kTiledThreads, p);
+    }
+    run_column_sums<A, P>(p.partial_w, static_cast<P*>(b.grad_weight), p.partial_b, static_cast<P*>(b.grad_bias), G,
+                          b.N, p.ldp, launcher);
+  });
+}
+
+template <class Launcher>
+void run_bias_relu(const BiasReluBuffers& b, Launcher& launcher) {
+  dispatch_ldr_dtypes(b.x_dtype, b.bias_dtype, [&](auto st, auto bt) {
+    using S = typename decltype(st)::type;
+    using B = typename decltype(bt)::type;
+    dev::BiasReluParams<S, B> p;
+    p.x = static_cast<const S*>(b.x);
+    p.bias = static_cast<const B*>(b.bias);
+    p.out = static_cast<S*>(b.out);
+    p.M = b.M;
+    p.N = b.N;
+    p.x_vec = b.N % kGroupSize == 0 && dev::is_aligned16(b.x) && dev::is_aligned16(b.out);
+    p.b_vec = b.N % kGroupSize == 0 && dev::is_aligned16(b.bias);
+    auto kernel = dev::bias_relu_forward_kernel<S, B>;
+    const TilePlan t = plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
+    launcher.run("bias_relu_forward_kernel", kernel,
+                 dim3(static_cast<unsigned>(t.col_tiles), static_cast<unsigned>(t.row_blocks)), dim3(t.tx, t.ty),
+                 kTiledThreads, p);
+  });
+}
+
+template <class Launcher>
+void run_bias_relu_backward(const BiasReluBackwardBuffers& b, Launcher& launcher) {
+  dispatch_dtype(b.dtype, [&](auto st) {
+    using S = typename decltype(st)::type;
+    using A = dev::acc_t_of<S>;
+    dev::BiasReluBackwardParams<S> p;
+    p.grad_out = static_cast<const S*>(b.grad_out);
+    p.out = static_cast<const S*>(b.out);
+    p.grad_x = static_cast<S*>(b.grad_x);
+    p.M = b.M;
+    p.N = b.N;
+    p.ldp = partial_stride(b.N);
+    p.x_vec = b.N % kGroupSize == 0 && dev::is_aligned16(b.grad_out) && dev::is_aligned16(b.out) &&
+              dev::is_aligned16(b.grad_x);
+    auto kernel = dev::bias_relu_backward_kernel<S>;
+    const TilePlan t = plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
+    p.partial = launcher.template scratch<A>(t.row_blocks * p.ldp);
+    launcher.run("bias_relu_backward_kernel", kernel,
+                 dim3(static_cast<unsigned>(t.col_tiles), static_cast<unsigned>(t.row_blocks)), dim3(t.tx, t.ty),
+                 kTiledThreads, p);
+    run_column_sums<A, A>(p.partial, static_cast<A*>(b.grad_bias), nullptr, nullptr, t.row_blocks, b.N, p.ldp,
+                          launcher);
+  });
+}
+
+}  // namespace cuda
+}  // namespace gpuopt

@@ -1,0 +1,128 @@
+// The four gpuopt ops, with their real schemas under the namespace gpuopt_emu, running the CUDA backend's own
+// glue (csrc/cuda/ops_glue.h), launch sequence (launch.cuh) and kernel headers on the CPU under tests/cuda_emu's
+// emulation of the CUDA execution model. Outputs and scratch start poisoned (0xFF: NaN), and the guards of every
+// buffer are checked after every launch. Test-only.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cuda/launch.cuh"
+#include "cuda/ops_glue.h"
+#include "cuda_emu.h"
+
+namespace gpuopt {
+namespace {
+
+// The emulated device: few SMs and a low occupancy cap, so modest row counts already exceed the persistent
+// grid and every grid-stride loop runs more than once. Set from the tests with gpuopt_emu::configure.
+struct EmulatedDevice {
+  int sm_count = 4;
+  int max_blocks_per_sm = 2;
+};
+EmulatedDevice& device() {
+  static EmulatedDevice d;
+  return d;
+}
+
+// The Launcher of launch.cuh on the emulator.
+struct EmuLauncher {
+  std::vector<std::unique_ptr<gpuopt_emu::DeviceBuffer>> scratch_buffers;
+
+  int sm_count() const { return device().sm_count; }
+
+  // Occupancy model: the 2048 threads of an SM, at most 32 blocks, capped by the emulated device.
+  template <class P>
+  int blocks_per_sm(void (*)(P), int threads) const {
+    return std::max(1, std::min({device().max_blocks_per_sm, 2048 / std::max(threads, 1), 32}));
+  }
+
+  template <class P>
+  void run(const char* name, void (*kernel)(P), dim3 grid, dim3 block, int max_threads, const P& params) {
+    gpuopt_emu::launch_kernel(name, grid, block, max_threads, kernel, params);
+  }
+
+  template <class T>
+  T* scratch(int64_t count) {
+    scratch_buffers.push_back(std::make_unique<gpuopt_emu::DeviceBuffer>(
+        "scratch" + std::to_string(scratch_buffers.size()), static_cast<size_t>(count) * sizeof(T)));
+    return scratch_buffers.back()->data_as<T>();
+  }
+};
+
+// The emulator Backend of ops_glue.h: every input mirrored into a guarded "device" buffer at the same address
+// modulo 256 (an unaligned view stays unaligned), every output a poisoned buffer copied back by finish().
+struct EmuBackend {
+  std::vector<std::unique_ptr<gpuopt_emu::DeviceBuffer>> buffers;
+  std::vector<std::pair<gpuopt_emu::DeviceBuffer*, at::Tensor>> outputs;
+  EmuLauncher launch;
+
+  explicit EmuBackend(const at::Tensor&) {}
+  const void* in(const char* name, const at::Tensor& t) {
+    if (!t.defined()) return nullptr;
+    buffers.push_back(std::make_unique<gpuopt_emu::DeviceBuffer>(name, t.data_ptr(), t.nbytes()));
+    return buffers.back()->data();
+  }
+  void* out(const char* name, const at::Tensor& t) {
+    buffers.push_back(std::make_unique<gpuopt_emu::DeviceBuffer>(name, t.nbytes()));
+    outputs.emplace_back(buffers.back().get(), t);
+    return buffers.back()->data();
+  }
+  EmuLauncher& launcher() { return launch; }
+  void finish() {
+    for (auto& [buf, t] : outputs)
+      if (t.nbytes() > 0) buf->copy_to_host(t.data_ptr(), t.nbytes());
+  }
+};
+
+// Sets the emulated device (SM count, occupancy cap); returns the previous [sm_count, max_blocks_per_sm].
+std::vector<int64_t> configure(int64_t sm_count, int64_t max_blocks_per_sm) {
+  TORCH_CHECK(sm_count >= 1 && max_blocks_per_sm >= 1, "gpuopt_emu.configure: both must be >= 1");
+  std::vector<int64_t> old{device().sm_count, device().max_blocks_per_sm};
+  device().sm_count = static_cast<int>(sm_count);
+  device().max_blocks_per_sm = static_cast<int>(max_blocks_per_sm);
+  return old;
+}
+
+// The launches since the last call, "kernel grid=(x,y,z) block=(x,y,z)", and clears the log.
+std::vector<std::string> take_launches() {
+  std::vector<std::string> out;
+  for (const auto& r : gpuopt_emu::launch_log()) {
+    out.push_back(r.kernel + " grid=(" + std::to_string(r.grid.x) + "," + std::to_string(r.grid.y) + "," +
+                  std::to_string(r.grid.z) + ") block=(" + std::to_string(r.block.x) + "," +
+                  std::to_string(r.block.y) + "," + std::to_string(r.block.z) + ")");
+  }
+  gpuopt_emu::clear_launch_log();
+  return out;
+}
+
+}  // namespace
+}  // namespace gpuopt
+
+// Same schemas as csrc/ops.cpp (tests/test_cuda_emulated.py checks they stay equal).
+TORCH_LIBRARY(gpuopt_emu, m) {
+  m.def(
+      "layer_norm_dropout_relu(Tensor x, Tensor? weight, Tensor? bias, Tensor seed, float p, float eps)"
+      " -> (Tensor out, Tensor mean, Tensor rstd)");
+  m.def(
+      "layer_norm_dropout_relu_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, Tensor mean,"
+      " Tensor rstd, Tensor seed, float p) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
+  m.def("bias_relu(Tensor x, Tensor bias) -> Tensor");
+  m.def("bias_relu_backward(Tensor grad_out, Tensor out) -> (Tensor grad_x, Tensor grad_bias)");
+  m.def("configure(int sm_count, int max_blocks_per_sm) -> int[]", &gpuopt::configure);
+  m.def("take_launches() -> str[]", &gpuopt::take_launches);
+}
+
+TORCH_LIBRARY_IMPL(gpuopt_emu, CPU, m) {
+  m.impl("layer_norm_dropout_relu", &gpuopt::ldr_forward_op<gpuopt::EmuBackend>);
+  m.impl("layer_norm_dropout_relu_backward", &gpuopt::ldr_backward_op<gpuopt::EmuBackend>);
+  m.impl("bias_relu", &gpuopt::bias_relu_op<gpuopt::EmuBackend>);
+  m.impl("bias_relu_backward", &gpuopt::bias_relu_backward_op<gpuopt::EmuBackend>);
+}

@@ -1,0 +1,267 @@
+"""The CUDA backend's own kernel source, run on the CPU under tests/cuda_emu's emulation of the CUDA execution
+model (blocks of fibers, strict barriers and shuffles, poisoned shared memory and outputs, guarded buffers,
+checked 16-byte accesses, GPU launch limits). This proves indexing, reductions, masks, bounds and barriers of
+csrc/cuda before any GPU runs them; it proves nothing about timing or the memory model."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import gpuopt_ops  # noqa: F401
+from gpuopt_ops import reference as R
+
+from cuda_emu.build import load_extension
+from helpers import (FLOORS, assert_close_to_reference, check_bias_relu_against_reference,
+                     check_fp64_dropout_precision, ldr_reference_and_grads, seed_tensor)
+
+pytestmark = pytest.mark.cuda_emulated
+
+ROOT = Path(__file__).resolve().parent.parent
+cpu = torch.ops.gpuopt
+
+ALL_N = [1, 7, 8, 33, 256, 257, 768, 1000, 1024, 4104, 8192, 8200, 16384, 65536, 65544, 131072]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+
+@pytest.fixture(scope="module")
+def emu():
+    load_extension("gpuopt_cuda_emulated", [ROOT / "tests" / "cuda_emu" / "emulated_ops.cpp", ROOT / "csrc" / "checks.cpp"])
+    ops = torch.ops.gpuopt_emu
+    ops.take_launches()
+    return ops
+
+
+@pytest.fixture
+def small_device(emu):
+    """A 4-SM device with at most 2 resident blocks per SM (the default): grids of at most 8 blocks."""
+    old = emu.configure(4, 2)
+    yield emu
+    emu.configure(*old)
+
+
+def unaligned(t):
+    """A contiguous copy of t whose data pointer is one element past a 16-byte boundary."""
+    flat = torch.empty(t.numel() + 8, dtype=t.dtype)
+    assert flat.data_ptr() % 16 == 0
+    v = flat[1:1 + t.numel()].view(t.shape)
+    v.copy_(t)
+    assert v.is_contiguous() and v.data_ptr() % 16 != 0
+    return v
+
+
+def inputs(m, n, dtype, params="x", seed=0, w_scale=1.0):
+    """x (m, n) and weight / bias of dtype x's (`params="x"`), fp32 ("fp32") or none ("none")."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, n, generator=g, dtype=torch.float64) * 2 + 0.5).to(dtype)
+    if params == "none":
+        return x, None, None
+    pd = torch.float32 if params == "fp32" else dtype
+    w = (w_scale * (1 + 0.5 * torch.randn(n, generator=g, dtype=torch.float64))).to(pd)
+    b = (0.3 * torch.randn(n, generator=g, dtype=torch.float64)).to(pd)
+    return x, w, b
+
+
+def run_ldr(ops, x, w, b, seed, p, g, eps=1e-5):
+    out, mean, rstd = ops.layer_norm_dropout_relu(x, w, b, seed, p, eps)
+    gx, gw, gb = ops.layer_norm_dropout_relu_backward(g, x, w, b, mean, rstd, seed, p)
+    return out, mean, rstd, gx, gw, gb
+
+
+def check_ldr(ops, m, n, dtype, params, p, *, x_unaligned=False, params_unaligned=False, seed=1234):
+    x, w, b = inputs(m, n, dtype, params, seed=n % 97)
+    g = torch.randn(m, n, generator=torch.Generator().manual_seed(7), dtype=torch.float64).to(dtype)
+    if x_unaligned:
+        x, g = unaligned(x), unaligned(g)
+    if params_unaligned and w is not None:
+        w, b = unaligned(w), unaligned(b)
+    s = seed_tensor(seed)
+    out, mean, rstd, gx, gw, gb = run_ldr(ops, x, w, b, s, p, g)
+    assert out.dtype == dtype and out.shape == x.shape and mean.shape == (m,)
+    for name, t in [("out", out), ("mean", mean), ("rstd", rstd), ("grad_x", gx), ("grad_weight", gw),
+                    ("grad_bias", gb)]:
+        assert not t.isnan().any(), f"{name} has NaN: a poisoned (never written) element or an out-of-bounds read"
+    # the dropout mask is the CPU op's, bit for bit (compared as integers, never through floats)
+    ones = torch.ones(n, dtype=w.dtype if w is not None else dtype)
+    mask_emu = ops.layer_norm_dropout_relu(x, ones * 0, ones, s, p, 1e-5)[0] != 0
+    mask_cpu = cpu.layer_norm_dropout_relu(x, ones * 0, ones, s, p, 1e-5)[0] != 0
+    assert torch.equal(mask_emu.to(torch.int32), mask_cpu.to(torch.int32)), "dropout mask differs from the CPU op"
+    ref, (rgx, rgw, rgb) = ldr_reference_and_grads(x, w, b, s, p, 1e-5, g, torch.float64)
+    low, (lgx, lgw, lgb) = ldr_reference_and_grads(x, w, b, s, p, 1e-5, g, dtype)
+    fl = FLOORS[dtype]
+    assert_close_to_reference("out", out, ref, low, fl)
+    assert_close_to_reference("grad_x", gx, rgx, lgx, fl)
+    if w is not None:
+        assert gw.dtype == w.dtype and gb.dtype == b.dtype
+        assert_close_to_reference("grad_weight", gw, rgw, lgw, fl * m)
+        assert_close_to_reference("grad_bias", gb, rgb, lgb, fl * m)
+    else:
+        assert gw.numel() == 0 and gb.numel() == 0
+    return out, gx, gw, gb
+
+
+def test_schemas_are_the_real_ones(emu):
+    for name in ["layer_norm_dropout_relu", "layer_norm_dropout_relu_backward", "bias_relu", "bias_relu_backward"]:
+        real = str(getattr(cpu, name).default._schema).replace("gpuopt::", "")
+        ours = str(getattr(emu, name).default._schema).replace("gpuopt_emu::", "")
+        assert ours == real
+
+
+# --------------------------------------------------------------------------------------- layer_norm_dropout_relu
+@pytest.mark.parametrize("n", ALL_N)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ldr_every_n(small_device, n, dtype):
+    m = 3 if n >= 16384 else 9
+    check_ldr(small_device, m, n, dtype, "x", 0.3)
+
+
+@pytest.mark.parametrize("n", [33, 768, 4104, 8200])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("params", ["none", "x", "fp32"])
+@pytest.mark.parametrize("p", [0.0, 0.3, 1.0])
+def test_ldr_dtypes_params_p(small_device, n, dtype, params, p):
+    if params == "fp32" and dtype in (torch.float32, torch.float64):
+        pytest.skip("fp32 params are x's dtype (fp32) or not allowed (fp64)")
+    out, gx, gw, gb = check_ldr(small_device, 5, n, dtype, params, p)
+    if p == 1.0:
+        assert torch.equal(out, torch.zeros_like(out)) and torch.equal(gx, torch.zeros_like(gx))
+
+
+@pytest.mark.parametrize("n", [768, 1000, 8192, 65544])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_ldr_unaligned_views(small_device, n, dtype):
+    """x (and grad_out) one element past a 16-byte boundary, and weight / bias as unaligned views: the scalar-load
+    path (the emulator aborts on any misaligned 16-byte access) with one Philox call per 8 elements."""
+    m = 3 if n > 8192 else 6
+    check_ldr(small_device, m, n, dtype, "x", 0.3, x_unaligned=True)
+    check_ldr(small_device, m, n, dtype, "x", 0.3, params_unaligned=True)
+
+
+@pytest.mark.parametrize("m,n", [(1, 768), (3, 768), (77, 256), (70, 1024), (21, 4096), (19, 16384), (10, 40000)])
+def test_ldr_rows_more_than_grid(small_device, m, n):
+    """M = 1, 3 and more rows than the 8-block persistent grid holds: every grid-stride loop runs several times."""
+    check_ldr(small_device, m, n, torch.float32, "x", 0.3)
+    launches = small_device.take_launches()
+    assert launches and all("grid=(" in s for s in launches)
+    grid_x = [int(s.split("grid=(")[1].split(",")[0]) for s in launches if "ldr_forward" in s]
+    assert max(grid_x) <= 8
+
+
+def test_ldr_paths_taken(small_device):
+    """Short rows take one warp a row, mid rows a block a row in registers, long rows the looped kernels."""
+    def kernels(n, dtype=torch.float32):
+        small_device.take_launches()
+        run_ldr(small_device, *inputs(4, n, dtype), seed_tensor(1), 0.3, torch.ones(4, n, dtype=dtype))
+        return [s.split(" ")[0] + " " + s.split("block=")[1] for s in small_device.take_launches()]
+
+    assert kernels(768) == ["ldr_forward_rows_kernel (32,4,1)", "ldr_backward_rows_kernel (32,4,1)",
+                            "column_sum_kernel (32,32,1)"]
+    assert kernels(8192) == ["ldr_forward_rows_kernel (256,1,1)", "ldr_backward_rows_kernel (256,1,1)",
+                             "column_sum_kernel (32,32,1)"]
+    assert kernels(16384, torch.bfloat16)[0] == "ldr_forward_rows_kernel (512,1,1)"
+    assert kernels(65536) == ["ldr_forward_looped_kernel (512,1,1)", "ldr_backward_row_stats_kernel (512,1,1)",
+                              "ldr_backward_tiled_kernel (32,8,1)", "column_sum_kernel (32,32,1)"]
+
+
+def test_ldr_column_sums_deterministic(small_device):
+    for n in [768, 8192, 40000]:
+        x, w, b = inputs(40, n, torch.float32)
+        g = torch.randn(40, n)
+        a = run_ldr(small_device, x, w, b, seed_tensor(5), 0.3, g)
+        c = run_ldr(small_device, x, w, b, seed_tensor(5), 0.3, g)
+        for u, v in zip(a, c):
+            assert torch.equal(u, v)
+
+
+def test_ldr_block_order_independent(small_device, monkeypatch):
+    """Blocks run in reverse order give the same bits: no kernel depends on the order blocks run in."""
+    x, w, b = inputs(50, 1000, torch.bfloat16, "fp32")
+    g = torch.randn(50, 1000).to(torch.bfloat16)
+    a = run_ldr(small_device, x, w, b, seed_tensor(9), 0.3, g)
+    monkeypatch.setenv("GPUOPT_EMU_BLOCK_ORDER", "reverse")
+    c = run_ldr(small_device, x, w, b, seed_tensor(9), 0.3, g)
+    for u, v in zip(a, c):
+        assert torch.equal(u, v)
+
+
+def test_ldr_fp64_dropout_precision(emu):
+    check_fp64_dropout_precision(emu.layer_norm_dropout_relu, emu.layer_norm_dropout_relu_backward, "cpu")
+
+
+def test_ldr_h200_sized_device(emu):
+    """The grid an H200 gets (132 SMs): every block of the first wave has rows, the stage-2 sum takes them all."""
+    old = emu.configure(132, 8)
+    try:
+        check_ldr(emu, 600, 256, torch.bfloat16, "fp32", 0.1)
+    finally:
+        emu.configure(*old)
+
+
+def test_ldr_empty_rows(emu):
+    x = torch.empty(0, 64)
+    w, b = torch.ones(64), torch.zeros(64)
+    out, mean, rstd, gx, gw, gb = run_ldr(emu, x, w, b, seed_tensor(0), 0.3, torch.empty(0, 64))
+    assert out.shape == (0, 64) and mean.shape == (0,) and torch.equal(gw, torch.zeros(64))
+
+
+# ---------------------------------------------------------------------------------------------------- bias_relu
+@pytest.mark.parametrize("n", ALL_N)
+def test_bias_relu_every_n(small_device, n):
+    m = 3 if n >= 16384 else 11
+    check_bias_relu(small_device, m, n, torch.float32, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias_dtype", ["x", "fp32"])
+@pytest.mark.parametrize("n", [7, 768, 8200])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_bias_relu_dtypes(small_device, dtype, bias_dtype, n, aligned):
+    if bias_dtype == "fp32" and dtype == torch.float64:
+        pytest.skip("fp64 x takes an fp64 bias")
+    check_bias_relu(small_device, 37, n, dtype, torch.float32 if bias_dtype == "fp32" else dtype, aligned=aligned)
+
+
+def check_bias_relu(ops, m, n, dtype, bias_dtype, aligned=True):
+    g0 = torch.Generator().manual_seed(n)
+    x = torch.randn(m, n, generator=g0, dtype=torch.float64).to(dtype)
+    b = torch.randn(n, generator=g0, dtype=torch.float64).to(bias_dtype)
+    g = torch.randn(m, n, generator=g0, dtype=torch.float64).to(dtype)
+    if not aligned:
+        x, b, g = unaligned(x), unaligned(b), unaligned(g)
+    out = ops.bias_relu(x, b)
+    assert torch.equal(out, cpu.bias_relu(x, b)), "bias_relu forward is elementwise: bit-identical to the CPU op"
+    if not aligned:
+        out = unaligned(out)
+    gx, gb = ops.bias_relu_backward(g, out)
+    assert torch.equal(gx, cpu.bias_relu_backward(g, out)[0])
+    check_bias_relu_against_reference(x, b, g, out, gx, gb)
+    gx2, gb2 = ops.bias_relu_backward(g, out)
+    assert torch.equal(gb, gb2), "dbias is deterministic"
+
+
+# ------------------------------------------------------------------------------------- the emulator bites
+@pytest.fixture(scope="module")
+def wrong():
+    load_extension("gpuopt_cuda_emulated_wrong", [ROOT / "tests" / "cuda_emu" / "wrong_kernels.cpp"])
+    return torch.ops.gpuopt_emu_wrong
+
+
+def test_wrong_kernel_write_past_row_end(wrong):
+    with pytest.raises(RuntimeError, match=r"bias_relu_off_by_one wrote 4 bytes past the end of buffer 'out'"):
+        wrong.run("write_past_row_end")
+
+
+def test_wrong_kernel_misaligned_vector_load(wrong):
+    with pytest.raises(RuntimeError, match=r"misaligned 16-byte load"):
+        wrong.run("misaligned_vector_load")
+
+
+def test_wrong_kernel_divergent_syncthreads(wrong):
+    with pytest.raises(RuntimeError, match=r"__syncthreads"):
+        wrong.run("divergent_syncthreads")
+
+
+def test_wrong_kernel_correct_twin_passes(wrong):
+    """The same three kernels without their bug run clean, so the errors above are the bugs' and nothing else."""
+    wrong.run("correct")
