@@ -121,8 +121,8 @@ def test_ldr_every_n(small_device, n, dtype):
 @pytest.mark.parametrize("params", ["none", "x", "fp32"])
 @pytest.mark.parametrize("p", [0.0, 0.3, 1.0])
 def test_ldr_dtypes_params_p(small_device, n, dtype, params, p):
-    if params == "fp32" and dtype in (torch.float32, torch.float64):
-        pytest.skip("fp32 params are x's dtype (fp32) or not allowed (fp64)")
+    if params == "fp32" and dtype == torch.float32:
+        pytest.skip("fp32 params of fp32 x are the 'x' case")
     out, gx, gw, gb = check_ldr(small_device, 5, n, dtype, params, p)
     if p == 1.0:
         assert torch.equal(out, torch.zeros_like(out)) and torch.equal(gx, torch.zeros_like(gx))
@@ -155,11 +155,15 @@ def test_ldr_paths_taken(small_device):
         run_ldr(small_device, *inputs(4, n, dtype), seed_tensor(1), 0.3, torch.ones(4, n, dtype=dtype))
         return [s.split(" ")[0] + " " + s.split("block=")[1] for s in small_device.take_launches()]
 
-    assert kernels(768) == ["ldr_forward_rows_kernel (32,4,1)", "ldr_backward_rows_kernel (32,4,1)",
+    assert kernels(512) == ["ldr_forward_rows_kernel (32,4,1)", "ldr_backward_rows_kernel (32,4,1)",
                             "column_sum_kernel (32,32,1)"]
-    assert kernels(8192) == ["ldr_forward_rows_kernel (256,1,1)", "ldr_backward_rows_kernel (256,1,1)",
+    assert kernels(768) == ["ldr_forward_rows_kernel (32,4,1)", "ldr_backward_rows_kernel (64,1,1)",
+                            "column_sum_kernel (32,32,1)"]
+    assert kernels(8192) == ["ldr_forward_rows_kernel (256,1,1)", "ldr_backward_rows_kernel (512,1,1)",
                              "column_sum_kernel (32,32,1)"]
+    assert kernels(8200)[1] == "ldr_backward_row_stats_kernel (512,1,1)"
     assert kernels(16384, torch.bfloat16)[0] == "ldr_forward_rows_kernel (512,1,1)"
+    assert kernels(4096, torch.float64)[:2] == ["ldr_forward_rows_kernel (128,1,1)", "ldr_backward_row_stats_kernel (512,1,1)"]
     assert kernels(65536) == ["ldr_forward_looped_kernel (512,1,1)", "ldr_backward_row_stats_kernel (512,1,1)",
                               "ldr_backward_tiled_kernel (32,8,1)", "column_sum_kernel (32,32,1)"]
 
@@ -217,8 +221,8 @@ def test_bias_relu_every_n(small_device, n):
 @pytest.mark.parametrize("n", [7, 768, 8200])
 @pytest.mark.parametrize("aligned", [True, False])
 def test_bias_relu_dtypes(small_device, dtype, bias_dtype, n, aligned):
-    if bias_dtype == "fp32" and dtype == torch.float64:
-        pytest.skip("fp64 x takes an fp64 bias")
+    if bias_dtype == "fp32" and dtype == torch.float32:
+        pytest.skip("an fp32 bias of fp32 x is the 'x' case")
     check_bias_relu(small_device, 37, n, dtype, torch.float32 if bias_dtype == "fp32" else dtype, aligned=aligned)
 
 

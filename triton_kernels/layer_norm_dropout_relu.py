@@ -1,7 +1,7 @@
 """Triton kernels of LayerNorm -> Dropout -> ReLU (forward and backward) and their launch helpers.
 
 Pure ``@triton.jit`` code plus plain-Python launchers: no torch.library here (the registrations live in
-gpuopt_ops/triton_ops.py). The math is that of csrc/fused_math.h, the dropout RNG that of ../shared/DESIGN.md:
+gpuopt_ops/triton_ops.py). The math is that of csrc/fused_math.h, the dropout RNG that of docs/DESIGN.md:
 
 - Philox4x32-10 through ``tl.philox(seed, c0, c1, c2, c3)`` with uint32 counters; tl.philox splits the 64-bit
   seed into the key (seed & 0xffffffff, seed >> 32). The seed is loaded inside the kernel from the int64 seed

@@ -1,5 +1,5 @@
 // Host side of the CUDA ops on raw buffers: picks each kernel and its launch shape (launch_config.h) and issues
-// the launches through a Launcher, so the same code drives the GPU (csrc/cuda/fused_ops.cu) and the CPU
+// the launches through a Launcher, so the same code drives the GPU (csrc/cuda/*.cu) and the CPU
 // emulation of the CUDA execution model (tests/cuda_emu). A Launcher provides
 //   int sm_count();
 //   template <class P> int blocks_per_sm(void (*kernel)(P), int threads);   // occupancy, cached by the caller
@@ -113,15 +113,8 @@ auto ldr_forward_rows(int vpt) -> void (*)(dev::LdrForwardParams<S, P, A>) {
 
 template <typename S, typename P, typename A>
 auto ldr_backward_rows(int vpt) -> void (*)(dev::LdrBackwardParams<S, P, A>) {
-  if constexpr (ldr_rows_max_vpt(true, sizeof(S)) < 4) {
-    return vpt == 1 ? dev::ldr_backward_rows_kernel<S, P, A, 1> : dev::ldr_backward_rows_kernel<S, P, A, 2>;
-  } else {
-    switch (vpt) {
-      case 1: return dev::ldr_backward_rows_kernel<S, P, A, 1>;
-      case 2: return dev::ldr_backward_rows_kernel<S, P, A, 2>;
-      default: return dev::ldr_backward_rows_kernel<S, P, A, 4>;
-    }
-  }
+  static_assert(ldr_rows_max_vpt(true) == 2, "instantiate every VPT the plan can pick");
+  return vpt == 1 ? dev::ldr_backward_rows_kernel<S, P, A, 1> : dev::ldr_backward_rows_kernel<S, P, A, 2>;
 }
 
 template <class Launcher>

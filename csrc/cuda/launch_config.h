@@ -1,13 +1,14 @@
 // Launch configuration of every CUDA kernel: a pure host function of (shape, element size, device facts), used
-// by the real launcher (csrc/cuda/fused_ops.cu) and by the CPU emulation of the CUDA execution model
+// by the real launcher (csrc/cuda/*.cu) and by the CPU emulation of the CUDA execution model
 // (tests/cuda_emu), so the emulated tests run the very grids and block shapes a GPU gets. No CUDA, no ATen.
 //
 // Work unit: a group of 8 consecutive elements of a row (one Philox call when N % 8 == 0; one or more 16-byte
 // vectors). Paths:
 //   rows    a row lives in registers as VPT groups per thread: one warp per row (blockDim (32, 4): four rows a
-//           block, no barrier) up to 128 groups (N <= 1024), else blockDim.x = 64 .. max threads of VPT = 4,
-//           one row a block. The forward reads x once; the backward reads x and grad_out once and keeps its
-//           columns' dgamma / dbeta in registers across the rows of a persistent, one-wave grid.
+//           block, no barrier) while 32 lanes x max VPT groups cover it (N <= 1024 forward, 512 backward), else
+//           one row a block of ceil(groups / max VPT) threads (forward: 4 groups a thread, N <= 16384;
+//           backward: 2, N <= 8192; fp64 less). The forward reads x once; the backward reads x and grad_out once
+//           and keeps its columns' dgamma / dbeta in registers across the rows of a persistent, one-wave grid.
 //   looped  longer rows: the forward reads x three times (sum, centred squares, output; the re-reads come
 //           mostly from L2); the backward runs a row kernel (the two row means of the grad_x formula) and a
 //           tiled kernel (grad_x and dgamma / dbeta partials).
@@ -38,13 +39,15 @@ inline int64_t round_up64(int64_t a, int64_t b) { return ceil_div64(a, b) * b; }
 constexpr int ldr_rows_forward_max_threads(int vpt, int elem) {
   return vpt < 4 ? 128 : (elem <= 4 ? 512 : 128);
 }
-constexpr int ldr_rows_backward_max_threads(int vpt, int elem) { return vpt < 4 ? 128 : (elem <= 4 ? 256 : 0); }
+// The backward holds x, grad_out and its columns' dgamma / dbeta: two groups a thread at <= 128 registers (512
+// threads) is the most that fits without spilling; four groups need ~215 registers, one 8-warp block an SM.
+constexpr int ldr_rows_backward_max_threads(int vpt, int elem) { return vpt < 2 || elem == 8 ? 128 : 512; }
 constexpr int kLoopedThreads = 512;   // ldr_forward_looped_kernel, ldr_backward_row_stats_kernel
 constexpr int kTiledThreads = 256;    // tiled kernels
 constexpr int kColumnSumTile = 32;    // column_sum_kernel: 32 x 32 threads
 
-// Largest VPT of the rows path; fp64 backward keeps to 2 (its 4-group variant would need > 255 registers).
-constexpr int ldr_rows_max_vpt(bool backward, int elem) { return backward && elem == 8 ? 2 : 4; }
+// Largest VPT (groups a thread) of the rows path.
+constexpr int ldr_rows_max_vpt(bool backward) { return backward ? 2 : 4; }
 
 // Device facts the plans need; the launcher caches them per device.
 struct DeviceFacts {
@@ -67,12 +70,12 @@ struct RowsPlan {
   int64_t blocks_needed = 0;  // blocks covering every row once
 };
 
-// groups = ceil(N / 8). One warp a row while a warp's 32 lanes x 4 groups cover it; longer rows take 4 groups a
-// thread and ceil(groups / 4) threads (rounded to warps), up to the kernel's bound.
+// groups = ceil(N / 8). One warp a row while its 32 lanes x max VPT groups cover it; longer rows take max VPT
+// groups a thread and ceil(groups / max VPT) threads (rounded to warps), up to the kernel's bound.
 inline RowsPlan plan_ldr_rows(int64_t M, int64_t N, int elem, bool backward) {
   RowsPlan p;
   const int64_t groups = ceil_div64(N, kGroupSize);
-  const int max_vpt = ldr_rows_max_vpt(backward, elem);
+  const int max_vpt = ldr_rows_max_vpt(backward);
   auto bound = [&](int vpt) {
     return backward ? ldr_rows_backward_max_threads(vpt, elem) : ldr_rows_forward_max_threads(vpt, elem);
   };
@@ -82,10 +85,10 @@ inline RowsPlan plan_ldr_rows(int64_t M, int64_t N, int elem, bool backward) {
     p.threads_x = kWarp;
     p.rows_per_block = 4;
   } else {
-    p.vpt = 4;
-    p.threads_x = static_cast<int>(std::min<int64_t>(round_up64(ceil_div64(groups, 4), kWarp), 1 << 20));
+    p.vpt = max_vpt;
+    p.threads_x = static_cast<int>(std::min<int64_t>(round_up64(ceil_div64(groups, max_vpt), kWarp), 1 << 20));
     p.rows_per_block = 1;
-    if (max_vpt < 4 || p.threads_x > bound(4)) return RowsPlan{};  // looped
+    if (p.threads_x > bound(max_vpt)) return RowsPlan{};  // looped
   }
   p.rows = true;
   p.max_threads = bound(p.vpt);
