@@ -92,3 +92,21 @@ def test_memory_saved_ratio():
     assert len(ldr) == 2
     for r in ldr:
         assert r["fused_saved"] > 0 and r["saved_ratio"] <= BM.TARGET, r
+
+
+def test_gpu_check_dry_run_lists_every_step(tmp_path):
+    """benchmarks/gpu_check.sh (the GPU machine's one script) in dry-run mode: every step, in order, with its
+    command and time limit, and nothing run."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    res = subprocess.run(["bash", str(root / "benchmarks" / "gpu_check.sh"), str(tmp_path)], cwd=root,
+                         env={**os.environ, "GPU_CHECK_DRY_RUN": "1"}, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = (tmp_path / "summary.txt").read_text()
+    steps = [line.split()[0] for line in summary.splitlines()[1:] if " dry run " in line]
+    assert steps == ["env", "build", "import", "resources", "tests", "san_memcheck", "san_racecheck",
+                     "san_initcheck", "memory", "bench_sweep", "bench_compile", "plots"], summary
+    assert "setup.py build_ext --inplace" in summary and "benchmarks.cuda_resources" in summary
+    assert not (tmp_path / "build.log").exists()  # nothing ran
