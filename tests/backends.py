@@ -42,8 +42,7 @@ def get_backend(name: str) -> Backend:
 
     device = "cuda" if name == "triton" else "cpu"
     return Backend(name, device, ops.triton_layer_norm_dropout_relu, ops.triton_layer_norm_dropout_relu_backward,
-                   ops.triton_bias_relu, ops.triton_bias_relu_backward,
-                   fp64=getattr(triton_ops, "SUPPORTS_FP64", False))
+                   ops.triton_bias_relu, ops.triton_bias_relu_backward)  # fp64 too: the Triton kernels take it
 
 
 def backend_params():
