@@ -687,6 +687,38 @@ def format_markdown(rows: Sequence[Row]) -> str:
     return "\n".join(out)
 
 
+def _family(kernel: str) -> str:
+    """kernel name plus a trailing integer template argument (e.g. the groups a thread), without the dtypes."""
+    m = re.match(r"([\w:]+)<(.*)>$", kernel)
+    if not m:
+        return kernel
+    last = m.group(2).split(",")[-1].strip()
+    return f"{m.group(1)}<{last}>" if last.isdigit() else m.group(1)
+
+
+def format_grouped(rows: Sequence[Row]) -> str:
+    """One markdown row per kernel family over its fp16/bf16/fp32 variants (ranges where they differ); the
+    README's table. Identical kernels from several translation units count once."""
+    fams: dict = {}
+    for r in rows:
+        if r.kind == "kernel" and not r.fp64:
+            fams.setdefault(_family(r.kernel), {})[r.kernel] = r
+
+    def rng(vals) -> str:
+        v = sorted(set(vals))
+        return str(v[0]) if len(v) == 1 else f"{v[0]}–{v[-1]}"
+
+    out = ["| kernel (fp16 / bf16 / fp32 variants) | variants | registers | stack | shared (B) | max block | "
+           "blocks / SM at max block |",
+           "|:---|---:|---:|---:|---:|---:|---:|"]
+    for fam, variants in sorted(fams.items()):
+        vs = list(variants.values())
+        blocks = [r.occupancy.blocks_per_sm if r.occupancy and r.occupancy.fits else 0 for r in vs]
+        out.append(f"| `{fam}` | {len(vs)} | {rng(r.regs for r in vs)} | {max(r.stack + r.local for r in vs)} | "
+                   f"{rng(r.shared for r in vs)} | {rng(r.max_block_text() for r in vs)} | {rng(blocks)} |")
+    return "\n".join(out)
+
+
 def summarize(arch: str, rows: Sequence[Row], sm: SMLimits = SM90) -> Tuple[bool, str]:
     """(gate passed, summary text)."""
     kernels = [r for r in rows if r.kind == "kernel"]
@@ -722,6 +754,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "gpuopt_ops/_C*.so")
     ap.add_argument("--arch", help="SM architecture to report (e.g. sm_90); default: the newest one present")
     ap.add_argument("--markdown", action="store_true", help="print a GitHub markdown table")
+    ap.add_argument("--grouped", action="store_true",
+                    help="print one markdown row per kernel family (fp16/bf16/fp32 variants), as in the README")
     ap.add_argument("--json", metavar="OUT", help="write all rows (and the summary) to OUT as JSON")
     args = ap.parse_args(argv)
     try:
@@ -736,7 +770,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     ok, summary = summarize(arch, rows)
     print(f"# {elf} ({arch}, cuobjdump: {tool})")
-    print(format_markdown(rows) if args.markdown else format_table(rows))
+    print(format_grouped(rows) if args.grouped else format_markdown(rows) if args.markdown else format_table(rows))
     print()
     print(summary)
     if args.json:

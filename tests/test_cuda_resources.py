@@ -443,6 +443,17 @@ def test_table_and_markdown():
     assert md[2].startswith(f"| `{K_F16}` | 50 |") and all(line.count("|") == len(CR.COLUMNS) + 1 for line in md)
 
 
+
+def test_grouped_table_one_row_per_family():
+    assert CR._family("ldr_backward_rows_kernel<__half, float, float, 2>") == "ldr_backward_rows_kernel<2>"
+    assert CR._family("bias_relu_backward_kernel<float>") == "bias_relu_backward_kernel"
+    _, rows = _rows()
+    md = CR.format_grouped(rows).splitlines()
+    gated = {CR._family(r.kernel) for r in rows if r.kind == "kernel" and not r.fp64}
+    assert md[0].startswith("| kernel (fp16 / bf16 / fp32 variants) |") and len(md) == 2 + len(gated)
+    assert all(line.count("|") == 8 for line in md)
+
+
 FAKE_CUOBJDUMP = """\
 #!{python}
 import sys
