@@ -3,6 +3,8 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "schemas.h"
+
 extern "C" {
 // `import gpuopt_ops._C` loads this library, which runs the static registrations below. No pybind11 surface.
 PyObject* PyInit__C(void) {
@@ -12,12 +14,5 @@ PyObject* PyInit__C(void) {
 }
 
 TORCH_LIBRARY(gpuopt, m) {
-  m.def(
-      "layer_norm_dropout_relu(Tensor x, Tensor? weight, Tensor? bias, Tensor seed, float p, float eps)"
-      " -> (Tensor out, Tensor mean, Tensor rstd)");
-  m.def(
-      "layer_norm_dropout_relu_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, Tensor mean,"
-      " Tensor rstd, Tensor seed, float p) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
-  m.def("bias_relu(Tensor x, Tensor bias) -> Tensor");
-  m.def("bias_relu_backward(Tensor grad_out, Tensor out) -> (Tensor grad_x, Tensor grad_bias)");
+  gpuopt::define_schemas(m);
 }

@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) bias_relu_forward_kernel(
   const int64_t N = p.N;
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kGroup;
   if (c0 >= N) return;  // no barrier in this kernel
-  const int valid = static_cast<int>(min64(kGroup, N - c0));
+  const int valid = group_size(N, c0);
   A b[kGroup];
   load_param_group(p.bias, c0, valid, p.b_vec, A(0), b);
 #pragma unroll 4  // several rows' loads in flight per thread
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) bias_relu_backward_kernel
   GPUOPT_SHARED_ARRAY(A, comb, cuda::kTiledThreads * kGroup);
   const int64_t N = p.N;
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kGroup;
-  const int valid = c0 < N ? static_cast<int>(min64(kGroup, N - c0)) : 0;
+  const int valid = c0 < N ? group_size(N, c0) : 0;
   A db[kGroup];
 #pragma unroll
   for (int j = 0; j < kGroup; ++j) db[j] = A(0);

@@ -16,6 +16,9 @@ constexpr int kWarpSize = 32;
 GPUOPT_HOST_DEV int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 GPUOPT_HOST_DEV int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// Elements of the group starting at column c0 < N of a row of N: 8, or fewer for the last group of a row.
+GPUOPT_HOST_DEV int group_size(int64_t N, int64_t c0) { return static_cast<int>(min64(kGroup, N - c0)); }
+
 // Loads the group of 8 elements at p, `valid` of which exist (the rest read as 0), into acc_t registers.
 // vec: p is 16-byte aligned and all 8 exist, so the group is sizeof(T) / 2 16-byte loads.
 template <typename T, typename A>

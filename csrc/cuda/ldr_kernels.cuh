@@ -55,6 +55,22 @@ GPUOPT_DEV A affine(A xhat, A w, A b) {
   return xhat * w + b;
 }
 
+// Per-launch constants of the row kernels (forward or backward params).
+template <typename A>
+struct RowConsts {
+  int64_t N, groups;  // groups = ceil(N / 8)
+  bool one_call;      // N % 8 == 0: a group is one Philox call
+  int64_t seed;
+  A inv_n;
+  template <class Params>
+  GPUOPT_DEV explicit RowConsts(const Params& p)
+      : N(p.N),
+        groups(ceil_div(p.N, kGroup)),
+        one_call(p.N % kGroup == 0),
+        seed(read_seed(p.seed, p.threshold)),
+        inv_n(A(1) / static_cast<A>(p.N)) {}
+};
+
 // ------------------------------------------------------------------------------------------------ forward, rows
 // blockDim (T, R): T threads per row (R rows a block when T == 32, else R == 1); VPT groups per thread, group
 // k of thread t at columns 8 * (t + k * T). The row stays in registers in its storage type.
@@ -62,11 +78,8 @@ template <typename S, typename P, typename A, int VPT>
 __global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(VPT, sizeof(S)))
     ldr_forward_rows_kernel(LdrForwardParams<S, P, A> p) {
   GPUOPT_SHARED_ARRAY(A, red, 2 * kWarpSize);
-  const int64_t N = p.N;
-  const int64_t groups = ceil_div(N, kGroup);
-  const bool one_call = N % kGroup == 0;
-  const int64_t seed = read_seed(p.seed, p.threshold);
-  const A inv_n = A(1) / static_cast<A>(N);
+  const RowConsts<A> rc(p);
+  const int64_t N = rc.N, groups = rc.groups;
   const int T = blockDim.x, tx = threadIdx.x;
 
   for (int64_t row0 = int64_t(blockIdx.x) * blockDim.y; row0 < p.M; row0 += int64_t(gridDim.x) * blockDim.y) {
@@ -79,19 +92,19 @@ __global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(VPT, sizeof
     for (int k = 0; k < VPT; ++k) {
       const int64_t g = tx + int64_t(k) * T;
       if (g < groups) {
-        const int valid = static_cast<int>(min64(kGroup, N - g * kGroup));
+        const int valid = group_size(N, g * kGroup);
         load_raw_group(xr + g * kGroup, valid, p.x_vec, v[k]);
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) sum += to_acc(v[k].v[j]);  // absent elements are 0
       }
     }
-    const A mu = row_sum(sum, red) * inv_n;
+    const A mu = row_sum(sum, red) * rc.inv_n;
     A sq = A(0);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int64_t g = tx + int64_t(k) * T;
       if (g < groups) {
-        const int valid = static_cast<int>(min64(kGroup, N - g * kGroup));
+        const int valid = group_size(N, g * kGroup);
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) {
           const A d = j < valid ? to_acc(v[k].v[j]) - mu : A(0);
@@ -99,7 +112,7 @@ __global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(VPT, sizeof
         }
       }
     }
-    const A var = row_sum(sq, red + kWarpSize) * inv_n;
+    const A var = row_sum(sq, red + kWarpSize) * rc.inv_n;
     const A rs = A(1) / sqrt(var + p.eps);  // IEEE sqrt and division, as on the CPU
     if (tx == 0) {
       p.mean[row] = mu;
@@ -110,11 +123,11 @@ __global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(VPT, sizeof
       const int64_t g = tx + int64_t(k) * T;
       if (g < groups) {
         const int64_t c0 = g * kGroup;
-        const int valid = static_cast<int>(min64(kGroup, N - c0));
+        const int valid = group_size(N, c0);
         A w[kGroup], b[kGroup], o[kGroup];
         load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
         load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
-        const uint32_t keep = keep_bits(seed, row * N + c0, valid, p.threshold, one_call);
+        const uint32_t keep = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) {
           const A y = affine((to_acc(v[k].v[j]) - mu) * rs, w[j], b[j]);
@@ -131,25 +144,22 @@ __global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(VPT, sizeof
 template <typename S, typename P, typename A>
 __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_forward_looped_kernel(LdrForwardParams<S, P, A> p) {
   GPUOPT_SHARED_ARRAY(A, red, 2 * kWarpSize);
-  const int64_t N = p.N;
-  const int64_t groups = ceil_div(N, kGroup);
-  const bool one_call = N % kGroup == 0;
-  const int64_t seed = read_seed(p.seed, p.threshold);
-  const A inv_n = A(1) / static_cast<A>(N);
+  const RowConsts<A> rc(p);
+  const int64_t N = rc.N, groups = rc.groups;
 
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x) {
     const S* xr = p.x + row * N;
     A sum = A(0);
     for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
       A v[kGroup];
-      load_group(xr + g * kGroup, static_cast<int>(min64(kGroup, N - g * kGroup)), p.x_vec, v);
+      load_group(xr + g * kGroup, group_size(N, g * kGroup), p.x_vec, v);
 #pragma unroll
       for (int j = 0; j < kGroup; ++j) sum += v[j];
     }
-    const A mu = row_sum(sum, red) * inv_n;
+    const A mu = row_sum(sum, red) * rc.inv_n;
     A sq = A(0);
     for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
-      const int valid = static_cast<int>(min64(kGroup, N - g * kGroup));
+      const int valid = group_size(N, g * kGroup);
       A v[kGroup];
       load_group(xr + g * kGroup, valid, p.x_vec, v);
 #pragma unroll
@@ -158,7 +168,7 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_forward_looped_kerne
         sq += d * d;
       }
     }
-    const A var = row_sum(sq, red + kWarpSize) * inv_n;
+    const A var = row_sum(sq, red + kWarpSize) * rc.inv_n;
     const A rs = A(1) / sqrt(var + p.eps);
     if (threadIdx.x == 0) {
       p.mean[row] = mu;
@@ -166,12 +176,12 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_forward_looped_kerne
     }
     for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
       const int64_t c0 = g * kGroup;
-      const int valid = static_cast<int>(min64(kGroup, N - c0));
+      const int valid = group_size(N, c0);
       A v[kGroup], w[kGroup], b[kGroup], o[kGroup];
       load_group(xr + c0, valid, p.x_vec, v);
       load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
       load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
-      const uint32_t keep = keep_bits(seed, row * N + c0, valid, p.threshold, one_call);
+      const uint32_t keep = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
 #pragma unroll
       for (int j = 0; j < kGroup; ++j) o[j] = ldr_forward_element<A>(affine((v[j] - mu) * rs, w[j], b[j]), (keep >> j) & 1u, p.scale);
       store_group(p.out + row * N + c0, valid, p.x_vec, o);
@@ -233,11 +243,8 @@ template <typename S, typename P, typename A, int VPT>
 __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(VPT, sizeof(S)))
     ldr_backward_rows_kernel(LdrBackwardParams<S, P, A> p) {
   GPUOPT_SHARED_ARRAY(A, red, 4 * kWarpSize);
-  const int64_t N = p.N;
-  const int64_t groups = ceil_div(N, kGroup);
-  const bool one_call = N % kGroup == 0;
-  const int64_t seed = read_seed(p.seed, p.threshold);
-  const A inv_n = A(1) / static_cast<A>(N);
+  const RowConsts<A> rc(p);
+  const int64_t N = rc.N, groups = rc.groups;
   const int T = blockDim.x, tx = threadIdx.x;
   A dw[VPT][kGroup], db[VPT][kGroup];
 #pragma unroll
@@ -260,10 +267,10 @@ __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(VPT, sizeo
       keep[k] = 0;
       if (g < groups) {
         const int64_t c0 = g * kGroup;
-        const int valid = static_cast<int>(min64(kGroup, N - c0));
+        const int valid = group_size(N, c0);
         load_raw_group(p.x + row * N + c0, valid, p.x_vec, xs[k]);
         load_raw_group(p.grad_out + row * N + c0, valid, p.x_vec, gs[k]);
-        keep[k] = keep_bits(seed, row * N + c0, valid, p.threshold, one_call);
+        keep[k] = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
         A xv[kGroup], gv[kGroup], w[kGroup], b[kGroup], xhat[kGroup], dy[kGroup], dxhat[kGroup];
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) {
@@ -283,14 +290,14 @@ __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(VPT, sizeo
       }
     }
     row_sum2(c1, c2, red + parity * 2 * kWarpSize);
-    c1 *= inv_n;
-    c2 *= inv_n;
+    c1 *= rc.inv_n;
+    c2 *= rc.inv_n;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int64_t g = tx + int64_t(k) * T;
       if (g < groups) {
         const int64_t c0 = g * kGroup;
-        const int valid = static_cast<int>(min64(kGroup, N - c0));
+        const int valid = group_size(N, c0);
         A xv[kGroup], gv[kGroup], w[kGroup], b[kGroup], xhat[kGroup], dy[kGroup], dxhat[kGroup], o[kGroup];
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) {
@@ -317,11 +324,8 @@ __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(VPT, sizeo
 template <typename S, typename P, typename A>
 __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_kernel(LdrBackwardParams<S, P, A> p) {
   GPUOPT_SHARED_ARRAY(A, red, 4 * kWarpSize);
-  const int64_t N = p.N;
-  const int64_t groups = ceil_div(N, kGroup);
-  const bool one_call = N % kGroup == 0;
-  const int64_t seed = read_seed(p.seed, p.threshold);
-  const A inv_n = A(1) / static_cast<A>(N);
+  const RowConsts<A> rc(p);
+  const int64_t N = rc.N, groups = rc.groups;
   int parity = 0;
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x) {
     parity ^= 1;
@@ -329,13 +333,13 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_k
     A c1 = A(0), c2 = A(0);
     for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
       const int64_t c0 = g * kGroup;
-      const int valid = static_cast<int>(min64(kGroup, N - c0));
+      const int valid = group_size(N, c0);
       A xv[kGroup], gv[kGroup], w[kGroup], b[kGroup], xhat[kGroup], dy[kGroup], dxhat[kGroup];
       load_group(p.x + row * N + c0, valid, p.x_vec, xv);
       load_group(p.grad_out + row * N + c0, valid, p.x_vec, gv);
       load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
       load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
-      const uint32_t keep = keep_bits(seed, row * N + c0, valid, p.threshold, one_call);
+      const uint32_t keep = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
       backward_group(xv, gv, w, b, keep, valid, mu, rs, p.scale, xhat, dy, dxhat);
 #pragma unroll
       for (int j = 0; j < kGroup; ++j) {
@@ -345,8 +349,8 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_k
     }
     row_sum2(c1, c2, red + parity * 2 * kWarpSize);
     if (threadIdx.x == 0) {
-      p.row_stats[2 * row] = c1 * inv_n;
-      p.row_stats[2 * row + 1] = c2 * inv_n;
+      p.row_stats[2 * row] = c1 * rc.inv_n;
+      p.row_stats[2 * row + 1] = c2 * rc.inv_n;
     }
   }
 }
@@ -357,11 +361,10 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_k
 template <typename S, typename P, typename A>
 __global__ void __launch_bounds__(cuda::kTiledThreads) ldr_backward_tiled_kernel(LdrBackwardParams<S, P, A> p) {
   GPUOPT_SHARED_ARRAY(A, comb, cuda::kTiledThreads * kGroup);
-  const int64_t N = p.N;
-  const bool one_call = N % kGroup == 0;
-  const int64_t seed = read_seed(p.seed, p.threshold);
+  const RowConsts<A> rc(p);
+  const int64_t N = rc.N;
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kGroup;
-  const int valid = c0 < N ? static_cast<int>(min64(kGroup, N - c0)) : 0;
+  const int valid = c0 < N ? group_size(N, c0) : 0;
   A dw[kGroup], db[kGroup], w[kGroup], b[kGroup];
 #pragma unroll
   for (int j = 0; j < kGroup; ++j) dw[j] = db[j] = A(0);
@@ -374,7 +377,7 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) ldr_backward_tiled_kernel
       A xv[kGroup], gv[kGroup], xhat[kGroup], dy[kGroup], dxhat[kGroup], o[kGroup];
       load_group(p.x + row * N + c0, valid, p.x_vec, xv);
       load_group(p.grad_out + row * N + c0, valid, p.x_vec, gv);
-      const uint32_t keep = keep_bits(seed, row * N + c0, valid, p.threshold, one_call);
+      const uint32_t keep = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
       backward_group(xv, gv, w, b, keep, valid, mu, rs, p.scale, xhat, dy, dxhat);
 #pragma unroll
       for (int j = 0; j < kGroup; ++j) {

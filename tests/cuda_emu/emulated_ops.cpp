@@ -17,6 +17,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/ops_glue.h"
 #include "cuda_emu.h"
+#include "schemas.h"
 
 namespace gpuopt {
 namespace {
@@ -106,16 +107,9 @@ std::vector<std::string> take_launches() {
 }  // namespace
 }  // namespace gpuopt
 
-// Same schemas as csrc/ops.cpp (tests/test_cuda_emulated.py checks they stay equal).
+// The real schemas (csrc/schemas.h) under this namespace.
 TORCH_LIBRARY(gpuopt_emu, m) {
-  m.def(
-      "layer_norm_dropout_relu(Tensor x, Tensor? weight, Tensor? bias, Tensor seed, float p, float eps)"
-      " -> (Tensor out, Tensor mean, Tensor rstd)");
-  m.def(
-      "layer_norm_dropout_relu_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, Tensor mean,"
-      " Tensor rstd, Tensor seed, float p) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
-  m.def("bias_relu(Tensor x, Tensor bias) -> Tensor");
-  m.def("bias_relu_backward(Tensor grad_out, Tensor out) -> (Tensor grad_x, Tensor grad_bias)");
+  gpuopt::define_schemas(m);
   m.def("configure(int sm_count, int max_blocks_per_sm) -> int[]", &gpuopt::configure);
   m.def("take_launches() -> str[]", &gpuopt::take_launches);
 }

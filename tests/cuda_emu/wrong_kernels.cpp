@@ -27,11 +27,12 @@ struct OffByOneParams {
 void bias_relu_off_by_one(OffByOneParams p) {
   const int64_t c0 = int64_t(threadIdx.x) * kGroup;
   if (c0 >= p.N) return;
-  const int valid = static_cast<int>(gpuopt::dev::min64(kGroup, p.N - c0 + p.extra));
+  const int in_row = gpuopt::dev::group_size(p.N, c0);
+  const int valid = in_row + p.extra;
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x) {
     float v[kGroup], b[kGroup];
-    gpuopt::dev::load_group(p.x + row * p.N + c0, static_cast<int>(gpuopt::dev::min64(kGroup, p.N - c0)), false, v);
-    gpuopt::dev::load_param_group(p.bias, c0, static_cast<int>(gpuopt::dev::min64(kGroup, p.N - c0)), false, 0.0f, b);
+    gpuopt::dev::load_group(p.x + row * p.N + c0, in_row, false, v);
+    gpuopt::dev::load_param_group(p.bias, c0, in_row, false, 0.0f, b);
     for (int j = 0; j < kGroup; ++j) v[j] = v[j] + b[j] > 0 ? v[j] + b[j] : 0.0f;
     gpuopt::dev::store_group(p.out + row * p.N + c0, valid, false, v);
   }

@@ -1,0 +1,25 @@
+// The schemas of the gpuopt ops, once: csrc/ops.cpp defines them in TORCH_LIBRARY(gpuopt), and the CPU emulation
+// of the CUDA backend (tests/cuda_emu) registers the same ones under its own namespace.
+#pragma once
+#include <torch/library.h>
+
+namespace gpuopt {
+
+constexpr const char* kLdrForwardSchema =
+    "layer_norm_dropout_relu(Tensor x, Tensor? weight, Tensor? bias, Tensor seed, float p, float eps)"
+    " -> (Tensor out, Tensor mean, Tensor rstd)";
+constexpr const char* kLdrBackwardSchema =
+    "layer_norm_dropout_relu_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, Tensor mean,"
+    " Tensor rstd, Tensor seed, float p) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)";
+constexpr const char* kBiasReluSchema = "bias_relu(Tensor x, Tensor bias) -> Tensor";
+constexpr const char* kBiasReluBackwardSchema =
+    "bias_relu_backward(Tensor grad_out, Tensor out) -> (Tensor grad_x, Tensor grad_bias)";
+
+inline void define_schemas(torch::Library& m) {
+  m.def(kLdrForwardSchema);
+  m.def(kLdrBackwardSchema);
+  m.def(kBiasReluSchema);
+  m.def(kBiasReluBackwardSchema);
+}
+
+}  // namespace gpuopt
