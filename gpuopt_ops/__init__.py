@@ -21,5 +21,9 @@ except ImportError as err:  # most often: built against another torch (undefined
 
 from . import ops  # noqa: E402
 from .ops import bias_relu, draw_seed, layer_norm_dropout_relu  # noqa: E402
+from .fuse import fuse, unfuse  # noqa: E402
+from . import compile_backend  # noqa: E402
 
-__all__ = ["layer_norm_dropout_relu", "bias_relu", "draw_seed", "ops"]
+compile_backend.register()  # torch.compile(model, backend="gpuopt")
+
+__all__ = ["layer_norm_dropout_relu", "bias_relu", "draw_seed", "fuse", "unfuse", "ops", "compile_backend"]

@@ -6,7 +6,9 @@
 
 Model: blocks [LinearBiasReLU (or nn.Linear) → FusedLayerNormDropoutReLU] and a linear head. `--backend eager`
 builds the same model from unfused PyTorch modules with the same parameter names, so checkpoints move between
-backends. Writes into --out: checkpoint.pt (every epoch, atomically), metrics.jsonl / metrics.csv, curves.png,
+backends. `--fuse` builds it from stock nn.Linear / nn.ReLU / nn.LayerNorm / nn.Dropout instead (same parameter
+names, same initialisation order) and swaps our modules in with gpuopt_ops.fuse, as a user would on their own
+model: with the same --seed it ends with the weights of the default model, bit for bit. Writes into --out: checkpoint.pt (every epoch, atomically), metrics.jsonl / metrics.csv, curves.png,
 and with --profile trace.json, with --memory-report memory.json.
 
 Errors in the flags, the data or a checkpoint print one line and exit with code 2 before anything is written.
@@ -25,6 +27,7 @@ import random
 import struct
 import sys
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -74,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--amp", choices=("none", "bf16", "fp16"), default="none",
                     help="autocast dtype; fp16 uses a GradScaler")
+    ap.add_argument("--fuse", action="store_true",
+                    help="build the model from stock nn.Linear/LayerNorm/ReLU/Dropout, then gpuopt_ops.fuse it")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (fullgraph)")
     ap.add_argument("--checkpoint-activations", action="store_true",
                     help="recompute each block in backward (torch.utils.checkpoint, non-reentrant)")
@@ -179,12 +184,25 @@ class Block(nn.Module):
         return self.norm(self.linear(x))
 
 
+def stock_block(in_features: int, out_features: int, p: float, linear: str) -> nn.Sequential:
+    """Block's computation from stock PyTorch modules only, with Block's parameter names (linear.*, norm.*):
+    what `--fuse` hands to gpuopt_ops.fuse, as a user's own model would be."""
+    layers = [("linear", nn.Linear(in_features, out_features))]
+    if linear == "bias_relu":
+        layers.append(("act", nn.ReLU()))
+    layers += [("norm", nn.LayerNorm(out_features)), ("dropout", nn.Dropout(p)), ("relu", nn.ReLU())]
+    return nn.Sequential(OrderedDict(layers))
+
+
 class MLP(nn.Module):
     def __init__(self, in_features: int, num_classes: int, hidden: int = 256, depth: int = 2, p: float = 0.1,
                  linear: str = "bias_relu", backend: str = "auto", checkpoint_activations: bool = False) -> None:
+        """backend "stock" builds the blocks from nn.Linear / nn.ReLU / nn.LayerNorm / nn.Dropout (stock_block)."""
         super().__init__()
         widths = [in_features] + [hidden] * depth
-        self.blocks = nn.Sequential(*[Block(widths[i], widths[i + 1], p, linear, backend) for i in range(depth)])
+        make = (lambda i, o: stock_block(i, o, p, linear)) if backend == "stock" else \
+            (lambda i, o: Block(i, o, p, linear, backend))
+        self.blocks = nn.Sequential(*[make(widths[i], widths[i + 1]) for i in range(depth)])
         self.head = nn.Linear(hidden, num_classes)
         self.checkpoint_activations = checkpoint_activations
 
@@ -480,6 +498,8 @@ def run(args) -> Dict:
         raise UsageError("--fsdp shards over several processes: launch with torchrun --nproc_per_node=K (K >= 2)")
     if args.fsdp and args.amp == "fp16":
         raise UsageError("--fsdp with --amp fp16 is not supported (no sharded GradScaler here): use --amp bf16")
+    if args.fuse and args.backend == "eager":
+        raise UsageError("--fuse swaps in our kernels: use it with --backend auto/cuda/triton/cpu, not eager")
     if args.memory_report and dist.world > 1:
         raise UsageError("--memory-report measures one process: run it without torchrun")
     device = resolve_device(args)
@@ -515,7 +535,11 @@ def _train(args, dist, log, device, backend, out_dir, ckpt_path, resume_path, ck
     random.seed(args.seed)
     np.random.seed(args.seed % 2**32)
     model = MLP(cfg["in_features"], cfg["num_classes"], args.hidden, args.depth, args.dropout, args.linear,
-                backend, args.checkpoint_activations).to(device)
+                "stock" if args.fuse else backend, args.checkpoint_activations).to(device)
+    if args.fuse:  # the one-line way in for an unmodified model; same parameter names, so checkpoints match
+        from .fuse import fuse
+
+        model = fuse(model, inplace=True, backend=backend)
     if ckpt is not None:
         try:
             model.load_state_dict(ckpt["model"])

@@ -201,3 +201,28 @@ def test_triton_backend_under_the_interpreter_trains_like_cpu(tmp_path):
     a, b = history(tmp_path / "cpu")[0], history(tmp_path / "triton")[0]
     assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
     assert a["test_acc"] == b["test_acc"]
+
+
+def test_fuse_flag_trains_a_stock_model_as_well_as_the_default(tmp_path):
+    """--fuse builds the MLP from nn.Linear/nn.ReLU/nn.LayerNorm/nn.Dropout and runs gpuopt_ops.fuse on it."""
+    from gpuopt_ops.modules import FusedLayerNormDropoutReLU, LinearBiasReLU
+
+    model = train.MLP(64, 10, 32, 2, 0.1, "bias_relu", "stock")
+    assert {type(m) for m in model.modules()} >= {torch.nn.Linear, torch.nn.ReLU, torch.nn.LayerNorm,
+                                                   torch.nn.Dropout}
+    fused = __import__("gpuopt_ops").fuse(model)
+    kinds = [type(m) for m in fused.modules()]
+    assert kinds.count(FusedLayerNormDropoutReLU) == 2 and kinds.count(LinearBiasReLU) == 2
+    assert list(fused.state_dict()) == list(train.MLP(64, 10, 32, 2).state_dict()), "the default's keys"
+
+    args = [*SMALL, "--epochs", 3, "--dropout", 0.2]
+    default = run(*args, "--out", tmp_path / "default")
+    fuse = run(*args, "--out", tmp_path / "fuse", "--fuse")
+    assert fuse["test_acc"] >= 0.85, fuse  # 3 short epochs; the full run reaches the default's ~98 %
+    assert abs(fuse["test_acc"] - default["test_acc"]) <= 0.02, (fuse, default)
+    # same initialisation order, the same ops and the same dropout seeds: bit-identical weights at the end
+    a, b = state(tmp_path / "default")["model"], state(tmp_path / "fuse")["model"]
+    assert list(a) == list(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert [r["test_acc"] for r in history(tmp_path / "fuse")] == [r["test_acc"] for r in history(tmp_path / "default")]

@@ -1,0 +1,140 @@
+"""`fuse(model)` / `unfuse(model)`: our fused modules swapped into an unmodified model, and back.
+
+Inside every nn.Sequential (nested too, subclasses such as torchvision.ops.MLP included):
+
+- LayerNorm → Dropout → ReLU, LayerNorm → ReLU → Dropout, LayerNorm → ReLU  ⇒  FusedLayerNormDropoutReLU
+  (ReLU then dropout equals dropout then ReLU with the same mask, because the dropout scale is positive);
+- Linear (with bias) → ReLU  ⇒  LinearBiasReLU.
+
+The LayerNorm / Linear slot gets the fused module, which takes over the *same* Parameter objects (so an optimizer
+built on the model still holds them), and each consumed Dropout / ReLU slot gets an nn.Identity: state_dict keys
+and values are unchanged. Only exact nn.LayerNorm / nn.Linear / nn.Dropout / nn.ReLU instances match (a subclass
+may override forward), and a module object that occurs more than once in the model (a ReLU reused elsewhere) is
+never consumed. Forward hooks registered on the replaced modules are not carried over.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from typing import List, Optional, Tuple
+
+from torch import nn
+
+from .modules import FusedLayerNormDropoutReLU, LinearBiasReLU, _check_backend_name
+
+# the attribute on a fused module that records what fuse() replaced, for unfuse()
+_RECORD = "_gpuopt_fused_from"
+
+
+def _occurrences(model: nn.Module) -> Counter:
+    return Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
+
+
+def _match(children: List[Tuple[str, nn.Module]], i: int, uses: Counter):
+    """The pattern starting at children[i]: (pattern name, consumed (key, module) pairs), or None."""
+
+    def single(j: int, cls) -> Optional[nn.Module]:
+        if j < len(children) and type(children[j][1]) is cls and uses[id(children[j][1])] == 1:
+            return children[j][1]
+        return None
+
+    head = children[i][1]
+    if uses[id(head)] != 1:
+        return None
+    if type(head) is nn.LayerNorm:
+        if single(i + 1, nn.Dropout) is not None and single(i + 2, nn.ReLU) is not None:
+            return "LayerNorm → Dropout → ReLU", children[i + 1:i + 3]
+        if single(i + 1, nn.ReLU) is not None:
+            if single(i + 2, nn.Dropout) is not None:
+                return "LayerNorm → ReLU → Dropout", children[i + 1:i + 3]
+            return "LayerNorm → ReLU", children[i + 1:i + 2]
+    if type(head) is nn.Linear and head.bias is not None and single(i + 1, nn.ReLU) is not None:
+        return "Linear → ReLU", children[i + 1:i + 2]
+    return None
+
+
+def _fused_module(head: nn.Module, consumed, backend: str) -> nn.Module:
+    # built on the meta device (no allocation, no draw from torch's generator), then given head's Parameters
+    if isinstance(head, nn.LayerNorm):
+        dropouts = [m for _, m in consumed if isinstance(m, nn.Dropout)]
+        fused = FusedLayerNormDropoutReLU(head.normalized_shape, p=dropouts[0].p if dropouts else 0.0,
+                                          eps=head.eps, elementwise_affine=head.elementwise_affine,
+                                          bias=head.bias is not None, backend=backend, device="meta")
+        training = dropouts[0].training if dropouts else head.training
+    else:
+        fused = LinearBiasReLU(head.in_features, head.out_features, backend=backend, device="meta")
+        training = head.training
+    fused.weight = head.weight
+    fused.bias = head.bias
+    fused.train(training)
+    return fused
+
+
+def fuse(model: nn.Module, *, inplace: bool = False, backend: str = "auto", verbose: bool = False) -> nn.Module:
+    """The model with LayerNorm → Dropout/ReLU and Linear → ReLU runs inside nn.Sequentials swapped for our
+    fused modules (see the module docstring). Returns a deep copy, or `model` itself with inplace=True.
+
+    `backend` ("auto" | "cuda" | "cpu" | "triton") goes to every fused module. verbose=True prints one line per
+    replacement: qualified name of the replaced slot, the pattern and the fused module.
+    """
+    _check_backend_name(backend)
+    if not inplace:
+        model = copy.deepcopy(model)
+    uses = _occurrences(model)
+    for seq_name, seq in list(model.named_modules()):
+        if not isinstance(seq, nn.Sequential):
+            continue
+        children = list(seq._modules.items())
+        i = 0
+        while i < len(children):
+            found = _match(children, i, uses)
+            if found is None:
+                i += 1
+                continue
+            pattern, consumed = found
+            key, head = children[i]
+            fused = _fused_module(head, consumed, backend)
+            setattr(fused, _RECORD, {"head": type(head).__name__, "pattern": pattern,
+                                     "consumed": [(k, m) for k, m in consumed]})
+            seq._modules[key] = fused
+            for k, _ in consumed:
+                seq._modules[k] = nn.Identity()
+            if verbose:
+                qual = f"{seq_name}.{key}" if seq_name else key
+                print(f"gpuopt_ops.fuse: {qual} (+{len(consumed)}): {pattern} -> {fused}")
+            i += 1 + len(consumed)
+    return model
+
+
+def _stock_module(fused: nn.Module, record) -> nn.Module:
+    if record["head"] == "LayerNorm":
+        stock = nn.LayerNorm(fused.normalized_shape, eps=fused.eps, elementwise_affine=fused.elementwise_affine,
+                             bias=fused.bias is not None, device="meta")
+    else:
+        stock = nn.Linear(fused.in_features, fused.out_features, device="meta")
+    stock.weight = fused.weight
+    stock.bias = fused.bias
+    return stock.train(fused.training)
+
+
+def unfuse(model: nn.Module, *, inplace: bool = False) -> nn.Module:
+    """Reverses fuse(): every fused module that fuse() put into an nn.Sequential becomes the stock nn.LayerNorm /
+    nn.Linear again (same Parameters), and the Identity slots get their Dropout / ReLU back. Fused modules that
+    fuse() did not create (a model written with our modules) are left as they are. Deep copy unless inplace=True.
+    """
+    if not inplace:
+        model = copy.deepcopy(model)
+    for _, seq in list(model.named_modules()):
+        if not isinstance(seq, nn.Sequential):
+            continue
+        for key, child in list(seq._modules.items()):
+            record = getattr(child, _RECORD, None)
+            if record is None:
+                continue
+            if not all(isinstance(seq._modules.get(k), nn.Identity) for k, _ in record["consumed"]):
+                continue  # the slots were changed after fuse(): leave this one fused rather than guess
+            seq._modules[key] = _stock_module(child, record)
+            for k, m in record["consumed"]:
+                seq._modules[k] = m.train(child.training)
+    return model
