@@ -204,6 +204,24 @@ GPUOPT_DEV void backward_group(const A (&x)[kGroup], const A (&g)[kGroup], const
   }
 }
 
+// backward_group of a group held raw in registers (x and grad_out in their storage type), with its weight and
+// bias: the rows backward runs it before the row reduction and again after it, instead of keeping the fp32
+// xhat / dxhat of the whole row in registers.
+template <typename S, typename P, typename A>
+GPUOPT_DEV void backward_raw_group(const LdrBackwardParams<S, P, A>& p, const Group<S>& xs, const Group<S>& gs,
+                                   uint32_t keep, int64_t c0, int valid, A mu, A rs, A (&xhat)[kGroup],
+                                   A (&dy)[kGroup], A (&dxhat)[kGroup]) {
+  A xv[kGroup], gv[kGroup], w[kGroup], b[kGroup];
+#pragma unroll
+  for (int j = 0; j < kGroup; ++j) {
+    xv[j] = to_acc(xs.v[j]);
+    gv[j] = to_acc(gs.v[j]);
+  }
+  load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
+  load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
+  backward_group(xv, gv, w, b, keep, valid, mu, rs, p.scale, xhat, dy, dxhat);
+}
+
 // Adds a block's per-thread column sums acc (R rows of threads, blockDim (T, R)) over threadIdx.y in order and
 // writes them as row blockIdx.x of the partial buffer; `shared` holds R * T * 8 values.
 template <typename A, int VPT>
@@ -271,15 +289,8 @@ __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(VPT, sizeo
         load_raw_group(p.x + row * N + c0, valid, p.x_vec, xs[k]);
         load_raw_group(p.grad_out + row * N + c0, valid, p.x_vec, gs[k]);
         keep[k] = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
-        A xv[kGroup], gv[kGroup], w[kGroup], b[kGroup], xhat[kGroup], dy[kGroup], dxhat[kGroup];
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j) {
-          xv[j] = to_acc(xs[k].v[j]);
-          gv[j] = to_acc(gs[k].v[j]);
-        }
-        load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
-        load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
-        backward_group(xv, gv, w, b, keep[k], valid, mu, rs, p.scale, xhat, dy, dxhat);
+        A xhat[kGroup], dy[kGroup], dxhat[kGroup];
+        backward_raw_group(p, xs[k], gs[k], keep[k], c0, valid, mu, rs, xhat, dy, dxhat);
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) {
           dw[k][j] += dy[j] * xhat[j];
@@ -298,15 +309,8 @@ __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(VPT, sizeo
       if (g < groups) {
         const int64_t c0 = g * kGroup;
         const int valid = group_size(N, c0);
-        A xv[kGroup], gv[kGroup], w[kGroup], b[kGroup], xhat[kGroup], dy[kGroup], dxhat[kGroup], o[kGroup];
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j) {
-          xv[j] = to_acc(xs[k].v[j]);
-          gv[j] = to_acc(gs[k].v[j]);
-        }
-        load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
-        load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
-        backward_group(xv, gv, w, b, keep[k], valid, mu, rs, p.scale, xhat, dy, dxhat);
+        A xhat[kGroup], dy[kGroup], dxhat[kGroup], o[kGroup];
+        backward_raw_group(p, xs[k], gs[k], keep[k], c0, valid, mu, rs, xhat, dy, dxhat);  // recomputed
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) o[j] = rs * (dxhat[j] - xhat[j] * c1 - c2);
         store_group(p.grad_x + row * N + c0, valid, p.x_vec, o);
