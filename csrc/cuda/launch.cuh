@@ -8,6 +8,7 @@
 // No ATen here.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -52,7 +53,14 @@ void dispatch_ldr_dtypes(DType x, DType param, F&& f) {
   });
 }
 
-inline bool aligned16_or_null(const void* p) { return p == nullptr || dev::is_aligned16(p); }
+// The vectorization rule of every kernel: a row's groups move as 16-byte vectors when N % 8 == 0 (a group never
+// crosses a row) and every pointer involved is 16-byte aligned; an absent weight / bias (nullptr) does not count.
+inline bool vector_access(int64_t N, std::initializer_list<const void*> ptrs) {
+  if (N % kGroupSize != 0) return false;
+  for (const void* p : ptrs)
+    if (p != nullptr && !dev::is_aligned16(p)) return false;
+  return true;
+}
 
 struct LdrForwardBuffers {
   const void* x;
@@ -136,8 +144,8 @@ void run_ldr_forward(const LdrForwardBuffers& b, Launcher& launcher) {
     p.eps = static_cast<A>(b.eps);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
-    p.x_vec = b.N % kGroupSize == 0 && dev::is_aligned16(b.x) && dev::is_aligned16(b.out);
-    p.p_vec = b.N % kGroupSize == 0 && aligned16_or_null(b.weight) && aligned16_or_null(b.bias);
+    p.x_vec = vector_access(b.N, {b.x, b.out});
+    p.p_vec = vector_access(b.N, {b.weight, b.bias});
     const RowsPlan plan = plan_ldr_rows(b.M, b.N, sizeof(S), /*backward=*/false);
     if (plan.rows) {
       auto kernel = ldr_forward_rows<S, P, A>(plan.vpt);
@@ -202,9 +210,8 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
     p.ldp = partial_stride(b.N);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
-    p.x_vec = b.N % kGroupSize == 0 && dev::is_aligned16(b.x) && dev::is_aligned16(b.grad_out) &&
-              dev::is_aligned16(b.grad_x);
-    p.p_vec = b.N % kGroupSize == 0 && aligned16_or_null(b.weight) && aligned16_or_null(b.bias);
+    p.x_vec = vector_access(b.N, {b.x, b.grad_out, b.grad_x});
+    p.p_vec = vector_access(b.N, {b.weight, b.bias});
     const int sms = launcher.sm_count();
     const RowsPlan plan = plan_ldr_rows(b.M, b.N, sizeof(S), /*backward=*/true);
     int64_t G = 0;
@@ -249,8 +256,8 @@ void run_bias_relu(const BiasReluBuffers& b, Launcher& launcher) {
     p.out = static_cast<S*>(b.out);
     p.M = b.M;
     p.N = b.N;
-    p.x_vec = b.N % kGroupSize == 0 && dev::is_aligned16(b.x) && dev::is_aligned16(b.out);
-    p.b_vec = b.N % kGroupSize == 0 && dev::is_aligned16(b.bias);
+    p.x_vec = vector_access(b.N, {b.x, b.out});
+    p.b_vec = vector_access(b.N, {b.bias});
     auto kernel = dev::bias_relu_forward_kernel<S, B>;
     const TilePlan t = plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
     launcher.run("bias_relu_forward_kernel", kernel,
@@ -271,8 +278,7 @@ void run_bias_relu_backward(const BiasReluBackwardBuffers& b, Launcher& launcher
     p.M = b.M;
     p.N = b.N;
     p.ldp = partial_stride(b.N);
-    p.x_vec = b.N % kGroupSize == 0 && dev::is_aligned16(b.grad_out) && dev::is_aligned16(b.out) &&
-              dev::is_aligned16(b.grad_x);
+    p.x_vec = vector_access(b.N, {b.grad_out, b.out, b.grad_x});
     auto kernel = dev::bias_relu_backward_kernel<S>;
     const TilePlan t = plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
     p.partial = launcher.template scratch<A>(t.row_blocks * p.ldp);
