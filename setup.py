@@ -6,7 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
@@ -103,7 +103,11 @@ ext_modules, cpp_extension = _extensions()
 )
 
 setup(
-    packages=find_packages(include=["gpuopt_ops", "gpuopt_ops.*", "triton_kernels", "triton_kernels.*"]),
+    # The Triton kernels live in triton_kernels/ at the repository root but install as gpuopt_ops.triton_kernels:
+    # the top-level name `triton_kernels` belongs to Triton's own package (imported by vLLM) and to PyPI's
+    # triton-kernels.
+    packages=["gpuopt_ops", "gpuopt_ops.triton_kernels"],
+    package_dir={"gpuopt_ops.triton_kernels": "triton_kernels"},
     ext_modules=ext_modules,
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
 )

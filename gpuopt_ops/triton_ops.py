@@ -7,7 +7,7 @@
 
 Same schemas, input checks (gpuopt_ops/_validation.py: the C++ messages word for word), outputs and dropout
 bits as the C++ ops; autograd is that of the C++ ops (ops.register_ldr_autograd / register_bias_relu_autograd).
-The kernels are in triton_kernels/ (repository root).
+The kernels are in triton_kernels/ (repository root), installed as gpuopt_ops.triton_kernels.
 
 On a GPU the ops run compiled Triton kernels, and torch.compile decomposes them into the kernels (Inductor sees
 into them). Without a GPU they run on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1 set before
@@ -36,22 +36,24 @@ except ImportError as err:  # pragma: no cover - exercised only without triton
 
 
 def _import_triton_kernels():
+    """Import the kernels as gpuopt_ops.triton_kernels (setup.py maps the repository's triton_kernels/ folder
+    there). From a source tree on sys.path without an install, load that folder under the same name."""
+    name = __package__ + ".triton_kernels"
     try:
-        import triton_kernels  # noqa: F401
+        importlib.import_module(name)
+        return
     except ModuleNotFoundError as err:
-        if err.name != "triton_kernels":
+        if err.name != name:
             raise
-        # An editable install made before triton_kernels/ existed maps only gpuopt_ops: load the sibling folder.
         pkg = Path(__file__).resolve().parent.parent / "triton_kernels"
         if not (pkg / "__init__.py").is_file():
             raise ImportError(
-                "gpuopt_ops.triton_ops: cannot import the triton_kernels package (reinstall gpuopt with "
+                "gpuopt_ops.triton_ops: cannot import gpuopt_ops.triton_kernels (reinstall gpuopt with "
                 "`pip install --no-build-isolation -e .`)") from err
-        spec = importlib.util.spec_from_file_location("triton_kernels", pkg / "__init__.py",
-                                                      submodule_search_locations=[str(pkg)])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["triton_kernels"] = mod
-        spec.loader.exec_module(mod)
+    spec = importlib.util.spec_from_file_location(name, pkg / "__init__.py", submodule_search_locations=[str(pkg)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
 
 
 _import_triton_kernels()
@@ -60,8 +62,8 @@ from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
 from torch._subclasses.functional_tensor import FunctionalTensorMode  # noqa: E402
 from torch.library import triton_op, wrap_triton  # noqa: E402
 
-from triton_kernels import bias_relu as _BR  # noqa: E402
-from triton_kernels import layer_norm_dropout_relu as _LDR  # noqa: E402
+from gpuopt_ops.triton_kernels import bias_relu as _BR  # noqa: E402
+from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as _LDR  # noqa: E402
 
 from . import _validation as V  # noqa: E402
 from .ops import register_bias_relu_autograd, register_ldr_autograd  # noqa: E402

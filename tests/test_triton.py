@@ -23,7 +23,7 @@ from helpers import (FLOORS, BiasReluLdrBlock, assert_close_to_reference, check_
                      make_inputs, opcheck_four_ops, seed_tensor)
 
 T = pytest.importorskip("gpuopt_ops.triton_ops")
-from triton_kernels import layer_norm_dropout_relu as LDR  # noqa: E402
+from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as LDR  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -620,7 +620,7 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime import driver
-from triton_kernels import bias_relu as BR, layer_norm_dropout_relu as L
+from gpuopt_ops.triton_kernels import bias_relu as BR, layer_norm_dropout_relu as L
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
