@@ -1,4 +1,12 @@
-"""Build of gpuopt_ops._C: CUDA + CPU kernels when nvcc is found, CPU-only otherwise (or GPUOPT_CPU_ONLY=1)."""
+"""Build of gpuopt_ops._C: CUDA + CPU kernels when nvcc is found, CPU-only otherwise (or GPUOPT_CPU_ONLY=1).
+
+_C is built against the LibTorch stable ABI (TORCH_TARGET_VERSION = 2.11) and Python's limited API (abi3,
+3.10), so one wheel serves torch >= 2.11 and Python >= 3.10:
+    pip wheel --no-build-isolation --no-deps . -w dist/     ->  dist/gpuopt-<version>-cp310-abi3-linux_x86_64.whl
+GPU code: TORCH_CUDA_ARCH_LIST when set; otherwise the capabilities of the GPUs this machine has (when torch sees
+any); otherwise DEFAULT_ARCH_LIST (sm_80 code, which also runs on 8.6/8.9, plus sm_90 code and compute_90 PTX,
+which the driver compiles for newer GPUs).
+"""
 
 import glob
 import os
@@ -11,6 +19,7 @@ from setuptools import setup
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 DEFAULT_ARCH_LIST = "8.0;9.0+PTX"
+TORCH_TARGET_VERSION = "0x020b000000000000"  # 2.11.0: the oldest torch the binary loads in
 
 
 def _log(msg: str) -> None:
@@ -50,12 +59,35 @@ def _find_cuda_home():
     return None, "no nvcc found (looked at $CUDA_HOME, /usr/local/cuda/bin/nvcc and nvcc on PATH)"
 
 
+def _arch_list():
+    """(TORCH_CUDA_ARCH_LIST to build, why)."""
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if env:
+        return env, "from the environment"
+    try:
+        import torch
+
+        caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    except Exception as err:  # no driver, no GPU, a CPU-only torch
+        caps, why = [], f"no GPU visible ({type(err).__name__})"
+    else:
+        why = "no GPU visible"
+    if caps:
+        archs = [f"{major}.{minor}" for major, minor in caps]
+        archs[-1] += "+PTX"
+        return ";".join(archs), "the GPUs of this machine; set TORCH_CUDA_ARCH_LIST to build for others"
+    return DEFAULT_ARCH_LIST, f"the default: {why}; set TORCH_CUDA_ARCH_LIST to choose"
+
+
 def _extensions():
     from torch.utils import cpp_extension
 
     cuda_home, reason = _find_cuda_home()
     sources = [str(CSRC / "ops.cpp"), str(CSRC / "checks.cpp")] + sorted(glob.glob(str(CSRC / "cpu" / "*.cpp")))
-    cxx_flags = ["-O3", "-fopenmp", "-DNDEBUG", "-Wno-unknown-pragmas"]
+    # py_limited_api=True makes torch's build_ext add -DPy_LIMITED_API (its oldest supported Python, 3.10).
+    # Hidden visibility: torch::stable's types are hidden, and only PyInit__C needs exporting.
+    abi_flags = [f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}"]
+    cxx_flags = ["-O3", "-fopenmp", "-DNDEBUG", "-Wno-unknown-pragmas", "-fvisibility=hidden"] + abi_flags
     link_flags = ["-fopenmp"]
     include_dirs = [str(CSRC)]
     if cuda_home is None:
@@ -67,18 +99,19 @@ def _extensions():
                 include_dirs=include_dirs,
                 extra_compile_args={"cxx": cxx_flags},
                 extra_link_args=link_flags,
-                py_limited_api=False,
+                py_limited_api=True,
             )
         ], cpp_extension
 
     os.environ["CUDA_HOME"] = cuda_home
     cpp_extension.CUDA_HOME = cuda_home  # torch reads it at import time; keep it in step with what we found
-    if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
-        os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCH_LIST
+    arch_list, arch_reason = _arch_list()
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
     _log(f"building CUDA + CPU kernels with the toolkit at {cuda_home} (found via {reason}), "
-         f"TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}")
+         f"TORCH_CUDA_ARCH_LIST={arch_list} ({arch_reason})")
     sources += sorted(glob.glob(str(CSRC / "cuda" / "*.cu")))
-    nvcc_flags = ["-O3", "-DNDEBUG", "-lineinfo", "--expt-relaxed-constexpr"]
+    nvcc_flags = ["-O3", "-DNDEBUG", "-lineinfo", "--expt-relaxed-constexpr",
+                  f'-DGPUOPT_CUDA_ARCH_LIST="{arch_list}"', "-Xcompiler", "-fvisibility=hidden"] + abi_flags
     return [
         cpp_extension.CUDAExtension(
             "gpuopt_ops._C",
@@ -86,28 +119,34 @@ def _extensions():
             include_dirs=include_dirs,
             extra_compile_args={"cxx": cxx_flags + ["-DGPUOPT_WITH_CUDA"], "nvcc": nvcc_flags},
             extra_link_args=link_flags,
-            py_limited_api=False,
+            py_limited_api=True,
         )
     ], cpp_extension
 
 
-def _build_info():
+def _build_info(ext_modules):
     import torch
 
-    return f'TORCH_VERSION = "{torch.__version__}"\n'
+    cuda = any(str(src).endswith(".cu") for ext in ext_modules for src in ext.sources)
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST") if cuda else None
+    return (f'TORCH_VERSION = "{torch.__version__}"  # built with; it loads in any torch >= 2.11 (stable ABI)\n'
+            f"CUDA_ARCH_LIST = {arch!r}  # None: a CPU-only build\n")
 
 
-ext_modules, cpp_extension = _extensions()
-(ROOT / "gpuopt_ops" / "_build_info.py").write_text(
-    "# Written by setup.py: the torch the extension was compiled against.\n" + _build_info()
-)
+# Run by pip / setuptools (both execute this file as __main__); tests import it for _arch_list.
+if __name__ == "__main__":
+    ext_modules, cpp_extension = _extensions()
+    (ROOT / "gpuopt_ops" / "_build_info.py").write_text(
+        "# Written by setup.py: how gpuopt_ops._C was built.\n" + _build_info(ext_modules)
+    )
 
-setup(
-    # The Triton kernels live in triton_kernels/ at the repository root but install as gpuopt_ops.triton_kernels:
-    # the top-level name `triton_kernels` belongs to Triton's own package (imported by vLLM) and to PyPI's
-    # triton-kernels.
-    packages=["gpuopt_ops", "gpuopt_ops.triton_kernels"],
-    package_dir={"gpuopt_ops.triton_kernels": "triton_kernels"},
-    ext_modules=ext_modules,
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
-)
+    setup(
+        # The Triton kernels live in triton_kernels/ at the repository root but install as gpuopt_ops.triton_kernels:
+        # the top-level name `triton_kernels` belongs to Triton's own package (imported by vLLM) and to PyPI's
+        # triton-kernels.
+        packages=["gpuopt_ops", "gpuopt_ops.triton_kernels"],
+        package_dir={"gpuopt_ops.triton_kernels": "triton_kernels"},
+        ext_modules=ext_modules,
+        cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+        options={"bdist_wheel": {"py_limited_api": "cp310"}},  # one wheel, tagged cp310-abi3, for Python >= 3.10
+    )

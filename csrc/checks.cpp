@@ -1,6 +1,5 @@
 #include "checks.h"
 
-#include <c10/util/Exception.h>
 #include <cmath>
 #include <sstream>
 #include <string>
@@ -9,25 +8,25 @@ namespace gpuopt {
 namespace {
 
 // Python spelling of dtypes, so C++ and Python errors read the same.
-std::string dtype_name(at::ScalarType t) {
+std::string dtype_name(ScalarType t) {
   switch (t) {
-    case at::kFloat: return "torch.float32";
-    case at::kDouble: return "torch.float64";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kLong: return "torch.int64";
-    case at::kInt: return "torch.int32";
-    case at::kShort: return "torch.int16";
-    case at::kChar: return "torch.int8";
-    case at::kByte: return "torch.uint8";
-    case at::kBool: return "torch.bool";
-    case at::kComplexFloat: return "torch.complex64";
-    case at::kComplexDouble: return "torch.complex128";
-    default: return std::string("torch.") + c10::toString(t);
+    case kFloat: return "torch.float32";
+    case kDouble: return "torch.float64";
+    case kHalf: return "torch.float16";
+    case kBFloat16: return "torch.bfloat16";
+    case kLong: return "torch.int64";
+    case ScalarType::Int: return "torch.int32";
+    case ScalarType::Short: return "torch.int16";
+    case ScalarType::Char: return "torch.int8";
+    case ScalarType::Byte: return "torch.uint8";
+    case ScalarType::Bool: return "torch.bool";
+    case ScalarType::ComplexFloat: return "torch.complex64";
+    case ScalarType::ComplexDouble: return "torch.complex128";
+    default: return std::string("torch.") + torch::headeronly::toString(t);
   }
 }
 
-std::string shape_str(c10::IntArrayRef sizes) {
+std::string shape_str(IntArrayRef sizes) {
   std::ostringstream s;
   s << "(";
   for (size_t i = 0; i < sizes.size(); ++i) s << (i ? ", " : "") << sizes[i];
@@ -36,56 +35,56 @@ std::string shape_str(c10::IntArrayRef sizes) {
   return s.str();
 }
 
-bool is_float_dtype(at::ScalarType t) {
-  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
+bool is_float_dtype(ScalarType t) {
+  return t == kFloat || t == kHalf || t == kBFloat16 || t == kDouble;
 }
 
-void check_input(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(is_float_dtype(t.scalar_type()), "gpuopt.", op, ": ", name,
+void check_input(const char* op, const char* name, const Tensor& t) {
+  GPUOPT_CHECK(is_float_dtype(t.scalar_type()), "gpuopt.", op, ": ", name,
               " must be float32, float16, bfloat16 or float64, got ", dtype_name(t.scalar_type()));
-  TORCH_CHECK(t.dim() >= 1, "gpuopt.", op, ": ", name, " must have at least 1 dimension, got a 0-dim tensor");
-  TORCH_CHECK(t.size(-1) > 0, "gpuopt.", op, ": ", name, " must have a non-empty last dimension, got shape ",
+  GPUOPT_CHECK(t.dim() >= 1, "gpuopt.", op, ": ", name, " must have at least 1 dimension, got a 0-dim tensor");
+  GPUOPT_CHECK(last_dim(t) > 0, "gpuopt.", op, ": ", name, " must have a non-empty last dimension, got shape ",
               shape_str(t.sizes()));
 }
 
-void check_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x) {
-  TORCH_CHECK(t.device() == x.device(), "gpuopt.", op, ": ", name, " must be on ", x.device().str(),
-              " like x, got ", t.device().str());
+void check_device(const char* op, const char* name, const Tensor& t, const Tensor& x) {
+  GPUOPT_CHECK(t.device() == x.device(), "gpuopt.", op, ": ", name, " must be on ", device_str(x.device()),
+              " like x, got ", device_str(t.device()));
 }
 
-void check_same(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
-                const at::Tensor& ref) {
+void check_same(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                const Tensor& ref) {
   check_device(op, name, t, ref);
-  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "gpuopt.", op, ": ", name, " must have dtype ",
+  GPUOPT_CHECK(t.scalar_type() == ref.scalar_type(), "gpuopt.", op, ": ", name, " must have dtype ",
               dtype_name(ref.scalar_type()), " like ", ref_name, ", got ", dtype_name(t.scalar_type()));
-  TORCH_CHECK(t.sizes() == ref.sizes(), "gpuopt.", op, ": ", name, " must have shape ", shape_str(ref.sizes()),
+  GPUOPT_CHECK(same_sizes(t.sizes(), ref.sizes()), "gpuopt.", op, ": ", name, " must have shape ", shape_str(ref.sizes()),
               " like ", ref_name, ", got ", shape_str(t.sizes()));
 }
 
 // weight / bias: shape (N,), x's device, dtype of x or float32.
-void check_param(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x, int64_t N) {
+void check_param(const char* op, const char* name, const Tensor& t, const Tensor& x, int64_t N) {
   check_device(op, name, t, x);
-  TORCH_CHECK(t.scalar_type() == x.scalar_type() || t.scalar_type() == at::kFloat, "gpuopt.", op, ": ", name,
+  GPUOPT_CHECK(t.scalar_type() == x.scalar_type() || t.scalar_type() == kFloat, "gpuopt.", op, ": ", name,
               " must have dtype ", dtype_name(x.scalar_type()), " (like x) or torch.float32, got ",
               dtype_name(t.scalar_type()));
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == N, "gpuopt.", op, ": ", name, " must have shape (", N,
+  GPUOPT_CHECK(t.dim() == 1 && t.size(0) == N, "gpuopt.", op, ": ", name, " must have shape (", N,
               ",) to match the last dimension of x, got ", shape_str(t.sizes()));
 }
 
-void check_vector(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x, int64_t M,
-                  at::ScalarType dtype) {
+void check_vector(const char* op, const char* name, const Tensor& t, const Tensor& x, int64_t M,
+                  ScalarType dtype) {
   check_device(op, name, t, x);
-  TORCH_CHECK(t.scalar_type() == dtype, "gpuopt.", op, ": ", name, " must have dtype ", dtype_name(dtype),
+  GPUOPT_CHECK(t.scalar_type() == dtype, "gpuopt.", op, ": ", name, " must have dtype ", dtype_name(dtype),
               ", got ", dtype_name(t.scalar_type()));
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == M, "gpuopt.", op, ": ", name, " must have shape (", M,
+  GPUOPT_CHECK(t.dim() == 1 && t.size(0) == M, "gpuopt.", op, ": ", name, " must have shape (", M,
               ",) (one entry per row of x), got ", shape_str(t.sizes()));
 }
 
-LdrArgs check_ldr_common(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                         const std::optional<at::Tensor>& bias, const at::Tensor& seed, double p) {
+LdrArgs check_ldr_common(const char* op, const Tensor& x, const std::optional<Tensor>& weight,
+                         const std::optional<Tensor>& bias, const Tensor& seed, double p) {
   check_input(op, "x", x);
   LdrArgs a;
-  a.N = x.size(-1);
+  a.N = last_dim(x);
   a.M = rows_of(x, a.N);
   a.acc_dtype = acc_dtype_of(x.scalar_type());
   a.param_dtype = x.scalar_type();
@@ -98,74 +97,74 @@ LdrArgs check_ldr_common(const char* op, const at::Tensor& x, const std::optiona
   if (has_b) {
     check_param(op, "bias", *bias, x, a.N);
     if (has_w) {
-      TORCH_CHECK(bias->scalar_type() == weight->scalar_type(), "gpuopt.", op,
+      GPUOPT_CHECK(bias->scalar_type() == weight->scalar_type(), "gpuopt.", op,
                   ": bias must have the dtype of weight (", dtype_name(weight->scalar_type()), "), got ",
                   dtype_name(bias->scalar_type()));
     }
     a.param_dtype = bias->scalar_type();
   }
   check_device(op, "seed", seed, x);
-  TORCH_CHECK(seed.scalar_type() == at::kLong, "gpuopt.", op, ": seed must have dtype torch.int64, got ",
+  GPUOPT_CHECK(seed.scalar_type() == kLong, "gpuopt.", op, ": seed must have dtype torch.int64, got ",
               dtype_name(seed.scalar_type()));
-  TORCH_CHECK(seed.numel() == 1, "gpuopt.", op, ": seed must have exactly 1 element, got shape ",
+  GPUOPT_CHECK(seed.numel() == 1, "gpuopt.", op, ": seed must have exactly 1 element, got shape ",
               shape_str(seed.sizes()));
-  TORCH_CHECK(p >= 0.0 && p <= 1.0, "gpuopt.", op, ": p must be in [0, 1], got ", p);
+  GPUOPT_CHECK(p >= 0.0 && p <= 1.0, "gpuopt.", op, ": p must be in [0, 1], got ", p);
   a.dropout = make_dropout_params(p);
-  a.x = x.contiguous();
-  if (has_w) a.weight = weight->contiguous();
-  if (has_b) a.bias = bias->contiguous();
+  a.x = as_contiguous(x);
+  if (has_w) a.weight = as_contiguous(*weight);
+  if (has_b) a.bias = as_contiguous(*bias);
   return a;
 }
 
 }  // namespace
 
-LdrArgs check_ldr_forward(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                          const std::optional<at::Tensor>& bias, const at::Tensor& seed, double p,
+LdrArgs check_ldr_forward(const Tensor& x, const std::optional<Tensor>& weight,
+                          const std::optional<Tensor>& bias, const Tensor& seed, double p,
                           double eps) {
   const char* op = "layer_norm_dropout_relu";
   LdrArgs a = check_ldr_common(op, x, weight, bias, seed, p);
-  TORCH_CHECK(eps > 0.0 && std::isfinite(eps), "gpuopt.", op, ": eps must be a finite number > 0, got ", eps);
+  GPUOPT_CHECK(eps > 0.0 && std::isfinite(eps), "gpuopt.", op, ": eps must be a finite number > 0, got ", eps);
   return a;
 }
 
-LdrBackwardArgs check_ldr_backward(const at::Tensor& grad_out, const at::Tensor& x,
-                                   const std::optional<at::Tensor>& weight,
-                                   const std::optional<at::Tensor>& bias, const at::Tensor& mean,
-                                   const at::Tensor& rstd, const at::Tensor& seed, double p) {
+LdrBackwardArgs check_ldr_backward(const Tensor& grad_out, const Tensor& x,
+                                   const std::optional<Tensor>& weight,
+                                   const std::optional<Tensor>& bias, const Tensor& mean,
+                                   const Tensor& rstd, const Tensor& seed, double p) {
   const char* op = "layer_norm_dropout_relu_backward";
   LdrBackwardArgs b;
   b.fwd = check_ldr_common(op, x, weight, bias, seed, p);
   check_same(op, "grad_out", grad_out, "x", x);
   check_vector(op, "mean", mean, x, b.fwd.M, b.fwd.acc_dtype);
   check_vector(op, "rstd", rstd, x, b.fwd.M, b.fwd.acc_dtype);
-  b.grad_out = grad_out.contiguous();
-  b.mean = mean.contiguous();
-  b.rstd = rstd.contiguous();
+  b.grad_out = as_contiguous(grad_out);
+  b.mean = as_contiguous(mean);
+  b.rstd = as_contiguous(rstd);
   return b;
 }
 
-BiasReluArgs check_bias_relu(const at::Tensor& x, const at::Tensor& bias) {
+BiasReluArgs check_bias_relu(const Tensor& x, const Tensor& bias) {
   const char* op = "bias_relu";
   check_input(op, "x", x);
   BiasReluArgs a;
-  a.N = x.size(-1);
+  a.N = last_dim(x);
   a.M = rows_of(x, a.N);
   check_param(op, "bias", bias, x, a.N);
-  a.x = x.contiguous();
-  a.bias = bias.contiguous();
+  a.x = as_contiguous(x);
+  a.bias = as_contiguous(bias);
   return a;
 }
 
-BiasReluBackwardArgs check_bias_relu_backward(const at::Tensor& grad_out, const at::Tensor& out) {
+BiasReluBackwardArgs check_bias_relu_backward(const Tensor& grad_out, const Tensor& out) {
   const char* op = "bias_relu_backward";
   check_input(op, "out", out);
   check_same(op, "grad_out", grad_out, "out", out);
   BiasReluBackwardArgs a;
-  a.N = out.size(-1);
+  a.N = last_dim(out);
   a.M = rows_of(out, a.N);
   a.acc_dtype = acc_dtype_of(out.scalar_type());
-  a.grad_out = grad_out.contiguous();
-  a.out = out.contiguous();
+  a.grad_out = as_contiguous(grad_out);
+  a.out = as_contiguous(out);
   return a;
 }
 

@@ -1,7 +1,6 @@
-// The schemas of the gpuopt ops, once: csrc/ops.cpp defines them in TORCH_LIBRARY(gpuopt), and the CPU emulation
-// of the CUDA backend (tests/cuda_emu) registers the same ones under its own namespace.
+// The schemas of the gpuopt ops, once: csrc/ops.cpp defines them in STABLE_TORCH_LIBRARY(gpuopt), and the CPU
+// emulation of the CUDA backend (tests/cuda_emu) registers the same ones under its own namespace.
 #pragma once
-#include <torch/library.h>
 
 namespace gpuopt {
 
@@ -15,7 +14,9 @@ constexpr const char* kBiasReluSchema = "bias_relu(Tensor x, Tensor bias) -> Ten
 constexpr const char* kBiasReluBackwardSchema =
     "bias_relu_backward(Tensor grad_out, Tensor out) -> (Tensor grad_x, Tensor grad_bias)";
 
-inline void define_schemas(torch::Library& m) {
+// Library: anything with def(const char* schema), e.g. the stable ABI's StableLibrary.
+template <class Library>
+void define_schemas(Library& m) {
   m.def(kLdrForwardSchema);
   m.def(kLdrBackwardSchema);
   m.def(kBiasReluSchema);

@@ -1,12 +1,29 @@
 #!/usr/bin/env bash
-# The tests: set up ./.venv with the test extras and run pytest. Exit code 5 (no tests collected) fails.
+# The tests: set up the venv (scripts/setup_env.sh: torch, the test extras, gpuopt's wheel) and run pytest on the
+# installed wheel, not on the source tree: pytest runs in build/test-tree, a copy of this repository without the
+# package folders (gpuopt_ops/, triton_kernels/), so `import gpuopt_ops` can only find the installed wheel.
+# Arguments go to pytest. Exit code 5 (no tests collected) fails. The same knobs as setup_env.sh; e.g. the GPU
+# machine's stack (Python 3.12, torch 2.11, triton 3.6) in its own venv, with the same wheel:
+#   GPUOPT_VENV=.venv-torch2.11 PYTHON=python3.12 GPUOPT_TORCH_SPEC="torch==2.11.0 triton==3.6.0" \
+#   GPUOPT_TORCHVISION=torchvision==0.26.0 bash scripts/run_tests.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# torchvision (tests/test_fuse.py) 0.29.1 requires torch==2.14.1, setup_env.sh's default: change the two together
-GPUOPT_EXTRA_PIP="pytest hypothesis expecttest scikit-learn tqdm matplotlib nvidia-cuda-cuobjdump torchvision==0.29.1" source "$ROOT/scripts/setup_env.sh"
-cd "$ROOT"
+# torchvision (tests/test_fuse.py) must match torch: 0.29.1 <-> torch 2.14.1 (the default), 0.26.0 <-> torch 2.11.0
+TV="${GPUOPT_TORCHVISION:-torchvision==0.29.1}"
+GPUOPT_EXTRA_PIP="pytest hypothesis expecttest scikit-learn tqdm matplotlib nvidia-cuda-cuobjdump $TV" \
+  source "$ROOT/scripts/setup_env.sh"
+TREE="$ROOT/build/test-tree"
+# the emulator's compiled test extensions (tests/cuda_emu/build.py), kept between runs; keyed by torch + Python
+export GPUOPT_EMU_BUILD_DIR="${GPUOPT_EMU_BUILD_DIR:-$ROOT/build/cuda-emu}"
+mkdir -p "$TREE"
+find "$TREE" -mindepth 1 -maxdepth 1 ! -name .pytest_cache -exec rm -rf {} +
+(cd "$ROOT" && tar -cf - --exclude=./gpuopt_ops --exclude=./triton_kernels --exclude=./build --exclude=./dist \
+   --exclude='./.venv*' --exclude=./.git --exclude=./tests/cuda_emu/.build --exclude=./runs --exclude='*/__pycache__' --exclude=./.pytest_cache \
+   --exclude=./.hypothesis --exclude=./bench_out --exclude=./gpu_check_out .) | (cd "$TREE" && tar -xf -)
+cd "$TREE"
+echo "== pytest in $TREE on $("$VPY" -c 'import sys, torch, gpuopt_ops; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, gpuopt from {gpuopt_ops.__file__}")')"
 set +e
-"$VENV/bin/python" -m pytest -q tests "$@"
+"$VPY" -m pytest -q tests "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -1,38 +1,81 @@
 #!/usr/bin/env bash
-# Creates (or reuses) ./.venv, installs torch and gpuopt into it. Idempotent: a second run only rebuilds what
-# changed. Sourced by run_main.sh and run_tests.sh.
+# Creates (or reuses) a venv (./.venv unless GPUOPT_VENV), installs torch, then builds gpuopt's wheel once and
+# installs it. Idempotent: a second run rebuilds nothing when the sources are unchanged. Sourced by run_main.sh
+# and run_tests.sh. Knobs (environment):
+#   GPUOPT_VENV        the venv (default ./.venv)
+#   PYTHON             the interpreter that creates it (default python3; Python >= 3.10)
+#   GPUOPT_TORCH_SPEC  the torch to install (default torch==2.14.1; with GPUOPT_TORCH_SPEC="torch==2.11.0
+#                      triton==3.6.0" it is the GPU machine's stack). A CPU-only torch:
+#                      GPUOPT_PIP_INDEX=https://download.pytorch.org/whl/cpu plus GPUOPT_CPU_ONLY=1
+#   GPUOPT_PIP_INDEX   an --index-url for torch (optional)
+#   GPUOPT_EXTRA_PIP   more packages to install (the scripts' extras)
+#   GPUOPT_WHEEL       install this prebuilt wheel instead of building one
+#   GPUOPT_CPU_ONLY=1, TORCH_CUDA_ARCH_LIST, CUDA_HOME, MAX_JOBS (default 2): passed to the build (setup.py)
+# The wheel (dist/gpuopt-<version>-cp310-abi3-linux_x86_64.whl) is on the LibTorch stable ABI and Python's limited
+# API: the same file installs in every venv with torch >= 2.11 and Python >= 3.10, so a second venv reuses it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${GPUOPT_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
 TORCH_SPEC="${GPUOPT_TORCH_SPEC:-torch==2.14.1}"
+DIST="$ROOT/dist"
 
 if [ ! -x "$VENV/bin/python" ]; then
-  echo "== creating $VENV"
-  "$PY" -m venv "$VENV"
+  echo "== creating $VENV ($("$PY" --version 2>&1))"
+  "$PY" -m venv "$VENV" || { echo "cannot create a venv with $PY: install python3-venv (Debian/Ubuntu) or set PYTHON"; exit 1; }
 fi
 VPY="$VENV/bin/python"
 if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
-  echo "== installing $TORCH_SPEC"
+  echo "== installing $TORCH_SPEC into $VENV"
   "$VPY" -m pip install -q --upgrade pip >/dev/null
-  "$VPY" -m pip install -q "$TORCH_SPEC"
+  # shellcheck disable=SC2086
+  "$VPY" -m pip install -q ${GPUOPT_PIP_INDEX:+--index-url "$GPUOPT_PIP_INDEX"} $TORCH_SPEC
 fi
-"$VPY" -m pip install -q numpy ninja "setuptools>=64" wheel ${GPUOPT_EXTRA_PIP:-}
-# pip rebuilds an editable extension from scratch every time (minutes with nvcc), so skip the build when the
-# sources, the build settings and torch are unchanged since the last successful build in this venv.
-STAMP_FILE="$VENV/.gpuopt_build_stamp"
-stamp=$( { cd "$ROOT" && find csrc setup.py pyproject.toml -type f -print0 | sort -z | xargs -0 sha256sum;
-           "$VPY" -c "import torch; print(torch.__version__)";
-           echo "${GPUOPT_CPU_ONLY:-} ${TORCH_CUDA_ARCH_LIST:-} ${CUDA_HOME:-}"; } | sha256sum | cut -d' ' -f1)
-if [ -f "$STAMP_FILE" ] && [ "$(cat "$STAMP_FILE")" = "$stamp" ] && "$VPY" -c "import gpuopt_ops" >/dev/null 2>&1; then
-  echo "== gpuopt is up to date in $VENV (sources unchanged since its last build)"
+# shellcheck disable=SC2086
+"$VPY" -m pip install -q numpy ninja "setuptools>=77" wheel ${GPUOPT_EXTRA_PIP:-}
+
+if [ -n "${GPUOPT_WHEEL:-}" ]; then
+  WHEEL="$GPUOPT_WHEEL"
+  stamp="prebuilt $(sha256sum "$WHEEL" | cut -d' ' -f1)"
 else
-  echo "== building gpuopt (pip install --no-build-isolation -e .)"
-  start=$(date +%s)
-  rm -f "$STAMP_FILE"
-  MAX_JOBS="${MAX_JOBS:-2}" "$VPY" -m pip install -q --no-build-isolation --no-deps -e "$ROOT" 2>&1 \
-    | grep -E "gpuopt setup|error|Error" || true
-  "$VPY" -c "import gpuopt_ops" || { echo "gpuopt failed to build or import; rerun with: $VPY -m pip install -v --no-build-isolation -e $ROOT"; exit 1; }
-  echo "$stamp" > "$STAMP_FILE"
-  echo "== gpuopt ready in $VENV (build step $(( $(date +%s) - start )) s)"
+  # The wheel holds the compiled _C and the Python packages: rebuild it when any of them or the build settings
+  # change (not when torch does: the stable ABI).
+  stamp=$( { cd "$ROOT" && find csrc gpuopt_ops triton_kernels setup.py pyproject.toml README.md LICENSE -type f \
+               ! -name '*.so' ! -name '_build_info.py' ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum;
+             echo "${GPUOPT_CPU_ONLY:-} ${TORCH_CUDA_ARCH_LIST:-} ${CUDA_HOME:-}"; } | sha256sum | cut -d' ' -f1)
+  WHEEL_STAMP="$DIST/.gpuopt_wheel_stamp"
+  WHEEL=$(ls "$DIST"/gpuopt-*-cp310-abi3-*.whl 2>/dev/null | head -n1 || true)
+  if [ -n "$WHEEL" ] && [ -f "$WHEEL_STAMP" ] && [ "$(cat "$WHEEL_STAMP")" = "$stamp" ]; then
+    echo "== gpuopt wheel up to date: $WHEEL"
+  else
+    echo "== building the gpuopt wheel (pip wheel --no-build-isolation --no-deps . -w dist/); progress:"
+    start=$(date +%s)
+    rm -f "$DIST"/gpuopt-*.whl "$WHEEL_STAMP"
+    mkdir -p "$DIST"
+    # -v shows ninja's "[k/n] <compile>" lines; print those as "[k/n] <source file>", and our own messages.
+    set +e
+    (cd "$ROOT" && MAX_JOBS="${MAX_JOBS:-2}" "$VPY" -m pip wheel -v --no-build-isolation --no-deps . -w "$DIST" 2>&1) \
+      | tee "$DIST/build.log" \
+      | grep --line-buffered -E '^\s*\[[0-9]+/[0-9]+\]|gpuopt setup|error:|Error' \
+      | sed -u -E 's#^\s*(\[[0-9]+/[0-9]+\]) .* -c ([^ ]+) .*#  \1 \2#'
+    rc=${PIPESTATUS[0]}
+    set -e
+    WHEEL=$(ls "$DIST"/gpuopt-*-cp310-abi3-*.whl 2>/dev/null | head -n1 || true)
+    if [ "$rc" -ne 0 ] || [ -z "$WHEEL" ]; then
+      echo "gpuopt: the wheel build failed (rc $rc); the full log is $DIST/build.log"; exit 1
+    fi
+    echo "$stamp" > "$WHEEL_STAMP"
+    echo "== built $WHEEL in $(( $(date +%s) - start )) s"
+  fi
+fi
+
+INSTALL_STAMP="$VENV/.gpuopt_install_stamp"
+if [ -f "$INSTALL_STAMP" ] && [ "$(cat "$INSTALL_STAMP")" = "$stamp" ] && (cd / && "$VPY" -c "import gpuopt_ops") >/dev/null 2>&1; then
+  echo "== gpuopt is installed in $VENV (the current wheel)"
+else
+  rm -f "$INSTALL_STAMP"
+  "$VPY" -m pip install -q --no-deps --force-reinstall "$WHEEL"
+  (cd / && "$VPY" -c "import gpuopt_ops") || { echo "gpuopt: the wheel installed but does not import in $VENV"; exit 1; }
+  echo "$stamp" > "$INSTALL_STAMP"
+  echo "== gpuopt installed in $VENV from $(basename "$WHEEL")"
 fi

@@ -27,7 +27,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 @pytest.fixture(scope="module")
 def emu():
-    load_extension("gpuopt_cuda_emulated", [ROOT / "tests" / "cuda_emu" / "emulated_ops.cpp", ROOT / "csrc" / "checks.cpp"])
+    # hidden visibility, as setup.py builds _C: torch::stable's types are hidden
+    load_extension("gpuopt_cuda_emulated", [ROOT / "tests" / "cuda_emu" / "emulated_ops.cpp", ROOT / "csrc" / "checks.cpp"],
+                   extra_cflags=["-fvisibility=hidden"])
     ops = torch.ops.gpuopt_emu
     ops.take_launches()
     return ops

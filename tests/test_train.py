@@ -99,7 +99,8 @@ def test_compiled_model_trains_like_the_eager_one(tmp_path):
 def _write_idx(path, array, compress):
     header = struct.pack(">BBBB", 0, 0, 8, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
     data = header + array.astype(np.uint8).tobytes()
-    (gzip.open if compress else open)(path, "wb").write(data)
+    with (gzip.open if compress else open)(path, "wb") as f:  # closed, so a .gz gets its end-of-stream marker
+        f.write(data)
 
 
 @pytest.mark.parametrize("compress", [False, True])

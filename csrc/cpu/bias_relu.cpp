@@ -1,10 +1,5 @@
 // C++ CPU kernels of bias_relu and its backward (dbias fused into the same pass, deterministic; returned in the
 // accumulation dtype, so AMP's fp32 bias gets the unrounded sum: autograd casts it to the bias's dtype).
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <tuple>
@@ -15,6 +10,7 @@
 #include "cpu/row_blocks.h"
 #include "cpu/row_kernels.h"
 #include "dispatch.h"
+#include "torch_stable.h"
 
 namespace gpuopt {
 namespace {
@@ -31,15 +27,15 @@ const float* as_float_row(const T* src, float* buf, int64_t n) {
 }
 
 template <typename scalar_t, typename bias_t>
-void bias_relu_kernel(const BiasReluArgs& a, at::Tensor& out) {
+void bias_relu_kernel(const BiasReluArgs& a, Tensor& out) {
   using acc_t = acc_type_t<scalar_t>;
   constexpr bool kFp32 = std::is_same_v<acc_t, float>;
   constexpr bool kDirect = std::is_same_v<scalar_t, float>;
   const int64_t M = a.M, N = a.N;
-  const scalar_t* x = a.x.data_ptr<scalar_t>();
-  scalar_t* y = out.data_ptr<scalar_t>();
+  const scalar_t* x = data_as<scalar_t>(a.x);
+  scalar_t* y = data_as<scalar_t>(out);
   std::vector<acc_t> b(N);
-  const bias_t* bp = a.bias.data_ptr<bias_t>();
+  const bias_t* bp = data_as<bias_t>(a.bias);
   for (int64_t j = 0; j < N; ++j) b[j] = static_cast<acc_t>(bp[j]);
   const int64_t tile = std::max<int64_t>(1, 16384 / N);  // rows per scheduling tile
   parallel_tiles((M + tile - 1) / tile, [&](const auto& take) {
@@ -68,14 +64,14 @@ void bias_relu_kernel(const BiasReluArgs& a, at::Tensor& out) {
 }
 
 template <typename scalar_t>
-void bias_relu_backward_kernel(const BiasReluBackwardArgs& a, at::Tensor& grad_x, at::Tensor& grad_b) {
+void bias_relu_backward_kernel(const BiasReluBackwardArgs& a, Tensor& grad_x, Tensor& grad_b) {
   using acc_t = acc_type_t<scalar_t>;
   constexpr bool kFp32 = std::is_same_v<acc_t, float>;
   constexpr bool kDirect = std::is_same_v<scalar_t, float>;
   const int64_t M = a.M, N = a.N;
-  const scalar_t* g = a.grad_out.data_ptr<scalar_t>();
-  const scalar_t* o = a.out.data_ptr<scalar_t>();
-  scalar_t* dx = grad_x.data_ptr<scalar_t>();
+  const scalar_t* g = data_as<scalar_t>(a.grad_out);
+  const scalar_t* o = data_as<scalar_t>(a.out);
+  scalar_t* dx = data_as<scalar_t>(grad_x);
   // deterministic dbias: fixed row blocks (a function of M only), partials summed in block order
   const RowBlocks rb(M);
   const int64_t blocks = rb.blocks;
@@ -109,15 +105,16 @@ void bias_relu_backward_kernel(const BiasReluBackwardArgs& a, at::Tensor& grad_x
       }
     }
   });
-  sum_partials(partial, blocks, N, grad_b.data_ptr<acc_t>());
+  sum_partials(partial, blocks, N, data_as<acc_t>(grad_b));
 }
 
-at::Tensor bias_relu_cpu(const at::Tensor& x, const at::Tensor& bias) {
+Tensor bias_relu_cpu(const Tensor& x, const Tensor& bias) {
   BiasReluArgs a = check_bias_relu(x, bias);
-  at::Tensor out = at::empty(x.sizes(), a.x.options());
+  Tensor out = empty_on(a.x, x.sizes(), x.scalar_type());
   if (a.M == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.x.scalar_type(), "bias_relu_cpu", [&] {
-    if (a.bias.scalar_type() == at::kFloat) {
+  dispatch_floating(a.x.scalar_type(), "bias_relu_cpu", [&](auto st) {
+    using scalar_t = typename decltype(st)::type;
+    if (a.bias.scalar_type() == kFloat) {
       bias_relu_kernel<scalar_t, float>(a, out);
     } else {
       bias_relu_kernel<scalar_t, scalar_t>(a, out);
@@ -126,21 +123,22 @@ at::Tensor bias_relu_cpu(const at::Tensor& x, const at::Tensor& bias) {
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> bias_relu_backward_cpu(const at::Tensor& grad_out, const at::Tensor& out) {
+std::tuple<Tensor, Tensor> bias_relu_backward_cpu(const Tensor& grad_out, const Tensor& out) {
   BiasReluBackwardArgs a = check_bias_relu_backward(grad_out, out);
-  at::Tensor grad_x = at::empty(out.sizes(), a.out.options());
-  at::Tensor grad_b = at::zeros({a.N}, a.out.options().dtype(a.acc_dtype));
+  Tensor grad_x = empty_on(a.out, out.sizes(), out.scalar_type());
+  Tensor grad_b = zeros_on(a.out, {a.N}, a.acc_dtype);
   if (a.M == 0) return {grad_x, grad_b};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.out.scalar_type(), "bias_relu_backward_cpu",
-                                  [&] { bias_relu_backward_kernel<scalar_t>(a, grad_x, grad_b); });
+  dispatch_floating(a.out.scalar_type(), "bias_relu_backward_cpu", [&](auto st) {
+    bias_relu_backward_kernel<typename decltype(st)::type>(a, grad_x, grad_b);
+  });
   return {grad_x, grad_b};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {
-  m.impl("bias_relu", &bias_relu_cpu);
-  m.impl("bias_relu_backward", &bias_relu_backward_cpu);
+STABLE_TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {
+  m.impl("bias_relu", TORCH_BOX(&bias_relu_cpu));
+  m.impl("bias_relu_backward", TORCH_BOX(&bias_relu_backward_cpu));
 }
 
 }  // namespace gpuopt

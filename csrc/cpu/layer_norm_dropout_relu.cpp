@@ -6,13 +6,6 @@
 // threads in tiles, dynamically (row_blocks.h parallel_tiles); the backward's tiles are the fixed row blocks of
 // the deterministic dgamma/dbeta reduction, so no result depends on the thread count. fp64 keeps the generic
 // template loops (the gradcheck path). Per-element formulas: fused_math.h, shared with the CUDA kernels.
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -25,26 +18,45 @@
 #include "cpu/row_blocks.h"
 #include "cpu/row_kernels.h"
 #include "dispatch.h"
+#include "torch_stable.h"
 
 namespace gpuopt {
 namespace {
 
-using at::vec::Vectorized;
-
 // Converts a parameter row (or its absence) to acc_t once per call: the row loops then need no branches.
 template <typename acc_t, typename param_t>
-std::vector<acc_t> param_row(const at::Tensor& t, int64_t N, acc_t absent) {
+std::vector<acc_t> param_row(const Tensor& t, int64_t N, acc_t absent) {
   std::vector<acc_t> row(N, absent);
   if (t.defined()) {
-    const param_t* p = t.data_ptr<param_t>();
+    const param_t* p = data_as<const param_t>(t);
     for (int64_t j = 0; j < N; ++j) row[j] = static_cast<acc_t>(p[j]);
   }
   return row;
 }
 
+// Sum over j of f(j), in 4 interleaved partial sums (as a 4-lane vector would), then combined in a fixed order.
+template <typename acc_t, typename F>
+acc_t sum4(int64_t n, const F& f) {
+  acc_t s[4] = {0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    s[0] += f(j);
+    s[1] += f(j + 1);
+    s[2] += f(j + 2);
+    s[3] += f(j + 3);
+  }
+  for (int k = 0; j < n; ++j, ++k) s[k] += f(j);
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
 template <typename acc_t>
 acc_t row_sum(const acc_t* v, int64_t n) {
-  return at::vec::reduce_all<acc_t>([](Vectorized<acc_t>& a, Vectorized<acc_t>& b) { return a + b; }, v, n);
+  return sum4<acc_t>(n, [v](int64_t j) { return v[j]; });
+}
+
+template <typename acc_t>
+acc_t row_dot(const acc_t* u, const acc_t* v, int64_t n) {
+  return sum4<acc_t>(n, [u, v](int64_t j) { return u[j] * v[j]; });
 }
 
 // Two-pass statistics of a row already in acc_t: exact variance, not E[x^2] - E[x]^2.
@@ -52,12 +64,10 @@ template <typename acc_t>
 void row_stats(const acc_t* v, int64_t n, double eps, acc_t& mean, acc_t& rstd) {
   mean = row_sum(v, n) / static_cast<acc_t>(n);
   const acc_t m = mean;
-  const acc_t var = at::vec::map_reduce_all<acc_t>(
-                        [m](Vectorized<acc_t> x) {
-                          const auto d = x - Vectorized<acc_t>(m);
-                          return d * d;
-                        },
-                        [](Vectorized<acc_t>& a, Vectorized<acc_t>& b) { return a + b; }, v, n) /
+  const acc_t var = sum4<acc_t>(n, [v, m](int64_t j) {
+                      const acc_t d = v[j] - m;
+                      return d * d;
+                    }) /
                     static_cast<acc_t>(n);
   rstd = acc_t(1) / std::sqrt(var + static_cast<acc_t>(eps));
 }
@@ -87,14 +97,14 @@ void store_row(T* dst, const float* buf, int64_t n) {
 inline int64_t tile_rows(int64_t N) { return std::max<int64_t>(1, 2048 / N); }
 
 template <typename scalar_t, typename param_t>
-void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, at::Tensor& out, at::Tensor& mean,
-                      at::Tensor& rstd) {
+void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, Tensor& out, Tensor& mean,
+                      Tensor& rstd) {
   constexpr bool kDirect = std::is_same_v<scalar_t, float>;
   const int64_t M = a.M, N = a.N;
-  const scalar_t* x = a.x.data_ptr<scalar_t>();
-  scalar_t* y_out = out.data_ptr<scalar_t>();
-  float* mean_out = mean.data_ptr<float>();
-  float* rstd_out = rstd.data_ptr<float>();
+  const scalar_t* x = data_as<scalar_t>(a.x);
+  scalar_t* y_out = data_as<scalar_t>(out);
+  float* mean_out = data_as<float>(mean);
+  float* rstd_out = data_as<float>(rstd);
   const std::vector<float> w = param_row<float, param_t>(a.weight, N, 1.0f);
   const std::vector<float> b = param_row<float, param_t>(a.bias, N, 0.0f);
   const DropoutParams drop = a.dropout;
@@ -130,16 +140,16 @@ void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, at::Tensor& ou
 }
 
 template <typename scalar_t, typename param_t>
-void ldr_backward_fp32(const LdrBackwardArgs& args, int64_t seed, at::Tensor& grad_x, at::Tensor& grad_w,
-                       at::Tensor& grad_b) {
+void ldr_backward_fp32(const LdrBackwardArgs& args, int64_t seed, Tensor& grad_x, Tensor& grad_w,
+                       Tensor& grad_b) {
   constexpr bool kDirect = std::is_same_v<scalar_t, float>;
   const LdrArgs& a = args.fwd;
   const int64_t M = a.M, N = a.N;
-  const scalar_t* x = a.x.data_ptr<scalar_t>();
-  const scalar_t* g = args.grad_out.data_ptr<scalar_t>();
-  const float* mean = args.mean.data_ptr<float>();
-  const float* rstd = args.rstd.data_ptr<float>();
-  scalar_t* dx = grad_x.data_ptr<scalar_t>();
+  const scalar_t* x = data_as<scalar_t>(a.x);
+  const scalar_t* g = data_as<scalar_t>(args.grad_out);
+  const float* mean = data_as<float>(args.mean);
+  const float* rstd = data_as<float>(args.rstd);
+  scalar_t* dx = data_as<scalar_t>(grad_x);
   const std::vector<float> w = param_row<float, param_t>(a.weight, N, 1.0f);
   const std::vector<float> b = param_row<float, param_t>(a.bias, N, 0.0f);
   const DropoutParams drop = a.dropout;
@@ -184,26 +194,26 @@ void ldr_backward_fp32(const LdrBackwardArgs& args, int64_t seed, at::Tensor& gr
     }
   });
 
-  if (want_dw) sum_partials(partial_w, blocks, N, grad_w.data_ptr<param_t>());
-  if (want_db) sum_partials(partial_b, blocks, N, grad_b.data_ptr<param_t>());
+  if (want_dw) sum_partials(partial_w, blocks, N, data_as<param_t>(grad_w));
+  if (want_db) sum_partials(partial_b, blocks, N, data_as<param_t>(grad_b));
 }
 
 // ------------------------------------------------------------------------------------------ generic (fp64) path
 template <typename scalar_t, typename param_t, typename acc_t>
-void ldr_forward_kernel(const LdrArgs& a, int64_t seed, double eps, at::Tensor& out, at::Tensor& mean,
-                        at::Tensor& rstd) {
+void ldr_forward_kernel(const LdrArgs& a, int64_t seed, double eps, Tensor& out, Tensor& mean,
+                        Tensor& rstd) {
   const int64_t M = a.M, N = a.N;
-  const scalar_t* x = a.x.data_ptr<scalar_t>();
-  scalar_t* y_out = out.data_ptr<scalar_t>();
-  acc_t* mean_out = mean.data_ptr<acc_t>();
-  acc_t* rstd_out = rstd.data_ptr<acc_t>();
+  const scalar_t* x = data_as<scalar_t>(a.x);
+  scalar_t* y_out = data_as<scalar_t>(out);
+  acc_t* mean_out = data_as<acc_t>(mean);
+  acc_t* rstd_out = data_as<acc_t>(rstd);
   const std::vector<acc_t> w = param_row<acc_t, param_t>(a.weight, N, acc_t(1));
   const std::vector<acc_t> b = param_row<acc_t, param_t>(a.bias, N, acc_t(0));
   const DropoutParams drop = a.dropout;
   const acc_t scale = static_cast<acc_t>(drop.scale);
   const int64_t grain = std::max<int64_t>(1, 32768 / N);
 
-  at::parallel_for(0, M, grain, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, M, grain, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> row(N);
     std::vector<uint8_t> keep(N, 1);
     for (int64_t r = begin; r < end; ++r) {
@@ -224,15 +234,15 @@ void ldr_forward_kernel(const LdrArgs& a, int64_t seed, double eps, at::Tensor& 
 }
 
 template <typename scalar_t, typename param_t, typename acc_t>
-void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, at::Tensor& grad_x, at::Tensor& grad_w,
-                         at::Tensor& grad_b) {
+void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, Tensor& grad_x, Tensor& grad_w,
+                         Tensor& grad_b) {
   const LdrArgs& a = args.fwd;
   const int64_t M = a.M, N = a.N;
-  const scalar_t* x = a.x.data_ptr<scalar_t>();
-  const scalar_t* g = args.grad_out.data_ptr<scalar_t>();
-  const acc_t* mean = args.mean.data_ptr<acc_t>();
-  const acc_t* rstd = args.rstd.data_ptr<acc_t>();
-  scalar_t* dx = grad_x.data_ptr<scalar_t>();
+  const scalar_t* x = data_as<scalar_t>(a.x);
+  const scalar_t* g = data_as<scalar_t>(args.grad_out);
+  const acc_t* mean = data_as<acc_t>(args.mean);
+  const acc_t* rstd = data_as<acc_t>(args.rstd);
+  scalar_t* dx = data_as<scalar_t>(grad_x);
   const std::vector<acc_t> w = param_row<acc_t, param_t>(a.weight, N, acc_t(1));
   const std::vector<acc_t> b = param_row<acc_t, param_t>(a.bias, N, acc_t(0));
   const DropoutParams drop = a.dropout;
@@ -244,7 +254,7 @@ void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, at::Tensor& 
   std::vector<acc_t> partial_w(want_dw ? blocks * N : 0, acc_t(0));
   std::vector<acc_t> partial_b(want_db ? blocks * N : 0, acc_t(0));
 
-  at::parallel_for(0, blocks, 1, [&](int64_t blk_begin, int64_t blk_end) {
+  torch::stable::parallel_for(0, blocks, 1, [&](int64_t blk_begin, int64_t blk_end) {
     std::vector<acc_t> xhat(N), dxhat(N);
     std::vector<uint8_t> keep(N, 1);
     for (int64_t blk = blk_begin; blk < blk_end; ++blk) {
@@ -265,11 +275,7 @@ void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, at::Tensor& 
           if (pb) pb[j] += dy;
         }
         const acc_t inv_n = acc_t(1) / static_cast<acc_t>(N);
-        const acc_t c1 = at::vec::map2_reduce_all<acc_t>(
-                             [](Vectorized<acc_t> u, Vectorized<acc_t> v) { return u * v; },
-                             [](Vectorized<acc_t>& p, Vectorized<acc_t>& q) { return p + q; }, dxhat.data(),
-                             xhat.data(), N) *
-                         inv_n;
+        const acc_t c1 = row_dot(dxhat.data(), xhat.data(), N) * inv_n;
         const acc_t c2 = row_sum(dxhat.data(), N) * inv_n;
         scalar_t* dxr = dx + r * N;
         for (int64_t j = 0; j < N; ++j) dxr[j] = static_cast<scalar_t>(rs * (dxhat[j] - xhat[j] * c1 - c2));
@@ -277,8 +283,8 @@ void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, at::Tensor& 
     }
   });
 
-  if (want_dw) sum_partials(partial_w, blocks, N, grad_w.data_ptr<param_t>());
-  if (want_db) sum_partials(partial_b, blocks, N, grad_b.data_ptr<param_t>());
+  if (want_dw) sum_partials(partial_w, blocks, N, data_as<param_t>(grad_w));
+  if (want_db) sum_partials(partial_b, blocks, N, data_as<param_t>(grad_b));
 }
 
 #define GPUOPT_UNPACK_TAGS                       \
@@ -286,16 +292,17 @@ void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, at::Tensor& 
   using param_t = typename decltype(pt)::type;   \
   using acc_t = acc_type_t<scalar_t>;
 
-int64_t read_seed(const at::Tensor& seed) { return seed.reshape({}).item<int64_t>(); }
+// seed has one element (checked); on the CPU it is read where it lies, whatever its shape or strides.
+int64_t read_seed(const Tensor& seed) { return *data_as<const int64_t>(seed); }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ldr_forward_cpu(const at::Tensor& x,
-                                                                const std::optional<at::Tensor>& weight,
-                                                                const std::optional<at::Tensor>& bias,
-                                                                const at::Tensor& seed, double p, double eps) {
+std::tuple<Tensor, Tensor, Tensor> ldr_forward_cpu(const Tensor& x,
+                                                                const std::optional<Tensor>& weight,
+                                                                const std::optional<Tensor>& bias,
+                                                                const Tensor& seed, double p, double eps) {
   LdrArgs a = check_ldr_forward(x, weight, bias, seed, p, eps);
-  at::Tensor out = at::empty(x.sizes(), a.x.options());
-  at::Tensor mean = at::empty({a.M}, a.x.options().dtype(a.acc_dtype));
-  at::Tensor rstd = at::empty({a.M}, a.x.options().dtype(a.acc_dtype));
+  Tensor out = empty_on(a.x, x.sizes(), x.scalar_type());
+  Tensor mean = empty_on(a.x, {a.M}, a.acc_dtype);
+  Tensor rstd = empty_on(a.x, {a.M}, a.acc_dtype);
   if (a.M == 0) return {out, mean, rstd};
   const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
   dispatch_ldr(a, [&](auto st, auto pt) {
@@ -309,16 +316,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ldr_forward_cpu(const at::Tensor&
   return {out, mean, rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ldr_backward_cpu(
-    const at::Tensor& grad_out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& rstd, const at::Tensor& seed,
+std::tuple<Tensor, Tensor, Tensor> ldr_backward_cpu(
+    const Tensor& grad_out, const Tensor& x, const std::optional<Tensor>& weight,
+    const std::optional<Tensor>& bias, const Tensor& mean, const Tensor& rstd, const Tensor& seed,
     double p) {
   LdrBackwardArgs b = check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p);
   const LdrArgs& a = b.fwd;
-  const auto popts = a.x.options().dtype(a.param_dtype);
-  at::Tensor grad_x = at::empty(x.sizes(), a.x.options());
-  at::Tensor grad_w = a.weight.defined() ? at::zeros({a.N}, popts) : at::empty({0}, popts);
-  at::Tensor grad_b = a.bias.defined() ? at::zeros({a.N}, popts) : at::empty({0}, popts);
+  Tensor grad_x = empty_on(a.x, x.sizes(), x.scalar_type());
+  Tensor grad_w = a.weight.defined() ? zeros_on(a.x, {a.N}, a.param_dtype) : empty_on(a.x, {0}, a.param_dtype);
+  Tensor grad_b = a.bias.defined() ? zeros_on(a.x, {a.N}, a.param_dtype) : empty_on(a.x, {0}, a.param_dtype);
   if (a.M == 0) return {grad_x, grad_w, grad_b};
   const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
   dispatch_ldr(a, [&](auto st, auto pt) {
@@ -334,9 +340,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ldr_backward_cpu(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {
-  m.impl("layer_norm_dropout_relu", &ldr_forward_cpu);
-  m.impl("layer_norm_dropout_relu_backward", &ldr_backward_cpu);
+STABLE_TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {
+  m.impl("layer_norm_dropout_relu", TORCH_BOX(&ldr_forward_cpu));
+  m.impl("layer_norm_dropout_relu_backward", TORCH_BOX(&ldr_backward_cpu));
 }
 
 }  // namespace gpuopt

@@ -2,7 +2,7 @@
 // each block sums its rows in order into its own partial row, and the partials are summed in block order, so
 // the bits do not depend on the number of threads.
 #pragma once
-#include <ATen/Parallel.h>
+#include <torch/csrc/stable/ops.h>
 
 #include <algorithm>
 #include <atomic>
@@ -33,14 +33,14 @@ void parallel_tiles(int64_t ntiles, const Worker& worker) {
   if (ntiles <= 0) return;
   std::atomic<int64_t> next{0};
   auto take = [&next]() { return next.fetch_add(1, std::memory_order_relaxed); };
-  const int64_t threads = std::min<int64_t>(ntiles, at::get_num_threads());
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) { worker(take); });
+  const int64_t threads = std::min<int64_t>(ntiles, static_cast<int64_t>(torch::stable::get_num_threads()));
+  torch::stable::parallel_for(0, threads, 1, [&](int64_t, int64_t) { worker(take); });
 }
 
 // out[j] = sum over blocks b (in order) of partial[b * N + j].
 template <typename acc_t, typename out_t>
 void sum_partials(const std::vector<acc_t>& partial, int64_t blocks, int64_t N, out_t* out) {
-  at::parallel_for(0, N, 1024, [&](int64_t j0, int64_t j1) {
+  torch::stable::parallel_for(0, N, 1024, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) {
       acc_t s = 0;
       for (int64_t blk = 0; blk < blocks; ++blk) s += partial[blk * N + j];

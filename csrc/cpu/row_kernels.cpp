@@ -167,13 +167,13 @@ GPUOPT_CLONES void bias_relu_backward_row(const float* GPUOPT_RESTRICT g, const 
   }
 }
 
-GPUOPT_CLONES void to_float(const c10::BFloat16* GPUOPT_RESTRICT src, float* GPUOPT_RESTRICT dst, int64_t n) {
+GPUOPT_CLONES void to_float(const torch::headeronly::BFloat16* GPUOPT_RESTRICT src, float* GPUOPT_RESTRICT dst, int64_t n) {
   const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
   bits32* d = reinterpret_cast<bits32*>(dst);
   for (int64_t j = 0; j < n; ++j) d[j] = static_cast<uint32_t>(s[j]) << 16;
 }
 
-GPUOPT_CLONES void from_float(const float* GPUOPT_RESTRICT src, c10::BFloat16* GPUOPT_RESTRICT dst, int64_t n) {
+GPUOPT_CLONES void from_float(const float* GPUOPT_RESTRICT src, torch::headeronly::BFloat16* GPUOPT_RESTRICT dst, int64_t n) {
   // c10::detail::round_to_nearest_even on the bits, branch-free: NaN -> 0x7FC0, else round half to even
   const bits32* s = reinterpret_cast<const bits32*>(src);
   uint16_t* d = reinterpret_cast<uint16_t*>(dst);
@@ -192,7 +192,7 @@ __attribute__((target("avx,f16c"))) static void half_to_float_f16c(const uint16_
   for (; j + 8 <= n; j += 8) {
     _mm256_storeu_ps(d + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + j))));
   }
-  for (; j < n; ++j) d[j] = static_cast<float>(c10::Half(s[j], c10::Half::from_bits()));
+  for (; j < n; ++j) d[j] = static_cast<float>(torch::headeronly::Half(s[j], torch::headeronly::Half::from_bits()));
 }
 
 __attribute__((target("avx,f16c"))) static void float_to_half_f16c(const float* s, uint16_t* d, int64_t n) {
@@ -201,7 +201,7 @@ __attribute__((target("avx,f16c"))) static void float_to_half_f16c(const float* 
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + j),
                      _mm256_cvtps_ph(_mm256_loadu_ps(s + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
-  for (; j < n; ++j) d[j] = c10::Half(s[j]).x;
+  for (; j < n; ++j) d[j] = torch::headeronly::Half(s[j]).x;
 }
 
 static bool have_f16c() {
@@ -211,18 +211,18 @@ static bool have_f16c() {
 #define GPUOPT_HAVE_F16C_PATH 1
 #endif
 
-void to_float(const c10::Half* src, float* dst, int64_t n) {
+void to_float(const torch::headeronly::Half* src, float* dst, int64_t n) {
 #if GPUOPT_HAVE_F16C_PATH
   if (have_f16c()) return half_to_float_f16c(reinterpret_cast<const uint16_t*>(src), dst, n);
 #endif
   for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<float>(src[j]);
 }
 
-void from_float(const float* src, c10::Half* dst, int64_t n) {
+void from_float(const float* src, torch::headeronly::Half* dst, int64_t n) {
 #if GPUOPT_HAVE_F16C_PATH
   if (have_f16c()) return float_to_half_f16c(src, reinterpret_cast<uint16_t*>(dst), n);
 #endif
-  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<c10::Half>(src[j]);
+  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<torch::headeronly::Half>(src[j]);
 }
 
 }  // namespace cpu

@@ -9,8 +9,8 @@
 // Reductions use 16 per-lane partial sums combined in a fixed tree: the bits depend on n only, never on the
 // thread count or the vector width.
 #pragma once
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 
 #include <cstdint>
 
@@ -43,10 +43,10 @@ void bias_relu_row(const float* x, const float* b, float* y, int64_t n);
 void bias_relu_backward_row(const float* g, const float* out, float* dx, float* pb, int64_t n);
 
 // Conversions of a row to / from fp32 (round to nearest even, as c10's own conversions).
-void to_float(const c10::BFloat16* src, float* dst, int64_t n);
-void to_float(const c10::Half* src, float* dst, int64_t n);
-void from_float(const float* src, c10::BFloat16* dst, int64_t n);
-void from_float(const float* src, c10::Half* dst, int64_t n);
+void to_float(const torch::headeronly::BFloat16* src, float* dst, int64_t n);
+void to_float(const torch::headeronly::Half* src, float* dst, int64_t n);
+void from_float(const float* src, torch::headeronly::BFloat16* dst, int64_t n);
+void from_float(const float* src, torch::headeronly::Half* dst, int64_t n);
 
 }  // namespace cpu
 }  // namespace gpuopt

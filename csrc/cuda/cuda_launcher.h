@@ -1,22 +1,37 @@
-// The GPU Backend of ops_glue.h and its Launcher (launch.cuh): x's device made current, launches on its current
-// stream, occupancy and SM count cached per (device, kernel, block size), scratch memory from torch's caching
-// allocator (freed when the op returns: stream-ordered, so safe once the launches are enqueued).
+// The GPU Backend of ops_glue.h and its Launcher (launch.cuh), on the LibTorch stable ABI: x's device made
+// current (accelerator::DeviceGuard), launches on torch's current stream for that device (the AOTI C shim),
+// occupancy and SM count cached per (device, kernel, block size), scratch memory from torch's caching allocator
+// (torch::stable::empty; freed when the op returns: stream-ordered, so safe once the launches are enqueued).
+// Before a kernel's first launch on a device, the runtime is asked whether the build has code for that GPU, so
+// a GPU outside TORCH_CUDA_ARCH_LIST gets cuda/arch_message.h's error instead of "no kernel image".
 #pragma once
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+#ifndef USE_CUDA
+#define USE_CUDA  // the CUDA part of the AOTI C shim (aoti_torch_get_current_cuda_stream)
+#endif
 #include <cuda_runtime.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 #include <tuple>
+#include <utility>
 #include <vector>
 
+#include "cuda/arch_message.h"
 #include "cuda/launch.cuh"
+#include "torch_stable.h"
 
 namespace gpuopt {
+
+#define GPUOPT_CUDA_CHECK(expr)                                                                      \
+  do {                                                                                               \
+    const cudaError_t gpuopt_err_ = (expr);                                                          \
+    GPUOPT_CHECK(gpuopt_err_ == cudaSuccess, "gpuopt: CUDA error: ", cudaGetErrorString(gpuopt_err_), \
+                 " (", #expr, ")");                                                                  \
+  } while (0)
 
 inline int cached_sm_count(int device) {
   static std::mutex mutex;
@@ -25,10 +40,36 @@ inline int cached_sm_count(int device) {
   auto it = cache.find(device);
   if (it != cache.end()) return it->second;
   int n = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  GPUOPT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
   n = std::max(n, 1);
   cache.emplace(device, n);
   return n;
+}
+
+// Throws the arch error when the build has no code for `device` (checked once per kernel and device).
+inline void check_kernel_image(const void* kernel, int device) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> checked;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (checked.count({kernel, device})) return;
+  cudaFuncAttributes attr{};
+  const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction ||
+      err == cudaErrorInvalidKernelImage) {
+    (void)cudaGetLastError();  // not sticky: clear it so torch's next CUDA call does not see it
+    cudaDeviceProp prop{};
+    GPUOPT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    fail(cuda::missing_arch_message(prop.major, prop.minor, device, prop.name, cuda::built_arch_list()));
+  }
+  if (err == cudaErrorUnsupportedPtxVersion) {
+    (void)cudaGetLastError();
+    fail(str_cat("gpuopt: the GPU driver is older than the CUDA toolkit gpuopt_ops._C was built with, so it "
+                 "cannot compile the build's PTX for this GPU (", cudaGetErrorString(err), "). Update the driver, "
+                 "rebuild with TORCH_CUDA_ARCH_LIST set to this GPU's compute capability, or use "
+                 "backend=\"triton\"."));
+  }
+  GPUOPT_CUDA_CHECK(err);
+  checked.insert({kernel, device});
 }
 
 inline int cached_blocks_per_sm(const void* kernel, int threads, int device) {
@@ -36,27 +77,35 @@ inline int cached_blocks_per_sm(const void* kernel, int threads, int device) {
   static std::mutex mutex;
   static std::map<Key, int> cache;
   const Key key{kernel, threads, device};
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  check_kernel_image(kernel, device);
   int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-  TORCH_CHECK(per_sm > 0, "gpuopt: internal error: a kernel cannot run with ", threads,
-              " threads per block on this device (too many registers or too much shared memory)");
+  GPUOPT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  GPUOPT_CHECK(per_sm > 0, "gpuopt: internal error: a kernel cannot run with ", threads,
+               " threads per block on this device (too many registers or too much shared memory)");
+  std::lock_guard<std::mutex> lock(mutex);
   cache.emplace(key, per_sm);
   return per_sm;
+}
+
+inline cudaStream_t current_stream(int device) {
+  void* stream = nullptr;
+  GPUOPT_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS,
+               "gpuopt: internal error: cannot get the current CUDA stream of cuda:", device);
+  return static_cast<cudaStream_t>(stream);
 }
 
 struct CudaLauncher {
   int device;
   cudaStream_t stream;
-  at::TensorOptions byte_options;
-  std::vector<at::Tensor> scratch_tensors;
+  Tensor like;  // scratch goes on its device
+  std::vector<Tensor> scratch_tensors;
 
-  explicit CudaLauncher(const at::Tensor& like)
-      : device(like.get_device()),
-        stream(c10::cuda::getCurrentCUDAStream(like.get_device()).stream()),
-        byte_options(like.options().dtype(at::kByte)) {}
+  explicit CudaLauncher(const Tensor& x) : device(x.get_device_index()), stream(current_stream(device)), like(x) {}
 
   int sm_count() const { return cached_sm_count(device); }
 
@@ -66,25 +115,28 @@ struct CudaLauncher {
   }
 
   template <class P>
-  void run(const char*, void (*kernel)(P), dim3 grid, dim3 block, int, const P& params) {
+  void run(const char* name, void (*kernel)(P), dim3 grid, dim3 block, int, const P& params) {
+    check_kernel_image(reinterpret_cast<const void*>(kernel), device);
     kernel<<<grid, block, 0, stream>>>(params);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const cudaError_t err = cudaGetLastError();
+    GPUOPT_CHECK(err == cudaSuccess, "gpuopt: launching the CUDA kernel ", name, " failed: ",
+                 cudaGetErrorString(err));
   }
 
   template <class T>
   T* scratch(int64_t count) {
-    scratch_tensors.push_back(at::empty({count * static_cast<int64_t>(sizeof(T))}, byte_options));
+    scratch_tensors.push_back(empty_on(like, {count * static_cast<int64_t>(sizeof(T))}, kByte));
     return reinterpret_cast<T*>(scratch_tensors.back().data_ptr());
   }
 };
 
 struct CudaBackend {
-  c10::cuda::CUDAGuard guard;
+  torch::stable::accelerator::DeviceGuard guard;
   CudaLauncher launch;
 
-  explicit CudaBackend(const at::Tensor& x) : guard(x.device()), launch(x) {}
-  const void* in(const char*, const at::Tensor& t) const { return t.defined() ? t.data_ptr() : nullptr; }
-  void* out(const char*, const at::Tensor& t) const { return t.data_ptr(); }
+  explicit CudaBackend(const Tensor& x) : guard(x.get_device_index()), launch(x) {}
+  const void* in(const char*, const Tensor& t) const { return t.defined() ? t.data_ptr() : nullptr; }
+  void* out(const char*, const Tensor& t) const { return t.data_ptr(); }
   CudaLauncher& launcher() { return launch; }
   void finish() {}
 };

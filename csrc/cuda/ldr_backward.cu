@@ -1,9 +1,7 @@
 // CUDA registration of gpuopt::layer_norm_dropout_relu_backward (ops_glue.h on the GPU backend).
-#include <torch/library.h>
-
 #include "cuda/cuda_launcher.h"
 #include "cuda/ops_glue.h"
 
-TORCH_LIBRARY_IMPL(gpuopt, CUDA, m) {
-  m.impl("layer_norm_dropout_relu_backward", &gpuopt::ldr_backward_op<gpuopt::CudaBackend>);
+STABLE_TORCH_LIBRARY_IMPL(gpuopt, CUDA, m) {
+  m.impl("layer_norm_dropout_relu_backward", TORCH_BOX(&gpuopt::ldr_backward_op<gpuopt::CudaBackend>));
 }

@@ -2,11 +2,6 @@
 // glue (csrc/cuda/ops_glue.h), launch sequence (launch.cuh) and kernel headers on the CPU under tests/cuda_emu's
 // emulation of the CUDA execution model. Outputs and scratch start poisoned (0xFF: NaN), and the guards of every
 // buffer are checked after every launch. Test-only.
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-#include <torch/library.h>
-
 #include <algorithm>
 #include <memory>
 #include <mutex>
@@ -14,10 +9,12 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda/arch_message.h"
 #include "cuda/launch.cuh"
 #include "cuda/ops_glue.h"
 #include "cuda_emu.h"
 #include "schemas.h"
+#include "torch_stable.h"
 
 namespace gpuopt {
 namespace {
@@ -62,30 +59,30 @@ struct EmuLauncher {
 // modulo 256 (an unaligned view stays unaligned), every output a poisoned buffer copied back by finish().
 struct EmuBackend {
   std::vector<std::unique_ptr<gpuopt_emu::DeviceBuffer>> buffers;
-  std::vector<std::pair<gpuopt_emu::DeviceBuffer*, at::Tensor>> outputs;
+  std::vector<std::pair<gpuopt_emu::DeviceBuffer*, Tensor>> outputs;
   EmuLauncher launch;
 
-  explicit EmuBackend(const at::Tensor&) {}
-  const void* in(const char* name, const at::Tensor& t) {
+  explicit EmuBackend(const Tensor&) {}
+  const void* in(const char* name, const Tensor& t) {
     if (!t.defined()) return nullptr;
-    buffers.push_back(std::make_unique<gpuopt_emu::DeviceBuffer>(name, t.data_ptr(), t.nbytes()));
+    buffers.push_back(std::make_unique<gpuopt_emu::DeviceBuffer>(name, t.data_ptr(), nbytes(t)));
     return buffers.back()->data();
   }
-  void* out(const char* name, const at::Tensor& t) {
-    buffers.push_back(std::make_unique<gpuopt_emu::DeviceBuffer>(name, t.nbytes()));
+  void* out(const char* name, const Tensor& t) {
+    buffers.push_back(std::make_unique<gpuopt_emu::DeviceBuffer>(name, nbytes(t)));
     outputs.emplace_back(buffers.back().get(), t);
     return buffers.back()->data();
   }
   EmuLauncher& launcher() { return launch; }
   void finish() {
     for (auto& [buf, t] : outputs)
-      if (t.nbytes() > 0) buf->copy_to_host(t.data_ptr(), t.nbytes());
+      if (nbytes(t) > 0) buf->copy_to_host(t.data_ptr(), nbytes(t));
   }
 };
 
 // Sets the emulated device (SM count, occupancy cap); returns the previous [sm_count, max_blocks_per_sm].
 std::vector<int64_t> configure(int64_t sm_count, int64_t max_blocks_per_sm) {
-  TORCH_CHECK(sm_count >= 1 && max_blocks_per_sm >= 1, "gpuopt_emu.configure: both must be >= 1");
+  GPUOPT_CHECK(sm_count >= 1 && max_blocks_per_sm >= 1, "gpuopt_emu.configure: both must be >= 1");
   std::vector<int64_t> old{device().sm_count, device().max_blocks_per_sm};
   device().sm_count = static_cast<int>(sm_count);
   device().max_blocks_per_sm = static_cast<int>(max_blocks_per_sm);
@@ -104,19 +101,34 @@ std::vector<std::string> take_launches() {
   return out;
 }
 
+// The CUDA backend's error for a GPU outside the build's TORCH_CUDA_ARCH_LIST (cuda_launcher.h raises it).
+std::string missing_arch_message(int64_t major, int64_t minor, int64_t device, std::string name,
+                                 std::string built_for) {
+  return cuda::missing_arch_message(static_cast<int>(major), static_cast<int>(minor), static_cast<int>(device),
+                                    name, built_for);
+}
+
 }  // namespace
 }  // namespace gpuopt
 
-// The real schemas (csrc/schemas.h) under this namespace.
-TORCH_LIBRARY(gpuopt_emu, m) {
+// The real schemas (csrc/schemas.h) under this namespace, registered through the stable ABI as _C's are.
+STABLE_TORCH_LIBRARY(gpuopt_emu, m) {
   gpuopt::define_schemas(m);
-  m.def("configure(int sm_count, int max_blocks_per_sm) -> int[]", &gpuopt::configure);
-  m.def("take_launches() -> str[]", &gpuopt::take_launches);
+  m.def("configure(int sm_count, int max_blocks_per_sm) -> int[]");
+  m.def("take_launches() -> str[]");
+  m.def("missing_arch_message(int major, int minor, int device, str name, str built_for) -> str");
 }
 
-TORCH_LIBRARY_IMPL(gpuopt_emu, CPU, m) {
-  m.impl("layer_norm_dropout_relu", &gpuopt::ldr_forward_op<gpuopt::EmuBackend>);
-  m.impl("layer_norm_dropout_relu_backward", &gpuopt::ldr_backward_op<gpuopt::EmuBackend>);
-  m.impl("bias_relu", &gpuopt::bias_relu_op<gpuopt::EmuBackend>);
-  m.impl("bias_relu_backward", &gpuopt::bias_relu_backward_op<gpuopt::EmuBackend>);
+STABLE_TORCH_LIBRARY_IMPL(gpuopt_emu, CPU, m) {
+  m.impl("layer_norm_dropout_relu", TORCH_BOX(&gpuopt::ldr_forward_op<gpuopt::EmuBackend>));
+  m.impl("layer_norm_dropout_relu_backward", TORCH_BOX(&gpuopt::ldr_backward_op<gpuopt::EmuBackend>));
+  m.impl("bias_relu", TORCH_BOX(&gpuopt::bias_relu_op<gpuopt::EmuBackend>));
+  m.impl("bias_relu_backward", TORCH_BOX(&gpuopt::bias_relu_backward_op<gpuopt::EmuBackend>));
+}
+
+// Ops without tensor arguments dispatch to CompositeExplicitAutograd (no dispatch key comes from their inputs).
+STABLE_TORCH_LIBRARY_IMPL(gpuopt_emu, CompositeExplicitAutograd, m) {
+  m.impl("configure", TORCH_BOX(&gpuopt::configure));
+  m.impl("take_launches", TORCH_BOX(&gpuopt::take_launches));
+  m.impl("missing_arch_message", TORCH_BOX(&gpuopt::missing_arch_message));
 }
