@@ -12,6 +12,9 @@
 # compute-sanitizer from the CUDA toolkit, an sm_90 GPU. Knobs (environment):
 #   GPU_CHECK_PYTHON      python to use (default python3)
 #   GPU_CHECK_BUDGET      overall seconds (default 460)
+#   GPU_CHECK_WHEEL       a prebuilt gpuopt wheel (dist/gpuopt-*-cp310-abi3-*.whl, built on a CPU machine with
+#                         `bash scripts/setup_env.sh` or `pip wheel --no-build-isolation --no-deps . -w dist/` and
+#                         carried here): installed into OUT_DIR/site instead of building (no nvcc, no minutes)
 #   GPU_CHECK_SKIP_BUILD  1 = use the extension already built in place
 #   TORCH_CUDA_ARCH_LIST  default 9.0 (H100/H200);  MAX_JOBS  default 16
 #   GPU_CHECK_DRY_RUN     1 = print every step's command and time limit, run nothing (works without a GPU)
@@ -95,7 +98,14 @@ step env 30 400 -- bash -c "
 "
 
 # ---------------------------------------------------------------------------------------------- 2. build
-if [ "${GPU_CHECK_SKIP_BUILD:-0}" = "1" ]; then
+if [ -n "${GPU_CHECK_WHEEL:-}" ]; then
+  # the prebuilt wheel, in its own folder ahead of the checkout on PYTHONPATH; PYTHONSAFEPATH keeps `python -m`
+  # (here and in the tests' subprocesses) from putting the checkout's gpuopt_ops/ (no _C) first
+  SITE="$OUT_DIR/site"
+  step install 60 190 -- "$PY" -m pip install --no-deps --no-index --upgrade --target "$SITE" "$GPU_CHECK_WHEEL"
+  export PYTHONPATH="$SITE:$PYTHONPATH"
+  export PYTHONSAFEPATH=1
+elif [ "${GPU_CHECK_SKIP_BUILD:-0}" = "1" ]; then
   echo "build            skipped on request (GPU_CHECK_SKIP_BUILD=1)" | tee -a "$SUMMARY"
 else
   step build 240 190 -- "$PY" setup.py build_ext --inplace

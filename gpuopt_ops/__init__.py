@@ -6,6 +6,8 @@ kernels and autograd formulas.
 
 import torch
 
+__version__ = "0.2.0"  # = pyproject.toml's (tests/test_packaging.py checks)
+
 try:
     from . import _C  # noqa: F401  (registers the schemas and the CPU/CUDA kernels)
 except ImportError as err:  # no build here (a source tree on sys.path), or a torch older than 2.11

@@ -110,3 +110,21 @@ def test_gpu_check_dry_run_lists_every_step(tmp_path):
                      "san_initcheck", "memory", "bench_sweep", "bench_compile", "plots"], summary
     assert "setup.py build_ext --inplace" in summary and "benchmarks.cuda_resources" in summary
     assert not (tmp_path / "build.log").exists()  # nothing ran
+
+
+def test_gpu_check_dry_run_with_a_prebuilt_wheel(tmp_path):
+    """With GPU_CHECK_WHEEL the GPU machine installs the carried wheel instead of building."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    wheel = tmp_path / "gpuopt-0.2.0-cp310-abi3-linux_x86_64.whl"
+    res = subprocess.run(["bash", str(root / "benchmarks" / "gpu_check.sh"), str(tmp_path / "out")], cwd=root,
+                         env={**os.environ, "GPU_CHECK_DRY_RUN": "1", "GPU_CHECK_WHEEL": str(wheel)},
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    steps = [line.split()[0] for line in summary.splitlines()[1:] if " dry run " in line]
+    assert steps[:3] == ["env", "install", "import"], summary
+    assert "build_ext" not in summary
+    assert f"pip install --no-deps --no-index --upgrade --target {tmp_path / 'out' / 'site'} {wheel}" in summary

@@ -271,3 +271,14 @@ def test_wrong_kernel_divergent_syncthreads(wrong):
 def test_wrong_kernel_correct_twin_passes(wrong):
     """The same three kernels without their bug run clean, so the errors above are the bugs' and nothing else."""
     wrong.run("correct")
+
+
+def test_missing_arch_message(emu):
+    """The CUDA backend's error for a GPU outside the build's TORCH_CUDA_ARCH_LIST (csrc/cuda/arch_message.h;
+    cuda_launcher.h raises it when the runtime finds no kernel image): names the capability, the build's list, and
+    both ways out."""
+    msg = emu.missing_arch_message(7, 5, 1, "Tesla T4", "8.0;9.0+PTX")
+    assert "no CUDA code for compute capability 7.5 (cuda:1, Tesla T4)" in msg
+    assert 'built with TORCH_CUDA_ARCH_LIST="8.0;9.0+PTX"' in msg
+    assert 'TORCH_CUDA_ARCH_LIST="7.5" pip install --no-build-isolation .' in msg
+    assert 'backend="triton"' in msg

@@ -1,0 +1,130 @@
+"""The installed package: one abi3 wheel on the LibTorch stable ABI, its layout and metadata, setup.py's choice of
+GPU architectures, and the import error of a tree without a build. Runs on the installed gpuopt (the wheel,
+under scripts/run_tests.sh) or an editable build."""
+
+import importlib.metadata as md
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import gpuopt_ops
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = Path(gpuopt_ops.__file__).resolve().parent
+
+
+def c_library() -> Path:
+    spec = importlib.util.find_spec("gpuopt_ops._C")
+    assert spec is not None and spec.origin, "gpuopt_ops._C is not installed"
+    return Path(spec.origin)
+
+
+def test_c_is_one_abi3_library():
+    lib = c_library()
+    assert lib.name == "_C.abi3.so", f"{lib}: expected Python's limited-API (abi3) build"
+    assert sorted(p.name for p in lib.parent.glob("_C*.so")) == ["_C.abi3.so"], "stale per-Python builds next to it"
+
+
+def test_c_needs_no_libtorch_cpp_symbols():
+    """The stable ABI's promise: _C calls libtorch only through its C shim, so any torch >= 2.11 loads it."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.fail("`nm` (binutils) is needed to read _C's undefined symbols; install binutils")
+    res = subprocess.run([nm, "-D", "--undefined-only", "-C", str(c_library())], capture_output=True, text=True,
+                         check=True)
+    undefined = [ln.split(None, 1)[-1] for ln in res.stdout.splitlines() if ln.strip()]
+    assert len(undefined) > 10, res.stdout  # nm read the library (libc, libstdc++, the shim)
+    cpp = [s for s in undefined if re.search(r"\b(at|c10|torch)::", s)]
+    assert cpp == [], f"_C needs {len(cpp)} libtorch C++ symbols: {cpp[:10]}"
+    shim = [s for s in undefined if s.startswith(("aoti_torch_", "torch_"))]
+    assert shim, "expected _C to call libtorch through the stable C shim (aoti_torch_* / torch_*)"
+
+
+def distribution_files():
+    dist = md.distribution("gpuopt")
+    return dist, [str(f) for f in (dist.files or [])]
+
+
+def test_metadata_version_and_license():
+    dist, files = distribution_files()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    version = re.search(r'^version = "([^"]+)"', pyproject, re.MULTILINE).group(1)
+    assert dist.version == version == "0.2.0"
+    assert gpuopt_ops.__version__ == version
+    assert dist.metadata.get("License-Expression") == "BSD-3-Clause"
+    if not any("__editable__" in f for f in files):
+        assert any(f.endswith("licenses/LICENSE") for f in files), files
+    assert (ROOT / "LICENSE").read_text().startswith("BSD 3-Clause License")
+    assert "## 0.2.0" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def test_triton_kernels_install_inside_gpuopt_ops():
+    """Top-level `triton_kernels` is Triton's own package name (and PyPI's triton-kernels): ours is
+    gpuopt_ops.triton_kernels."""
+    _, files = distribution_files()
+    finders = [f for f in files if f.startswith("__editable__") and f.endswith("_finder.py")]
+    if finders:  # editable install: the finder's mapping says what is importable
+        dist = md.distribution("gpuopt")
+        text = Path(dist.locate_file(finders[0])).read_text()
+        mapping = re.search(r"MAPPING[^=]*=\s*(\{.*?\})", text, re.DOTALL).group(1)
+        assert "'gpuopt_ops.triton_kernels'" in mapping or "'gpuopt_ops'" in mapping, mapping
+        assert not re.search(r"['\"]triton_kernels['\"]\s*:", mapping), mapping
+    else:
+        assert "gpuopt_ops/triton_kernels/layer_norm_dropout_relu.py" in files
+        assert not [f for f in files if f.startswith("triton_kernels/")]
+    top = md.distribution("gpuopt").read_text("top_level.txt") or ""
+    assert "triton_kernels" not in top.split(), top
+
+
+def load_setup_module():
+    spec = importlib.util.spec_from_file_location("gpuopt_setup_under_test", ROOT / "setup.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # __name__ is not "__main__": defines the helpers, builds nothing
+    return mod
+
+
+def test_setup_arch_list(monkeypatch):
+    setup = load_setup_module()
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5")
+    assert setup._arch_list()[0] == "7.5"
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
+    # a machine with GPUs: the build targets them (PTX of the newest for what comes after)
+    caps = {0: (9, 0), 1: (8, 6), 2: (9, 0)}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(caps))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: caps[i])
+    arch, why = setup._arch_list()
+    assert arch == "8.6;9.0+PTX" and "GPUs of this machine" in why
+    # none: the documented default
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert setup._arch_list()[0] == setup.DEFAULT_ARCH_LIST == "8.0;9.0+PTX"
+
+    def no_driver():
+        raise RuntimeError("Found no NVIDIA driver on your system")
+
+    monkeypatch.setattr(torch.cuda, "device_count", no_driver)
+    arch, why = setup._arch_list()
+    assert arch == setup.DEFAULT_ARCH_LIST and "no GPU visible" in why
+
+
+def test_build_info_records_the_build():
+    from gpuopt_ops import _build_info
+
+    assert re.match(r"\d+\.\d+", _build_info.TORCH_VERSION)
+    arch = _build_info.CUDA_ARCH_LIST
+    assert arch is None or re.fullmatch(r"[0-9.;+ PTXa]+", arch), arch
+
+
+def test_import_error_of_a_tree_without_a_build(tmp_path):
+    """A source tree on sys.path without _C gets an error that says what to do, not a bare ModuleNotFoundError."""
+    shutil.copytree(PKG, tmp_path / "gpuopt_ops", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    res = subprocess.run([sys.executable, "-c", "import gpuopt_ops"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode != 0
+    assert "cannot load the compiled extension gpuopt_ops._C" in res.stderr, res.stderr[-2000:]
+    assert "torch >= 2.11" in res.stderr and "pip install" in res.stderr
