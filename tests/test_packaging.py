@@ -46,8 +46,19 @@ def test_c_needs_no_libtorch_cpp_symbols():
     assert shim, "expected _C to call libtorch through the stable C shim (aoti_torch_* / torch_*)"
 
 
+def installed_distribution():
+    """The gpuopt distribution that installed the gpuopt_ops being tested (not a stray egg-info on sys.path)."""
+    for dist in md.distributions(name="gpuopt"):
+        files = [str(f) for f in (dist.files or [])]
+        if any(Path(dist.locate_file(f)).resolve() == PKG / "__init__.py" for f in files if f.endswith("__init__.py")):
+            return dist
+        if any("__editable__" in f for f in files):
+            return dist
+    pytest.fail(f"no installed gpuopt distribution owns {PKG}")
+
+
 def distribution_files():
-    dist = md.distribution("gpuopt")
+    dist = installed_distribution()
     return dist, [str(f) for f in (dist.files or [])]
 
 
@@ -70,15 +81,14 @@ def test_triton_kernels_install_inside_gpuopt_ops():
     _, files = distribution_files()
     finders = [f for f in files if f.startswith("__editable__") and f.endswith("_finder.py")]
     if finders:  # editable install: the finder's mapping says what is importable
-        dist = md.distribution("gpuopt")
-        text = Path(dist.locate_file(finders[0])).read_text()
+        text = Path(installed_distribution().locate_file(finders[0])).read_text()
         mapping = re.search(r"MAPPING[^=]*=\s*(\{.*?\})", text, re.DOTALL).group(1)
         assert "'gpuopt_ops.triton_kernels'" in mapping or "'gpuopt_ops'" in mapping, mapping
         assert not re.search(r"['\"]triton_kernels['\"]\s*:", mapping), mapping
     else:
         assert "gpuopt_ops/triton_kernels/layer_norm_dropout_relu.py" in files
         assert not [f for f in files if f.startswith("triton_kernels/")]
-    top = md.distribution("gpuopt").read_text("top_level.txt") or ""
+    top = installed_distribution().read_text("top_level.txt") or ""
     assert "triton_kernels" not in top.split(), top
 
 
