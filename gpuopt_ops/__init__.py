@@ -1,7 +1,8 @@
 """gpuopt: fused LayerNorm-Dropout-ReLU and bias-ReLU operators for PyTorch.
 
 `import gpuopt_ops` loads the compiled extension (which defines torch.ops.gpuopt.*) and registers the fake
-kernels and autograd formulas.
+kernels and autograd formulas, and, when `import triton` succeeds, the Triton twins torch.ops.gpuopt.triton_*
+(gpuopt_ops.triton_ops).
 """
 
 import torch
@@ -29,5 +30,27 @@ from .fuse import fuse, unfuse  # noqa: E402
 from . import compile_backend  # noqa: E402
 
 compile_backend.register()  # torch.compile(model, backend="gpuopt")
+
+
+def _load_triton_twins() -> None:
+    """Registers torch.ops.gpuopt.triton_* whenever triton imports. Without triton (CPU-only installs) they are
+    simply absent; a triton that is installed but fails to import only warns. Errors of gpuopt's own Triton
+    layer surface. TRITON_INTERPRET is read when the kernels are decorated, i.e. here: set it before
+    `import gpuopt_ops` to run them on CPU tensors (if triton was already imported without it, the kernels are
+    compiled for the GPU, as before)."""
+    import warnings
+
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return
+    except Exception as err:  # a broken triton install must not break the CPU/CUDA ops
+        warnings.warn(f"gpuopt_ops: `import triton` failed ({type(err).__name__}: {err}); the "
+                      "torch.ops.gpuopt.triton_* ops are not registered", RuntimeWarning, stacklevel=3)
+        return
+    from . import triton_ops  # noqa: F401
+
+
+_load_triton_twins()
 
 __all__ = ["layer_norm_dropout_relu", "bias_relu", "draw_seed", "fuse", "unfuse", "ops", "compile_backend"]

@@ -79,6 +79,25 @@ def _kernels_interpreted() -> bool:
 
 INTERPRETED = _kernels_interpreted()
 
+
+def _launch_wrapper():
+    """How the ops launch their kernels: through wrap_triton (so torch.compile/AOT dispatch see into them) wherever
+    wrap_triton takes our kernel objects; it always takes compiled kernels (triton.jit JITFunctions). Some torch
+    versions (2.11) refuse the interpreter's kernel objects ("wrap_triton only works on functions annotated with
+    triton.jit or triton.autotune"): interpreted kernels are then launched directly, kernel[grid](...), which
+    loses nothing, since under the interpreter the ops are opaque to torch.compile anyway. Decided by trying
+    wrap_triton once (capability, not version)."""
+    try:
+        wrap_triton(_LDR.ldr_fwd_fused_kernel)
+    except RuntimeError:
+        if INTERPRETED:
+            return _LDR._identity
+        raise
+    return wrap_triton
+
+
+_WRAP = _launch_wrapper()
+
 _KERNELS = {
     "gpuopt::triton_layer_norm_dropout_relu": [_LDR.ldr_fwd_fused_kernel, _LDR.ldr_fwd_looped_kernel],
     "gpuopt::triton_layer_norm_dropout_relu_backward": [
@@ -137,7 +156,7 @@ def _ldr_forward(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional
     mean = torch.empty((m,), dtype=acc, device=x.device)
     rstd = torch.empty((m,), dtype=acc, device=x.device)
     if not _skip_launch(x, "layer_norm_dropout_relu"):
-        _LDR.launch_forward(x, _contig(weight), _contig(bias), seed, out, mean, rstd, p, eps, wrap=wrap_triton)
+        _LDR.launch_forward(x, _contig(weight), _contig(bias), seed, out, mean, rstd, p, eps, wrap=_WRAP)
     return out, mean, rstd
 
 
@@ -153,7 +172,7 @@ def _ldr_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torc
     grad_b = torch.zeros((n,) if bias is not None else (0,), dtype=param_dtype, device=x.device)
     if not _skip_launch(x, "layer_norm_dropout_relu_backward"):
         _LDR.launch_backward(grad_out.contiguous(), x, _contig(weight), _contig(bias), mean.contiguous(),
-                             rstd.contiguous(), seed, grad_x, grad_w, grad_b, p, wrap=wrap_triton)
+                             rstd.contiguous(), seed, grad_x, grad_w, grad_b, p, wrap=_WRAP)
     return grad_x, grad_w, grad_b
 
 
@@ -163,7 +182,7 @@ def _bias_relu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if not _skip_launch(x, "bias_relu"):
-        _BR.launch_forward(x, bias.contiguous(), out, wrap=wrap_triton)
+        _BR.launch_forward(x, bias.contiguous(), out, wrap=_WRAP)
     return out
 
 
@@ -174,7 +193,7 @@ def _bias_relu_backward(grad_out: torch.Tensor, out: torch.Tensor) -> Tuple[torc
     grad_x = torch.empty(out.shape, dtype=out.dtype, device=out.device)
     grad_b = torch.zeros((n,), dtype=V.acc_dtype(out.dtype), device=out.device)  # unrounded sum, as the C++ op
     if not _skip_launch(out, "bias_relu_backward"):
-        _BR.launch_backward(grad_out.contiguous(), out, grad_x, grad_b, wrap=wrap_triton)
+        _BR.launch_backward(grad_out.contiguous(), out, grad_x, grad_b, wrap=_WRAP)
     return grad_x, grad_b
 
 

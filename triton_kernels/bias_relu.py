@@ -10,10 +10,12 @@ Tuning (from N on the host, no autotune):
 - Forward: 2-D grid (row tiles, column tiles), tile BLOCK_M x BLOCK_N with BLOCK_N = min(next_pow2(N), 1024)
   and BLOCK_M = clamp(4096 // BLOCK_N, 1, 64) (>= 4096 elements per program), num_warps from the tile
   (4096 elements -> 8 warps, 16 per thread).
-- Backward: grid (column tiles, G row groups), G = 2 x SMs on CUDA (8 on the interpreter); program (c, g)
-  walks row tiles g, g + G, ... of column tile c, writes grad_x and keeps its dbias column sums in registers,
-  then writes them to a (G, N) fp32 partial buffer that ``sum_partials_kernel`` reduces in fixed order.
-  Deterministic: no float atomics.
+- Backward: grid (column tiles, G row groups), column tiles x G ~ SMs x resident programs per SM (a fixed
+  register budget, as the LayerNorm backward; 8 groups on the interpreter); program (c, g) walks row tiles
+  g, g + G, ... of column tile c, writes grad_x and accumulates dbias element-wise in a [BLOCK_M, BLOCK_N]
+  register tile reduced once at the end into a (G, N) fp32 partial buffer, which the parallel stage 2
+  ``sum_partials_kernel`` (one program per 32 columns) reduces in a fixed order. Deterministic: no float
+  atomics. Every launch runs under x's device.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .layer_norm_dropout_relu import (INTERPRETED, _identity, _num_warps, _to_acc, _to_out, launch_sum_partials,
-                                      num_row_groups)
+from typing import Optional
+
+from .layer_norm_dropout_relu import (INTERPRETED, _identity, _num_warps, _persistent_regs, _to_acc, _to_out,
+                                      device_guard, device_sm_count, launch_sum_partials, num_row_groups,
+                                      resident_programs_per_sm)
 
 
 @triton.jit
@@ -48,7 +53,7 @@ def bias_relu_bwd_kernel(DY, OUT, DX, PDB, M, N, IS_FP64: tl.constexpr, BLOCK_M:
     pid = tl.program_id(1)
     num_groups = tl.num_programs(1)
     cmask = cols < N
-    acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), IS_FP64)
+    acc = _to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, num_groups):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
@@ -58,8 +63,8 @@ def bias_relu_bwd_kernel(DY, OUT, DX, PDB, M, N, IS_FP64: tl.constexpr, BLOCK_M:
         o = tl.load(OUT + offs, mask=mask, other=0.0)
         d = tl.where(o > 0.0, g, 0.0)
         tl.store(DX + offs, _to_out(d, DX, RTNE_BF16), mask=mask)
-        acc += tl.sum(d, axis=0)
-    tl.store(PDB + pid.to(tl.int64) * N + cols, acc, mask=cmask)
+        acc += d  # element-wise: one reduction over the tile's rows at the end, not one per tile
+    tl.store(PDB + pid.to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=cmask)
 
 
 def _tile(n: int):
@@ -68,33 +73,47 @@ def _tile(n: int):
     return block_m, block_n
 
 
-def launch_forward(x, bias, out, *, wrap=_identity) -> None:
-    """out = relu(x + bias) for contiguous x viewed as (M, N)."""
+def launch_forward(x, bias, out, *, wrap=_identity, sm_count: Optional[int] = None) -> None:
+    """out = relu(x + bias) for contiguous x viewed as (M, N), under x's device (sm_count unused: one program per
+    tile)."""
     n = int(x.shape[-1])
     m = x.numel() // n
     if m == 0:
         return
     block_m, block_n = _tile(n)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    wrap(bias_relu_fwd_kernel)[grid](x, bias, out, m, n, IS_FP64=x.dtype == torch.float64, BLOCK_M=block_m,
-                                     BLOCK_N=block_n, RTNE_BF16=INTERPRETED,
-                                     num_warps=_num_warps(block_m * block_n))
+    with device_guard(x.device):
+        wrap(bias_relu_fwd_kernel)[grid](x, bias, out, m, n, IS_FP64=x.dtype == torch.float64, BLOCK_M=block_m,
+                                         BLOCK_N=block_n, RTNE_BF16=INTERPRETED,
+                                         num_warps=_num_warps(block_m * block_n))
 
 
-def launch_backward(grad_out, out, grad_x, grad_b, *, wrap=_identity) -> None:
+def backward_tile(n: int):
+    """(BLOCK_M, BLOCK_N, num_warps) of the backward: 256 columns x up to 16 rows, 8 warps (16 per thread)."""
+    block_n = min(triton.next_power_of_2(n), 256)
+    block_m = max(1, min(64, 4096 // block_n))
+    return block_m, block_n, _num_warps(block_m * block_n)
+
+
+def launch_backward(grad_out, out, grad_x, grad_b, *, wrap=_identity, sm_count: Optional[int] = None) -> None:
     """grad_x = grad_out * [out > 0] and grad_b = its column sums (grad_b in the accumulation dtype), contiguous
-    inputs."""
+    inputs, under out's device. The grid (column tiles x G row groups) holds about SMs x resident programs per SM
+    (sm_count: the device's, DEFAULT_SM_COUNT for meta tensors), so G, and the bits of grad_b, are fixed by
+    (shape, dtype, SM count)."""
     n = int(out.shape[-1])
     m = out.numel() // n
     if m == 0:
         return
     is_fp64 = out.dtype == torch.float64
-    block_n = min(triton.next_power_of_2(n), 256)
-    block_m = max(1, min(64, 4096 // block_n))
-    groups = num_row_groups(triton.cdiv(m, block_m), out.device)
-    partial = torch.empty((groups, n), dtype=torch.float64 if is_fp64 else torch.float32, device=out.device)
-    grid = (triton.cdiv(n, block_n), groups)
-    wrap(bias_relu_bwd_kernel)[grid](grad_out, out, grad_x, partial, m, n, IS_FP64=is_fp64, BLOCK_M=block_m,
-                                     BLOCK_N=block_n, RTNE_BF16=INTERPRETED,
-                                     num_warps=_num_warps(block_m * block_n))
-    launch_sum_partials(partial, grad_b, groups, n, wrap=wrap)
+    block_m, block_n, warps = backward_tile(n)
+    col_tiles = triton.cdiv(n, block_n)
+    sms = sm_count if sm_count is not None else device_sm_count(out.device)
+    regs = _persistent_regs(block_m * block_n // (32 * warps), out.element_size())
+    resident = sms * resident_programs_per_sm(warps, regs)
+    groups = num_row_groups(triton.cdiv(m, block_m), out.device, 1, max(1, resident // col_tiles))
+    with device_guard(out.device):
+        partial = torch.empty((groups, n), dtype=torch.float64 if is_fp64 else torch.float32, device=out.device)
+        grid = (col_tiles, groups)
+        wrap(bias_relu_bwd_kernel)[grid](grad_out, out, grad_x, partial, m, n, IS_FP64=is_fp64, BLOCK_M=block_m,
+                                         BLOCK_N=block_n, RTNE_BF16=INTERPRETED, num_warps=warps)
+        launch_sum_partials(partial, grad_b, groups, n, wrap=wrap)

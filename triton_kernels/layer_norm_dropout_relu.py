@@ -15,12 +15,18 @@ gpuopt_ops/triton_ops.py). The math is that of csrc/fused_math.h, the dropout RN
   lane picked with selects. DROPOUT=False (p = 0) does no RNG work at all.
 - Statistics and accumulation in fp32 (fp64 for fp64 x). eps is passed as an fp32 pair (hi + lo) so the fp64
   kernels see eps to ~48 bits instead of fp32's 24 (Triton passes Python floats as fp32).
+- Exact arithmetic where the C++ kernels are exact: mean and variance multiply the sums by a correctly rounded
+  1/N (tl.div_rn, the CPU fp32 kernels' 1.0f / float(N), CUDA's A(1) / A(N)); rstd = 1 / sqrt_rn with IEEE
+  division; Chan's merge divides with tl.div_rn. Triton's fp32 `/` (approximate div.full.f32) is not used.
+  Bit-identical across backends: the dropout masks and scale. Only close (summation order): the statistics
+  and everything computed from them, and the column sums (docs/DESIGN.md, "Triton arithmetic").
 
 Tuning (chosen from N on the host; no autotune, which the interpreter would only slow down). The rule is a
 fixed number of elements per thread, num_warps = tile / (32 x per_thread) clamped to 1..16, with per_thread
 16 in the forward and 8 in the backward (halved for fp64). Checked with ptxas for sm_90 (compiled without a
-GPU, tests/test_triton.py): no configuration spills, at most 128 registers per thread (e.g. forward
-N = 8192 fp32: 16 warps, 114 registers; backward N = 4096 bf16: 16 warps, 122). Not yet timed on a GPU.
+GPU with the specialization of a real launch: `python -m benchmarks.triton_resources`,
+tests/test_triton_compile.py): no configuration spills, at most 128 registers per thread (backward N = 8192
+fp32: 16 warps, 128). Not yet timed on a GPU. Every launch runs under x's device (device_guard).
 
 - Forward, single-block path when N <= 8192 (4096 for fp64): BLOCK_N = next_power_of_2(N); several rows per
   program, BLOCK_M = clamp(4096 // BLOCK_N, 1, 64), so a program moves >= 4096 elements (short rows do not
@@ -29,11 +35,15 @@ N = 8192 fp32: 16 warps, 114 registers; backward N = 4096 bf16: 16 warps, 122). 
 - Forward, looped path for longer rows: one row per program, chunks of 4096 columns (2048 for fp64), 8 warps.
   Pass 1 merges the per-chunk (count, mean, M2) with Chan's formula (exact per chunk, no E[x^2] - E[x]^2
   cancellation); pass 2 re-reads x and writes the output: two reads of x.
-- Backward, single-block path when N <= 4096 (2048 for fp64): BLOCK_M = clamp(2048 // BLOCK_N, 1, 64) rows per
-  tile; G programs (2 x SM count on CUDA, <= 8 on the interpreter), program p takes row tiles p, p + G, ...;
-  per row it computes c1 = mean(dxhat * xhat), c2 = mean(dxhat) and dx, and accumulates dgamma/dbeta in
-  registers; it writes its partial row into a (G, N) buffer that ``sum_partials_kernel`` reduces in a fixed
-  order (deterministic: no float atomics).
+- Backward, single-block path when N <= 8192 (2048 for fp64): BLOCK_M = clamp(2048 // BLOCK_N, 1, 64) rows per
+  tile; G programs = SM count x resident programs per SM (backward_programs_per_sm: a fixed register budget per
+  (elements per thread, dtype size), checked against the compiled kernels; <= 8 on the interpreter), so the
+  grid is one wave; program p takes row tiles p, p + G, ...; per row it computes c1 = mean(dxhat * xhat),
+  c2 = mean(dxhat) and dx, and accumulates dgamma/dbeta element-wise in [BLOCK_M, BLOCK_N] register tiles,
+  reduced over rows once at the end into its partial row of a (G, N) buffer; ``sum_partials_kernel`` (one
+  program per 32 columns) reduces the G rows in a fixed order (deterministic: no float atomics; the bits
+  depend on (shape, dtype, SM count), never on autotuning). N = 16384 would need 32 elements per thread at 16
+  warps (> 128 registers: spills or less than one block per SM), so it stays on the looped path.
 - Backward, looped path: kernel A computes c1, c2 of one row per program (1024-column chunks, 4 warps);
   kernel B runs a (1024-column chunk x row group) grid, tiles of 2 rows, computing dx and the dgamma/dbeta
   partials; then the same reduction. x and grad_out are read twice.
@@ -44,8 +54,10 @@ numel > 2^31 are fine.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -59,7 +71,7 @@ DEBUG_COUNTER_OFFSET = 0
 # Longest rows of the single-block kernels: 16 warps x 32 threads x (elements per thread, see _warps_for).
 FWD_MAX_FUSED_N = 8192
 FWD_MAX_FUSED_N_FP64 = 4096
-BWD_MAX_FUSED_N = 4096
+BWD_MAX_FUSED_N = 8192
 BWD_MAX_FUSED_N_FP64 = 2048
 
 
@@ -80,6 +92,27 @@ def _rsqrt(v, IS_FP64: tl.constexpr):
         r = 1.0 / tl.sqrt(v)
     else:
         r = tl.div_rn(tl.full(v.shape, 1.0, tl.float32), tl.sqrt_rn(v))
+    return r
+
+
+@triton.jit
+def _div(a, b, IS_FP64: tl.constexpr):
+    """a / b correctly rounded (Triton's fp32 `/` compiles to the approximate div.full.f32; fp64 `/` is exact)."""
+    if IS_FP64:
+        q = a / b
+    else:
+        q = tl.div_rn(a, b)
+    return q
+
+
+@triton.jit
+def _inv_n(N, IS_FP64: tl.constexpr):
+    """1 / N correctly rounded in the accumulation dtype: the statistics multiply by it, as the CPU fp32 kernels
+    (inv_n = 1.0f / float(N)) and the CUDA kernels (inv_n = A(1) / A(N)) do."""
+    if IS_FP64:
+        r = 1.0 / tl.full([1], N, tl.int64).to(tl.float64)
+    else:
+        r = tl.div_rn(tl.full([1], 1.0, tl.float32), tl.full([1], N, tl.int32).to(tl.float32))
     return r
 
 
@@ -216,9 +249,10 @@ def ldr_fwd_fused_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, t
     base = rows * N
     offs = base[:, None] + cols[None, :]
     x = _to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
-    mean = tl.sum(x, axis=1) / N
+    inv_n = _inv_n(N, IS_FP64)
+    mean = tl.sum(x, axis=1) * inv_n
     d = tl.where(mask, x - mean[:, None], 0.0)
-    var = tl.sum(d * d, axis=1) / N
+    var = tl.sum(d * d, axis=1) * inv_n
     rstd = _rsqrt(var + _eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
     tl.store(MEAN + rows, mean, mask=row_mask)
     tl.store(RSTD + rows, rstd, mask=row_mask)
@@ -244,17 +278,17 @@ def ldr_fwd_looped_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, 
         cmask = (col0 + cols) < N
         x = _to_acc(tl.load(X + base[:, None] + col0 + cols[None, :], mask=cmask[None, :], other=0.0), IS_FP64)
         n_b = tl.minimum(N - col0, BLOCK_N)
-        mean_b = tl.sum(x, axis=1) / n_b
-        d = tl.where(cmask[None, :], x - mean_b[:, None], 0.0)
-        m2_b = tl.sum(d * d, axis=1)
-        # Chan et al.: merge (col0, mean, m2) with (n_b, mean_b, m2_b)
+        # Chan et al.: merge (col0, mean, m2) with (n_b, mean_b, m2_b); every division correctly rounded
         n_a = _to_acc(col0 + tl.zeros([1], dtype=tl.int32), IS_FP64)
         n_b_f = _to_acc(n_b + tl.zeros([1], dtype=tl.int32), IS_FP64)
+        mean_b = _div(tl.sum(x, axis=1), n_b_f, IS_FP64)
+        d = tl.where(cmask[None, :], x - mean_b[:, None], 0.0)
+        m2_b = tl.sum(d * d, axis=1)
         tot = n_a + n_b_f
         delta = mean_b - mean
-        mean = mean + delta * (n_b_f / tot)
-        m2 = m2 + m2_b + delta * delta * (n_a * n_b_f / tot)
-    var = m2 / N
+        mean = mean + delta * _div(n_b_f, tot, IS_FP64)
+        m2 = m2 + m2_b + delta * delta * _div(n_a * n_b_f, tot, IS_FP64)
+    var = m2 * _inv_n(N, IS_FP64)
     rstd = _rsqrt(var + _eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
     tl.store(MEAN + rows, mean)
     tl.store(RSTD + rows, rstd)
@@ -315,14 +349,16 @@ def ldr_bwd_fused_kernel(DY, X, W, B, MEAN, RSTD, SEED, DX, PDW, PDB, M, N, thre
                          HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
                          FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
-    """Single-block backward: program p handles row tiles p, p + G, ...; writes its dgamma/dbeta partial row."""
+    """Single-block backward: program p handles row tiles p, p + G, ...; dgamma/dbeta accumulate element-wise in
+    [BLOCK_M, BLOCK_N] register tiles, reduced over the tile's rows once at the end into its partial row."""
     scale = _dropout_scale(threshold, IS_FP64)
+    inv_n = _inv_n(N, IS_FP64)
     pid = tl.program_id(0)
     num_groups = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
-    dw_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), IS_FP64)
-    db_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), IS_FP64)
+    dw_acc = _to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    db_acc = _to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, num_groups):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
@@ -331,19 +367,19 @@ def ldr_bwd_fused_kernel(DY, X, W, B, MEAN, RSTD, SEED, DX, PDW, PDB, M, N, thre
         rstd, xhat, dy, dxhat = _ldr_bwd_tile(
             DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, 0, cols, cmask, offs, mask, N, threshold, scale, HAS_W,
             HAS_B, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, CTR_OFFSET)
-        c1 = tl.sum(dxhat * xhat, axis=1) / N
-        c2 = tl.sum(dxhat, axis=1) / N
+        c1 = tl.sum(dxhat * xhat, axis=1) * inv_n
+        c2 = tl.sum(dxhat, axis=1) * inv_n
         dx = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
         tl.store(DX + offs, _to_out(dx, DX, RTNE_BF16), mask=mask)
         if HAS_W:
-            dw_acc += tl.sum(dy * xhat, axis=0)
+            dw_acc += dy * xhat
         if HAS_B:
-            db_acc += tl.sum(dy, axis=0)
+            db_acc += dy
     prow = pid.to(tl.int64) * N
     if HAS_W:
-        tl.store(PDW + prow + cols, dw_acc, mask=cmask)
+        tl.store(PDW + prow + cols, tl.sum(dw_acc, axis=0), mask=cmask)
     if HAS_B:
-        tl.store(PDB + prow + cols, db_acc, mask=cmask)
+        tl.store(PDB + prow + cols, tl.sum(db_acc, axis=0), mask=cmask)
 
 
 @triton.jit
@@ -366,8 +402,9 @@ def ldr_bwd_row_coef_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, M, N, thresho
             HAS_W, HAS_B, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N, CTR_OFFSET)
         s1 += tl.sum(dxhat * xhat, axis=1)
         s2 += tl.sum(dxhat, axis=1)
-    tl.store(C1 + rows, s1 / N, mask=row_mask)
-    tl.store(C2 + rows, s2 / N, mask=row_mask)
+    inv_n = _inv_n(N, IS_FP64)
+    tl.store(C1 + rows, s1 * inv_n, mask=row_mask)
+    tl.store(C2 + rows, s2 * inv_n, mask=row_mask)
 
 
 @triton.jit
@@ -382,8 +419,8 @@ def ldr_bwd_chunk_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, DX, PDW, PDB, M,
     num_groups = tl.num_programs(1)
     cols = tl.arange(0, BLOCK_N)
     cmask = (col0 + cols) < N
-    dw_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), IS_FP64)
-    db_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), IS_FP64)
+    dw_acc = _to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    db_acc = _to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, num_groups):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
@@ -397,30 +434,33 @@ def ldr_bwd_chunk_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, DX, PDW, PDB, M,
         dx = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
         tl.store(DX + offs, _to_out(dx, DX, RTNE_BF16), mask=mask)
         if HAS_W:
-            dw_acc += tl.sum(dy * xhat, axis=0)
+            dw_acc += dy * xhat
         if HAS_B:
-            db_acc += tl.sum(dy, axis=0)
+            db_acc += dy
     prow = pid.to(tl.int64) * N + col0
     if HAS_W:
-        tl.store(PDW + prow + cols, dw_acc, mask=cmask)
+        tl.store(PDW + prow + cols, tl.sum(dw_acc, axis=0), mask=cmask)
     if HAS_B:
-        tl.store(PDB + prow + cols, db_acc, mask=cmask)
+        tl.store(PDB + prow + cols, tl.sum(db_acc, axis=0), mask=cmask)
 
 
 @triton.jit
 def sum_partials_kernel(P, OUT, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
                         RTNE_BF16: tl.constexpr):
-    """OUT[j] = sum over g = 0 .. G-1 of P[g, j], in a fixed order (deterministic), cast to OUT's dtype."""
+    """OUT[j] = sum over g = 0 .. G-1 of P[g, j], in a fixed order (deterministic), cast to OUT's dtype.
+
+    Stage 2 of the column reductions: one program per BLOCK_N columns (many programs), each adding its columns
+    of BLOCK_G partial rows at a time element-wise into a [BLOCK_G, BLOCK_N] tile, reduced over rows once."""
     col0 = tl.program_id(0) * BLOCK_N
     cols = col0 + tl.arange(0, BLOCK_N)
     cmask = cols < N
     gs = tl.arange(0, BLOCK_G)
-    acc = tl.zeros([BLOCK_N], dtype=P.dtype.element_ty)
+    acc = tl.zeros([BLOCK_G, BLOCK_N], dtype=P.dtype.element_ty)
     for g0 in range(0, G, BLOCK_G):
         gg = (g0 + gs).to(tl.int64)
         m = (gg < G)[:, None] & cmask[None, :]
-        acc += tl.sum(tl.load(P + gg[:, None] * N + cols[None, :], mask=m, other=0.0), axis=0)
-    tl.store(OUT + cols, _to_out(acc, OUT, RTNE_BF16), mask=cmask)
+        acc += tl.load(P + gg[:, None] * N + cols[None, :], mask=m, other=0.0)
+    tl.store(OUT + cols, _to_out(tl.sum(acc, axis=0), OUT, RTNE_BF16), mask=cmask)
 
 
 # ------------------------------------------------------------------------------------------- launch helpers
@@ -434,6 +474,41 @@ def _is_interpreted(kernel) -> bool:
 
 # True when TRITON_INTERPRET=1 was set as this module was imported: the kernels then run on CPU tensors.
 INTERPRETED = _is_interpreted(ldr_fwd_fused_kernel)
+
+
+def _interpreter_index_compat() -> bool:
+    """Lets the interpreter use runtime loop bounds (`range(pid, num_tiles, G)`) with NumPy >= 2.5.
+
+    Interpreted scalars are 1-element 1-D arrays, and some Triton interpreters (3.6) convert them for range()
+    with int(array), which NumPy 2.5 refuses ("only 0-dimensional arrays can be converted to Python scalars");
+    newer interpreters (3.8) squeeze first. Only when this NumPy refuses the conversion (checked, not assumed
+    from versions) wrap the interpreter's tensor patch so that __index__ squeezes. Returns whether it did."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            int(np.array([1]))
+        return False
+    except TypeError:
+        pass
+    from triton.runtime import interpreter as _interp
+
+    orig = getattr(_interp, "_patch_lang_tensor", None)
+    if orig is None or getattr(orig, "_gpuopt_index_compat", False):
+        return False
+
+    def patch_lang_tensor(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patch_lang_tensor._gpuopt_index_compat = True
+    _interp._patch_lang_tensor = patch_lang_tensor
+    return True
+
+
+if INTERPRETED:
+    _interpreter_index_compat()
 
 
 def dropout_threshold(p: float) -> int:
@@ -455,18 +530,55 @@ def _num_warps(tile: int, per_thread: int = 16) -> int:
     return max(1, min(16, tile // (32 * per_thread)))
 
 
+# SMs assumed when the device cannot be asked (meta/fake tensors, the compile table, no GPU): H100 SXM / H200.
+DEFAULT_SM_COUNT = 132
+# Programs of the row-group reductions under the interpreter (CPU tensors): few, or the interpreter crawls.
+INTERPRETER_ROW_GROUPS = 8
 _SM_COUNT = {}
 
 
-def num_row_groups(num_tiles: int, device: torch.device) -> int:
-    """Programs of a row-group reduction (one partial row each): 2 x SMs on CUDA, 8 on the interpreter."""
-    if device.type == "cuda":
+def device_sm_count(device: torch.device) -> int:
+    """Multiprocessors of `device`: torch.cuda.get_device_properties on a CUDA machine, else DEFAULT_SM_COUNT."""
+    if device.type == "cuda" and torch.cuda.is_available():
         idx = device.index if device.index is not None else torch.cuda.current_device()
         if idx not in _SM_COUNT:
             _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-        cap = 2 * _SM_COUNT[idx]
+        return _SM_COUNT[idx]
+    return DEFAULT_SM_COUNT
+
+
+def device_guard(device: torch.device):
+    """Makes x's device current for the launches (Triton launches on the current device and its stream): a
+    torch.cuda.device guard for CUDA tensors, a no-op otherwise (CPU, meta)."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def resident_programs_per_sm(num_warps: int, regs_per_thread: int) -> int:
+    """Blocks of num_warps warps at regs_per_thread registers that an sm_90 SM holds at once: 65536 registers
+    (allocated per thread in units of 8), 64 warps, 32 blocks per SM."""
+    regs = -(-regs_per_thread // 8) * 8
+    return max(1, min(32, 64 // num_warps, 65536 // (regs * 32 * num_warps)))
+
+
+# Register budget (per thread) the persistent grids are sized for. tests/test_triton_compile.py compiles every
+# variant for sm_90 and checks that the real registers never need fewer programs per SM than this budget gives,
+# so the grid is one full wave: every program resident at once, no tail wave.
+# Measured (benchmarks/triton_resources.py, triton 3.6 and 3.8): 16-bit inputs at <= 8 elements per thread take
+# <= 73 registers (budget 80); fp32 inputs (up to 97) and 16 elements per thread (up to 128) are budgeted at 128.
+def _persistent_regs(elems_per_thread: int, elem_bytes: int) -> int:
+    return 80 if elems_per_thread <= 8 and elem_bytes <= 2 else 128
+
+
+def num_row_groups(num_tiles: int, device: torch.device, programs_per_sm: int = 2,
+                   sms: Optional[int] = None) -> int:
+    """Programs of a row-group reduction (one partial row each): SMs x programs_per_sm on CUDA and meta tensors
+    (sms defaults to device_sm_count(device)), INTERPRETER_ROW_GROUPS on the interpreter (CPU), at most num_tiles."""
+    if device.type == "cpu":
+        cap = INTERPRETER_ROW_GROUPS
     else:
-        cap = 8
+        cap = (sms if sms is not None else device_sm_count(device)) * programs_per_sm
     return max(1, min(num_tiles, cap))
 
 
@@ -481,6 +593,10 @@ class LdrConfig:
     block_n: int
     num_warps: int
     fast_rng: bool
+
+    @property
+    def elems_per_thread(self) -> int:
+        return max(1, self.block_m * self.block_n // (32 * self.num_warps))
 
 
 def forward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -> LdrConfig:
@@ -500,8 +616,8 @@ def forward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -
 
 
 def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -> LdrConfig:
-    """Backward tiling: 8 elements per thread (4 for fp64): x, grad_out, xhat, dy, dxhat and the dgamma/dbeta
-    accumulators are live together."""
+    """Backward tiling: 8 elements per thread (4 for fp64) up to 16 warps, so 16 per thread at N = 8192: x,
+    grad_out, xhat, dy, dxhat and the dgamma/dbeta accumulator tiles are live together."""
     fp64 = dtype == torch.float64
     per_thread = 4 if fp64 else 8
     if max_fused_n is None:
@@ -515,11 +631,19 @@ def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) 
     return LdrConfig(False, block_m, block_n, _num_warps(block_m * block_n, per_thread), n % 8 == 0)
 
 
-def launch_forward(x, weight, bias, seed, out, mean, rstd, p: float, eps: float, *, wrap=_identity,
-                   max_fused_n: int | None = None) -> None:
-    """Runs the forward on contiguous x (M, N) view into the preallocated out, mean, rstd.
+def backward_programs_per_sm(cfg: LdrConfig, dtype: torch.dtype) -> int:
+    """Resident programs per SM of the persistent backward kernels (fused, or the chunk kernel of the looped
+    path), from the register budget of their elements per thread: the grid is SMs x this, one wave."""
+    elem_bytes = torch.empty((), dtype=dtype).element_size()
+    return resident_programs_per_sm(cfg.num_warps, _persistent_regs(cfg.elems_per_thread, elem_bytes))
 
-    `wrap` is applied to each kernel before launching (torch.library.wrap_triton inside a triton_op).
+
+def launch_forward(x, weight, bias, seed, out, mean, rstd, p: float, eps: float, *, wrap=_identity,
+                   max_fused_n: int | None = None, sm_count: Optional[int] = None) -> None:
+    """Runs the forward on contiguous x (M, N) view into the preallocated out, mean, rstd, under x's device.
+
+    `wrap` is applied to each kernel before launching (torch.library.wrap_triton inside a triton_op). sm_count
+    is unused (the forward grid is one program per row tile); accepted for a uniform launcher signature.
     """
     n = int(x.shape[-1])
     m = x.numel() // n
@@ -533,29 +657,42 @@ def launch_forward(x, weight, bias, seed, out, mean, rstd, p: float, eps: float,
                   RTNE_BF16=INTERPRETED)
     w = weight if weight is not None else x  # never read when HAS_W is False
     b = bias if bias is not None else x
-    if cfg.fused:
-        grid = (triton.cdiv(m, cfg.block_m),)
-        wrap(ldr_fwd_fused_kernel)[grid](x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t,
-                                         BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
-    else:
-        grid = (m,)
-        wrap(ldr_fwd_looped_kernel)[grid](x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t,
-                                          num_warps=cfg.num_warps, **common)
+    with device_guard(x.device):
+        if cfg.fused:
+            grid = (triton.cdiv(m, cfg.block_m),)
+            wrap(ldr_fwd_fused_kernel)[grid](x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t,
+                                             BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
+        else:
+            grid = (m,)
+            wrap(ldr_fwd_looped_kernel)[grid](x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t,
+                                              num_warps=cfg.num_warps, **common)
+
+
+def sum_partials_config(groups: int, n: int):
+    """Stage 2 tiling: BLOCK_N = 32 columns per program (cdiv(N, 32) programs: 24 at N = 768, 512 at 16384),
+    BLOCK_G = min(next_pow2(G), 64) partial rows per step, 4 warps. Fixed by (G, N): a fixed summation order."""
+    block_n = min(32, triton.next_power_of_2(n))
+    block_g = max(1, min(triton.next_power_of_2(groups), 64))
+    return block_g, block_n, 4
 
 
 def launch_sum_partials(partial, out, groups: int, n: int, *, wrap=_identity) -> None:
-    block_n = min(1024, triton.next_power_of_2(n))
-    block_g = max(1, min(triton.next_power_of_2(groups), 4096 // block_n, 64))
+    """out[j] = sum over the G partial rows of partial[:, j] (fixed order), many programs over column blocks."""
+    block_g, block_n, warps = sum_partials_config(groups, n)
     grid = (triton.cdiv(n, block_n),)
-    wrap(sum_partials_kernel)[grid](partial, out, groups, n, BLOCK_G=block_g, BLOCK_N=block_n,
-                                    RTNE_BF16=INTERPRETED, num_warps=_num_warps(block_g * block_n))
+    with device_guard(out.device):
+        wrap(sum_partials_kernel)[grid](partial, out, groups, n, BLOCK_G=block_g, BLOCK_N=block_n,
+                                        RTNE_BF16=INTERPRETED, num_warps=warps)
 
 
 def launch_backward(grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w, grad_b, p: float, *,
-                    wrap=_identity, max_fused_n: int | None = None) -> None:
-    """Runs the backward on contiguous inputs into grad_x and (when weight/bias exist) grad_w/grad_b.
+                    wrap=_identity, max_fused_n: int | None = None, sm_count: Optional[int] = None) -> None:
+    """Runs the backward on contiguous inputs into grad_x and (when weight/bias exist) grad_w/grad_b, under x's
+    device.
 
-    The dgamma/dbeta partials go to a (G, N) buffer in the accumulation dtype, reduced in a fixed order.
+    The dgamma/dbeta partials go to a (G, N) buffer in the accumulation dtype, reduced in a fixed order. G (and
+    with it the bits of dgamma/dbeta) is fixed by (shape, dtype, SM count): SMs x backward_programs_per_sm on a
+    GPU (sm_count: the device's, or DEFAULT_SM_COUNT for meta tensors; pass it to override), 8 on the interpreter.
     """
     n = int(x.shape[-1])
     m = x.numel() // n
@@ -571,21 +708,28 @@ def launch_backward(grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w,
     w = weight if has_w else x
     b = bias if has_b else x
     num_tiles = triton.cdiv(m, cfg.block_m)
-    groups = num_row_groups(num_tiles, x.device)
-    pdw = torch.empty((groups, n) if has_w else (1,), dtype=acc, device=x.device)
-    pdb = torch.empty((groups, n) if has_b else (1,), dtype=acc, device=x.device)
-    if cfg.fused:
-        wrap(ldr_bwd_fused_kernel)[(groups,)](grad_out, x, w, b, mean, rstd, seed, grad_x, pdw, pdb, m, n, t,
-                                              BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
-    else:
-        c1 = torch.empty((m,), dtype=acc, device=x.device)
-        c2 = torch.empty((m,), dtype=acc, device=x.device)
-        wrap(ldr_bwd_row_coef_kernel)[(m,)](grad_out, x, w, b, mean, rstd, seed, c1, c2, m, n, t,
-                                            num_warps=_num_warps(cfg.block_n, 8), **common)
-        grid = (triton.cdiv(n, cfg.block_n), groups)
-        wrap(ldr_bwd_chunk_kernel)[grid](grad_out, x, w, b, mean, rstd, seed, c1, c2, grad_x, pdw, pdb, m, n,
-                                         t, BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
-    if has_w:
-        launch_sum_partials(pdw, grad_w, groups, n, wrap=wrap)
-    if has_b:
-        launch_sum_partials(pdb, grad_b, groups, n, wrap=wrap)
+    with device_guard(x.device):
+        if cfg.fused:
+            groups = num_row_groups(num_tiles, x.device, backward_programs_per_sm(cfg, x.dtype), sm_count)
+        else:  # the chunk kernel's grid is (column chunks, groups): spread the SMs' programs over the chunks
+            chunks = triton.cdiv(n, cfg.block_n)
+            sms = sm_count if sm_count is not None else device_sm_count(x.device)
+            groups = num_row_groups(num_tiles, x.device, 1, max(1, sms * backward_programs_per_sm(cfg, x.dtype)
+                                                                 // chunks))
+        pdw = torch.empty((groups, n) if has_w else (1,), dtype=acc, device=x.device)
+        pdb = torch.empty((groups, n) if has_b else (1,), dtype=acc, device=x.device)
+        if cfg.fused:
+            wrap(ldr_bwd_fused_kernel)[(groups,)](grad_out, x, w, b, mean, rstd, seed, grad_x, pdw, pdb, m, n,
+                                                  t, BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
+        else:
+            c1 = torch.empty((m,), dtype=acc, device=x.device)
+            c2 = torch.empty((m,), dtype=acc, device=x.device)
+            wrap(ldr_bwd_row_coef_kernel)[(m,)](grad_out, x, w, b, mean, rstd, seed, c1, c2, m, n, t,
+                                                num_warps=_num_warps(cfg.block_n, 8), **common)
+            grid = (triton.cdiv(n, cfg.block_n), groups)
+            wrap(ldr_bwd_chunk_kernel)[grid](grad_out, x, w, b, mean, rstd, seed, c1, c2, grad_x, pdw, pdb, m,
+                                             n, t, BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
+        if has_w:
+            launch_sum_partials(pdw, grad_w, groups, n, wrap=wrap)
+        if has_b:
+            launch_sum_partials(pdb, grad_b, groups, n, wrap=wrap)
