@@ -823,24 +823,25 @@ def test_gpu_launches_on_the_tensors_device_not_the_current_one():
         torch.testing.assert_close(g.cpu(), r.cpu(), rtol=0, atol=0)
 
 
-def test_import_gpuopt_ops_registers_the_triton_twins():
+def _fresh_python(code):
+    """stdout of `code` in a new interpreter (a fresh import of gpuopt_ops); fails with its stderr."""
     import subprocess
 
-    code = ("import torch, gpuopt_ops, sys; op = torch.ops.gpuopt.triton_layer_norm_dropout_relu; "
-            "print('OK', op.default._schema.name, 'gpuopt_ops.triton_ops' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]
-    assert "OK gpuopt::triton_layer_norm_dropout_relu True" in res.stdout
+    return res.stdout
+
+
+def test_import_gpuopt_ops_registers_the_triton_twins():
+    out = _fresh_python("import torch, gpuopt_ops, sys; op = torch.ops.gpuopt.triton_layer_norm_dropout_relu; "
+                        "print('OK', op.default._schema.name, 'gpuopt_ops.triton_ops' in sys.modules)")
+    assert "OK gpuopt::triton_layer_norm_dropout_relu True" in out
 
 
 def test_import_gpuopt_ops_without_triton_still_works():
-    import subprocess
-
-    code = ("import sys; sys.modules['triton'] = None; import torch, gpuopt_ops; "
-            "print('OK', hasattr(torch.ops.gpuopt, 'triton_bias_relu'), 'gpuopt_ops.triton_ops' in sys.modules)")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-4000:]
-    assert "OK False False" in res.stdout
+    out = _fresh_python("import sys; sys.modules['triton'] = None; import torch, gpuopt_ops; "
+                        "print('OK', hasattr(torch.ops.gpuopt, 'triton_bias_relu'), 'gpuopt_ops.triton_ops' in sys.modules)")
+    assert "OK False False" in out
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
