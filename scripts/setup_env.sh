@@ -57,7 +57,7 @@ else
     (cd "$ROOT" && MAX_JOBS="${MAX_JOBS:-2}" "$VPY" -m pip wheel -v --no-build-isolation --no-deps . -w "$DIST" 2>&1) \
       | tee "$DIST/build.log" \
       | grep --line-buffered -E '^\s*\[[0-9]+/[0-9]+\]|gpuopt setup|error:|Error' \
-      | sed -u -E 's#^\s*(\[[0-9]+/[0-9]+\]) .* -c ([^ ]+) .*#  \1 \2#'
+      | sed -u -E -e 's#^\s*(\[[0-9]+/[0-9]+\]) .* -c ([^ ]+) .*#  \1 \2#' -e "s#$ROOT/##"
     rc=${PIPESTATUS[0]}
     set -e
     WHEEL=$(ls "$DIST"/gpuopt-*-cp310-abi3-*.whl 2>/dev/null | head -n1 || true)
