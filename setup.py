@@ -136,7 +136,7 @@ def _build_info(ext_modules):
 # Run by pip / setuptools (both execute this file as __main__); tests import it for _arch_list.
 if __name__ == "__main__":
     ext_modules, cpp_extension = _extensions()
-    (ROOT / "gpuopt_ops" / "_build_info.py").write_text(
+    (ROOT / "gpuopt_ops" / "build_info.py").write_text(
         "# Written by setup.py: how gpuopt_ops._C was built.\n" + _build_info(ext_modules)
     )
 

@@ -279,7 +279,7 @@ def metadata(device: str) -> Dict[str, str]:
             pass
         meta["device"] = f"CPU {name} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
     try:
-        import gpuopt_ops._build_info as bi
+        import gpuopt_ops.build_info as bi
 
         meta["gpuopt_built_with_torch"] = bi.TORCH_VERSION
     except Exception:  # noqa: BLE001

@@ -13,7 +13,7 @@ try:
     from . import _C  # noqa: F401  (registers the schemas and the CPU/CUDA kernels)
 except ImportError as err:  # no build here (a source tree on sys.path), or a torch older than 2.11
     try:
-        from ._build_info import TORCH_VERSION as _BUILT_WITH
+        from .build_info import TORCH_VERSION as _BUILT_WITH
     except ImportError:
         _BUILT_WITH = "unknown (no build found)"
     raise ImportError(
@@ -25,6 +25,7 @@ except ImportError as err:  # no build here (a source tree on sys.path), or a to
     ) from err
 
 from . import ops  # noqa: E402
+from .backends import BACKENDS, resolve_backend  # noqa: E402
 from .ops import bias_relu, draw_seed, layer_norm_dropout_relu  # noqa: E402
 from .fuse import fuse, unfuse  # noqa: E402
 from . import compile_backend  # noqa: E402
@@ -53,4 +54,5 @@ def _load_triton_twins() -> None:
 
 _load_triton_twins()
 
-__all__ = ["layer_norm_dropout_relu", "bias_relu", "draw_seed", "fuse", "unfuse", "ops", "compile_backend"]
+__all__ = ["layer_norm_dropout_relu", "bias_relu", "draw_seed", "fuse", "unfuse", "resolve_backend", "BACKENDS", "ops",
+           "compile_backend"]

@@ -12,13 +12,12 @@ each training call draws a fresh dropout seed from torch's generator on x's devi
 relu is any of F.relu / torch.relu / Tensor.relu (and their in-place forms). A match requires every intermediate
 value to have no other user, constant p / training / eps / normalized_shape, and dtypes and devices our ops take;
 anything else is left to Inductor as it is. Print the rewrites with
-`torch.compile(m, backend="gpuopt", options={"verbose": True})` or the environment variable
-GPUOPT_COMPILE_VERBOSE=1; any other option goes to Inductor as a config patch.
+`torch.compile(m, backend="gpuopt", options={"verbose": True})`; any other option goes to Inductor as a config
+patch.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -196,7 +195,7 @@ def gpuopt_backend(gm: torch.fx.GraphModule, example_inputs, options: Optional[D
     from torch._inductor.compile_fx import compile_fx
 
     options = dict(options or {})
-    verbose = bool(options.pop("verbose", False)) or os.environ.get("GPUOPT_COMPILE_VERBOSE", "0") == "1"
+    verbose = bool(options.pop("verbose", False))
     rewrite_graph(gm, verbose)
     if mode not in (None, "default"):
         from torch._inductor import list_mode_options
@@ -206,8 +205,10 @@ def gpuopt_backend(gm: torch.fx.GraphModule, example_inputs, options: Optional[D
 
 
 def register() -> None:
-    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+    from torch._dynamo import register_backend
 
-    if "gpuopt" not in _BACKENDS:
+    try:
         register_backend(gpuopt_backend, name="gpuopt")
+    except AssertionError:  # already registered (a reload of this module): "duplicate name: gpuopt"
+        pass
 

@@ -21,7 +21,8 @@ from typing import List, Optional, Tuple
 
 from torch import nn
 
-from .modules import FusedLayerNormDropoutReLU, LinearBiasReLU, _check_backend_name
+from .backends import resolve_backend
+from .modules import FusedLayerNormDropoutReLU, LinearBiasReLU
 
 # the attribute on a fused module that records what fuse() replaced, for unfuse()
 _RECORD = "_gpuopt_fused_from"
@@ -78,7 +79,7 @@ def fuse(model: nn.Module, *, inplace: bool = False, backend: str = "auto", verb
     `backend` ("auto" | "cuda" | "cpu" | "triton") goes to every fused module. verbose=True prints one line per
     replacement: qualified name of the replaced slot, the pattern and the fused module.
     """
-    _check_backend_name(backend)
+    resolve_backend(backend)
     if not inplace:
         model = copy.deepcopy(model)
     uses = _occurrences(model)

@@ -6,7 +6,7 @@ Parameter names, shapes and initialisation match the unfused PyTorch modules, so
 - `FusedBiasReLU`              ≙ x + bias → nn.ReLU                    (parameter `bias`)
 - `LinearBiasReLU`             ≙ nn.Linear → nn.ReLU                   (parameters `weight`, `bias`)
 
-`backend` is "auto" (CUDA kernels on CUDA tensors, C++ on CPU), "cuda", "cpu" or "triton" (see ops.py).
+`backend` is "auto" (CUDA kernels on CUDA tensors, C++ on CPU), "cuda", "cpu" or "triton" (see backends.py).
 """
 
 from __future__ import annotations
@@ -19,15 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ops import BACKENDS, bias_relu, layer_norm_dropout_relu
+from .backends import resolve_backend
+from .ops import bias_relu, layer_norm_dropout_relu
 
 _ShapeT = Union[int, Sequence[int]]
-
-
-def _check_backend_name(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    return backend
 
 
 class FusedLayerNormDropoutReLU(nn.Module):
@@ -50,7 +45,7 @@ class FusedLayerNormDropoutReLU(nn.Module):
         self.p = float(p)
         self.eps = float(eps)
         self.elementwise_affine = elementwise_affine
-        self.backend = _check_backend_name(backend)
+        self.backend = resolve_backend(backend)
         factory = {"device": device, "dtype": dtype}
         if elementwise_affine:
             self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory))
@@ -85,7 +80,7 @@ class FusedBiasReLU(nn.Module):
     def __init__(self, num_features: int, backend: str = "auto", device=None, dtype=None) -> None:
         super().__init__()
         self.num_features = int(num_features)
-        self.backend = _check_backend_name(backend)
+        self.backend = resolve_backend(backend)
         self.bias = nn.Parameter(torch.zeros(self.num_features, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,7 +102,7 @@ class LinearBiasReLU(nn.Module):
         super().__init__()
         self.in_features = int(in_features)
         self.out_features = int(out_features)
-        self.backend = _check_backend_name(backend)
+        self.backend = resolve_backend(backend)
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self.out_features, self.in_features, **factory))
         self.bias = nn.Parameter(torch.empty(self.out_features, **factory))

@@ -7,10 +7,10 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from . import _validation as V
+from . import checks as V
+from .backends import resolve_backend
 
 _ops = torch.ops.gpuopt
-BACKENDS = ("auto", "cuda", "cpu", "triton")
 
 
 # ---------------------------------------------------------------------------------------------- fake kernels
@@ -104,52 +104,6 @@ register_bias_relu_autograd("gpuopt::bias_relu", _ops.bias_relu_backward)
 
 
 # ---------------------------------------------------------------------------------------------- public API
-def _has_kernel(name: str, key: str) -> bool:
-    return torch._C._dispatch_has_kernel_for_dispatch_key(f"gpuopt::{name}", key)
-
-
-def _check_backend(backend: str, x: torch.Tensor, name: str) -> str:
-    """Resolves backend='auto' and rejects a backend that cannot run x, with what to do instead."""
-    if backend not in BACKENDS:
-        raise ValueError(f"gpuopt.{name}: backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        backend = "cuda" if x.device.type == "cuda" else "cpu"
-    if backend == "cpu" and x.device.type != "cpu":
-        raise ValueError(f"gpuopt.{name}: backend='cpu' needs a CPU tensor, got x on {x.device}; "
-                         "use backend='auto', 'cuda' or 'triton'")
-    if backend == "cuda":
-        if x.device.type != "cuda":
-            raise ValueError(f"gpuopt.{name}: backend='cuda' needs a CUDA tensor, got x on {x.device}; "
-                             "use backend='auto' or 'cpu'")
-        if not _has_kernel(name, "CUDA"):
-            raise RuntimeError(f"gpuopt.{name}: this gpuopt build has no CUDA kernels (it was built CPU-only, "
-                               "without nvcc or with GPUOPT_CPU_ONLY=1). Rebuild with a CUDA toolkit "
-                               "(pip install --no-build-isolation -e .) or use backend='triton'.")
-    if backend == "triton":
-        # triton must import, and CPU tensors need its interpreter (TRITON_INTERPRET=1 before the kernels load)
-        import os
-
-        try:
-            import triton  # noqa: F401
-        except ImportError as err:
-            raise RuntimeError(f"gpuopt.{name}: backend='triton' needs the triton package, which cannot be "
-                               f"imported ({err}); install triton or use backend='cpu' (or 'cuda' on a GPU)") from err
-        if x.device.type not in ("cuda", "cpu"):
-            raise ValueError(f"gpuopt.{name}: backend='triton' needs a CUDA tensor (or a CPU tensor under "
-                             f"TRITON_INTERPRET=1), got x on {x.device}")
-        if x.device.type == "cpu":
-            hint = ("set TRITON_INTERPRET=1 before importing triton (and gpuopt_ops.triton_ops) to run the Triton "
-                    "kernels on CPU tensors under Triton's interpreter, or use backend='cpu'")
-            if os.environ.get("TRITON_INTERPRET", "0") != "1":
-                raise RuntimeError(f"gpuopt.{name}: backend='triton' got x on cpu without TRITON_INTERPRET=1: "
-                                   f"{hint}")
-            if not _triton_ops().INTERPRETED:
-                raise RuntimeError(f"gpuopt.{name}: backend='triton' got x on cpu, but the Triton kernels were "
-                                   f"imported before TRITON_INTERPRET=1 was set, so they are compiled for the "
-                                   f"GPU: {hint}")
-    return backend
-
-
 def _triton_ops():
     from . import triton_ops  # imported lazily: triton is optional
 
@@ -189,7 +143,7 @@ def layer_norm_dropout_relu(x: torch.Tensor, normalized_shape: Union[int, Sequen
     off when training=False. The dropout seed is drawn from `generator` (default: torch's default generator
     on x's device), so torch.manual_seed reproduces a run.
     """
-    backend = _check_backend(backend, x, "layer_norm_dropout_relu")
+    backend = resolve_backend(backend, x.device, "layer_norm_dropout_relu")
     x2, w, b = _flatten_normalized(x, normalized_shape, weight, bias)
     p_eff = float(p) if training else 0.0
     if p_eff > 0.0:
@@ -203,6 +157,6 @@ def layer_norm_dropout_relu(x: torch.Tensor, normalized_shape: Union[int, Sequen
 
 def bias_relu(x: torch.Tensor, bias: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """relu(x + bias), bias of shape (x.shape[-1],) broadcast over the rows; backward fuses the dbias sum."""
-    backend = _check_backend(backend, x, "bias_relu")
+    backend = resolve_backend(backend, x.device, "bias_relu")
     op = _triton_ops().triton_bias_relu if backend == "triton" else _ops.bias_relu
     return op(x, bias)

@@ -5,7 +5,7 @@
     torch.ops.gpuopt.triton_bias_relu(x, bias) -> out
     torch.ops.gpuopt.triton_bias_relu_backward(grad_out, out) -> (grad_x, grad_bias)
 
-Same schemas, input checks (gpuopt_ops/_validation.py: the C++ messages word for word), outputs and dropout
+Same schemas, input checks (gpuopt_ops/checks.py: the C++ messages word for word), outputs and dropout
 bits as the C++ ops; autograd is that of the C++ ops (ops.register_ldr_autograd / register_bias_relu_autograd).
 The kernels are in triton_kernels/ (repository root), installed as gpuopt_ops.triton_kernels.
 
@@ -63,9 +63,10 @@ from torch._subclasses.functional_tensor import FunctionalTensorMode  # noqa: E4
 from torch.library import triton_op, wrap_triton  # noqa: E402
 
 from gpuopt_ops.triton_kernels import bias_relu as _BR  # noqa: E402
+from gpuopt_ops.triton_kernels import common as _COMMON  # noqa: E402
 from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as _LDR  # noqa: E402
 
-from . import _validation as V  # noqa: E402
+from . import checks as V  # noqa: E402
 from .ops import register_bias_relu_autograd, register_ldr_autograd  # noqa: E402
 
 
@@ -91,7 +92,7 @@ def _launch_wrapper():
         wrap_triton(_LDR.ldr_fwd_fused_kernel)
     except RuntimeError:
         if INTERPRETED:
-            return _LDR._identity
+            return _COMMON.launch_directly
         raise
     return wrap_triton
 
@@ -102,9 +103,9 @@ _KERNELS = {
     "gpuopt::triton_layer_norm_dropout_relu": [_LDR.ldr_fwd_fused_kernel, _LDR.ldr_fwd_looped_kernel],
     "gpuopt::triton_layer_norm_dropout_relu_backward": [
         _LDR.ldr_bwd_fused_kernel, _LDR.ldr_bwd_row_coef_kernel, _LDR.ldr_bwd_chunk_kernel,
-        _LDR.sum_partials_kernel],
+        _COMMON.sum_partials_kernel],
     "gpuopt::triton_bias_relu": [_BR.bias_relu_fwd_kernel],
-    "gpuopt::triton_bias_relu_backward": [_BR.bias_relu_bwd_kernel, _LDR.sum_partials_kernel],
+    "gpuopt::triton_bias_relu_backward": [_BR.bias_relu_bwd_kernel, _COMMON.sum_partials_kernel],
 }
 
 SCHEMAS = {

@@ -20,15 +20,14 @@ Tuning (from N on the host, no autotune):
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
-from typing import Optional
-
-from .layer_norm_dropout_relu import (INTERPRETED, _identity, _num_warps, _persistent_regs, _to_acc, _to_out,
-                                      device_guard, device_sm_count, launch_sum_partials, num_row_groups,
-                                      resident_programs_per_sm)
+from .common import (INTERPRETED, device_guard, device_sm_count, launch_directly, launch_sum_partials,
+                     num_row_groups, num_warps_for, persistent_regs, resident_programs_per_sm, to_acc, to_out)
 
 
 @triton.jit
@@ -39,11 +38,11 @@ def bias_relu_fwd_kernel(X, B, OUT, M, N, IS_FP64: tl.constexpr, BLOCK_M: tl.con
     cmask = cols < N
     mask = (rows < M)[:, None] & cmask[None, :]
     offs = rows[:, None] * N + cols[None, :]
-    x = _to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
-    b = _to_acc(tl.load(B + cols, mask=cmask, other=0.0), IS_FP64)
+    x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
+    b = to_acc(tl.load(B + cols, mask=cmask, other=0.0), IS_FP64)
     y = x + b[None, :]
     out = tl.where(y <= 0.0, 0.0, y)
-    tl.store(OUT + offs, _to_out(out, OUT, RTNE_BF16), mask=mask)
+    tl.store(OUT + offs, to_out(out, OUT, RTNE_BF16), mask=mask)
 
 
 @triton.jit
@@ -53,16 +52,16 @@ def bias_relu_bwd_kernel(DY, OUT, DX, PDB, M, N, IS_FP64: tl.constexpr, BLOCK_M:
     pid = tl.program_id(1)
     num_groups = tl.num_programs(1)
     cmask = cols < N
-    acc = _to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, num_groups):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         mask = (rows < M)[:, None] & cmask[None, :]
         offs = rows[:, None] * N + cols[None, :]
-        g = _to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
+        g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
         o = tl.load(OUT + offs, mask=mask, other=0.0)
         d = tl.where(o > 0.0, g, 0.0)
-        tl.store(DX + offs, _to_out(d, DX, RTNE_BF16), mask=mask)
+        tl.store(DX + offs, to_out(d, DX, RTNE_BF16), mask=mask)
         acc += d  # element-wise: one reduction over the tile's rows at the end, not one per tile
     tl.store(PDB + pid.to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=cmask)
 
@@ -73,7 +72,7 @@ def _tile(n: int):
     return block_m, block_n
 
 
-def launch_forward(x, bias, out, *, wrap=_identity, sm_count: Optional[int] = None) -> None:
+def launch_forward(x, bias, out, *, wrap=launch_directly, sm_count: Optional[int] = None) -> None:
     """out = relu(x + bias) for contiguous x viewed as (M, N), under x's device (sm_count unused: one program per
     tile)."""
     n = int(x.shape[-1])
@@ -85,17 +84,17 @@ def launch_forward(x, bias, out, *, wrap=_identity, sm_count: Optional[int] = No
     with device_guard(x.device):
         wrap(bias_relu_fwd_kernel)[grid](x, bias, out, m, n, IS_FP64=x.dtype == torch.float64, BLOCK_M=block_m,
                                          BLOCK_N=block_n, RTNE_BF16=INTERPRETED,
-                                         num_warps=_num_warps(block_m * block_n))
+                                         num_warps=num_warps_for(block_m * block_n))
 
 
 def backward_tile(n: int):
     """(BLOCK_M, BLOCK_N, num_warps) of the backward: 256 columns x up to 16 rows, 8 warps (16 per thread)."""
     block_n = min(triton.next_power_of_2(n), 256)
     block_m = max(1, min(64, 4096 // block_n))
-    return block_m, block_n, _num_warps(block_m * block_n)
+    return block_m, block_n, num_warps_for(block_m * block_n)
 
 
-def launch_backward(grad_out, out, grad_x, grad_b, *, wrap=_identity, sm_count: Optional[int] = None) -> None:
+def launch_backward(grad_out, out, grad_x, grad_b, *, wrap=launch_directly, sm_count: Optional[int] = None) -> None:
     """grad_x = grad_out * [out > 0] and grad_b = its column sums (grad_b in the accumulation dtype), contiguous
     inputs, under out's device. The grid (column tiles x G row groups) holds about SMs x resident programs per SM
     (sm_count: the device's, DEFAULT_SM_COUNT for meta tensors), so G, and the bits of grad_b, are fixed by
@@ -108,7 +107,7 @@ def launch_backward(grad_out, out, grad_x, grad_b, *, wrap=_identity, sm_count: 
     block_m, block_n, warps = backward_tile(n)
     col_tiles = triton.cdiv(n, block_n)
     sms = sm_count if sm_count is not None else device_sm_count(out.device)
-    regs = _persistent_regs(block_m * block_n // (32 * warps), out.element_size())
+    regs = persistent_regs(block_m * block_n // (32 * warps), out.element_size())
     resident = sms * resident_programs_per_sm(warps, regs)
     groups = num_row_groups(triton.cdiv(m, block_m), out.device, 1, max(1, resident // col_tiles))
     with device_guard(out.device):

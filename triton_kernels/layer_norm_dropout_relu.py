@@ -24,8 +24,8 @@ gpuopt_ops/triton_ops.py). The math is that of csrc/fused_math.h, the dropout RN
 Tuning (chosen from N on the host; no autotune, which the interpreter would only slow down). The rule is a
 fixed number of elements per thread, num_warps = tile / (32 x per_thread) clamped to 1..16, with per_thread
 16 in the forward and 8 in the backward (halved for fp64). Checked with ptxas for sm_90 (compiled without a
-GPU with the specialization of a real launch: `python -m benchmarks.triton_resources`,
-tests/test_triton_compile.py): no configuration spills, at most 128 registers per thread (backward N = 8192
+GPU with the specialization of a real launch: `python -m tools.triton_resources`,
+the static gate of the tests): no configuration spills, at most 128 registers per thread (backward N = 8192
 fp32: 16 warps, 128). Not yet timed on a GPU. Every launch runs under x's device (device_guard).
 
 - Forward, single-block path when N <= 8192 (4096 for fp64): BLOCK_N = next_power_of_2(N); several rows per
@@ -54,7 +54,6 @@ numel > 2^31 are fine.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -64,9 +63,8 @@ import torch
 import triton
 import triton.language as tl
 
-# A deliberately wrong kernel for the tests: added to the Philox group counter when non-zero. Never set it
-# outside tests (tests/test_triton.py monkeypatches it to check that the mask comparison catches the bug).
-DEBUG_COUNTER_OFFSET = 0
+from .common import (INTERPRETED, device_guard, device_sm_count, launch_directly, launch_sum_partials,
+                     num_row_groups, num_warps_for, persistent_regs, resident_programs_per_sm, to_acc, to_out)
 
 # Longest rows of the single-block kernels: 16 warps x 32 threads x (elements per thread, see _warps_for).
 FWD_MAX_FUSED_N = 8192
@@ -76,15 +74,6 @@ BWD_MAX_FUSED_N_FP64 = 2048
 
 
 # ----------------------------------------------------------------------------------------------- jit helpers
-@triton.jit
-def _to_acc(x, IS_FP64: tl.constexpr):
-    if IS_FP64:
-        y = x.to(tl.float64)
-    else:
-        y = x.to(tl.float32)
-    return y
-
-
 @triton.jit
 def _rsqrt(v, IS_FP64: tl.constexpr):
     # 1 / sqrt(v) with IEEE sqrt and division, as csrc does (acc_t(1) / std::sqrt(var + eps))
@@ -133,7 +122,7 @@ def _dropout_scale(threshold, IS_FP64: tl.constexpr):
 
     Computed here rather than passed in: Triton passes a Python float as fp32, which would leave the fp64 kernels
     only fp32-accurate. Both divisions are correctly rounded, so the fp32 value is the fp32 rounding of the fp64
-    quotient, i.e. csrc's static_cast<float>(DropoutParams::scale), for every t (tests/test_triton.py checks all).
+    quotient, i.e. csrc's static_cast<float>(DropoutParams::scale), for every t (the dropout-bits tests check all).
     """
     if IS_FP64:
         kept = tl.full([], 65536 - threshold, tl.float64)
@@ -145,25 +134,9 @@ def _dropout_scale(threshold, IS_FP64: tl.constexpr):
 
 
 @triton.jit
-def _to_out(v, PTR, RTNE_BF16: tl.constexpr):
-    """v converted to PTR's element type. RTNE_BF16 (set under the interpreter, whose fp32 -> bf16 cast
-    truncates) rounds to nearest even through the bits, as the GPU's cvt.rn.bf16.f32 and torch do."""
-    dst: tl.constexpr = PTR.dtype.element_ty
-    if RTNE_BF16 and dst == tl.bfloat16:
-        v32 = v.to(tl.float32)
-        bits = v32.to(tl.uint32, bitcast=True)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        rounded = tl.where(v32 != v32, 0x7FC0, rounded)  # NaN stays a (quiet) NaN
-        r = rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    else:
-        r = v.to(dst)
-    return r
-
-
-@triton.jit
-def _lane_u16_generic(seed, idx, CTR_OFFSET: tl.constexpr):
+def _lane_u16_generic(seed, idx):
     """The 16-bit Philox lane u (int32, 0..65535) of each linear index idx (int64 tensor): one call each."""
-    g = (idx >> 3) + CTR_OFFSET
+    g = idx >> 3
     c0 = g.to(tl.uint32)  # truncation: the low 32 bits
     c1 = (g >> 32).to(tl.uint32)
     z = tl.zeros(idx.shape, dtype=tl.uint32)
@@ -176,12 +149,12 @@ def _lane_u16_generic(seed, idx, CTR_OFFSET: tl.constexpr):
 
 
 @triton.jit
-def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CTR_OFFSET: tl.constexpr):
+def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Lanes u for the [BLOCK_M, BLOCK_N] tile of rows starting at linear index base (int64 [BLOCK_M], each a
     multiple of 8) and columns col0 + 0..BLOCK_N-1 (col0 a multiple of 8): one Philox call per 8 elements."""
     GROUPS: tl.constexpr = BLOCK_N // 8
     gcols = tl.arange(0, GROUPS).to(tl.int64)
-    g = ((base[:, None] + col0) >> 3) + gcols[None, :] + CTR_OFFSET  # [BLOCK_M, GROUPS]
+    g = ((base[:, None] + col0) >> 3) + gcols[None, :]  # [BLOCK_M, GROUPS]
     c0 = g.to(tl.uint32)
     c1 = (g >> 32).to(tl.uint32)
     z = tl.zeros([BLOCK_M, GROUPS], dtype=tl.uint32)
@@ -202,32 +175,32 @@ def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
 
 @triton.jit
 def _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               FAST_RNG: tl.constexpr, CTR_OFFSET: tl.constexpr):
+               FAST_RNG: tl.constexpr):
     """Dropout keep bits of the [BLOCK_M, BLOCK_N] tile: rows start at linear index base, columns col0 + cols."""
     seed = tl.load(SEED).to(tl.uint64, bitcast=True)
     if FAST_RNG:
-        u = _lane_u16_fast(seed, base, col0, BLOCK_M, BLOCK_N, CTR_OFFSET)
+        u = _lane_u16_fast(seed, base, col0, BLOCK_M, BLOCK_N)
     else:
         idx = base[:, None] + col0 + cols[None, :].to(tl.int64)
-        u = _lane_u16_generic(seed, idx, CTR_OFFSET)
+        u = _lane_u16_generic(seed, idx)
     return u >= threshold
 
 
 @triton.jit
 def _fwd_output(y, W, B, SEED, base, col0, cols, cmask, threshold, scale, HAS_W: tl.constexpr,
                 HAS_B: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CTR_OFFSET: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """ldr_forward_element on a tile of normalized values y (rows from linear index base, columns col0 + cols):
     affine, then keep ? (y <= 0 ? 0 : y * scale) : 0  (a NaN that survives dropout stays NaN)."""
     if HAS_W:
-        w = _to_acc(tl.load(W + col0 + cols, mask=cmask, other=0.0), IS_FP64)
+        w = to_acc(tl.load(W + col0 + cols, mask=cmask, other=0.0), IS_FP64)
         y = y * w[None, :]
     if HAS_B:
-        b = _to_acc(tl.load(B + col0 + cols, mask=cmask, other=0.0), IS_FP64)
+        b = to_acc(tl.load(B + col0 + cols, mask=cmask, other=0.0), IS_FP64)
         y = y + b[None, :]
     out = tl.where(y <= 0.0, 0.0, y)
     if DROPOUT:
-        keep = _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG, CTR_OFFSET)
+        keep = _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
         out = tl.where(keep, out * scale, 0.0)
     return out
 
@@ -237,7 +210,7 @@ def _fwd_output(y, W, B, SEED, base, col0, cols, cmask, threshold, scale, HAS_W:
 def ldr_fwd_fused_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold,
                          HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
                          FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
+                         BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr):
     """Single-block forward: BLOCK_M whole rows (BLOCK_N >= N) per program."""
     scale = _dropout_scale(threshold, IS_FP64)
     pid = tl.program_id(0)
@@ -248,7 +221,7 @@ def ldr_fwd_fused_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, t
     mask = row_mask[:, None] & col_mask[None, :]
     base = rows * N
     offs = base[:, None] + cols[None, :]
-    x = _to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
+    x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
     inv_n = _inv_n(N, IS_FP64)
     mean = tl.sum(x, axis=1) * inv_n
     d = tl.where(mask, x - mean[:, None], 0.0)
@@ -257,30 +230,29 @@ def ldr_fwd_fused_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, t
     tl.store(MEAN + rows, mean, mask=row_mask)
     tl.store(RSTD + rows, rstd, mask=row_mask)
     out = _fwd_output(d * rstd[:, None], W, B, SEED, base, 0, cols, col_mask, threshold, scale, HAS_W, HAS_B,
-                      DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, CTR_OFFSET)
-    tl.store(OUT + offs, _to_out(out, OUT, RTNE_BF16), mask=mask)
+                      DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N)
+    tl.store(OUT + offs, to_out(out, OUT, RTNE_BF16), mask=mask)
 
 
 @triton.jit
 def ldr_fwd_looped_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold,
                           HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
-                          FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr,
-                          CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
+                          FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr):
     """Looped forward for long rows: one row per program, BLOCK_N-column chunks, two passes over x."""
     scale = _dropout_scale(threshold, IS_FP64)
     row = tl.program_id(0).to(tl.int64)
     rows = row + tl.arange(0, 1).to(tl.int64)  # [1]: the tile helpers work on [rows, cols]
     base = rows * N
     cols = tl.arange(0, BLOCK_N)
-    mean = _to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
-    m2 = _to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    m2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
     for col0 in range(0, N, BLOCK_N):
         cmask = (col0 + cols) < N
-        x = _to_acc(tl.load(X + base[:, None] + col0 + cols[None, :], mask=cmask[None, :], other=0.0), IS_FP64)
+        x = to_acc(tl.load(X + base[:, None] + col0 + cols[None, :], mask=cmask[None, :], other=0.0), IS_FP64)
         n_b = tl.minimum(N - col0, BLOCK_N)
         # Chan et al.: merge (col0, mean, m2) with (n_b, mean_b, m2_b); every division correctly rounded
-        n_a = _to_acc(col0 + tl.zeros([1], dtype=tl.int32), IS_FP64)
-        n_b_f = _to_acc(n_b + tl.zeros([1], dtype=tl.int32), IS_FP64)
+        n_a = to_acc(col0 + tl.zeros([1], dtype=tl.int32), IS_FP64)
+        n_b_f = to_acc(n_b + tl.zeros([1], dtype=tl.int32), IS_FP64)
         mean_b = _div(tl.sum(x, axis=1), n_b_f, IS_FP64)
         d = tl.where(cmask[None, :], x - mean_b[:, None], 0.0)
         m2_b = tl.sum(d * d, axis=1)
@@ -295,10 +267,10 @@ def ldr_fwd_looped_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, 
     for col0 in range(0, N, BLOCK_N):
         cmask = (col0 + cols) < N
         offs = base[:, None] + col0 + cols[None, :]
-        x = _to_acc(tl.load(X + offs, mask=cmask[None, :], other=0.0), IS_FP64)
+        x = to_acc(tl.load(X + offs, mask=cmask[None, :], other=0.0), IS_FP64)
         out = _fwd_output((x - mean[:, None]) * rstd[:, None], W, B, SEED, base, col0, cols, cmask, threshold,
-                          scale, HAS_W, HAS_B, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N, CTR_OFFSET)
-        tl.store(OUT + offs, _to_out(out, OUT, RTNE_BF16), mask=cmask[None, :])
+                          scale, HAS_W, HAS_B, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N)
+        tl.store(OUT + offs, to_out(out, OUT, RTNE_BF16), mask=cmask[None, :])
 
 
 # ------------------------------------------------------------------------------------------------- backward
@@ -314,26 +286,25 @@ def _tile_offsets(rows, row_mask, col0, cols, cmask, N):
 @triton.jit
 def _ldr_bwd_tile(DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, col0, cols, cmask, offs, mask, N, threshold,
                   scale, HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr,
-                  IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  CTR_OFFSET: tl.constexpr):
+                  IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Recomputes xhat, y, the keep and ReLU bits of a tile; returns (rstd, xhat, dy, dxhat) where dy is the
     gradient with respect to the pre-dropout y (ldr_backward_element) and dxhat = dy * w."""
     base = rows * N
-    x = _to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
-    g = _to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
+    x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
+    g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
     mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
     rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
     xhat = (x - mean[:, None]) * rstd[:, None]
     y = xhat
     if HAS_W:
-        w = _to_acc(tl.load(W + col0 + cols, mask=cmask, other=0.0), IS_FP64)
+        w = to_acc(tl.load(W + col0 + cols, mask=cmask, other=0.0), IS_FP64)
         y = y * w[None, :]
     if HAS_B:
-        b = _to_acc(tl.load(B + col0 + cols, mask=cmask, other=0.0), IS_FP64)
+        b = to_acc(tl.load(B + col0 + cols, mask=cmask, other=0.0), IS_FP64)
         y = y + b[None, :]
     pass_grad = y > 0.0
     if DROPOUT:
-        keep = _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG, CTR_OFFSET)
+        keep = _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
         pass_grad = pass_grad & keep
     dy = tl.where(pass_grad, g * scale, 0.0)
     dy = tl.where(mask, dy, 0.0)
@@ -348,7 +319,7 @@ def _ldr_bwd_tile(DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, col0, cols, cma
 def ldr_bwd_fused_kernel(DY, X, W, B, MEAN, RSTD, SEED, DX, PDW, PDB, M, N, threshold,
                          HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
                          FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
+                         BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr):
     """Single-block backward: program p handles row tiles p, p + G, ...; dgamma/dbeta accumulate element-wise in
     [BLOCK_M, BLOCK_N] register tiles, reduced over the tile's rows once at the end into its partial row."""
     scale = _dropout_scale(threshold, IS_FP64)
@@ -357,8 +328,8 @@ def ldr_bwd_fused_kernel(DY, X, W, B, MEAN, RSTD, SEED, DX, PDW, PDB, M, N, thre
     num_groups = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
-    dw_acc = _to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-    db_acc = _to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    dw_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    db_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, num_groups):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
@@ -366,11 +337,11 @@ def ldr_bwd_fused_kernel(DY, X, W, B, MEAN, RSTD, SEED, DX, PDW, PDB, M, N, thre
         offs, mask = _tile_offsets(rows, row_mask, 0, cols, cmask, N)
         rstd, xhat, dy, dxhat = _ldr_bwd_tile(
             DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, 0, cols, cmask, offs, mask, N, threshold, scale, HAS_W,
-            HAS_B, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, CTR_OFFSET)
+            HAS_B, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N)
         c1 = tl.sum(dxhat * xhat, axis=1) * inv_n
         c2 = tl.sum(dxhat, axis=1) * inv_n
         dx = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
-        tl.store(DX + offs, _to_out(dx, DX, RTNE_BF16), mask=mask)
+        tl.store(DX + offs, to_out(dx, DX, RTNE_BF16), mask=mask)
         if HAS_W:
             dw_acc += dy * xhat
         if HAS_B:
@@ -385,21 +356,20 @@ def ldr_bwd_fused_kernel(DY, X, W, B, MEAN, RSTD, SEED, DX, PDW, PDB, M, N, thre
 @triton.jit
 def ldr_bwd_row_coef_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, M, N, threshold,
                             HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
-                            FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr,
-                            CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
+                            FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr):
     """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program."""
     scale = _dropout_scale(threshold, IS_FP64)
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)
     row_mask = rows < M
     cols = tl.arange(0, BLOCK_N)
-    s1 = _to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
-    s2 = _to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    s1 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    s2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
     for col0 in range(0, N, BLOCK_N):
         cmask = (col0 + cols) < N
         offs, mask = _tile_offsets(rows, row_mask, col0, cols, cmask, N)
         rstd, xhat, dy, dxhat = _ldr_bwd_tile(
             DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, col0, cols, cmask, offs, mask, N, threshold, scale,
-            HAS_W, HAS_B, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N, CTR_OFFSET)
+            HAS_W, HAS_B, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N)
         s1 += tl.sum(dxhat * xhat, axis=1)
         s2 += tl.sum(dxhat, axis=1)
     inv_n = _inv_n(N, IS_FP64)
@@ -411,7 +381,7 @@ def ldr_bwd_row_coef_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, M, N, thresho
 def ldr_bwd_chunk_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, DX, PDW, PDB, M, N, threshold,
                          HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
                          FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, CTR_OFFSET: tl.constexpr, RTNE_BF16: tl.constexpr):
+                         BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr):
     """Looped backward, kernel B: grid (column chunks, row groups); dx and the dgamma/dbeta partials."""
     scale = _dropout_scale(threshold, IS_FP64)
     col0 = tl.program_id(0) * BLOCK_N
@@ -419,8 +389,8 @@ def ldr_bwd_chunk_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, DX, PDW, PDB, M,
     num_groups = tl.num_programs(1)
     cols = tl.arange(0, BLOCK_N)
     cmask = (col0 + cols) < N
-    dw_acc = _to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-    db_acc = _to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    dw_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    db_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, num_groups):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
@@ -428,11 +398,11 @@ def ldr_bwd_chunk_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, DX, PDW, PDB, M,
         offs, mask = _tile_offsets(rows, row_mask, col0, cols, cmask, N)
         rstd, xhat, dy, dxhat = _ldr_bwd_tile(
             DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, col0, cols, cmask, offs, mask, N, threshold, scale,
-            HAS_W, HAS_B, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, CTR_OFFSET)
+            HAS_W, HAS_B, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N)
         c1 = tl.load(C1 + rows, mask=row_mask, other=0.0)
         c2 = tl.load(C2 + rows, mask=row_mask, other=0.0)
         dx = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
-        tl.store(DX + offs, _to_out(dx, DX, RTNE_BF16), mask=mask)
+        tl.store(DX + offs, to_out(dx, DX, RTNE_BF16), mask=mask)
         if HAS_W:
             dw_acc += dy * xhat
         if HAS_B:
@@ -444,73 +414,7 @@ def ldr_bwd_chunk_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, DX, PDW, PDB, M,
         tl.store(PDB + prow + cols, tl.sum(db_acc, axis=0), mask=cmask)
 
 
-@triton.jit
-def sum_partials_kernel(P, OUT, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                        RTNE_BF16: tl.constexpr):
-    """OUT[j] = sum over g = 0 .. G-1 of P[g, j], in a fixed order (deterministic), cast to OUT's dtype.
-
-    Stage 2 of the column reductions: one program per BLOCK_N columns (many programs), each adding its columns
-    of BLOCK_G partial rows at a time element-wise into a [BLOCK_G, BLOCK_N] tile, reduced over rows once."""
-    col0 = tl.program_id(0) * BLOCK_N
-    cols = col0 + tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    gs = tl.arange(0, BLOCK_G)
-    acc = tl.zeros([BLOCK_G, BLOCK_N], dtype=P.dtype.element_ty)
-    for g0 in range(0, G, BLOCK_G):
-        gg = (g0 + gs).to(tl.int64)
-        m = (gg < G)[:, None] & cmask[None, :]
-        acc += tl.load(P + gg[:, None] * N + cols[None, :], mask=m, other=0.0)
-    tl.store(OUT + cols, _to_out(tl.sum(acc, axis=0), OUT, RTNE_BF16), mask=cmask)
-
-
 # ------------------------------------------------------------------------------------------- launch helpers
-def _is_interpreted(kernel) -> bool:
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(kernel, InterpretedFunction)
-
-
-# True when TRITON_INTERPRET=1 was set as this module was imported: the kernels then run on CPU tensors.
-INTERPRETED = _is_interpreted(ldr_fwd_fused_kernel)
-
-
-def _interpreter_index_compat() -> bool:
-    """Lets the interpreter use runtime loop bounds (`range(pid, num_tiles, G)`) with NumPy >= 2.5.
-
-    Interpreted scalars are 1-element 1-D arrays, and some Triton interpreters (3.6) convert them for range()
-    with int(array), which NumPy 2.5 refuses ("only 0-dimensional arrays can be converted to Python scalars");
-    newer interpreters (3.8) squeeze first. Only when this NumPy refuses the conversion (checked, not assumed
-    from versions) wrap the interpreter's tensor patch so that __index__ squeezes. Returns whether it did."""
-    import warnings
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            int(np.array([1]))
-        return False
-    except TypeError:
-        pass
-    from triton.runtime import interpreter as _interp
-
-    orig = getattr(_interp, "_patch_lang_tensor", None)
-    if orig is None or getattr(orig, "_gpuopt_index_compat", False):
-        return False
-
-    def patch_lang_tensor(tensor, scope):
-        orig(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patch_lang_tensor._gpuopt_index_compat = True
-    _interp._patch_lang_tensor = patch_lang_tensor
-    return True
-
-
-if INTERPRETED:
-    _interpreter_index_compat()
-
-
 def dropout_threshold(p: float) -> int:
     """t = round(p * 65536) half up, clamped to 0..65536 (csrc/fused_math.h dropout_threshold)."""
     t = p * 65536.0 + 0.5
@@ -523,67 +427,6 @@ def eps_pair(eps: float):
     hi = float(np.float32(eps))
     lo = float(np.float32(eps - hi))
     return hi, lo
-
-
-def _num_warps(tile: int, per_thread: int = 16) -> int:
-    """Warps for a tile of `tile` elements at `per_thread` elements per thread (1 .. 16 warps)."""
-    return max(1, min(16, tile // (32 * per_thread)))
-
-
-# SMs assumed when the device cannot be asked (meta/fake tensors, the compile table, no GPU): H100 SXM / H200.
-DEFAULT_SM_COUNT = 132
-# Programs of the row-group reductions under the interpreter (CPU tensors): few, or the interpreter crawls.
-INTERPRETER_ROW_GROUPS = 8
-_SM_COUNT = {}
-
-
-def device_sm_count(device: torch.device) -> int:
-    """Multiprocessors of `device`: torch.cuda.get_device_properties on a CUDA machine, else DEFAULT_SM_COUNT."""
-    if device.type == "cuda" and torch.cuda.is_available():
-        idx = device.index if device.index is not None else torch.cuda.current_device()
-        if idx not in _SM_COUNT:
-            _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-        return _SM_COUNT[idx]
-    return DEFAULT_SM_COUNT
-
-
-def device_guard(device: torch.device):
-    """Makes x's device current for the launches (Triton launches on the current device and its stream): a
-    torch.cuda.device guard for CUDA tensors, a no-op otherwise (CPU, meta)."""
-    if device.type == "cuda":
-        return torch.cuda.device(device)
-    return contextlib.nullcontext()
-
-
-def resident_programs_per_sm(num_warps: int, regs_per_thread: int) -> int:
-    """Blocks of num_warps warps at regs_per_thread registers that an sm_90 SM holds at once: 65536 registers
-    (allocated per thread in units of 8), 64 warps, 32 blocks per SM."""
-    regs = -(-regs_per_thread // 8) * 8
-    return max(1, min(32, 64 // num_warps, 65536 // (regs * 32 * num_warps)))
-
-
-# Register budget (per thread) the persistent grids are sized for. tests/test_triton_compile.py compiles every
-# variant for sm_90 and checks that the real registers never need fewer programs per SM than this budget gives,
-# so the grid is one full wave: every program resident at once, no tail wave.
-# Measured (benchmarks/triton_resources.py, triton 3.6 and 3.8): 16-bit inputs at <= 8 elements per thread take
-# <= 73 registers (budget 80); fp32 inputs (up to 97) and 16 elements per thread (up to 128) are budgeted at 128.
-def _persistent_regs(elems_per_thread: int, elem_bytes: int) -> int:
-    return 80 if elems_per_thread <= 8 and elem_bytes <= 2 else 128
-
-
-def num_row_groups(num_tiles: int, device: torch.device, programs_per_sm: int = 2,
-                   sms: Optional[int] = None) -> int:
-    """Programs of a row-group reduction (one partial row each): SMs x programs_per_sm on CUDA and meta tensors
-    (sms defaults to device_sm_count(device)), INTERPRETER_ROW_GROUPS on the interpreter (CPU), at most num_tiles."""
-    if device.type == "cpu":
-        cap = INTERPRETER_ROW_GROUPS
-    else:
-        cap = (sms if sms is not None else device_sm_count(device)) * programs_per_sm
-    return max(1, min(num_tiles, cap))
-
-
-def _identity(kernel):
-    return kernel
 
 
 @dataclass(frozen=True)
@@ -609,10 +452,10 @@ def forward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -
     if n <= max_fused_n:
         block_n = triton.next_power_of_2(n)
         block_m = max(1, min(64, 4096 // block_n))
-        return LdrConfig(True, block_m, block_n, _num_warps(block_m * block_n, per_thread), n % 8 == 0)
+        return LdrConfig(True, block_m, block_n, num_warps_for(block_m * block_n, per_thread), n % 8 == 0)
     block_n = 2048 if fp64 else 4096
     block_n = max(8, min(block_n, triton.next_power_of_2(max_fused_n)))  # tests shrink max_fused_n
-    return LdrConfig(False, 1, block_n, _num_warps(block_n, per_thread), n % 8 == 0)
+    return LdrConfig(False, 1, block_n, num_warps_for(block_n, per_thread), n % 8 == 0)
 
 
 def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -> LdrConfig:
@@ -625,20 +468,20 @@ def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) 
     if n <= max_fused_n:
         block_n = triton.next_power_of_2(n)
         block_m = max(1, min(64, 2048 // block_n))
-        return LdrConfig(True, block_m, block_n, _num_warps(block_m * block_n, per_thread), n % 8 == 0)
+        return LdrConfig(True, block_m, block_n, num_warps_for(block_m * block_n, per_thread), n % 8 == 0)
     block_n = max(8, min(1024, triton.next_power_of_2(max_fused_n)))
     block_m = max(1, min(16, 2048 // block_n))
-    return LdrConfig(False, block_m, block_n, _num_warps(block_m * block_n, per_thread), n % 8 == 0)
+    return LdrConfig(False, block_m, block_n, num_warps_for(block_m * block_n, per_thread), n % 8 == 0)
 
 
 def backward_programs_per_sm(cfg: LdrConfig, dtype: torch.dtype) -> int:
     """Resident programs per SM of the persistent backward kernels (fused, or the chunk kernel of the looped
     path), from the register budget of their elements per thread: the grid is SMs x this, one wave."""
     elem_bytes = torch.empty((), dtype=dtype).element_size()
-    return resident_programs_per_sm(cfg.num_warps, _persistent_regs(cfg.elems_per_thread, elem_bytes))
+    return resident_programs_per_sm(cfg.num_warps, persistent_regs(cfg.elems_per_thread, elem_bytes))
 
 
-def launch_forward(x, weight, bias, seed, out, mean, rstd, p: float, eps: float, *, wrap=_identity,
+def launch_forward(x, weight, bias, seed, out, mean, rstd, p: float, eps: float, *, wrap=launch_directly,
                    max_fused_n: int | None = None, sm_count: Optional[int] = None) -> None:
     """Runs the forward on contiguous x (M, N) view into the preallocated out, mean, rstd, under x's device.
 
@@ -653,7 +496,7 @@ def launch_forward(x, weight, bias, seed, out, mean, rstd, p: float, eps: float,
     eps_hi, eps_lo = eps_pair(eps)
     cfg = forward_config(n, x.dtype, max_fused_n)
     common = dict(HAS_W=weight is not None, HAS_B=bias is not None, DROPOUT=t != 0, FAST_RNG=cfg.fast_rng,
-                  IS_FP64=x.dtype == torch.float64, BLOCK_N=cfg.block_n, CTR_OFFSET=DEBUG_COUNTER_OFFSET,
+                  IS_FP64=x.dtype == torch.float64, BLOCK_N=cfg.block_n,
                   RTNE_BF16=INTERPRETED)
     w = weight if weight is not None else x  # never read when HAS_W is False
     b = bias if bias is not None else x
@@ -668,25 +511,8 @@ def launch_forward(x, weight, bias, seed, out, mean, rstd, p: float, eps: float,
                                               num_warps=cfg.num_warps, **common)
 
 
-def sum_partials_config(groups: int, n: int):
-    """Stage 2 tiling: BLOCK_N = 32 columns per program (cdiv(N, 32) programs: 24 at N = 768, 512 at 16384),
-    BLOCK_G = min(next_pow2(G), 64) partial rows per step, 4 warps. Fixed by (G, N): a fixed summation order."""
-    block_n = min(32, triton.next_power_of_2(n))
-    block_g = max(1, min(triton.next_power_of_2(groups), 64))
-    return block_g, block_n, 4
-
-
-def launch_sum_partials(partial, out, groups: int, n: int, *, wrap=_identity) -> None:
-    """out[j] = sum over the G partial rows of partial[:, j] (fixed order), many programs over column blocks."""
-    block_g, block_n, warps = sum_partials_config(groups, n)
-    grid = (triton.cdiv(n, block_n),)
-    with device_guard(out.device):
-        wrap(sum_partials_kernel)[grid](partial, out, groups, n, BLOCK_G=block_g, BLOCK_N=block_n,
-                                        RTNE_BF16=INTERPRETED, num_warps=warps)
-
-
 def launch_backward(grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w, grad_b, p: float, *,
-                    wrap=_identity, max_fused_n: int | None = None, sm_count: Optional[int] = None) -> None:
+                    wrap=launch_directly, max_fused_n: int | None = None, sm_count: Optional[int] = None) -> None:
     """Runs the backward on contiguous inputs into grad_x and (when weight/bias exist) grad_w/grad_b, under x's
     device.
 
@@ -704,7 +530,7 @@ def launch_backward(grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w,
     cfg = backward_config(n, x.dtype, max_fused_n)
     has_w, has_b = weight is not None, bias is not None
     common = dict(HAS_W=has_w, HAS_B=has_b, DROPOUT=t != 0, FAST_RNG=cfg.fast_rng, IS_FP64=is_fp64,
-                  BLOCK_N=cfg.block_n, CTR_OFFSET=DEBUG_COUNTER_OFFSET, RTNE_BF16=INTERPRETED)
+                  BLOCK_N=cfg.block_n, RTNE_BF16=INTERPRETED)
     w = weight if has_w else x
     b = bias if has_b else x
     num_tiles = triton.cdiv(m, cfg.block_m)
@@ -725,7 +551,7 @@ def launch_backward(grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w,
             c1 = torch.empty((m,), dtype=acc, device=x.device)
             c2 = torch.empty((m,), dtype=acc, device=x.device)
             wrap(ldr_bwd_row_coef_kernel)[(m,)](grad_out, x, w, b, mean, rstd, seed, c1, c2, m, n, t,
-                                                num_warps=_num_warps(cfg.block_n, 8), **common)
+                                                num_warps=num_warps_for(cfg.block_n, 8), **common)
             grid = (triton.cdiv(n, cfg.block_n), groups)
             wrap(ldr_bwd_chunk_kernel)[grid](grad_out, x, w, b, mean, rstd, seed, c1, c2, grad_x, pdw, pdb, m,
                                              n, t, BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)

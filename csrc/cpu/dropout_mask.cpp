@@ -168,7 +168,7 @@ __attribute__((target("avx2"))) void philox_groups_avx2(uint64_t seed, uint64_t 
 }
 
 // The widest Philox path this CPU runs: 2 = AVX-512F, 1 = AVX2, 0 = scalar. GPUOPT_CPU_PHILOX=scalar|avx2
-// caps it (lets the tests check every path against the same reference on one machine).
+// caps it (an instruction-set cap for users; it also lets one machine check every path against the reference).
 int philox_path() {
   static const int path = [] {
     int p = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;

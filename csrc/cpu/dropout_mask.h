@@ -11,7 +11,8 @@ constexpr int64_t dropout_uniforms_capacity(int64_t n) { return ((n + 14) / 8 + 
 // returns p with p[j] = u(idx0 + j) for j in [0, n), a pointer into buf, which must hold
 // dropout_uniforms_capacity(n) values. One Philox4x32-10 call per group of 8 elements; on x86-64 with AVX2 or
 // AVX-512F 8 or 16 calls run side by side in vector registers (same bits as the scalar philox4x32_10). The
-// environment variable GPUOPT_CPU_PHILOX=scalar or =avx2, read once, caps the path (for the tests).
+// environment variable GPUOPT_CPU_PHILOX=scalar or =avx2, read once, caps the instruction set used (as ATen's
+// ATEN_CPU_CAPABILITY does), e.g. where AVX-512 lowers the clock of the cores the model shares.
 const uint16_t* dropout_uniforms_row(int64_t seed, int64_t idx0, int64_t n, uint16_t* buf);
 
 // keep[j] = 1 if element (idx0 + j) is kept under `seed` and `threshold` (u >= threshold), else 0.
