@@ -144,7 +144,7 @@ if __name__ == "__main__":
         # The Triton kernels live in triton_kernels/ at the repository root but install as gpuopt_ops.triton_kernels:
         # the top-level name `triton_kernels` belongs to Triton's own package (imported by vLLM) and to PyPI's
         # triton-kernels.
-        packages=["gpuopt_ops", "gpuopt_ops.triton_kernels"],
+        packages=["gpuopt_ops", "gpuopt_ops.train", "gpuopt_ops.triton_kernels"],
         package_dir={"gpuopt_ops.triton_kernels": "triton_kernels"},
         ext_modules=ext_modules,
         cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
