@@ -119,12 +119,12 @@ raise SystemExit(0 if ok else 1)
 [ "$LAST_RC" = 0 ] && BUILD_OK=1
 if [ "$BUILD_OK" = 1 ]; then
   # registers, stack, shared memory and launch bounds of the kernels as built here (the same gate CI runs)
-  step resources 60 170 -- "$PY" -m benchmarks.cuda_resources --json "$OUT_DIR/resources.json"
+  step resources 60 170 -- "$PY" -m tools.cuda_resources --json "$OUT_DIR/resources.json"
 fi
 
 # ---------------------------------------------------------------------------------------------- 3. GPU tests
 if [ "$BUILD_OK" = 1 ]; then
-  # the cuda-marked tests (test_cuda.py, and the device="cuda" params of test_ops.py etc.) and triton_gpu ones
+  # the cuda- and triton_gpu-marked tests: the cuda and triton backends of tests/backends.py in every test file
   step tests 120 150 -- "$PY" -m pytest -q -m "cuda or triton_gpu" tests -p no:cacheprovider \
     --junitxml="$OUT_DIR/tests_junit.xml"
 else
@@ -142,7 +142,7 @@ for tool in memcheck racecheck initcheck; do
   else
     # no caching allocator: out-of-bounds accesses inside a larger cached block become visible
     step "san_$tool" 60 100 -- env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool "$tool" --error-exitcode 1 \
-      --print-limit 50 "$PY" tests/cuda_sanitize_script.py
+      --print-limit 50 "$PY" tools/cuda_sanitize.py
   fi
 done
 

@@ -1,5 +1,5 @@
 // The schemas of the gpuopt ops, once: csrc/ops.cpp defines them in STABLE_TORCH_LIBRARY(gpuopt), and the CPU
-// emulation of the CUDA backend (tests/cuda_emu) registers the same ones under its own namespace.
+// emulation of the CUDA backend (tools/cuda_emu) registers the same ones under its own namespace.
 #pragma once
 
 namespace gpuopt {

@@ -1,7 +1,7 @@
 // The one place the C++ side meets libtorch: the LibTorch stable ABI (torch/csrc/stable, torch/headeronly), so
 // one compiled _C loads in every torch from TORCH_TARGET_VERSION (2.11, set by setup.py) to the newest. Nothing
 // here or anywhere in csrc/ may use at::, c10:: or torch:: functions that libtorch exports as C++ symbols: a test
-// (tests/test_packaging.py) reads the built library's undefined symbols and fails on any. Header-only types
+// (the packaging tests) reads the built library's undefined symbols and fails on any. Header-only types
 // (ScalarType, Half, BFloat16, HeaderOnlyArrayRef) are fine: they compile into this library.
 #pragma once
 #include <torch/csrc/stable/library.h>

@@ -13,12 +13,12 @@ TV="${GPUOPT_TORCHVISION:-torchvision==0.29.1}"
 GPUOPT_EXTRA_PIP="pytest hypothesis expecttest scikit-learn tqdm matplotlib nvidia-cuda-cuobjdump $TV" \
   source "$ROOT/scripts/setup_env.sh"
 TREE="$ROOT/build/test-tree"
-# the emulator's compiled test extensions (tests/cuda_emu/build.py), kept between runs; keyed by torch + Python
+# the emulator's compiled test extensions (tools/cuda_emu/build.py), kept between runs; keyed by torch + Python
 export GPUOPT_EMU_BUILD_DIR="${GPUOPT_EMU_BUILD_DIR:-$ROOT/build/cuda-emu}"
 mkdir -p "$TREE"
 find "$TREE" -mindepth 1 -maxdepth 1 ! -name .pytest_cache -exec rm -rf {} +
 (cd "$ROOT" && tar -cf - --exclude=./gpuopt_ops --exclude=./triton_kernels --exclude=./build --exclude=./dist \
-   --exclude='./.venv*' --exclude=./.git --exclude='./*.egg-info' --exclude=./tests/cuda_emu/.build --exclude=./runs --exclude='*/__pycache__' --exclude=./.pytest_cache \
+   --exclude='./.venv*' --exclude=./.git --exclude='./*.egg-info' --exclude=./tools/cuda_emu/.build --exclude=./runs --exclude='*/__pycache__' --exclude=./.pytest_cache \
    --exclude=./.hypothesis --exclude=./bench_out --exclude=./gpu_check_out .) | (cd "$TREE" && tar -xf -)
 cd "$TREE"
 echo "== pytest in $TREE on $("$VPY" -c 'import sys, torch, gpuopt_ops; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, gpuopt from {gpuopt_ops.__file__}")')"

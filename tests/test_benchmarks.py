@@ -2,18 +2,13 @@
 
 import csv
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))
-
-from benchmarks import memory as BM  # noqa: E402
-from benchmarks import run as BR  # noqa: E402
+from benchmarks import memory as BM
+from benchmarks import run as BR
 
 pytest.importorskip("matplotlib")
 
@@ -33,6 +28,7 @@ def test_bytes_model():
     assert BR.rows_for(1024, torch.float32, 1.0) == 128
 
 
+@pytest.mark.slow  # fresh interpreters or external tools: CI runs it, the fast lane between edits does not
 def test_quick_run_csv_and_plot(tmp_path):
     out = tmp_path / "bench"
     before = torch.get_num_threads()
@@ -108,7 +104,8 @@ def test_gpu_check_dry_run_lists_every_step(tmp_path):
     steps = [line.split()[0] for line in summary.splitlines()[1:] if " dry run " in line]
     assert steps == ["env", "build", "import", "resources", "tests", "san_memcheck", "san_racecheck",
                      "san_initcheck", "memory", "bench_sweep", "bench_compile", "plots"], summary
-    assert "setup.py build_ext --inplace" in summary and "benchmarks.cuda_resources" in summary
+    assert "setup.py build_ext --inplace" in summary and "-m tools.cuda_resources --json" in summary
+    assert summary.count("tools/cuda_sanitize.py") == 3  # memcheck, racecheck, initcheck
     assert not (tmp_path / "build.log").exists()  # nothing ran
 
 

@@ -1,5 +1,5 @@
 // The error for a GPU that this build has no CUDA code for (instead of CUDA's "no kernel image is available"),
-// apart from the CUDA runtime so the CPU tests can check its wording (tests/cuda_emu/emulated_ops.cpp).
+// apart from the CUDA runtime so the CPU tests can check its wording (tools/cuda_emu/emulated_ops.cpp).
 #pragma once
 #include <string>
 

@@ -1,5 +1,5 @@
 // The only place where the kernel headers meet a compiler: nvcc for the GPU, or the host C++ compiler under the
-// test-only emulation of CUDA's execution model (tests/cuda_emu, GPUOPT_CUDA_EMULATOR). Everything the kernels
+// CPU emulation of CUDA's execution model (tools/cuda_emu, GPUOPT_CUDA_EMULATOR). Everything the kernels
 // need beyond plain C++ comes from here: element types and their conversions, 16-byte vector access, shared
 // memory declarations, warp shuffles. No ATen / c10 (the emulator branch takes its 16-bit types from the
 // emulator's own header).
@@ -9,8 +9,8 @@
 
 #if defined(GPUOPT_CUDA_EMULATOR)
 
-#include "cuda_emu.h"        // tests/cuda_emu: threads as fibers, barriers, shuffles, guarded buffers
-#include "cuda_emu_types.h"  // tests/cuda_emu: half_t / bfloat16_t on the host
+#include "cuda_emu.h"        // tools/cuda_emu (-I): threads as fibers, barriers, shuffles, guarded buffers
+#include "cuda_emu_types.h"  // tools/cuda_emu (-I): half_t / bfloat16_t on the host
 
 #define GPUOPT_DEV inline
 #define GPUOPT_HOST_DEV inline

@@ -1,6 +1,6 @@
 // Host side of the CUDA ops on raw buffers: picks each kernel and its launch shape (launch_config.h) and issues
 // the launches through a Launcher, so the same code drives the GPU (csrc/cuda/*.cu) and the CPU
-// emulation of the CUDA execution model (tests/cuda_emu). A Launcher provides
+// emulation of the CUDA execution model (tools/cuda_emu). A Launcher provides
 //   int sm_count();
 //   template <class P> int blocks_per_sm(void (*kernel)(P), int threads);   // occupancy, cached by the caller
 //   template <class P> void run(const char* name, void (*kernel)(P), dim3 grid, dim3 block, int max_threads, const P&);

@@ -1,6 +1,6 @@
 // Launch configuration of every CUDA kernel: a pure host function of (shape, element size, device facts), used
 // by the real launcher (csrc/cuda/*.cu) and by the CPU emulation of the CUDA execution model
-// (tests/cuda_emu), so the emulated tests run the very grids and block shapes a GPU gets. No CUDA, no ATen.
+// (tools/cuda_emu), so the emulated tests run the very grids and block shapes a GPU gets. No CUDA, no ATen.
 //
 // Work unit: a group of 8 consecutive elements of a row (one Philox call when N % 8 == 0; one or more 16-byte
 // vectors). Paths:
@@ -34,8 +34,8 @@ inline int64_t round_up64(int64_t a, int64_t b) { return ceil_div64(a, b) * b; }
 
 // ------------------------------------------------------------------------------------------- per-kernel bounds
 // Max threads per block of each kernel: its __launch_bounds__, so ptxas keeps it within registers / thread =
-// 65536 / max threads (no spills: tests/test_cuda_resources.py checks the built binary), and the launcher never
-// asks for more. elem = sizeof(x's dtype).
+// 65536 / max threads (no spills: the static CUDA gate, tools/cuda_resources.py, checks the built binary), and
+// the launcher never asks for more. elem = sizeof(x's dtype).
 constexpr int ldr_rows_forward_max_threads(int vpt, int elem) {
   return vpt < 4 ? 128 : (elem <= 4 ? 512 : 128);
 }

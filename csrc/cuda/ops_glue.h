@@ -1,5 +1,5 @@
 // The torch side of the CUDA ops (LibTorch stable ABI), once for the GPU (csrc/cuda/*.cu, CudaBackend) and for the CPU emulation of the
-// CUDA execution model (tests/cuda_emu/emulated_ops.cpp): checks (shared with the CPU backend), outputs, empty
+// CUDA execution model (tools/cuda_emu/emulated_ops.cpp): checks (shared with the CPU backend), outputs, empty
 // inputs, then the ATen-free launch sequence of launch.cuh. A Backend is constructed from x (the CUDA one
 // holds the device guard) and provides
 //   const void* in(const char* name, const Tensor& t);   // a contiguous input on the device; undefined: nullptr

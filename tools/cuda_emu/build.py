@@ -1,15 +1,16 @@
-"""Builds torch extensions that run CUDA kernel source on the CPU under tests/cuda_emu's emulator.
+"""Builds torch extensions that run CUDA kernel source on the CPU under the emulator of tools/cuda_emu.
 
-    from cuda_emu.build import load_extension        # tests/ is on sys.path under pytest
-    lib = load_extension("gpuopt_emu_ops", ["tests/cuda_emu/emulated_ops.cpp"])
+    from tools.cuda_emu.build import load_extension   # the repository root is on sys.path (pytest: pythonpath)
+    lib = load_extension("gpuopt_emu_ops", ["tools/cuda_emu/emulated_ops.cpp"])
     torch.ops.<namespace of its TORCH_LIBRARY>.<op>(...)
 
-Every extension gets tests/cuda_emu/cuda_emu.cpp (the emulator runtime) added to its sources, `-I tests/cuda_emu`,
-`-I csrc`, `-DGPUOPT_CUDA_EMULATOR` and `-O2`. Builds are cached under tests/cuda_emu/.build/<name>-<key>/ (or
-$GPUOPT_EMU_BUILD_DIR), keyed by a hash of the sources and of every file they include (transitively) from
-tests/cuda_emu, csrc or the extra include dirs, the flags, the compiler, and the torch and Python versions: a
-repeated run loads the cached library without invoking the compiler. Concurrent builds of one key (pytest-xdist)
-are serialised by a lock; only the 3 newest builds of a name are kept.
+Every extension gets tools/cuda_emu/cuda_emu.cpp (the emulator runtime) added to its sources, `-I tools/cuda_emu`
+(csrc includes the emulator headers by bare name), `-I csrc`, `-DGPUOPT_CUDA_EMULATOR` and `-O2`. Builds are
+cached under tools/cuda_emu/.build/<name>-<key>/ (git-ignored) or $GPUOPT_EMU_BUILD_DIR, keyed by a hash of the
+sources and of every file they include (transitively) from tools/cuda_emu, csrc or the extra include dirs, the
+flags, the compiler, and the torch and Python versions: a repeated run loads the cached library without invoking
+the compiler. Concurrent builds of one key (pytest-xdist) are serialised by a lock; only the 3 newest builds of a
+name are kept.
 
 Torch's own headers need C++20, so extensions are compiled in torch's default C++ mode; that the kernel headers
 and the emulator are valid C++17 is checked separately with check_cxx17().
@@ -25,8 +26,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 EMU_DIR = Path(__file__).resolve().parent
 REPO_ROOT = EMU_DIR.parent.parent

@@ -1,4 +1,4 @@
-// Kernels of the emulator's self-test (tests/test_cuda_emu_runtime.py), in plain CUDA style, and torch-free
+// Kernels of the emulator's self-test (tests/test_emulator_runtime.py), in plain CUDA style, and torch-free
 // host wrappers that run them on DeviceBuffers. Compiles as C++17 with only cuda_emu.h (the test checks that);
 // runtime_selftest.cpp exposes the wrappers as torch ops. Comments "// @name" mark lines the test's expected
 // messages refer to.

@@ -1,4 +1,4 @@
-// Test-only emulator of CUDA's execution model for the host C++ compiler (g++ -std=c++17 or later).
+// Emulator of CUDA's execution model for the host C++ compiler (g++ -std=c++17 or later).
 //
 // CUDA kernel source written against the portability layer compiles unchanged on the CPU with this header
 // and runs with CUDA semantics, strictly: every block's threads are cooperatively scheduled fibers, barriers
@@ -7,7 +7,7 @@
 // that exited or waits elsewhere, misaligned or out-of-bounds 16-byte accesses, writes into the guard bytes
 // around a device buffer, launch configurations CUDA rejects, > 48 KiB of static shared memory).
 //
-// The implementation is tests/cuda_emu/cuda_emu.cpp; tests/cuda_emu/build.py's load_extension() compiles it
+// The implementation is tools/cuda_emu/cuda_emu.cpp; tools/cuda_emu/build.py's load_extension() compiles it
 // into every emulated extension. Everything here has hidden visibility, so two extensions built with it keep
 // separate emulator state.
 //

@@ -1,35 +1,54 @@
-"""The CUDA backend's own kernel source, run on the CPU under tests/cuda_emu's emulation of the CUDA execution
-model (blocks of fibers, strict barriers and shuffles, poisoned shared memory and outputs, guarded buffers,
-checked 16-byte accesses, GPU launch limits). This proves indexing, reductions, masks, bounds and barriers of
-csrc/cuda before any GPU runs them; it proves nothing about timing or the memory model."""
+"""The CUDA backend's own kernel source, run on the CPU under the emulation of the CUDA execution model in
+tools/cuda_emu (blocks of fibers, strict barriers and shuffles, poisoned shared memory and outputs, guarded
+buffers, checked 16-byte accesses, GPU launch limits). This proves indexing, reductions, masks, bounds and barriers
+of csrc/cuda before any GPU runs them; it proves nothing about timing or the memory model.
 
-import os
+The shapes are chosen by the path they take (csrc/cuda/launch_config.h). On the emulated 4-SM device, with
+groups = ceil(N / 8):
+  forward   one warp a row (blockDim (32, 4)) while N <= 1024, VPT = 1, 2, 4 groups a lane (N <= 256, 512, 1024);
+            one block a row of ceil(groups / 4) threads (rounded to warps) up to 512 threads (N <= 16384; fp64: 128
+            threads, N <= 4096); else the looped kernel (512 threads, grid stride over the row's groups).
+  backward  one warp a row while N <= 512; one block a row of ceil(groups / 2) threads up to 512 (N <= 8192; fp64:
+            128, N <= 2048); else looped: the row-stats kernel and the tiled kernel (32 x 8 threads).
+  both      N % 8 == 0: one Philox call per group and, with 16-byte aligned pointers, 16-byte vectors; else one
+            call per element and scalar access. dgamma / dbeta: partial rows, then column_sum_kernel.
+  bias-ReLU the tiled kernels: TX = the power of two <= 32 covering the groups, TY = 256 / TX, N / (8 TX) column
+            tiles (the last one partial unless groups % TX == 0), row blocks while the 8 resident blocks allow.
+The fast lane (`-m "not slow"`) runs every path at least once; `slow` marks points that repeat a path of the fast
+lane in another dtype, or the longest rows.
+"""
+
 from pathlib import Path
 
 import pytest
 import torch
 
 import gpuopt_ops  # noqa: F401
-from gpuopt_ops import reference as R
+from tools.cuda_emu.build import load_extension
 
-from cuda_emu.build import load_extension
-from helpers import (FLOORS, assert_close_to_reference, check_bias_relu_against_reference,
-                     check_fp64_dropout_precision, ldr_reference_and_grads, seed_tensor)
+from helpers import (
+    FLOORS,
+    assert_close_to_reference,
+    check_bias_relu_against_reference,
+    check_fp64_dropout_precision,
+    ldr_reference_and_grads,
+    seed_tensor,
+)
 
 pytestmark = pytest.mark.cuda_emulated
 
 ROOT = Path(__file__).resolve().parent.parent
 cpu = torch.ops.gpuopt
 
-ALL_N = [1, 7, 8, 33, 256, 257, 768, 1000, 1024, 4104, 8192, 8200, 16384, 65536, 65544, 131072]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+slow = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def emu():
     # hidden visibility, as setup.py builds _C: torch::stable's types are hidden
-    load_extension("gpuopt_cuda_emulated", [ROOT / "tests" / "cuda_emu" / "emulated_ops.cpp", ROOT / "csrc" / "checks.cpp"],
-                   extra_cflags=["-fvisibility=hidden"])
+    load_extension("gpuopt_cuda_emulated", [ROOT / "tools" / "cuda_emu" / "emulated_ops.cpp",
+                                            ROOT / "csrc" / "checks.cpp"], extra_cflags=["-fvisibility=hidden"])
     ops = torch.ops.gpuopt_emu
     ops.take_launches()
     return ops
@@ -111,27 +130,82 @@ def test_schemas_are_the_real_ones(emu):
 
 
 # --------------------------------------------------------------------------------------- layer_norm_dropout_relu
-@pytest.mark.parametrize("n", ALL_N)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+# fp32 and bf16, weight / bias of x's dtype, p = 0.3. Forward / backward path of each N (fp32 and bf16):
+LDR_N = [
+    1,       # warp rows (VPT 1) both ways; one element: variance 0, N % 8 != 0 (scalar, a Philox call an element)
+    7,       # warp rows; one partial group
+    8,       # warp rows; exactly one whole group, 16-byte vectors
+    33,      # warp rows; 5 groups, the last partial
+    256,     # warp rows, VPT 1: 32 groups, every lane one
+    257,     # warp rows, VPT 2 both ways; N % 8 != 0
+    768,     # forward warp rows VPT 4 (3 groups a lane, the 4th absent); backward one block a row, 64 threads
+    1000,    # forward warp rows VPT 4, the 4th group on lanes 0..28 only; backward a block a row; N % 8 == 0
+    1024,    # forward warp rows, all 4 groups of every lane (the longest warp row); backward 64 threads
+    4104,    # one block a row both ways, N % 8 == 0 but not a power of two: the last warp part-filled
+    8192,    # one block a row both ways, backward at its 512-thread bound (the longest backward row)
+    8200,    # forward a block a row (288 threads); backward looped (the shortest looped backward, N % 8 == 0)
+    16384,   # forward a block a row at its 512-thread bound (the longest forward row); backward looped
+    16392,   # looped both ways (the shortest looped forward, N % 8 == 0), a tail: 2049 groups over 512 threads
+    131072,  # looped both ways, the longest row: 32 block strides of sums per thread against the fp64 reference
+]
+# Pruned: 65536 and 65544 took the looped kernels both ways, as 16392 (N % 8 == 0, a tail of groups) and 131072
+# (a power of two) do.
+
+
+def _every_n_params():
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in LDR_N:
+            # bf16 on the block-a-row and looped paths repeats fp32's launches with 16-bit storage, which the
+            # fast lane runs there too (test_ldr_dtypes_params_p at 4104); 131072 repeats 16392's kernels
+            marks = [slow] if n == 131072 or (dtype == torch.bfloat16 and n >= 4104) else []
+            yield pytest.param(n, dtype, marks=marks, id=f"{str(dtype)[6:]}-{n}")
+
+
+@pytest.mark.parametrize("n,dtype", list(_every_n_params()))
 def test_ldr_every_n(small_device, n, dtype):
     m = 3 if n >= 16384 else 9
     check_ldr(small_device, m, n, dtype, "x", 0.3)
 
 
-@pytest.mark.parametrize("n", [33, 768, 4104, 8200])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("params", ["none", "x", "fp32"])
-@pytest.mark.parametrize("p", [0.0, 0.3, 1.0])
+# Every dtype x params (none, of x's dtype, fp32) x p (0: no RNG; 0.3; 1: every element dropped) at
+#   33    warp rows both ways; N % 8 != 0: scalar access, one Philox call per element
+#   768   forward warp rows (3 groups a lane), backward a block a row (64 threads); fp64 the same (128-thread bound)
+#   4104  a block a row both ways; fp64: looped both ways (past its 4096 / 2048 bounds)
+#   8200  forward a block a row, backward looped (row stats + tiled kernels), for fp32 / fp16 / bf16 (slow: the
+#         fast lane runs the looped backward at 8200, 16384 and 16392 in test_ldr_every_n and in fp64 at 4104)
+# Pruned: 8200 x fp64 took the looped kernels both ways, as 4104 x fp64 does (same params and p).
+def _dtypes_params_p():
+    for n in (33, 768, 4104, 8200):
+        for dtype in DTYPES:
+            if n == 8200 and dtype == torch.float64:
+                continue
+            for params in ("none", "x", "fp32"):
+                if params == "fp32" and dtype == torch.float32:
+                    continue  # fp32 params of fp32 x are the 'x' case
+                for p in (0.0, 0.3, 1.0):
+                    yield pytest.param(n, dtype, params, p, marks=[slow] if n == 8200 else [],
+                                       id=f"{n}-{str(dtype)[6:]}-{params}-{p}")
+
+
+@pytest.mark.parametrize("n,dtype,params,p", list(_dtypes_params_p()))
 def test_ldr_dtypes_params_p(small_device, n, dtype, params, p):
-    if params == "fp32" and dtype == torch.float32:
-        pytest.skip("fp32 params of fp32 x are the 'x' case")
     out, gx, gw, gb = check_ldr(small_device, 5, n, dtype, params, p)
     if p == 1.0:
         assert torch.equal(out, torch.zeros_like(out)) and torch.equal(gx, torch.zeros_like(gx))
 
 
-@pytest.mark.parametrize("n", [768, 1000, 8192, 65544])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+# Unaligned x / grad_out, then unaligned weight / bias, fp32 and fp16 (one 16-byte vector a group), N % 8 == 0:
+#   768    forward warp rows, backward a block a row
+#   8192   a block a row both ways (fp16: slow, the same launches as fp32 with 16-bit scalar loads, run at 768)
+#   16392  looped both ways (fp16: slow, as 8192)
+# Pruned: 1000 took 768's paths; 65544 took 16392's (looped both ways, a tail of groups) at four times the cost.
+@pytest.mark.parametrize("n,dtype", [
+    pytest.param(768, torch.float32, id="float32-768"), pytest.param(768, torch.float16, id="float16-768"),
+    pytest.param(8192, torch.float32, id="float32-8192"),
+    pytest.param(8192, torch.float16, marks=slow, id="float16-8192"),
+    pytest.param(16392, torch.float32, id="float32-16392"),
+    pytest.param(16392, torch.float16, marks=slow, id="float16-16392"),
+])
 def test_ldr_unaligned_views(small_device, n, dtype):
     """x (and grad_out) one element past a 16-byte boundary, and weight / bias as unaligned views: the scalar-load
     path (the emulator aborts on any misaligned 16-byte access) with one Philox call per 8 elements."""
@@ -165,7 +239,8 @@ def test_ldr_paths_taken(small_device):
                              "column_sum_kernel (32,32,1)"]
     assert kernels(8200)[1] == "ldr_backward_row_stats_kernel (512,1,1)"
     assert kernels(16384, torch.bfloat16)[0] == "ldr_forward_rows_kernel (512,1,1)"
-    assert kernels(4096, torch.float64)[:2] == ["ldr_forward_rows_kernel (128,1,1)", "ldr_backward_row_stats_kernel (512,1,1)"]
+    assert kernels(4096, torch.float64)[:2] == ["ldr_forward_rows_kernel (128,1,1)",
+                                                "ldr_backward_row_stats_kernel (512,1,1)"]
     assert kernels(65536) == ["ldr_forward_looped_kernel (512,1,1)", "ldr_backward_row_stats_kernel (512,1,1)",
                               "ldr_backward_tiled_kernel (32,8,1)", "column_sum_kernel (32,32,1)"]
 
@@ -212,12 +287,33 @@ def test_ldr_empty_rows(emu):
 
 
 # ---------------------------------------------------------------------------------------------------- bias_relu
-@pytest.mark.parametrize("n", ALL_N)
+# fp32, the tiled kernels: TX x TY threads, column tiles of 8 TX columns.
+BIAS_RELU_N = [
+    1,     # TX 1, TY 256: one element a row, scalar
+    7,     # TX 1: one partial group
+    8,     # TX 1: one whole group, vectors
+    33,    # TX 8: 5 groups, the last partial, scalar
+    256,   # TX 32: exactly one column tile
+    257,   # two column tiles, the second with one partial group
+    768,   # 3 whole tiles, several row blocks (8 resident blocks / 3 tiles)
+    1000,  # 4 tiles, the last part-filled (125 groups)
+    1024,  # 4 whole tiles
+    4104,  # 17 tiles, the last with one group: more tiles than resident blocks, one row block
+    8192,  # 32 whole tiles
+    8200,  # 33 tiles, the last with one group
+]
+# Pruned: 16384, 65536, 65544 and 131072: more column tiles of the same tiled launch (TX 32, one row block), whole
+# (8192) or with a one-group last tile (4104, 8200); the row length enters no sum of bias-ReLU.
+
+
+@pytest.mark.parametrize("n", BIAS_RELU_N)
 def test_bias_relu_every_n(small_device, n):
     m = 3 if n >= 16384 else 11
     check_bias_relu(small_device, m, n, torch.float32, torch.float32)
 
 
+# Every dtype x bias dtype x aligned / unaligned views at 7 (TX 1, a partial group: scalar), 768 (TX 32, whole
+# tiles, several row blocks: vectors when aligned) and 8200 (33 tiles, the last with one group, one row block).
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias_dtype", ["x", "fp32"])
 @pytest.mark.parametrize("n", [7, 768, 8200])
@@ -246,33 +342,7 @@ def check_bias_relu(ops, m, n, dtype, bias_dtype, aligned=True):
     assert torch.equal(gb, gb2), "dbias is deterministic"
 
 
-# ------------------------------------------------------------------------------------- the emulator bites
-@pytest.fixture(scope="module")
-def wrong():
-    load_extension("gpuopt_cuda_emulated_wrong", [ROOT / "tests" / "cuda_emu" / "wrong_kernels.cpp"])
-    return torch.ops.gpuopt_emu_wrong
-
-
-def test_wrong_kernel_write_past_row_end(wrong):
-    with pytest.raises(RuntimeError, match=r"bias_relu_off_by_one wrote 4 bytes past the end of buffer 'out'"):
-        wrong.run("write_past_row_end")
-
-
-def test_wrong_kernel_misaligned_vector_load(wrong):
-    with pytest.raises(RuntimeError, match=r"misaligned 16-byte load"):
-        wrong.run("misaligned_vector_load")
-
-
-def test_wrong_kernel_divergent_syncthreads(wrong):
-    with pytest.raises(RuntimeError, match=r"__syncthreads"):
-        wrong.run("divergent_syncthreads")
-
-
-def test_wrong_kernel_correct_twin_passes(wrong):
-    """The same three kernels without their bug run clean, so the errors above are the bugs' and nothing else."""
-    wrong.run("correct")
-
-
+# ------------------------------------------------------------------------------------------------------ errors
 def test_missing_arch_message(emu):
     """The CUDA backend's error for a GPU outside the build's TORCH_CUDA_ARCH_LIST (csrc/cuda/arch_message.h;
     cuda_launcher.h raises it when the runtime finds no kernel image): names the capability, the build's list, and

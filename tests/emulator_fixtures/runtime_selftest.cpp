@@ -1,5 +1,5 @@
 // Torch ops (namespace gpuopt_emu_selftest) over the emulator self-test kernels of runtime_selftest_kernels.h,
-// for tests/test_cuda_emu_runtime.py. CPU tensors in, results written into caller-allocated tensors; emulator
+// for tests/test_emulator_runtime.py. CPU tensors in, results written into caller-allocated tensors; emulator
 // errors surface as RuntimeError with the emulator's message.
 #include <torch/library.h>
 

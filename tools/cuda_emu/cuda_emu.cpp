@@ -1,4 +1,4 @@
-// Implementation of tests/cuda_emu/cuda_emu.h: fibers, the per-block scheduler (barriers and warp ops resolved
+// Implementation of tools/cuda_emu/cuda_emu.h: fibers, the per-block scheduler (barriers and warp ops resolved
 // at quiescence), the shared-memory arena, device buffers with guard bytes, checked vector access, launches.
 //
 // Scheduling: a block's threads are fibers on the launching OS thread. The scheduler resumes every runnable

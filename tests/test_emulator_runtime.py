@@ -1,8 +1,9 @@
-"""Self-test of tests/cuda_emu, the CPU emulation of CUDA's execution model that runs the CUDA kernel headers.
+"""Self-test of tools/cuda_emu, the CPU emulation of CUDA's execution model that runs the CUDA kernel headers.
 
-The kernels live in tests/cuda_emu/runtime_selftest_kernels.h (plain CUDA style) and are exposed as
-torch.ops.gpuopt_emu_selftest.* by runtime_selftest.cpp, built with tests/cuda_emu/build.py (cached).
-Every test checks exact results or the emulator's exact message.
+The test kernels are fixtures in tests/emulator_fixtures/, compiled (cached) with tools/cuda_emu/build.py into one
+library: runtime_selftest_kernels.h (plain CUDA style, exposed as torch.ops.gpuopt_emu_selftest.* by
+runtime_selftest.cpp) and wrong_kernels.cpp (deliberately wrong kernels built from csrc's device helpers, as
+torch.ops.gpuopt_emu_wrong.run). Every test checks exact results or the emulator's exact message.
 """
 
 import re
@@ -10,32 +11,42 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from cuda_emu import build
+from tools.cuda_emu import build
 
 pytestmark = [
     pytest.mark.cuda_emulated,
     pytest.mark.skipif(not build.have_compiler(), reason="needs a C++ compiler to build the emulated kernels"),
 ]
 
-KERNELS = build.EMU_DIR / "runtime_selftest_kernels.h"
+FIXTURES = Path(__file__).resolve().parent / "emulator_fixtures"
+KERNELS = FIXTURES / "runtime_selftest_kernels.h"
 FULL = 0xFFFFFFFF
 
 
 @pytest.fixture(scope="module")
 def library():
+    """The self-test ops and the wrong kernels in one extension: one build (and one copy of the emulator
+    runtime compiled) for both, cold."""
     start = time.perf_counter()
-    path = build.load_extension("gpuopt_emu_selftest", [build.EMU_DIR / "runtime_selftest.cpp"])
-    print(f"gpuopt_emu_selftest ready in {time.perf_counter() - start:.1f} s")
+    path = build.load_extension("gpuopt_emu_fixtures", [FIXTURES / "runtime_selftest.cpp",
+                                                        FIXTURES / "wrong_kernels.cpp"])
+    print(f"gpuopt_emu_fixtures ready in {time.perf_counter() - start:.1f} s")
     return path
 
 
 @pytest.fixture(scope="module")
 def ops(library):
     return torch.ops.gpuopt_emu_selftest
+
+
+@pytest.fixture(scope="module")
+def wrong(library):
+    return torch.ops.gpuopt_emu_wrong
 
 
 def marker_line(name):
@@ -204,6 +215,30 @@ def test_emulator_sources_are_cxx17():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The emulator bites: deliberately wrong kernels built from csrc's own device helpers fail with the bug's error.
+
+
+def test_wrong_kernel_write_past_row_end(wrong):
+    with pytest.raises(RuntimeError, match=r"bias_relu_off_by_one wrote 4 bytes past the end of buffer 'out'"):
+        wrong.run("write_past_row_end")
+
+
+def test_wrong_kernel_misaligned_vector_load(wrong):
+    with pytest.raises(RuntimeError, match=r"misaligned 16-byte load"):
+        wrong.run("misaligned_vector_load")
+
+
+def test_wrong_kernel_divergent_syncthreads(wrong):
+    with pytest.raises(RuntimeError, match=r"__syncthreads"):
+        wrong.run("divergent_syncthreads")
+
+
+def test_wrong_kernel_correct_twin_passes(wrong):
+    """The same three kernels without their bug run clean, so the errors above are the bugs' and nothing else."""
+    wrong.run("correct")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Errors: (case, regex the whole message must match). Thread context is "block (x,y,z), thread (x,y,z)".
 
 ERRORS = {
@@ -355,6 +390,7 @@ torch.ops.gpuopt_emu_selftest.error_case({case!r})
 """
 
 
+@pytest.mark.slow  # a fresh interpreter per case (~2 s each); the crash handler, not a kernel, is under test
 @pytest.mark.parametrize(
     "case, line",
     [
@@ -374,4 +410,4 @@ def test_fatal_signal_names_the_thread(library, case, line):
     script = FATAL_SCRIPT.format(library=library, case=case)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGSEGV, proc.stderr
-    assert any(re.fullmatch(line, l) for l in proc.stderr.splitlines()), proc.stderr
+    assert any(re.fullmatch(line, text) for text in proc.stderr.splitlines()), proc.stderr

@@ -1,7 +1,7 @@
 // The four gpuopt ops, with their real schemas under the namespace gpuopt_emu, running the CUDA backend's own
-// glue (csrc/cuda/ops_glue.h), launch sequence (launch.cuh) and kernel headers on the CPU under tests/cuda_emu's
+// glue (csrc/cuda/ops_glue.h), launch sequence (launch.cuh) and kernel headers on the CPU under the
 // emulation of the CUDA execution model. Outputs and scratch start poisoned (0xFF: NaN), and the guards of every
-// buffer are checked after every launch. Test-only.
+// buffer are checked after every launch. Built only by the emulator tests.
 #include <algorithm>
 #include <memory>
 #include <mutex>

@@ -1,5 +1,5 @@
 """Static resource budget of the CUDA kernels, checked without a GPU:
-`python -m benchmarks.cuda_resources [PATH_TO_ELF] [--arch sm_90] [--markdown] [--json OUT]`.
+`python -m tools.cuda_resources [PATH_TO_ELF] [--arch sm_90] [--markdown | --grouped] [--json OUT]`.
 
 Reads the cubins embedded in an ELF (by default the installed `gpuopt_ops/_C*.so`; any host object or shared
 library with device code works, e.g. a `nvcc -c` .o) with cuobjdump and reports, for every kernel of one SM
@@ -46,9 +46,10 @@ import shutil
 import struct
 import subprocess
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Optional
 
 NO_BOUND_THREADS = 1024  # a kernel without __launch_bounds__ may be launched with up to the hardware maximum
 PIP_PACKAGE = "nvidia-cuda-cuobjdump"
@@ -94,8 +95,8 @@ class Occupancy:
     shared_per_block: int  # static + reserved, rounded to the allocation unit
     fits: bool
     blocks_per_sm: int  # 0 when it does not fit
-    limited_by: Tuple[str, ...]  # every limit that gives blocks_per_sm (ties listed), or why it does not fit
-    limits: Dict[str, int] = field(default_factory=dict)  # blocks/SM allowed by each resource
+    limited_by: tuple[str, ...]  # every limit that gives blocks_per_sm (ties listed), or why it does not fit
+    limits: dict[str, int] = field(default_factory=dict)  # blocks/SM allowed by each resource
 
 
 def occupancy(regs: int, threads: int, static_shared: int = 0, dynamic_shared: int = 0,
@@ -138,9 +139,9 @@ def occupancy(regs: int, threads: int, static_shared: int = 0, dynamic_shared: i
 
 # ----------------------------------------------------------------------------------------------------------------
 # Finding the tools and the ELF
-def _pip_cuobjdump_candidates() -> List[Path]:
+def _pip_cuobjdump_candidates() -> list[Path]:
     """cuobjdump binaries of the pip package nvidia-cuda-cuobjdump in this Python (nvidia/<x>/bin/cuobjdump)."""
-    found: List[Path] = []
+    found: list[Path] = []
     try:  # the package's own file list: exact, whatever its layout (nvidia/cu13/bin, nvidia/cuda_cuobjdump/bin)
         from importlib import metadata
 
@@ -166,7 +167,7 @@ def find_cuobjdump() -> str:
         if p is None or not os.access(p, os.X_OK):
             raise ToolError(f"$CUOBJDUMP={env} is not an executable file")
         return p
-    candidates: List[Optional[str]] = [shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"]
+    candidates: list[Optional[str]] = [shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"]
     candidates += [str(p) for p in _pip_cuobjdump_candidates()]
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
@@ -183,7 +184,7 @@ def find_installed_extension() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ToolError("gpuopt_ops is not installed in this Python: install it (pip install -e .) or pass the "
                         "path of an ELF (.so or .o) with CUDA kernels")
-    hits: List[str] = []
+    hits: list[str] = []
     for loc in spec.submodule_search_locations:
         hits += glob.glob(os.path.join(loc, "_C*.so")) + glob.glob(os.path.join(loc, "_C*.pyd"))
     if not hits:
@@ -192,7 +193,7 @@ def find_installed_extension() -> Path:
     return Path(max(hits, key=os.path.getmtime))  # a stale _C of another Python ABI loses to the fresh build
 
 
-def elf_section_names(path: os.PathLike) -> List[str]:
+def elf_section_names(path: os.PathLike) -> list[str]:
     """Section names of an ELF file (pure Python, no tools). [] when it is not an ELF."""
     with open(path, "rb") as f:
         ident = f.read(16)
@@ -236,7 +237,7 @@ def has_device_code(path: os.PathLike) -> bool:
 
 
 def _run(cmd: Sequence[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    return subprocess.run(list(cmd), capture_output=True, text=True, errors="replace")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -251,12 +252,12 @@ class ResourceUsage:
     name: str  # mangled
     arch: str
     elf_index: int  # which "Fatbin elf code" block (one per arch per translation unit)
-    resources: Dict[str, int]
+    resources: dict[str, int]
 
 
-def _split_blocks(text: str, kind: str) -> List[Tuple[str, List[str]]]:
+def _split_blocks(text: str, kind: str) -> list[tuple[str, list[str]]]:
     """The (arch, lines) of each "Fatbin <kind> code:" block of cuobjdump's output (kind: "elf" or "ptx")."""
-    blocks: List[list] = []
+    blocks: list[list] = []
     cur: Optional[list] = None
     for line in text.splitlines():
         if line.startswith("Fatbin ") and line.rstrip() in ("Fatbin elf code:", "Fatbin ptx code:"):
@@ -274,9 +275,9 @@ def _split_blocks(text: str, kind: str) -> List[Tuple[str, List[str]]]:
     return [(arch, lines) for k, arch, lines in blocks if k == kind]
 
 
-def parse_resource_usage(text: str) -> List[ResourceUsage]:
+def parse_resource_usage(text: str) -> list[ResourceUsage]:
     """Parse `cuobjdump --dump-resource-usage` output: one entry per function per cubin."""
-    out: List[ResourceUsage] = []
+    out: list[ResourceUsage] = []
     for idx, (arch, lines) in enumerate(_split_blocks(text, "elf")):
         cur: Optional[ResourceUsage] = None
         for line in lines:
@@ -297,8 +298,8 @@ def parse_resource_usage(text: str) -> List[ResourceUsage]:
 @dataclass
 class KernelInfo:
     entry: bool = False  # a __global__ kernel (symbol marked ENTRY), not a device function
-    max_threads: Optional[Tuple[int, int, int]] = None  # __launch_bounds__ (EIATTR_MAX_THREADS / .maxntid)
-    req_threads: Optional[Tuple[int, int, int]] = None  # EIATTR_REQNTID / .reqntid (exact block shape)
+    max_threads: Optional[tuple[int, int, int]] = None  # __launch_bounds__ (EIATTR_MAX_THREADS / .maxntid)
+    req_threads: Optional[tuple[int, int, int]] = None  # EIATTR_REQNTID / .reqntid (exact block shape)
     min_blocks: Optional[int] = None  # __launch_bounds__'s 2nd argument where known (.minnctapersm)
     source: str = ""  # where max_threads / req_threads came from: "elf" or "ptx"
 
@@ -310,19 +311,19 @@ _FN_IN_VAL_RE = re.compile(r"function:\s*(\S+?)\(0x[0-9a-fA-F]+\)")
 _HEX_RE = re.compile(r"0x[0-9a-fA-F]+")
 
 
-def _xyz(nums: Iterable[int]) -> Tuple[int, int, int]:
+def _xyz(nums: Iterable[int]) -> tuple[int, int, int]:
     n = list(nums)[:3]
     n += [1] * (3 - len(n))
     return (n[0] or 1, n[1] or 1, n[2] or 1)
 
 
-def parse_elf_info(text: str, arch: Optional[str] = None) -> List[Dict[str, KernelInfo]]:
+def parse_elf_info(text: str, arch: Optional[str] = None) -> list[dict[str, KernelInfo]]:
     """Parse `cuobjdump -elf`: per cubin (in order), mangled name -> KernelInfo from .symtab and .nv.info."""
-    result: List[Dict[str, KernelInfo]] = []
+    result: list[dict[str, KernelInfo]] = []
     for blk_arch, lines in _split_blocks(text, "elf"):
         if arch and blk_arch != arch:
             continue
-        info: Dict[str, KernelInfo] = {}
+        info: dict[str, KernelInfo] = {}
         section, attr, in_symtab, in_info = "", "", False, False
         for line in lines:
             if line.startswith("."):
@@ -371,9 +372,9 @@ _ENTRY_RE = re.compile(r"\.entry\s+([A-Za-z_$][\w$.]*)\s*\(")
 _PTX_DIR_RE = re.compile(r"^\s*\.(maxntid|reqntid|minnctapersm|maxnreg)\s+([\d,\s]+?)\s*;?\s*$")
 
 
-def parse_ptx_directives(text: str) -> Dict[str, Dict[str, KernelInfo]]:
+def parse_ptx_directives(text: str) -> dict[str, dict[str, KernelInfo]]:
     """Parse `cuobjdump -ptx`: virtual arch (the PTX block's 'arch = sm_XX') -> mangled name -> KernelInfo."""
-    out: Dict[str, Dict[str, KernelInfo]] = {}
+    out: dict[str, dict[str, KernelInfo]] = {}
     for arch, lines in _split_blocks(text, "ptx"):
         info = out.setdefault(arch, {})
         cur: Optional[KernelInfo] = None
@@ -401,7 +402,7 @@ def parse_ptx_directives(text: str) -> Dict[str, Dict[str, KernelInfo]]:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Names
-def demangle(names: Sequence[str]) -> Dict[str, str]:
+def demangle(names: Sequence[str]) -> dict[str, str]:
     """mangled -> demangled via c++filt (llvm-cxxfilt); names it cannot demangle map to themselves."""
     names = list(dict.fromkeys(names))
     tool = shutil.which("c++filt") or shutil.which("llvm-cxxfilt")
@@ -417,7 +418,7 @@ def demangle(names: Sequence[str]) -> Dict[str, str]:
 _OPEN, _CLOSE = "<([", ">)]"
 
 
-def _split_top(s: str, sep: str) -> List[str]:
+def _split_top(s: str, sep: str) -> list[str]:
     """Split s at occurrences of sep outside <>, () and []."""
     parts, depth, start, i = [], 0, 0, 0
     while i < len(s):
@@ -487,15 +488,15 @@ class Row:
     stack: int
     local: int
     shared: int
-    constant: Dict[str, int]
-    resources: Dict[str, int]  # everything cuobjdump printed for the function
+    constant: dict[str, int]
+    resources: dict[str, int]  # everything cuobjdump printed for the function
     max_block: Optional[int]  # threads of the declared bound; NO_BOUND_THREADS when none (see launch_bound)
-    launch_bound: Optional[Tuple[int, int, int]]  # None: no launch bound
+    launch_bound: Optional[tuple[int, int, int]]  # None: no launch bound
     bound_source: str  # "elf" | "ptx" | ""
     min_blocks: Optional[int]
     fp64: bool
     occupancy: Optional[Occupancy]
-    problems: List[str]  # gate violations (for fp64 variants: what would be one)
+    problems: list[str]  # gate violations (for fp64 variants: what would be one)
 
     @property
     def fits(self) -> Optional[bool]:
@@ -527,7 +528,7 @@ class Row:
         return d
 
 
-def _arch_key(arch: str) -> Tuple[int, str]:
+def _arch_key(arch: str) -> tuple[int, str]:
     m = re.match(r"sm_(\d+)(\w*)", arch)
     return (int(m.group(1)), m.group(2)) if m else (-1, arch)
 
@@ -542,8 +543,8 @@ def normalize_arch(arch: str) -> str:
 
 
 def build_rows(res_text: str, elf_text: str = "", ptx_text: str = "", arch: Optional[str] = None,
-               demangler: Callable[[Sequence[str]], Dict[str, str]] = demangle, sm: SMLimits = SM90,
-               ) -> Tuple[str, List[Row]]:
+               demangler: Callable[[Sequence[str]], dict[str, str]] = demangle, sm: SMLimits = SM90,
+               ) -> tuple[str, list[Row]]:
     """Rows for every function of `arch` (default: the newest arch with cubins). Returns (arch, rows)."""
     usage = parse_resource_usage(res_text)
     archs = sorted({u.arch for u in usage}, key=_arch_key)
@@ -563,7 +564,7 @@ def build_rows(res_text: str, elf_text: str = "", ptx_text: str = "", arch: Opti
     block_ids = sorted({u.elf_index for u in usage})
     names = demangler([u.name for u in usage])
 
-    rows: List[Row] = []
+    rows: list[Row] = []
     for u in usage:
         info: Optional[KernelInfo] = None
         pos = block_ids.index(u.elf_index)
@@ -611,7 +612,7 @@ def build_rows(res_text: str, elf_text: str = "", ptx_text: str = "", arch: Opti
 
 
 def analyze(elf: os.PathLike, arch: Optional[str] = None, cuobjdump: Optional[str] = None,
-            sm: SMLimits = SM90) -> Tuple[str, List[Row]]:
+            sm: SMLimits = SM90) -> tuple[str, list[Row]]:
     """Run cuobjdump on `elf` and return (arch, rows)."""
     elf = Path(elf)
     if not elf.is_file():
@@ -645,7 +646,7 @@ def analyze(elf: os.PathLike, arch: Optional[str] = None, cuobjdump: Optional[st
 COLUMNS = ("kernel", "regs", "stack", "local", "shared", "max block", "blocks/SM", "limited by", "fits", "gate")
 
 
-def _cells(r: Row) -> List[str]:
+def _cells(r: Row) -> list[str]:
     occ = r.occupancy
     if occ is None:
         blocks, limit, fits = "n/a", "", "n/a (device fn)"
@@ -719,7 +720,7 @@ def format_grouped(rows: Sequence[Row]) -> str:
     return "\n".join(out)
 
 
-def summarize(arch: str, rows: Sequence[Row], sm: SMLimits = SM90) -> Tuple[bool, str]:
+def summarize(arch: str, rows: Sequence[Row], sm: SMLimits = SM90) -> tuple[bool, str]:
     """(gate passed, summary text)."""
     kernels = [r for r in rows if r.kind == "kernel"]
     gated = [r for r in kernels if r.gated]
@@ -738,7 +739,7 @@ def summarize(arch: str, rows: Sequence[Row], sm: SMLimits = SM90) -> Tuple[bool
                      f"{len(nofit)} do not fit their max block:")
         lines += [f"  {r.kernel}: {'; '.join(r.problems)}" for r in fails]
     else:
-        lines.append(f"gate passed: no fp16/bf16/fp32 variant uses stack or local memory, each fits its max block.")
+        lines.append("gate passed: no fp16/bf16/fp32 variant uses stack or local memory, each fits its max block.")
     if fp64_bad:
         lines.append(f"fp64 variants are reported but do not fail the gate; {len(fp64_bad)} would: "
                      + ", ".join(f"{r.kernel} ({'; '.join(r.problems)})" for r in fp64_bad))
@@ -748,7 +749,7 @@ def summarize(arch: str, rows: Sequence[Row], sm: SMLimits = SM90) -> Tuple[bool
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.cuda_resources", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m tools.cuda_resources", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("elf", nargs="?", help="ELF with CUDA kernels (.so or .o); default: the installed "
                     "gpuopt_ops/_C*.so")

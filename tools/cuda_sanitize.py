@@ -1,5 +1,9 @@
-"""Calls every CUDA kernel path once on small shapes; meant to run under compute-sanitizer
-(memcheck / racecheck / initcheck) on the GPU machine: `compute-sanitizer --tool memcheck python tests/cuda_sanitize_script.py`."""
+"""Calls every CUDA kernel path once on small shapes, to run under compute-sanitizer (memcheck / racecheck /
+initcheck) on the GPU machine (benchmarks/gpu_check.sh does, for each tool):
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 1 python tools/cuda_sanitize.py
+
+Not a test: it needs a GPU and a CUDA build of the extension, and its verdict is the sanitizer's exit status."""
 
 import torch
 

@@ -1,0 +1,106 @@
+"""The Triton kernels compiled for sm_90 without a GPU (tools/triton_resources.py), as a CI gate.
+
+One subprocess runs `python -m tools.triton_resources --json --checks` (the kernels must be decorated without
+TRITON_INTERPRET, which conftest sets for the other tests) and every test here reads its output:
+
+- the table: the project's launchers run on meta tensors with each launch compiled by triton.compile for
+  GPUTarget("cuda", 90, 32) (bundled ptxas) with the specialization a real launch gets (16-byte pointer alignment,
+  divisibility hints), over fp16/bf16/fp32 x N in {768, ..., 16384}, forward, backward and bias-ReLU: no spills,
+  shared memory within 227 KiB, N = 8192 takes the fused backward, and the persistent backward grids never ask
+  for more programs per SM than the compiled registers allow (one wave);
+- the unhinted compiles: launches of every path compiled WITHOUT alignment / divisibility hints (what a launch on
+  an unaligned view compiles; the interpreter accepts code the compiler rejects): no spills, no stack;
+- Inductor's TTIR mutation analysis: each kernel writes exactly its output pointers (otherwise torch.compile
+  would clone every input before each kernel).
+
+Marked slow (~15 s: about 70 compiles, two at a time on 2 cores): run it after editing triton_kernels/ (this file,
+or `python -m tools.triton_resources --checks`); the whole suite and CI run it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+pytest.importorskip("triton.backends.nvidia")
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+PERSISTENT = ("ldr_bwd_fused_kernel", "ldr_bwd_chunk_kernel", "bias_relu_bwd_kernel")
+KERNELS = {"ldr_fwd_fused_kernel", "ldr_fwd_looped_kernel", "ldr_bwd_fused_kernel", "ldr_bwd_row_coef_kernel",
+           "ldr_bwd_chunk_kernel", "sum_partials_kernel", "bias_relu_fwd_kernel", "bias_relu_bwd_kernel"}
+
+
+@pytest.fixture(scope="module")
+def gate():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-m", "tools.triton_resources", "--json", "--checks"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode in (0, 1), res.stdout[-3000:] + res.stderr[-6000:]
+    return json.loads(res.stdout), res.returncode, res.stderr
+
+
+def test_table_covers_every_op_dtype_and_n(gate):
+    rows = gate[0]["rows"]
+    seen = {(r["op"], r["dtype"], r["n"]) for r in rows}
+    for op in ("ldr_fwd", "ldr_bwd", "bias_relu_fwd", "bias_relu_bwd"):
+        for dtype in ("fp16", "bf16", "fp32"):
+            for n in (768, 1024, 2048, 4096, 8192, 16384):
+                assert (op, dtype, n) in seen, (op, dtype, n)
+    assert all(r["regs"] > 0 for r in rows)
+
+
+def test_no_spills_and_shared_memory_within_the_sm90_limit(gate):
+    doc, rc, err = gate
+    rows = doc["rows"]
+    spilling = [(r["op"], r["dtype"], r["n"], r["kernel"], r["spills"]) for r in rows if r["spills"]]
+    assert not spilling
+    assert max(r["shared"] for r in rows) <= 227 * 1024
+    assert all(r["blocks_per_sm"] >= 1 for r in rows)
+    assert rc == 0 and not doc["failures"], err  # the gate's exit status: the table and the checks
+
+
+def test_n8192_takes_the_fused_backward(gate):
+    rows = gate[0]["rows"]
+    for dtype in ("fp16", "bf16", "fp32"):
+        kernels = [r["kernel"] for r in rows if r["op"] == "ldr_bwd" and r["dtype"] == dtype and r["n"] == 8192]
+        assert any(k.startswith("ldr_bwd_fused_kernel") for k in kernels), kernels
+        assert not any(k.startswith("ldr_bwd_row_coef_kernel") for k in kernels), kernels
+
+
+def test_persistent_grids_are_one_wave(gate):
+    """The grid of each persistent kernel (SMs x programs per SM from the launcher's register budget) fits what
+    the compiled registers/warps/shared memory allow on an SM, and fills at least one program per SM."""
+    rows = gate[0]["rows"]
+    checked = 0
+    for r in rows:
+        if r["kernel"].split("[")[0] in PERSISTENT:
+            assert r["programs_per_sm"] <= r["blocks_per_sm"], r
+            checked += 1
+    assert checked >= 3 * 6 * 2
+
+
+def test_unhinted_launches_compile_without_spills(gate):
+    """Without a GPU the kernels only ever run under the interpreter, which accepts code the compiler rejects. The
+    launches of the real launchers (single-block and looped paths, fp16/bf16/fp32/fp64, 8-lane and generic RNG,
+    no affine, p = 0, bias-ReLU) compile for sm_90 without alignment hints and use no stack (no spills)."""
+    unhinted = gate[0]["unhinted"]
+    assert len(unhinted) >= 20
+    bad = [r for r in unhinted if r["spills"] or r["stack"]]
+    assert not bad, bad
+    assert {r["kernel"].split("[")[0] for r in unhinted} == KERNELS
+    assert {r["dtype"] for r in unhinted} == {"fp16", "bf16", "fp32", "fp64"}
+
+
+def test_inductor_sees_only_output_stores(gate):
+    """Inductor's TTIR mutation analysis finds exactly the output pointers written by each of the 8 kernels."""
+    inductor = gate[0]["inductor"]
+    assert {r["kernel"] for r in inductor} == KERNELS
+    for r in inductor:
+        assert r["written"] == r["expected"], r

@@ -1,0 +1,567 @@
+"""Compile-time resource table of the Triton kernels for sm_90 (H100/H200), and compile checks, made without a GPU:
+`python -m tools.triton_resources [--markdown | --summary | --json] [--quick] [--checks] [--sm-count 132] [--jobs N]`.
+
+How: the project's own launchers (gpuopt_ops.triton_kernels ... launch_forward / launch_backward) run on *meta*
+tensors with `wrap=` replaced by a hook that, instead of launching, records the launch; every distinct
+specialization is then compiled with Triton's toolchain for GPUTarget("cuda", 90, 32) (bundled ptxas; no device
+needed), --jobs at a time in forked worker processes. The hook builds the signature, constexprs and the
+specialization attributes (pointer 16-byte alignment, integer divisibility by 16, == 1) with Triton's own binder
+and JITFunction._pack_args, i.e. exactly as a real launch does (a meta tensor's data_ptr() is 0, and torch's CUDA
+allocations are 512-byte aligned, so "16-byte aligned" is what a launch on fresh tensors gets).
+
+Recorded per compiled variant: registers per thread, spill bytes and stack frame from `ptxas -v` (Triton runs
+ptxas with -v; the log is captured), shared memory from the kernel metadata, num_warps, the grid the launcher
+chose, and the blocks per SM those registers/warps/shared memory allow (tools.cuda_resources.occupancy: 65536
+registers and 64 warps per SM, 32 blocks per SM, 228 KiB shared per SM). All figures are compile-time facts; none
+is a measured speed.
+
+--checks adds two checks of what the interpreter (the only way the kernels run without a GPU) cannot see:
+  unhinted   a few launches (single-block and looped paths, fp16/bf16/fp32/fp64, the 8-lane and the generic RNG,
+             no affine, p = 0, bias-ReLU) compiled WITHOUT the specialization attributes, as a launch on an
+             unaligned view or odd shape compiles (scalar loads): no spills, no stack frame. The fused N = 8192
+             backward is left out: unhinted it spills (308 B with triton 3.8); the table checks its hinted
+             variants, which a launch of N = 8192 on fresh (aligned) tensors compiles.
+  inductor   Inductor's TTIR mutation analysis (torch.compile's view of a user Triton kernel) on every kernel,
+             with the arguments of a real launch with every feature on (weight, bias, dropout, 8-lane RNG): each
+             kernel writes exactly its output pointers (otherwise torch.compile clones every input first).
+
+Gate (exit status 1): any table variant that spills or needs more than 227 KiB of shared memory per block, and
+with --checks any failed check. Needs the triton package with its NVIDIA backend (ships with Linux CUDA builds of
+torch); TRITON_INTERPRET must not be set when triton is imported (the script clears it; a process that already
+imported the kernels interpreted cannot use this module).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import multiprocessing
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+os.environ.pop("TRITON_INTERPRET", None)
+# A private cache: a cache hit would skip ptxas, and its -v log is where registers and spills come from.
+os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="gpuopt-triton-resources-"))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from tools.cuda_resources import SM90, occupancy  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+SHARED_LIMIT = SM90.shared_per_block  # 227 KiB per block on sm_90
+DEFAULT_SM_COUNT = 132  # H100 SXM / H200
+NS = (768, 1024, 2048, 4096, 8192, 16384)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ROWS = 16384  # rows of the meta launches (only the grids depend on it)
+_DTYPE_NAME = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def _kernels():
+    import gpuopt_ops.triton_ops  # noqa: F401  (makes gpuopt_ops.triton_kernels importable from a source tree)
+    from gpuopt_ops.triton_kernels import bias_relu as BR
+    from gpuopt_ops.triton_kernels import common as C
+    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as L
+
+    if C.INTERPRETED:
+        raise RuntimeError("tools.triton_resources: the Triton kernels were imported with TRITON_INTERPRET=1 "
+                           "in this process; run the script in a fresh process without it")
+    return L, BR, C
+
+
+@dataclass
+class Variant:
+    kernel: str
+    num_warps: int
+    constexprs: str
+    regs: int
+    spill_stores: int
+    spill_loads: int
+    stack: int  # bytes of stack frame (spills and local arrays)
+    shared: int
+    blocks_per_sm: int
+    limited_by: str
+
+
+@dataclass
+class Row:
+    op: str
+    dtype: str
+    n: int
+    kernel: str
+    grid: str
+    num_warps: int
+    regs: int
+    spills: int  # spill stores + loads, bytes
+    shared: int
+    blocks_per_sm: int
+    limited_by: str
+    programs_per_sm: float  # the launcher's grid / SM count (the grid's first axis times the others)
+    stack: int = 0
+
+
+@dataclass
+class Launch:
+    key: tuple  # what is compiled: kernel, signature, constexprs, attributes, options
+    kernel: object  # the JITFunction
+    grid: tuple[int, ...]
+    args: dict[str, object]  # kernel parameter name -> value, as launched
+
+
+_PTXAS_RE = re.compile(r"Used (\d+) registers")
+_SPILL_RE = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_STACK_RE = re.compile(r"(\d+) bytes stack frame")
+
+
+class Compiler:
+    """Records launches instead of running them (`wrap`); compile_pending() then compiles every distinct one for
+    sm_90. hints=False drops the specialization attributes (pointer alignment, integer divisibility): the code a
+    launch on unaligned or oddly sized tensors gets."""
+
+    def __init__(self, hints: bool = True):
+        from triton.compiler import make_backend
+        from triton.runtime.jit import create_function_from_signature
+
+        self.hints = hints
+        self.backend = make_backend(TARGET)
+        self._binders = {}
+        self._make_binder = create_function_from_signature
+        self.cache: dict[tuple, Variant] = {}
+        self.pending: dict[tuple, tuple] = {}  # key -> (kernel, signature, constexprs, attrs, options, tile text)
+        self.launches: list[Launch] = []
+
+    def _binder(self, kernel):
+        if kernel not in self._binders:
+            self._binders[kernel] = self._make_binder(kernel.signature, kernel.params, self.backend)
+        return self._binders[kernel]
+
+    def record(self, kernel, grid, args, kwargs) -> Launch:
+        kwargs = dict(kwargs)
+        kwargs.setdefault("debug", False)
+        bound, specialization, options = self._binder(kernel)(*args, **kwargs)
+        opts, signature, constexprs, attrs = kernel._pack_args(self.backend, kwargs, bound, specialization, options)
+        if not self.hints:
+            attrs = {}
+        key = (kernel.__name__, repr(sorted(signature.items())), repr(sorted(constexprs.items())),
+               repr(sorted(attrs.items())), repr(sorted(opts.__dict__.items())))
+        if key not in self.cache and key not in self.pending:
+            consts = ",".join(f"{kernel.arg_names[k[0]]}={v}" for k, v in sorted(constexprs.items())
+                              if kernel.arg_names[k[0]].startswith("BLOCK"))
+            self.pending[key] = (kernel, signature, constexprs, attrs, opts.__dict__, consts)
+        named = dict(zip(kernel.arg_names, args))
+        named.update({k: v for k, v in kwargs.items() if k in kernel.arg_names})
+        launch = Launch(key, kernel, tuple(int(d) for d in grid), named)
+        self.launches.append(launch)
+        return launch
+
+    def wrap(self, kernel):
+        compiler = self
+
+        class _Launch:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    compiler.record(kernel, grid(kwargs) if callable(grid) else tuple(grid), args, kwargs)
+                return launch
+
+        return _Launch()
+
+    def variant(self, launch: Launch) -> Variant:
+        return self.cache[launch.key]
+
+
+_JOBS: list[tuple] = []  # the compile jobs; forked workers inherit them (nothing is pickled but an index)
+
+
+def _compile_job(i: int) -> tuple[int, int, int, int, int, int]:
+    """Compiles _JOBS[i]; returns (registers, spill stores, spill loads, stack frame, shared bytes, num_warps)."""
+    from triton import knobs
+
+    kernel, signature, constexprs, attrs, options = _JOBS[i][:5]
+    log = io.StringIO()
+    old = knobs.nvidia.dump_ptxas_log
+    knobs.nvidia.dump_ptxas_log = True
+    try:
+        with contextlib.redirect_stdout(log):
+            ck = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=TARGET, options=options)
+    finally:
+        knobs.nvidia.dump_ptxas_log = old
+    text = log.getvalue()
+    regs, spills, stack = _PTXAS_RE.findall(text), _SPILL_RE.findall(text), _STACK_RE.findall(text)
+    if not regs or not spills or not stack:
+        raise RuntimeError(f"no ptxas -v figures for {kernel.__name__} (cached compile?):\n{text}")
+    return (int(regs[-1]), int(spills[-1][0]), int(spills[-1][1]), int(stack[-1]), int(ck.metadata.shared),
+            int(ck.metadata.num_warps))
+
+
+def default_jobs() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def compile_pending(compilers: Sequence[Compiler], jobs: int = 1) -> None:
+    """Compiles what the compilers recorded and have not compiled yet: one compile per distinct key, `jobs` at a
+    time in forked worker processes (serially when jobs == 1 or fork is unavailable)."""
+    global _JOBS
+    keys: dict[tuple, tuple] = {}
+    for c in compilers:
+        for key, job in c.pending.items():
+            keys.setdefault(key, job)  # the same code twice would be a Triton cache hit: no ptxas log
+    order = list(keys)
+    _JOBS = [keys[k] for k in order]
+    try:
+        if jobs > 1 and len(order) > 1 and "fork" in multiprocessing.get_all_start_methods():
+            with multiprocessing.get_context("fork").Pool(min(jobs, len(order))) as pool:
+                results = pool.map(_compile_job, range(len(order)), chunksize=1)
+        else:
+            results = [_compile_job(i) for i in range(len(order))]
+    finally:
+        _JOBS = []
+    done = {}
+    for key, (regs, st, ld, stack, shared, num_warps) in zip(order, results):
+        occ = occupancy(regs, 32 * num_warps, static_shared=shared)
+        done[key] = Variant(keys[key][0].__name__, num_warps, keys[key][5], regs, st, ld, stack, shared,
+                            occ.blocks_per_sm, "+".join(occ.limited_by))
+    for c in compilers:
+        for key in c.pending:
+            c.cache[key] = done[key]
+        c.pending.clear()
+
+
+def _meta(shape, dtype):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _call_launcher(fn, *args, _sm_count: int, **kwargs):
+    return fn(*args, sm_count=_sm_count, **kwargs)  # tiling and grids: fixed rules on (N, dtype, SM count)
+
+
+def launches(compiler: Compiler, op: str, dtype: torch.dtype, n: int, sm_count: int, m: int = ROWS,
+             param_dtype: Optional[torch.dtype] = None, p: float = 0.1, affine: bool = True,
+             max_fused_n: Optional[int] = None) -> list[Launch]:
+    """Runs one launcher on meta tensors; returns the launches it made (recorded in `compiler`, not compiled).
+    max_fused_n (ldr only) overrides the longest row of the single-block kernels, to reach the looped ones."""
+    L, BR, _ = _kernels()
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    pd = param_dtype or dtype
+    x = _meta((m, n), dtype)
+    w = _meta((n,), pd) if affine else None
+    mean, rstd = _meta((m,), acc), _meta((m,), acc)
+    seed = _meta((1,), torch.int64)
+    start = len(compiler.launches)
+    fused = {} if max_fused_n is None else {"max_fused_n": max_fused_n}
+    if op == "ldr_fwd":
+        _call_launcher(L.launch_forward, x, w, w, seed, _meta((m, n), dtype), mean, rstd, p, 1e-5,
+                       wrap=compiler.wrap, _sm_count=sm_count, **fused)
+    elif op == "ldr_bwd":
+        gw = _meta((n,), pd) if affine else None
+        _call_launcher(L.launch_backward, _meta((m, n), dtype), x, w, w, mean, rstd, seed, _meta((m, n), dtype),
+                       gw, gw, p, wrap=compiler.wrap, _sm_count=sm_count, **fused)
+    elif op == "bias_relu_fwd":
+        _call_launcher(BR.launch_forward, x, _meta((n,), pd), _meta((m, n), dtype), wrap=compiler.wrap,
+                       _sm_count=sm_count)
+    elif op == "bias_relu_bwd":
+        _call_launcher(BR.launch_backward, _meta((m, n), dtype), x, _meta((m, n), dtype), _meta((n,), acc),
+                       wrap=compiler.wrap, _sm_count=sm_count)
+    else:
+        raise ValueError(op)
+    return compiler.launches[start:]
+
+
+OPS = ("ldr_fwd", "ldr_bwd", "bias_relu_fwd", "bias_relu_bwd")
+
+
+def record_table(compiler: Compiler, ns=NS, dtypes=DTYPES, ops=OPS, sm_count: int = DEFAULT_SM_COUNT,
+                 m: int = ROWS) -> list[tuple[str, torch.dtype, int, Launch]]:
+    return [(op, dtype, n, launch) for op in ops for dtype in dtypes for n in ns
+            for launch in launches(compiler, op, dtype, n, sm_count, m)]
+
+
+def table_rows(compiler: Compiler, recorded, sm_count: int = DEFAULT_SM_COUNT) -> list[Row]:
+    rows = []
+    for op, dtype, n, launch in recorded:
+        v = compiler.variant(launch)
+        programs = 1
+        for d in launch.grid:
+            programs *= d
+        rows.append(Row(op, _DTYPE_NAME[dtype], n, f"{v.kernel}[{v.constexprs}]", "x".join(map(str, launch.grid)),
+                        v.num_warps, v.regs, v.spill_stores + v.spill_loads, v.shared, v.blocks_per_sm,
+                        v.limited_by, round(programs / sm_count, 2), v.stack))
+    return rows
+
+
+def table(ns=NS, dtypes=DTYPES, ops=OPS, sm_count: int = DEFAULT_SM_COUNT, compiler: Optional[Compiler] = None,
+          m: int = ROWS, jobs: int = 1) -> list[Row]:
+    compiler = compiler or Compiler()
+    recorded = record_table(compiler, ns, dtypes, ops, sm_count, m)
+    compile_pending([compiler], jobs)
+    return table_rows(compiler, recorded, sm_count)
+
+
+def failures(rows: list[Row]) -> list[str]:
+    bad = []
+    for r in rows:
+        if r.spills:
+            bad.append(f"{r.op} {r.dtype} N={r.n} {r.kernel}: {r.spills} bytes of spills")
+        if r.shared > SHARED_LIMIT:
+            bad.append(f"{r.op} {r.dtype} N={r.n} {r.kernel}: shared {r.shared} B > {SHARED_LIMIT} B")
+        if r.blocks_per_sm < 1:
+            bad.append(f"{r.op} {r.dtype} N={r.n} {r.kernel}: does not fit an SM ({r.limited_by})")
+    return bad
+
+
+# --------------------------------------------------------------------------------------------- --checks
+# The unhinted launches: (what the case covers, op launches as keyword arguments of launches()). M is small: the
+# grid does not change the code.
+UNHINTED_CASES = [
+    ("single block, 8-lane RNG, fp32 params of bf16 x", dict(m=64, n=1000, dtype=torch.bfloat16,
+                                                             param_dtype=torch.float32)),
+    ("generic RNG (N % 8 != 0), no weight / bias", dict(m=8, n=37, dtype=torch.float16, affine=False)),
+    ("largest single-block forward; looped backward (the fused N = 8192 backward spills unhinted)",
+     dict(m=2, n=8192, dtype=torch.float32, bwd_max_fused_n=4096)),
+    ("fp64, looped, generic RNG", dict(m=2, n=65533, dtype=torch.float64)),
+    ("p = 0: no RNG", dict(m=4, n=4096, dtype=torch.float32, p=0.0)),
+]
+UNHINTED_BIAS_RELU = [
+    ("bias-ReLU forward, bf16 x, fp32 bias", "bias_relu_fwd", dict(m=8, n=300, dtype=torch.bfloat16,
+                                                                   param_dtype=torch.float32)),
+    ("bias-ReLU backward, fp32", "bias_relu_bwd", dict(m=8, n=300, dtype=torch.float32)),
+]
+
+# What each kernel may write (its output pointers); anything else written makes torch.compile clone that input.
+EXPECTED_WRITES = {
+    "ldr_fwd_fused_kernel": {"OUT", "MEAN", "RSTD"},
+    "ldr_fwd_looped_kernel": {"OUT", "MEAN", "RSTD"},
+    "ldr_bwd_fused_kernel": {"DX", "PDW", "PDB"},
+    "ldr_bwd_row_coef_kernel": {"C1", "C2"},
+    "ldr_bwd_chunk_kernel": {"DX", "PDW", "PDB"},
+    "sum_partials_kernel": {"OUT"},
+    "bias_relu_fwd_kernel": {"OUT"},
+    "bias_relu_bwd_kernel": {"DX", "PDB"},
+}
+
+
+@dataclass
+class UnhintedRow:
+    case: str
+    op: str
+    dtype: str
+    n: int
+    kernel: str
+    num_warps: int
+    regs: int
+    spills: int
+    stack: int
+
+
+def record_unhinted(compiler: Compiler, sm_count: int = DEFAULT_SM_COUNT) -> list[tuple[str, str, torch.dtype, int,
+                                                                                           Launch]]:
+    recorded = []
+    for case, kw in UNHINTED_CASES:
+        kw = dict(kw)
+        m, n, dtype = kw.pop("m"), kw.pop("n"), kw.pop("dtype")
+        bwd_max = kw.pop("bwd_max_fused_n", None)
+        for op, extra in (("ldr_fwd", {}), ("ldr_bwd", {"max_fused_n": bwd_max} if bwd_max else {})):
+            for launch in launches(compiler, op, dtype, n, sm_count, m, **kw, **extra):
+                recorded.append((case, op, dtype, n, launch))
+    for case, op, kw in UNHINTED_BIAS_RELU:
+        kw = dict(kw)
+        m, n, dtype = kw.pop("m"), kw.pop("n"), kw.pop("dtype")
+        for launch in launches(compiler, op, dtype, n, sm_count, m, **kw):
+            recorded.append((case, op, dtype, n, launch))
+    return recorded
+
+
+def unhinted_rows(compiler: Compiler, recorded) -> list[UnhintedRow]:
+    rows = []
+    for case, op, dtype, n, launch in recorded:
+        v = compiler.variant(launch)
+        rows.append(UnhintedRow(case, op, _DTYPE_NAME[dtype], n, f"{v.kernel}[{v.constexprs}]", v.num_warps, v.regs,
+                                v.spill_stores + v.spill_loads, v.stack))
+    return rows
+
+
+def analysis_launches(sm_count: int = DEFAULT_SM_COUNT) -> list[Launch]:
+    """One launch of every kernel with every feature on (weight, bias, dropout, 8-lane RNG; fp32), recorded, not
+    compiled: N = 1000 takes the single-block kernels, and max_fused_n = 16 the looped ones."""
+    rec = Compiler()
+    for fused in (None, 16):
+        for op in ("ldr_fwd", "ldr_bwd"):
+            launches(rec, op, torch.float32, 1000, sm_count, 64, max_fused_n=fused)
+    for op in ("bias_relu_fwd", "bias_relu_bwd"):
+        launches(rec, op, torch.float32, 1000, sm_count, 64)
+    return rec.launches
+
+
+def inductor_writes(sm_count: int = DEFAULT_SM_COUNT) -> list[dict[str, object]]:
+    """Inductor's TTIR analysis of each kernel at the arguments of analysis_launches(): the pointers it writes."""
+    from triton.runtime import driver
+
+    try:
+        from torch._higher_order_ops.triton_kernel_wrap import identify_accessed_tensors
+    except ImportError:  # older torch (2.11): only the mutation analysis, a list of the written argument names
+        from torch._higher_order_ops.triton_kernel_wrap import identify_mutated_tensors as identify_accessed_tensors
+
+    class FakeDriver:  # the analysis asks the active driver for its target
+        def get_current_target(self):
+            return TARGET
+
+    first: dict[str, Launch] = {}
+    for launch in analysis_launches(sm_count):
+        first.setdefault(launch.kernel.__name__, launch)
+    old = getattr(driver, "_active", None)
+    driver.set_active(FakeDriver())
+    results = []
+    try:
+        for name, launch in first.items():
+            # tensors as Inductor passes them to the analysis (it replaces its fake tensors by small real ones)
+            kwargs = {k: torch.empty(2, dtype=v.dtype) if isinstance(v, torch.Tensor) else v
+                      for k, v in launch.args.items()}
+            accesses = identify_accessed_tensors(launch.kernel, kwargs, {})
+            if isinstance(accesses, (list, tuple, set)):
+                written = set(accesses)
+            else:
+                rw = getattr(accesses, "read_writes", accesses)
+                written = {d.name for d in rw.writes}
+            expected = EXPECTED_WRITES.get(name)
+            results.append({"kernel": name, "written": sorted(written),
+                            "expected": sorted(expected) if expected is not None else None})
+    finally:
+        driver._active = old  # set_active(None) would not do: the next `active` then creates the real driver
+    return results
+
+
+def check_failures(unhinted: list[UnhintedRow], inductor: list[dict[str, object]]) -> list[str]:
+    bad = []
+    for r in unhinted:
+        if r.spills or r.stack:
+            bad.append(f"unhinted {r.op} {r.dtype} N={r.n} {r.kernel} ({r.case}): {r.spills} B of spills, "
+                       f"{r.stack} B of stack")
+    analysed = {r["kernel"] for r in inductor}
+    for name in sorted(set(EXPECTED_WRITES) - analysed):
+        bad.append(f"inductor: {name} was not launched by any analysed launcher call")
+    for r in inductor:
+        if r["expected"] is None:
+            bad.append(f"inductor: {r['kernel']} has no entry in EXPECTED_WRITES (its output pointers)")
+        elif r["written"] != r["expected"]:
+            bad.append(f"inductor: {r['kernel']} writes {r['written']}, expected exactly {r['expected']}")
+    return bad
+
+
+# ----------------------------------------------------------------------------------------------- output
+def markdown(rows: list[Row], sm_count: int) -> str:
+    out = [f"Triton {triton.__version__}, torch {torch.__version__}, target sm_90, M = {ROWS} rows, "
+           f"SM count {sm_count}; registers/spills from ptxas -v, blocks/SM from registers, warps and shared "
+           "memory (65536 regs, 64 warps, 32 blocks, 228 KiB per SM). Compile-time facts, not timings.", "",
+           "| op | dtype | N | kernel [tile] | grid | warps | regs | spill B | shared B | blocks/SM (limit) "
+           "| programs/SM |",
+           "|---|---|---:|---|---|---:|---:|---:|---:|---|---:|"]
+    for r in rows:
+        out.append(f"| {r.op} | {r.dtype} | {r.n} | {r.kernel} | {r.grid} | {r.num_warps} | {r.regs} | {r.spills} "
+                   f"| {r.shared} | {r.blocks_per_sm} ({r.limited_by}) | {r.programs_per_sm} |")
+    variants = {(r.kernel, r.dtype, r.n, r.num_warps, r.regs) for r in rows}
+    out.append("")
+    out.append(f"{len(rows)} launches, {len(variants)} distinct (kernel, dtype, N) compiles; max registers "
+               f"{max(r.regs for r in rows)}, spilling launches {sum(1 for r in rows if r.spills)}, max shared "
+               f"{max(r.shared for r in rows)} B.")
+    return "\n".join(out)
+
+
+def summary_markdown(rows: list[Row], sm_count: int) -> str:
+    """One line per (op, N, kernel): registers as fp16 / bf16 / fp32, the worst spill and shared memory."""
+    groups: dict[tuple[str, int, str], dict[str, Row]] = {}
+    for r in rows:
+        groups.setdefault((r.op, r.n, r.kernel.split("[")[0]), {})[r.dtype] = r
+    out = [f"Triton {triton.__version__}, sm_90, M = {ROWS}, {sm_count} SMs. regs, blocks/SM and programs/SM as "
+           "fp16 / bf16 / fp32.", "",
+           "| op | N | kernel | warps | regs | spill B | shared B (max) | blocks/SM | programs/SM |",
+           "|---|---:|---|---:|---|---:|---:|---|---|"]
+
+    def trio(d, f):
+        return " / ".join(str(f(d[k])) if k in d else "-" for k in ("fp16", "bf16", "fp32"))
+
+    for (op, n, kernel), d in groups.items():
+        out.append(f"| {op} | {n} | {kernel} | {trio(d, lambda r: r.num_warps)} | {trio(d, lambda r: r.regs)} "
+                   f"| {max(r.spills for r in d.values())} | {max(r.shared for r in d.values())} "
+                   f"| {trio(d, lambda r: r.blocks_per_sm)} | {trio(d, lambda r: r.programs_per_sm)} |")
+    out.append("")
+    out.append(f"max registers {max(r.regs for r in rows)}, spilling launches {sum(1 for r in rows if r.spills)}, "
+               f"max shared {max(r.shared for r in rows)} B (limit {SHARED_LIMIT} B).")
+    return "\n".join(out)
+
+
+def checks_text(unhinted: list[UnhintedRow], inductor: list[dict[str, object]]) -> str:
+    out = [f"unhinted compiles (no alignment / divisibility hints): {len(unhinted)} launches"]
+    for r in unhinted:
+        out.append(f"  {r.op:14s} {r.dtype} N={r.n:<6d} {r.kernel:55s} w={r.num_warps:<2d} regs={r.regs:<3d} "
+                   f"spill={r.spills:<4d} stack={r.stack:<4d} ({r.case})")
+    out.append(f"Inductor TTIR analysis: {len(inductor)} kernels")
+    for r in inductor:
+        ok = "ok" if r["written"] == r["expected"] else f"EXPECTED {r['expected']}"
+        out.append(f"  {r['kernel']:26s} writes {', '.join(r['written'])}: {ok}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.triton_resources", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    fmt = ap.add_mutually_exclusive_group()
+    fmt.add_argument("--markdown", action="store_true", help="markdown table (default: plain text)")
+    fmt.add_argument("--json", action="store_true",
+                     help='JSON object: {"rows": [...]}, with --checks also "unhinted", "inductor", "failures"')
+    fmt.add_argument("--summary", action="store_true", help="markdown, one line per (op, N, kernel)")
+    ap.add_argument("--sm-count", type=int, default=DEFAULT_SM_COUNT, help="SMs of the target GPU (132: H100/H200)")
+    ap.add_argument("--quick", action="store_true", help="N in {1024, 8192} only")
+    ap.add_argument("--checks", action="store_true",
+                    help="also the unhinted compiles and Inductor's TTIR analysis (see above)")
+    ap.add_argument("--jobs", type=int, default=default_jobs(),
+                    help="compiles at a time, in forked processes (default: the CPU count, at most 8)")
+    args = ap.parse_args(argv)
+    ns = (1024, 8192) if args.quick else NS
+
+    compiler = Compiler()
+    recorded = record_table(compiler, ns=ns, sm_count=args.sm_count)
+    unhinted_compiler = Compiler(hints=False)
+    unhinted_recorded = record_unhinted(unhinted_compiler, args.sm_count) if args.checks else []
+    compile_pending([compiler, unhinted_compiler], args.jobs)
+    rows = table_rows(compiler, recorded, args.sm_count)
+    bad = failures(rows)
+    unhinted, inductor = [], []
+    if args.checks:
+        unhinted = unhinted_rows(unhinted_compiler, unhinted_recorded)
+        inductor = inductor_writes(args.sm_count)
+        bad += check_failures(unhinted, inductor)
+
+    if args.json:
+        doc = {"triton": triton.__version__, "torch": torch.__version__, "sm_count": args.sm_count,
+               "rows": [asdict(r) for r in rows]}
+        if args.checks:
+            doc.update(unhinted=[asdict(r) for r in unhinted], inductor=inductor, failures=bad)
+        print(json.dumps(doc, indent=1))
+    else:
+        if args.summary:
+            print(summary_markdown(rows, args.sm_count))
+        elif args.markdown:
+            print(markdown(rows, args.sm_count))
+        else:
+            for r in rows:
+                print(f"{r.op:14s} {r.dtype} N={r.n:<6d} {r.kernel:55s} grid={r.grid:>10s} w={r.num_warps:<2d} "
+                      f"regs={r.regs:<3d} spill={r.spills:<4d} smem={r.shared:<6d} blocks/SM={r.blocks_per_sm} "
+                      f"({r.limited_by}) programs/SM={r.programs_per_sm}")
+        if args.checks:
+            print()
+            print(checks_text(unhinted, inductor))
+    for b in bad:
+        print("FAIL:", b, file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
