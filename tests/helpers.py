@@ -1,14 +1,8 @@
-"""Shared inputs and comparison helpers for the op tests (one sample_inputs feeds every kind of test)."""
+"""Inputs and comparison helpers shared by the tests (the op table, tests/op_table.py, builds on them)."""
 
 import torch
 
 from gpuopt_ops import reference as R
-
-# (M-shape prefix, N): N=1, odd, not a power of two, 3-D input, M=0
-SHAPES = [((4,), 1), ((3,), 7), ((5,), 37), ((2, 3), 123), ((6, 42), 123), ((0,), 16), ((17,), 256),
-          ((8,), 1000)]
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-
 
 def make_inputs(prefix, n, dtype, device="cpu", affine=True, param_dtype=None, requires_grad=False, seed=0):
     g = torch.Generator().manual_seed(seed)

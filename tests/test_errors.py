@@ -1,10 +1,19 @@
-"""Every bad input of DESIGN.md's error rules raises, naming the argument, in the C++ op and the fake kernel."""
+"""Errors (DESIGN.md's error rules): every bad input raises a RuntimeError naming the argument, the expected and the
+actual value, with the same first line on every backend and in the fake kernel (torch.compile / export); bad
+backend choices say what to do instead.
+"""
+
+import importlib
+import sys
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-import gpuopt_ops  # noqa: F401
+import gpuopt_ops
+from gpuopt_ops.backends import resolve_backend
+
+from backends import backend_params
 
 ops = torch.ops.gpuopt
 
@@ -17,7 +26,8 @@ def good():
 LDR_CASES = [
     ("x", dict(x=torch.randint(0, 3, (4, 8))), "x must be float32, float16, bfloat16 or float64, got torch.int64"),
     ("x", dict(x=torch.ones(4, 8, dtype=torch.bool)), "x must be float32, float16, bfloat16 or float64, got torch.bool"),
-    ("x", dict(x=torch.randn(4, 8, dtype=torch.complex64)), "x must be float32, float16, bfloat16 or float64, got torch.complex64"),
+    ("x", dict(x=torch.randn(4, 8, dtype=torch.complex64)),
+     "x must be float32, float16, bfloat16 or float64, got torch.complex64"),
     ("x", dict(x=torch.tensor(1.0)), "x must have at least 1 dimension"),
     ("x", dict(x=torch.randn(4, 0), weight=None, bias=None), "x must have a non-empty last dimension"),
     ("weight", dict(weight=torch.randn(7)), r"weight must have shape \(8,\)"),
@@ -39,41 +49,42 @@ LDR_CASES = [
 ]
 
 
-def call_forward(kw, fake=False):
-    args = (kw["x"], kw["weight"], kw["bias"], kw["seed"], kw["p"], kw["eps"])
-    if not fake:
-        return ops.layer_norm_dropout_relu(*args)
-    with FakeTensorMode() as mode:
-        fargs = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-        return ops.layer_norm_dropout_relu(*fargs)
+def _on(kw, device):
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
 
 
-@pytest.mark.parametrize("fake", [False, True], ids=["cpu", "fake"])
+def _raise_first_line(fn, *args):
+    with pytest.raises(RuntimeError) as e:
+        fn(*args)
+    return str(e.value).splitlines()[0].replace("gpuopt.triton_", "gpuopt.")
+
+
+def _fake(fn):
+    def call(*args):
+        with FakeTensorMode() as mode:
+            return fn(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+    return call
+
+
+# ---------------------------------------------------------------------------------------------- op inputs
+@pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("arg,change,message", LDR_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(LDR_CASES)])
-def test_layer_norm_dropout_relu_bad_input(arg, change, message, fake):
+def test_layer_norm_dropout_relu_bad_input(backend, arg, change, message):
+    """The message names the argument; the backend's op and the fake kernel say exactly the same."""
     kw = good()
     kw.update(change)
-    with pytest.raises(RuntimeError, match="gpuopt.layer_norm_dropout_relu: " + message):
-        call_forward(kw, fake)
+    op = backend.op("layer_norm_dropout_relu")
+    args = list(_on(kw, backend.device).values())
+    with pytest.raises(RuntimeError, match=r"gpuopt\.(triton_)?layer_norm_dropout_relu: " + message):
+        op(*args)
+    assert _raise_first_line(op, *args) == _raise_first_line(_fake(ops.layer_norm_dropout_relu), *kw.values())
 
 
-def test_same_message_from_cpu_and_fake():
-    for _, change, _ in LDR_CASES:
-        kw = good()
-        kw.update(change)
-        msgs = []
-        for fake in (False, True):
-            with pytest.raises(RuntimeError) as e:
-                call_forward(kw, fake)
-            msgs.append(str(e.value).splitlines()[0])
-        assert msgs[0] == msgs[1]
-
-
-def backward_args():
+def backward_args(device):
     kw = good()
     out, mean, rstd = ops.layer_norm_dropout_relu(*kw.values())
-    return dict(grad_out=torch.randn_like(out), x=kw["x"], weight=kw["weight"], bias=kw["bias"], mean=mean,
-                rstd=rstd, seed=kw["seed"], p=0.1)
+    return _on(dict(grad_out=torch.randn_like(out), x=kw["x"], weight=kw["weight"], bias=kw["bias"], mean=mean,
+                    rstd=rstd, seed=kw["seed"], p=0.1), device)
 
 
 BWD_CASES = [
@@ -86,12 +97,17 @@ BWD_CASES = [
 ]
 
 
+@pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("change,message", BWD_CASES)
-def test_backward_bad_input(change, message):
-    kw = backward_args()
-    kw.update(change)
-    with pytest.raises(RuntimeError, match="gpuopt.layer_norm_dropout_relu_backward: " + message):
-        ops.layer_norm_dropout_relu_backward(*kw.values())
+def test_backward_bad_input(backend, change, message):
+    kw = backward_args(backend.device)
+    kw.update(_on(change, backend.device))
+    op = backend.op("layer_norm_dropout_relu_backward")
+    with pytest.raises(RuntimeError, match=r"gpuopt\.(triton_)?layer_norm_dropout_relu_backward: " + message):
+        op(*kw.values())
+    cpu = {**backward_args("cpu"), **change}
+    assert _raise_first_line(op, *kw.values()) == _raise_first_line(_fake(ops.layer_norm_dropout_relu_backward),
+                                                                    *cpu.values())
 
 
 BIAS_CASES = [
@@ -102,39 +118,96 @@ BIAS_CASES = [
 ]
 
 
-@pytest.mark.parametrize("fake", [False, True], ids=["cpu", "fake"])
+@pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("change,message", BIAS_CASES)
-def test_bias_relu_bad_input(change, message, fake):
+def test_bias_relu_bad_input(backend, change, message):
     kw = dict(x=torch.randn(3, 5), bias=torch.randn(5))
     kw.update(change)
-    args = (kw["x"], kw["bias"])
-    with pytest.raises(RuntimeError, match="gpuopt.bias_relu: " + message):
-        if fake:
-            with FakeTensorMode() as mode:
-                ops.bias_relu(*[mode.from_tensor(a) for a in args])
-        else:
-            ops.bias_relu(*args)
+    op = backend.op("bias_relu")
+    args = list(_on(kw, backend.device).values())
+    with pytest.raises(RuntimeError, match=r"gpuopt\.(triton_)?bias_relu: " + message):
+        op(*args)
+    assert _raise_first_line(op, *args) == _raise_first_line(_fake(ops.bias_relu), *kw.values())
 
 
-def test_bias_relu_backward_bad_input():
-    with pytest.raises(RuntimeError, match="gpuopt.bias_relu_backward: grad_out must have shape"):
-        ops.bias_relu_backward(torch.randn(3, 4), torch.randn(3, 5))
-    with pytest.raises(RuntimeError, match="gpuopt.bias_relu_backward: grad_out must have dtype"):
-        ops.bias_relu_backward(torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 5))
+@pytest.mark.parametrize("backend", backend_params())
+def test_bias_relu_backward_bad_input(backend):
+    dev = backend.device
+    op = backend.op("bias_relu_backward")
+    for args, message in [((torch.randn(3, 4), torch.randn(3, 5)), "grad_out must have shape"),
+                          ((torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 5)), "grad_out must have dtype")]:
+        with pytest.raises(RuntimeError, match=r"gpuopt\.(triton_)?bias_relu_backward: " + message):
+            op(*(a.to(dev) for a in args))
+        assert _raise_first_line(op, *(a.to(dev) for a in args)) == _raise_first_line(
+            _fake(ops.bias_relu_backward), *args)
 
 
-def test_empty_rows_return_empty():
-    out, mean, rstd = ops.layer_norm_dropout_relu(torch.randn(0, 8), None, None, torch.zeros(1, dtype=torch.int64),
-                                                  0.1, 1e-5)
-    assert out.shape == (0, 8) and mean.shape == (0,)
-    assert ops.bias_relu(torch.randn(0, 3), torch.randn(3)).shape == (0, 3)
+@pytest.mark.parametrize("backend", backend_params("cuda", "triton"))
+@pytest.mark.parametrize("which", ["weight", "bias", "seed"])
+def test_arguments_on_another_device(backend, which):
+    kw = _on(good(), "cuda")
+    kw[which] = kw[which].cpu()
+    with pytest.raises(RuntimeError, match=f"{which} must be on cuda:0 like x, got cpu"):
+        backend.op("layer_norm_dropout_relu")(*kw.values())
+    with pytest.raises(RuntimeError, match="bias must be on cuda:0 like x, got cpu"):
+        backend.op("bias_relu")(torch.randn(3, 5, device="cuda"), torch.randn(5))
 
 
+# ---------------------------------------------------------------------------------------------- backends
 def test_public_api_errors():
     x = torch.randn(2, 8)
-    with pytest.raises(ValueError, match="backend must be one of"):
+    with pytest.raises(ValueError, match="gpuopt.layer_norm_dropout_relu: backend must be one of"):
         gpuopt_ops.layer_norm_dropout_relu(x, 8, backend="tpu")
     with pytest.raises(ValueError, match="backend='cuda' needs a CUDA tensor"):
         gpuopt_ops.bias_relu(x, torch.randn(8), backend="cuda")
     with pytest.raises(ValueError, match="normalized_shape"):
         gpuopt_ops.layer_norm_dropout_relu(x, (3,))
+
+
+def test_resolve_backend_is_the_one_check():
+    """One function validates backend= for the functions, the modules, fuse and the training loop."""
+    from gpuopt_ops.fuse import fuse
+    from gpuopt_ops.modules import FusedBiasReLU
+
+    assert gpuopt_ops.resolve_backend is resolve_backend
+    assert gpuopt_ops.BACKENDS == ("auto", "cuda", "cpu", "triton")
+    assert [resolve_backend(b) for b in gpuopt_ops.BACKENDS] == list(gpuopt_ops.BACKENDS)  # names only
+    assert resolve_backend("auto", "cpu") == "cpu" and resolve_backend("cpu", torch.device("cpu")) == "cpu"
+    assert resolve_backend("auto", "meta") == "cpu"
+    for make in (lambda: resolve_backend("gpu"), lambda: FusedBiasReLU(4, backend="gpu"),
+                 lambda: fuse(torch.nn.Sequential(), backend="gpu")):
+        with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'cuda', 'cpu', 'triton'\), got 'gpu'"):
+            make()
+    with pytest.raises(ValueError, match="gpuopt.bias_relu: backend='cpu' needs a CPU tensor, got x on meta"):
+        resolve_backend("cpu", "meta", "bias_relu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only messages of backend='cuda'")
+def test_cuda_backend_without_a_gpu():
+    with pytest.raises(ValueError, match="backend='cuda' needs a CUDA tensor, got x on cpu; use backend='auto' or 'cpu'"):
+        resolve_backend("cuda", "cpu", "layer_norm_dropout_relu")
+
+
+def test_triton_backend_errors_say_what_to_do(monkeypatch):
+    pytest.importorskip("triton")
+    from gpuopt_ops import triton_ops
+
+    x = torch.randn(2, 8)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1 before importing triton.*backend='cpu'"):
+        gpuopt_ops.layer_norm_dropout_relu(x, 8, backend="triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(triton_ops, "INTERPRETED", False)  # as if the kernels had been compiled for the GPU
+    with pytest.raises(RuntimeError, match="imported before TRITON_INTERPRET=1 was set.*backend='cpu'"):
+        gpuopt_ops.bias_relu(x, torch.randn(8), backend="triton")
+    with pytest.raises(RuntimeError, match="cannot run on CPU tensors.*TRITON_INTERPRET=1"):
+        ops.triton_bias_relu(x, torch.randn(8))
+
+
+def test_clear_errors_without_triton(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises ImportError
+    with pytest.raises(RuntimeError, match="backend='triton' needs the triton package"):
+        resolve_backend("triton", "cpu", "bias_relu")
+    monkeypatch.delitem(sys.modules, "gpuopt_ops.triton_ops", raising=False)
+    with pytest.raises(ImportError, match="gpuopt_ops.triton_ops needs the `triton` package"):
+        importlib.import_module("gpuopt_ops.triton_ops")

@@ -11,6 +11,8 @@ import gpuopt_ops
 from gpuopt_ops.compile_backend import gpuopt_backend, rewrite_graph
 from gpuopt_ops.modules import FusedLayerNormDropoutReLU, LinearBiasReLU
 
+from backends import backend_params
+
 torchvision = pytest.importorskip("torchvision")
 
 
@@ -101,19 +103,13 @@ def test_train_mode_dropout_follows_model_train_and_eval():
     assert torch.equal(fused(x), train_out), "torch.manual_seed must reproduce the mask"
 
 
-@pytest.mark.parametrize("backend", ["triton-interpret", pytest.param("cuda", marks=pytest.mark.cuda),
-                                     pytest.param("triton", marks=pytest.mark.triton_gpu)])
+@pytest.mark.parametrize("backend", backend_params("cuda", "triton", "triton-interpret"))
 def test_fused_torchvision_mlp_on_the_other_backends(backend):
     """backend= reaches the fused modules; the same eval outputs and gradients as the stock model."""
-    if backend == "triton-interpret":
-        from backends import backend_params
-
-        if "triton-interpret" not in backend_params():
-            pytest.skip("needs triton and TRITON_INTERPRET=1 (set by conftest without a GPU)")
-    device = "cpu" if backend == "triton-interpret" else "cuda"
+    device = backend.device
     model = _tv_mlp().to(device).eval()
-    fused = gpuopt_ops.fuse(model, backend=backend.replace("-interpret", ""))
-    assert fused[1].backend == backend.replace("-interpret", "")
+    fused = gpuopt_ops.fuse(model, backend=backend.api)
+    assert fused[1].backend == backend.api
     x = torch.randn(6, 24, device=device)
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     ya, yb = model(xa), fused(xb)
@@ -256,7 +252,7 @@ def test_the_backend_is_registered():
     assert lookup_backend("gpuopt") is gpuopt_backend
 
 
-def test_compiled_functional_module_runs_our_ops_and_matches_eager(capsys, monkeypatch):
+def test_compiled_functional_module_runs_our_ops_and_matches_eager(capsys):
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = _randomize(Functional()).eval()
@@ -283,8 +279,7 @@ def test_compiled_functional_module_runs_our_ops_and_matches_eager(capsys, monke
         torch.testing.assert_close(g, prm.grad, atol=1e-5, rtol=1e-4)
 
 
-def test_compiled_dropout_draws_a_fresh_plausible_mask_each_call(monkeypatch, capsys):
-    monkeypatch.setenv("GPUOPT_COMPILE_VERBOSE", "1")
+def test_compiled_dropout_draws_a_fresh_plausible_mask_each_call(capsys):
     torch._dynamo.reset()
     torch.manual_seed(0)
 
@@ -292,14 +287,14 @@ def test_compiled_dropout_draws_a_fresh_plausible_mask_each_call(monkeypatch, ca
         return F.relu(F.dropout(F.layer_norm(x, (256,), w), 0.3, True))
 
     x, w = torch.randn(128, 256), torch.ones(256)
-    compiled = torch.compile(f, backend="gpuopt")
+    compiled = torch.compile(f, backend="gpuopt", options={"verbose": True})
     a, b = compiled(x, w), compiled(x, w)
     positive = F.layer_norm(x, (256,)) > 0
     for out in (a, b):
         dropped = (out[positive] == 0).float().mean().item()
         assert 0.27 < dropped < 0.33, dropped
     assert not torch.equal(a, b), "each call must draw a new seed"
-    assert "layer_norm → dropout → relu" in capsys.readouterr().out, "GPUOPT_COMPILE_VERBOSE=1 prints the rewrite"
+    assert "layer_norm → dropout → relu" in capsys.readouterr().out, "options={'verbose': True} prints the rewrite"
 
 
 def test_patterns_that_must_not_be_rewritten():
@@ -335,14 +330,13 @@ def test_training_false_dropout_is_fused_with_p_zero():
     assert len(log) == 1 and "training=False" in log[0]
 
 
-def test_dynamic_batch_sizes_recompile_at_most_once(monkeypatch, capsys):
-    monkeypatch.setenv("GPUOPT_COMPILE_VERBOSE", "1")
+def test_dynamic_batch_sizes_recompile_at_most_once(capsys):
     torch._dynamo.reset()
     compiles = []
 
     def counting(gm, example_inputs):
         compiles.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
-        return gpuopt_backend(gm, example_inputs)
+        return gpuopt_backend(gm, example_inputs, options={"verbose": True})
 
     torch.manual_seed(0)
     model = _randomize(Functional()).eval()

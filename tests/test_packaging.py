@@ -123,13 +123,14 @@ def test_setup_arch_list(monkeypatch):
 
 
 def test_build_info_records_the_build():
-    from gpuopt_ops import _build_info
+    from gpuopt_ops import build_info
 
-    assert re.match(r"\d+\.\d+", _build_info.TORCH_VERSION)
-    arch = _build_info.CUDA_ARCH_LIST
+    assert re.match(r"\d+\.\d+", build_info.TORCH_VERSION)
+    arch = build_info.CUDA_ARCH_LIST
     assert arch is None or re.fullmatch(r"[0-9.;+ PTXa]+", arch), arch
 
 
+@pytest.mark.slow  # fresh interpreters or external tools: CI runs it, the fast lane between edits does not
 def test_import_error_of_a_tree_without_a_build(tmp_path):
     """A source tree on sys.path without _C gets an error that says what to do, not a bare ModuleNotFoundError."""
     shutil.copytree(PKG, tmp_path / "gpuopt_ops", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
@@ -138,3 +139,62 @@ def test_import_error_of_a_tree_without_a_build(tmp_path):
     assert res.returncode != 0
     assert "cannot load the compiled extension gpuopt_ops._C" in res.stderr, res.stderr[-2000:]
     assert "torch >= 2.11" in res.stderr and "pip install" in res.stderr
+
+
+# ---------------------------------------------------------------------------------------------- what import registers
+def _fresh_python(code):
+    """stdout of `code` in a new interpreter (a fresh import of gpuopt_ops); fails with its stderr."""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return res.stdout
+
+
+@pytest.mark.slow  # fresh interpreters or external tools: CI runs it, the fast lane between edits does not
+def test_import_registers_the_triton_twins_and_works_without_triton():
+    """`import gpuopt_ops` registers torch.ops.gpuopt.triton_* when triton imports, and without triton the other
+    ops still load (one interpreter each way)."""
+    pytest.importorskip("triton")
+    out = _fresh_python("import torch, gpuopt_ops, sys; op = torch.ops.gpuopt.triton_layer_norm_dropout_relu; "
+                        "print('OK', op.default._schema.name, 'gpuopt_ops.triton_ops' in sys.modules)")
+    assert "OK gpuopt::triton_layer_norm_dropout_relu True" in out
+    out = _fresh_python("import sys; sys.modules['triton'] = None; import torch, gpuopt_ops; "
+                        "x = torch.randn(2, 8); gpuopt_ops.layer_norm_dropout_relu(x, 8); "
+                        "print('OK', hasattr(torch.ops.gpuopt, 'triton_bias_relu'), 'gpuopt_ops.triton_ops' in sys.modules)")
+    assert "OK False False" in out
+
+
+def test_triton_schemas_match_the_cpp_ops():
+    """torch.library.triton_op ignores `schema=` on some torch versions: check what was registered."""
+    pytest.importorskip("triton")
+    from gpuopt_ops import triton_ops  # noqa: F401
+
+    ops = torch.ops.gpuopt
+    for name in ("layer_norm_dropout_relu", "layer_norm_dropout_relu_backward", "bias_relu", "bias_relu_backward"):
+        cpp = getattr(ops, name).default._schema
+        tri = getattr(ops, "triton_" + name).default._schema
+        assert [(a.name, str(a.type)) for a in cpp.arguments] == [(a.name, str(a.type)) for a in tri.arguments]
+        assert [str(r.type) for r in cpp.returns] == [str(r.type) for r in tri.returns]
+        if all(r.name for r in tri.returns):  # named returns where triton_op honours `schema=`
+            assert str(tri).replace("triton_", "", 1) == str(cpp)
+
+
+def test_no_module_imports_another_modules_private_names():
+    """The package's modules use each other's public names only (the compiled _C aside)."""
+    import ast
+
+    roots = [PKG, PKG / "triton_kernels"] if (PKG / "triton_kernels").is_dir() else [PKG]
+    offenders = []
+    for root in roots:
+        for path in root.rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom):
+                    mod = node.module or ""
+                    internal = node.level > 0 or mod.startswith("gpuopt_ops")
+                    if not internal:
+                        continue
+                    if any(part.startswith("_") for part in mod.split(".")):
+                        offenders.append(f"{path.name}: from {'.' * node.level}{mod}")
+                    offenders += [f"{path.name}: {a.name} from {mod}" for a in node.names
+                                  if a.name.startswith("_") and a.name != "_C"]
+    assert offenders == []

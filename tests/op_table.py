@@ -1,0 +1,192 @@
+"""The table of ops the tests check: for each op, its inputs, its unfused reference and its tolerance.
+
+Adding an op to the test matrix is one entry in OPS: an OpSpec that makes a sample (forward arguments and a
+gradient for the outputs), runs a backend's forward and backward ops on it, computes the reference in any dtype,
+and says which results are compared and with what floor. tests/test_correctness.py runs every entry on every
+backend of tests/backends.py, every dtype and the shapes below; other tests pick entries by name.
+
+Tolerance (helpers.assert_close_to_reference, the flash-attention rule): |ours - fp64 reference| <= 2 x
+|PyTorch's own result in the input dtype - fp64 reference| + a floor per dtype. Sums over rows (parameter
+gradients) get the floor times the number of rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+import torch
+
+from gpuopt_ops import reference as R
+
+from helpers import FLOORS, assert_close_to_reference, make_inputs, seed_tensor
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+# (leading dims, N). Why these points:
+#   (4,) x 1      N = 1: zero variance, rstd = 1/sqrt(eps); one element a row
+#   (3,) x 7      N < 8 and odd: Philox groups straddle rows, one call per element (the generic RNG path)
+#   (5,) x 37     prime N: masked tails in every tile and vector-unfriendly rows
+#   (2, 3) x 123  3-D x: the leading dims flatten into M
+#   (6,) x 64     N % 8 == 0 and a power of two: one Philox call per 8 elements, 16-byte vectors
+#   (0,) x 16     M = 0: empty outputs, zero parameter gradients
+#   (8,) x 1000   N % 8 == 0, not a power of two: a partly filled last tile (CUDA: 4 groups a lane, partial)
+SHAPES = [((4,), 1), ((3,), 7), ((5,), 37), ((2, 3), 123), ((6,), 64), ((0,), 16), ((8,), 1000)]
+
+
+@dataclass
+class Sample:
+    args: Dict[str, object]  # the forward op's arguments by schema name
+    grad_out: torch.Tensor  # the gradient of the op's main output
+
+    @property
+    def m(self) -> int:
+        x = self.args["x"]
+        return x.numel() // x.shape[-1]
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    options: Dict[str, object] = field(default_factory=dict)
+    dtypes: Optional[Sequence[torch.dtype]] = None  # None: every dtype
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str  # the forward op; its backward is `<name>_backward`
+    variants: Tuple[Variant, ...]
+    sample: Callable[..., Sample]  # (prefix, n, dtype, device, **variant options) -> Sample
+    run: Callable[..., Dict[str, torch.Tensor]]  # (backend, sample) -> named results (outputs and gradients)
+    reference: Callable[..., Dict[str, torch.Tensor]]  # (sample, compute dtype, low-precision?) -> same names
+    check: Callable[..., None]  # (sample, ours, ref64, reference in x's dtype) -> asserts
+
+
+# ---------------------------------------------------------------------------------------------- LayerNorm-dropout-ReLU
+def ldr_sample(prefix, n, dtype, device, *, p=0.25, affine=True, param_dtype=None, seed=1234, data_seed=0):
+    x, w, b = make_inputs(prefix, n, dtype, device, affine=affine, param_dtype=param_dtype, seed=data_seed)
+    g = torch.Generator().manual_seed(data_seed + 1)
+    grad_out = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype).to(device)
+    return Sample(dict(x=x, weight=w, bias=b, seed=seed_tensor(seed, device), p=p, eps=1e-5), grad_out)
+
+
+def ldr_run(backend, s: Sample):
+    a = s.args
+    out, mean, rstd = backend.op("layer_norm_dropout_relu")(a["x"], a["weight"], a["bias"], a["seed"], a["p"],
+                                                            a["eps"])
+    gx, gw, gb = backend.op("layer_norm_dropout_relu_backward")(s.grad_out, a["x"], a["weight"], a["bias"], mean,
+                                                                rstd, a["seed"], a["p"])
+    return dict(out=out, mean=mean, rstd=rstd, grad_x=gx, grad_weight=gw, grad_bias=gb)
+
+
+def ldr_reference(s: Sample, dtype, low_precision_params=False):
+    """The unfused reference computed in `dtype`, and its gradients (autograd through the reference).
+    low_precision_params rounds fp32 parameters to `dtype` first: what plain PyTorch does under AMP."""
+    a = s.args
+    params = [a["weight"], a["bias"]]
+    if low_precision_params:
+        params = [None if t is None else t.to(dtype) for t in params]
+    leaves = [t.detach().clone().requires_grad_(True) if t is not None else None for t in (a["x"], *params)]
+    out, mean, rstd = R.layer_norm_dropout_relu(*leaves, a["seed"], a["p"], a["eps"], compute_dtype=dtype)
+    out.backward(s.grad_out.to(dtype))
+    gx, gw, gb = (t.grad if t is not None else None for t in leaves)
+    return dict(out=out.detach(), mean=mean.detach(), rstd=rstd.detach(), grad_x=gx, grad_weight=gw, grad_bias=gb)
+
+
+def ldr_check(s: Sample, ours, ref64, low):
+    x, w, b = s.args["x"], s.args["weight"], s.args["bias"]
+    dtype, m, n = x.dtype, s.m, x.shape[-1]
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    assert ours["out"].dtype == dtype and ours["out"].shape == x.shape and ours["out"].is_contiguous()
+    assert ours["mean"].dtype == acc and ours["mean"].shape == (m,) and ours["rstd"].shape == (m,)
+    fl = FLOORS[dtype]
+    assert_close_to_reference("out", ours["out"].cpu(), ref64["out"].cpu(), low["out"].cpu(), fl)
+    assert_close_to_reference("grad_x", ours["grad_x"].cpu(), ref64["grad_x"].cpu(), low["grad_x"].cpu(), fl)
+    for name, param in (("grad_weight", w), ("grad_bias", b)):
+        if param is None:
+            assert ours[name].numel() == 0, f"{name}: a missing parameter has a (0,) gradient"
+            continue
+        assert ours[name].dtype == param.dtype and ours[name].shape == (n,), name
+        # fp32 parameters with bf16/fp16 x (AMP): PyTorch's own error is that of the rounded parameters
+        floor = 1e-2 if param.dtype != dtype else fl * max(1, m)
+        assert_close_to_reference(name, ours[name].cpu(), ref64[name].cpu(), low[name].cpu(), floor)
+
+
+LAYER_NORM_DROPOUT_RELU = OpSpec(
+    name="layer_norm_dropout_relu",
+    # The kernels' switches are DROPOUT (p > 0) and HAS_W / HAS_B: these variants take each value of each once;
+    # their other combinations (weight only, p = 1, random p) are drawn by tests/test_fuzz.py.
+    variants=(
+        Variant("p0.25-affine", dict(p=0.25)),
+        Variant("p0-no-affine", dict(p=0.0, affine=False)),
+        Variant("amp-fp32-params", dict(p=0.2, param_dtype=torch.float32), dtypes=(torch.float16, torch.bfloat16)),
+    ),
+    sample=ldr_sample,
+    run=ldr_run,
+    reference=ldr_reference,
+    check=ldr_check,
+)
+
+
+# ---------------------------------------------------------------------------------------------- bias-ReLU
+def bias_relu_sample(prefix, n, dtype, device, *, bias_dtype=None, data_seed=0):
+    x, _, b = make_inputs(prefix, n, dtype, device, param_dtype=bias_dtype, seed=data_seed)
+    g = torch.Generator().manual_seed(data_seed + 1)
+    grad_out = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype).to(device)
+    return Sample(dict(x=x, bias=b), grad_out)
+
+
+def bias_relu_run(backend, s: Sample):
+    out = backend.op("bias_relu")(s.args["x"], s.args["bias"])
+    gx, gb = backend.op("bias_relu_backward")(s.grad_out, out)
+    return dict(out=out, grad_x=gx, grad_bias=gb)
+
+
+def bias_relu_reference(s: Sample, dtype, low_precision_params=False):
+    x = s.args["x"].detach().to(dtype).requires_grad_()
+    b = s.args["bias"].detach().to(dtype).requires_grad_()
+    out = R.bias_relu(x, b)
+    out.backward(s.grad_out.to(dtype))
+    return dict(out=out.detach(), grad_x=x.grad, grad_bias=b.grad)
+
+
+def bias_relu_check(s: Sample, ours, ref64, low):
+    x = s.args["x"]
+    dtype = x.dtype
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    assert ours["out"].dtype == dtype and ours["out"].shape == x.shape and ours["grad_x"].dtype == dtype
+    # grad_bias comes back unrounded, in the accumulation dtype (fp32 for bf16/fp16): DESIGN.md
+    assert ours["grad_bias"].dtype == acc, "grad_bias: the accumulation dtype"
+    fl = FLOORS[dtype]
+    assert_close_to_reference("out", ours["out"].cpu(), ref64["out"].cpu(), low["out"].cpu(), fl)
+    assert_close_to_reference("grad_x", ours["grad_x"].cpu(), ref64["grad_x"].cpu(), low["grad_x"].cpu(), fl)
+    assert_close_to_reference("grad_bias", ours["grad_bias"].cpu(), ref64["grad_bias"].cpu(),
+                              low["grad_bias"].cpu(), fl * max(1, s.m))
+    # element-wise in one dtype: grad_x is exactly grad_out where out > 0 (bit for bit on every backend)
+    expect = torch.where(ours["out"].cpu() > 0, s.grad_out.cpu(), torch.zeros((), dtype=dtype))
+    assert torch.equal(ours["grad_x"].cpu(), expect)
+
+
+BIAS_RELU = OpSpec(
+    name="bias_relu",
+    variants=(Variant("same-dtype-bias"),
+              Variant("amp-fp32-bias", dict(bias_dtype=torch.float32), dtypes=(torch.float16, torch.bfloat16))),
+    sample=bias_relu_sample,
+    run=bias_relu_run,
+    reference=bias_relu_reference,
+    check=bias_relu_check,
+)
+
+OPS = [LAYER_NORM_DROPOUT_RELU, BIAS_RELU]
+OPS_BY_NAME = {op.name: op for op in OPS}
+
+
+def check_against_reference(op: OpSpec, backend, s: Sample):
+    """Runs `op` on `backend` and checks every result against the fp64 reference; returns our results."""
+    ours = op.run(backend, s)
+    dtype = s.args["x"].dtype
+    cpu = Sample({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in s.args.items()}, s.grad_out.cpu())
+    ref64 = op.reference(cpu, torch.float64)
+    low = op.reference(cpu, dtype, low_precision_params=True)
+    op.check(cpu, ours, ref64, low)
+    return ours

@@ -1,0 +1,111 @@
+"""Autograd and the op registrations on every backend: gradcheck in fp64, torch.library.opcheck (schema, fake
+kernel, autograd registration, AOT dispatch), autograd equal to the explicit backward op, double backward refused,
+and deterministic gradients (same inputs, same bits).
+"""
+
+import pytest
+import torch
+
+import gpuopt_ops
+
+from backends import backend_params
+from helpers import make_inputs, opcheck_four_ops, seed_tensor
+
+EPS = 1e-5
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_gradcheck_fp64_with_dropout(backend):
+    dev = backend.device
+    m, n = (2, 6) if backend.interpreted else (4, 9)  # each gradcheck runs the op ~2 x (inputs' numel) times
+    x, w, b = make_inputs((m,), n, torch.float64, dev, requires_grad=True)
+    seed = seed_tensor(99, dev)
+    ldr = backend.op("layer_norm_dropout_relu")
+    assert torch.autograd.gradcheck(lambda x, w, b: ldr(x, w, b, seed, 0.3, EPS)[0], (x, w, b), eps=1e-6, atol=1e-5)
+    xb = torch.randn(5, 7, dtype=torch.float64, device=dev, requires_grad=True)
+    bb = torch.randn(7, dtype=torch.float64, device=dev, requires_grad=True)
+    assert torch.autograd.gradcheck(backend.op("bias_relu"), (xb, bb))
+
+
+def opcheck_samples(device, large=False):
+    """fp32 with both parameters, bf16 without (3-D x), fp64 (the accumulation dtype changes the fake kernel's
+    outputs): one sample each; the schema, fake kernel and autograd do not depend on more shapes. On a GPU also a
+    row past every single-block limit."""
+    yield (*make_inputs((3,), 7, torch.float32, device, requires_grad=True), seed_tensor(5, device))
+    yield (*make_inputs((2, 3), 16, torch.bfloat16, device, affine=False, requires_grad=True),
+           seed_tensor(5, device))
+    yield (*make_inputs((3,), 7, torch.float64, device, requires_grad=True), seed_tensor(5, device))
+    if large:
+        yield (*make_inputs((2,), 65536, torch.float32, device, requires_grad=True), seed_tensor(1, device))
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_opcheck_all_four_ops(backend):
+    """Under the interpreter the Triton ops stay opaque (interpreted kernels cannot run on fake tensors), so this
+    checks the op as a whole; on a GPU AOT dispatch decomposes the Triton ops into their kernels."""
+    opcheck_four_ops(backend.op("layer_norm_dropout_relu"), backend.op("layer_norm_dropout_relu_backward"),
+                     backend.op("bias_relu"), backend.op("bias_relu_backward"),
+                     opcheck_samples(backend.device, large=backend.gpu), EPS)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_autograd_equals_the_explicit_backward_op(backend):
+    dev = backend.device
+    ldr, ldr_bwd = backend.op("layer_norm_dropout_relu"), backend.op("layer_norm_dropout_relu_backward")
+    x, w, b = make_inputs((6,), 24, torch.float32, dev, requires_grad=True)
+    seed = seed_tensor(8, dev)
+    out = ldr(x, w, b, seed, 0.2, EPS)[0]
+    g = torch.randn_like(out)
+    out.backward(g)
+    _, mean, rstd = ldr(x.detach(), w.detach(), b.detach(), seed, 0.2, EPS)
+    gx, gw, gb = ldr_bwd(g, x.detach(), w.detach(), b.detach(), mean, rstd, seed, 0.2)
+    assert torch.equal(x.grad, gx) and torch.equal(w.grad, gw) and torch.equal(b.grad, gb)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_bias_relu_autograd_casts_the_fp32_grad_once_to_the_bias_dtype(backend):
+    """bf16 x with an fp32 bias: x.grad bf16, bias.grad fp32 (the count of positive outputs per column here)."""
+    dev = backend.device
+    x = torch.randn(10, 33, dtype=torch.bfloat16, device=dev, requires_grad=True)
+    b = torch.randn(33, device=dev, requires_grad=True)
+    gpuopt_ops.bias_relu(x, b, backend=backend.api).float().sum().backward()
+    assert b.grad.dtype == torch.float32 and x.grad.dtype == torch.bfloat16
+    ref = (torch.relu(x.detach().float() + b.detach()) > 0).float().sum(0)
+    torch.testing.assert_close(b.grad, ref, atol=0.5, rtol=1e-2)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_double_backward_raises_instead_of_a_silent_zero(backend):
+    dev = backend.device
+    x, w, b = make_inputs((4,), 16, torch.float64, device=dev, requires_grad=True)
+    out = backend.op("layer_norm_dropout_relu")(x, w, b, seed_tensor(0, dev), 0.2, EPS)[0]
+    (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward .* is not supported"):
+        gx.sum().backward()
+    o = backend.op("bias_relu")(x, b)
+    (gb,) = torch.autograd.grad(o.square().sum(), b, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward .* is not supported"):
+        gb.sum().backward()
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_same_inputs_same_bits_including_the_column_sums(backend):
+    """Forward and backward twice give identical bits: the column sums (dgamma, dbeta, dbias) use fixed partial
+    rows and a fixed summation order, no float atomics. On a GPU 70000 rows (many grid strides); here 300 rows
+    (10 row tiles over the interpreter's 8 row groups, 64 CPU row blocks). Another seed gives another output."""
+    dev = backend.device
+    m, dtype = (70000, torch.bfloat16) if backend.gpu else (300, torch.float32)
+    x, w, b = make_inputs((m,), 64, dtype, dev, param_dtype=torch.float32)
+    g = torch.randn(x.shape, device=dev).to(dtype)
+    ldr, ldr_bwd = backend.op("layer_norm_dropout_relu"), backend.op("layer_norm_dropout_relu_backward")
+
+    def run(seed):
+        s = seed_tensor(seed, dev)
+        out, mean, rstd = ldr(x, w, b, s, 0.1, EPS)
+        o = backend.op("bias_relu")(x, b)
+        return [out, mean, rstd, *ldr_bwd(g, x, w, b, mean, rstd, s, 0.1), o, *backend.op("bias_relu_backward")(g, o)]
+
+    r1, r2 = run(11), run(11)
+    for a, c in zip(r1, r2):
+        assert torch.equal(a, c)
+    assert not torch.equal(r1[0], run(12)[0])

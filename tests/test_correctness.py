@@ -1,0 +1,548 @@
+"""Correctness: every op of tests/op_table.py on every backend of tests/backends.py against the unfused fp64
+reference, then the edge inputs (p = 0 and 1, NaN/Inf, M = 0, huge and many rows, non-contiguous views, AMP),
+agreement with the C++ CPU backend, the paths each backend picks, and proof that the checks reject wrong results.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gpuopt_ops
+from gpuopt_ops import reference as R
+
+from backends import BY_NAME, backend_params
+from helpers import (FLOORS, assert_close_to_reference, assert_unrounded_fp32_sum, check_fp64_dropout_precision,
+                     check_grad_bias_is_unrounded_fp32, ldr_reference_and_grads, make_inputs, seed_tensor)
+from op_table import DTYPES, OPS, SHAPES, OPS_BY_NAME, check_against_reference
+
+LDR = OPS_BY_NAME["layer_norm_dropout_relu"]
+BIAS_RELU = OPS_BY_NAME["bias_relu"]
+CPU = BY_NAME["cpu"]
+EPS = 1e-5
+
+
+def _op_variant_dtype_params():
+    for op in OPS:
+        for variant in op.variants:
+            for dtype in variant.dtypes or DTYPES:
+                yield pytest.param(op, variant, dtype, id=f"{op.name}-{variant.name}-{str(dtype)[6:]}")
+
+
+# ---------------------------------------------------------------------------------------------- the matrix
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("op,variant,dtype", list(_op_variant_dtype_params()))
+@pytest.mark.parametrize("prefix,n", SHAPES, ids=[f"{'x'.join(map(str, p))}x{n}" for p, n in SHAPES])
+def test_matches_reference(backend, op, variant, dtype, prefix, n):
+    """Outputs and every gradient against the fp64 reference (2x PyTorch's own error), dtypes and shapes."""
+    sample = op.sample(prefix, n, dtype, backend.device, **variant.options)
+    check_against_reference(op, backend, sample)
+
+
+# ---------------------------------------------------------------------------------------------- LayerNorm edges
+@pytest.mark.parametrize("backend", backend_params())
+def test_p0_and_eval_equal_plain_layer_norm_relu(backend):
+    x, w, b = make_inputs((32,), 77, torch.float32, backend.device)
+    ref = torch.relu(F.layer_norm(x, (77,), w, b, EPS))
+    out = gpuopt_ops.layer_norm_dropout_relu(x, 77, w, b, p=0.0, backend=backend.api)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    out_eval = gpuopt_ops.layer_norm_dropout_relu(x, 77, w, b, p=0.5, training=False, backend=backend.api)
+    torch.testing.assert_close(out_eval, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_p1_gives_zeros_and_zero_grads(backend):
+    """p = 1 drops everything through a select: exact zeros, never NaN (no infinite scale)."""
+    x, w, b = make_inputs((16,), 40, torch.float32, backend.device, requires_grad=True)
+    out = gpuopt_ops.layer_norm_dropout_relu(x, 40, w, b, p=1.0, backend=backend.api)
+    assert torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    for t in (x, w, b):
+        assert torch.equal(t.grad, torch.zeros_like(t.grad)) and not torch.isnan(t.grad).any()
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_public_function_multi_dim_normalized_shape(backend):
+    x = torch.randn(3, 4, 5, 6, device=backend.device)
+    w, b = torch.randn(5, 6, device=backend.device), torch.randn(5, 6, device=backend.device)
+    out = gpuopt_ops.layer_norm_dropout_relu(x, (5, 6), w, b, p=0.0, backend=backend.api)
+    torch.testing.assert_close(out, torch.relu(F.layer_norm(x, (5, 6), w, b)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_fp64_with_dropout_is_fp64_accurate(backend):
+    """fp64 x: every constant is fp64, the dropout scale included (an fp32 scale would be off by ~1e-7)."""
+    check_fp64_dropout_precision(backend.op("layer_norm_dropout_relu"),
+                                 backend.op("layer_norm_dropout_relu_backward"), backend.device)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_empty_rows(backend):
+    """M = 0: empty outputs and grad_x, zero parameter gradients (a sum over no rows), through autograd."""
+    dev = backend.device
+    x = torch.randn(0, 8, device=dev, requires_grad=True)
+    w = torch.randn(8, device=dev, requires_grad=True)
+    out = gpuopt_ops.layer_norm_dropout_relu(x, 8, w, None, p=0.2, backend=backend.api)
+    assert out.shape == (0, 8)
+    out.sum().backward()
+    assert torch.equal(w.grad, torch.zeros_like(w))
+    _, mean, rstd = backend.op("layer_norm_dropout_relu")(x.detach(), None, None, seed_tensor(0, dev), 0.1, EPS)
+    assert mean.shape == (0,) and rstd.shape == (0,)
+    o = backend.op("bias_relu")(torch.randn(0, 3, device=dev), torch.randn(3, device=dev))
+    gx, gb = backend.op("bias_relu_backward")(torch.randn(0, 3, device=dev), o)
+    assert o.shape == gx.shape == (0, 3) and torch.equal(gb, torch.zeros(3, device=dev))
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_non_contiguous_inputs_give_the_contiguous_results(backend):
+    """A transposed x, a strided weight and a non-contiguous grad_out: the same bits as contiguous copies."""
+    dev = backend.device
+    ldr, ldr_bwd = backend.op("layer_norm_dropout_relu"), backend.op("layer_norm_dropout_relu_backward")
+    x = torch.randn(40, 24, device=dev).t()  # (24, 40), transposed
+    w, b = torch.randn(80, device=dev)[::2], torch.randn(40, device=dev)
+    seed = seed_tensor(5, dev)
+    ours = ldr(x, w, b, seed, 0.3, EPS)
+    ref = ldr(x.contiguous(), w.contiguous(), b, seed, 0.3, EPS)
+    for a, c in zip(ours, ref):
+        assert torch.equal(a, c)
+    g = torch.randn(24, 40, device=dev).t().contiguous().t()
+    bw = ldr_bwd(g, x, w, b, ours[1], ours[2], seed, 0.3)
+    bw_ref = ldr_bwd(g.contiguous(), x.contiguous(), w.contiguous(), b, ref[1], ref[2], seed, 0.3)
+    for a, c in zip(bw, bw_ref):
+        assert torch.equal(a, c)
+    xs = torch.randn(10, 64, device=dev)[:, ::2]
+    torch.testing.assert_close(backend.op("bias_relu")(xs, b[:32]), torch.relu(xs + b[:32]))
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_nan_and_inf_rows_follow_the_reference(backend):
+    """A NaN or Inf poisons its own row only; a NaN that survives dropout stays NaN, a dropped one is 0 (ReLU is
+    y <= 0 ? 0 : y, as torch.relu); huge finite rows do not overflow the two-pass statistics."""
+    dev = backend.device
+    ldr = backend.op("layer_norm_dropout_relu")
+    x, w, b = make_inputs((6,), 40, torch.float32)
+    x[1, 3] = float("nan")
+    x[2, 0] = float("inf")
+    x[3, 5] = -float("inf")
+    x[4] = 1e30
+    seed = seed_tensor(1)
+    out, _, _ = ldr(*(t.to(dev) for t in (x, w, b, seed)), 0.25, EPS)
+    ref, _, _ = R.layer_norm_dropout_relu(x, w, b, seed, 0.25, EPS, compute_dtype=torch.float32)
+    torch.testing.assert_close(out.cpu(), ref, equal_nan=True, rtol=1e-5, atol=1e-5)
+    assert out[[0, 5]].isfinite().all(), "a NaN stays in its row"
+    n = 64
+    xn = torch.randn(3, n)
+    xn[1, 5] = float("nan")
+    keep = R.dropout_keep_mask(9, 3, n, 0.5)
+    for p, kept in ((0.5, keep[1]), (0.0, torch.ones(n, dtype=torch.bool))):
+        o = ldr(xn.to(dev), torch.ones(n, device=dev), torch.zeros(n, device=dev), seed_tensor(9, dev), p, EPS)[0]
+        o = o.cpu()
+        assert torch.equal(torch.isnan(o[1]), kept) and (o[1][~kept] == 0).all()
+    xb = torch.tensor([[float("nan"), 1.0, float("inf"), -float("inf")]])
+    got = backend.op("bias_relu")(xb.to(dev), torch.zeros(4, device=dev)).cpu()
+    torch.testing.assert_close(got, torch.relu(xb), equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", backend_params("cpu", "cuda", "triton"))  # interpreter: minutes per row
+@pytest.mark.parametrize("m,n", [(3, 65536), (2, 70001), (70000, 8)])
+def test_huge_rows_and_many_rows(backend, m, n):
+    """Rows past every single-block limit (any N, odd too), and more rows than one grid holds."""
+    dev = backend.device
+    x, w, b = make_inputs((m,), n, torch.float32, device=dev)
+    seed = seed_tensor(2**40 + 3, dev)
+    g = torch.randn_like(x)
+    out, mean, rstd = backend.op("layer_norm_dropout_relu")(x, w, b, seed, 0.1, EPS)
+    gx, gw, gb = backend.op("layer_norm_dropout_relu_backward")(g, x, w, b, mean, rstd, seed, 0.1)
+    xs, ws, bs, gs = (t.cpu().double() for t in (x, w, b, g))
+    ref64, (rgx, rgw, rgb) = ldr_reference_and_grads(xs, ws, bs, seed.cpu(), 0.1, EPS, gs, torch.float64)
+    assert (out.cpu().double() - ref64).abs().max() < 1e-4
+    assert (gx.cpu().double() - rgx).abs().max() < 1e-3
+    assert (gw.cpu().double() - rgw).abs().max() < 1e-5 * m + 1e-3
+    assert (gb.cpu().double() - rgb).abs().max() < 1e-5 * m + 1e-3
+    keep = R.dropout_keep_mask(2**40 + 3, m, n, 0.1)
+    assert torch.equal((out.cpu() != 0) | (ref64 == 0), keep | (ref64 == 0))
+    o = backend.op("bias_relu")(x, b)
+    gx2, gb2 = backend.op("bias_relu_backward")(g, o)
+    assert torch.equal(o.cpu(), torch.relu(x.cpu() + b.cpu()))
+    assert (gb2.cpu().double() - (gs * (o.cpu() > 0)).sum(0)).abs().max() < 1e-5 * m + 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", backend_params("cuda", "triton"))
+def test_more_than_2_pow_31_elements_forward(backend):
+    """numel > 2^31: int64 indexing in every kernel."""
+    m, n = 2**31 // 1024 + 3, 1024
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(n, device="cuda", dtype=torch.bfloat16)
+    out, _, _ = backend.op("layer_norm_dropout_relu")(x, w, torch.zeros_like(w), seed_tensor(4, "cuda"), 0.0, EPS)
+    ref = torch.relu(F.layer_norm(x[-5:].float(), (n,)))
+    torch.testing.assert_close(out[-5:].float(), ref, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(backend.op("bias_relu")(x, w)[-5:], torch.relu(x[-5:] + w))
+
+
+# ---------------------------------------------------------------------------------------------- dtypes and AMP
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_rounding_is_bitwise_torchs(backend, dtype):
+    """fp32 -> bf16/fp16 rounds to nearest even like torch (bias_relu adds in fp32, as eager PyTorch does),
+    with NaN, +-Inf and signed zeros, for a bias of x's dtype and an fp32 bias."""
+    dev = backend.device
+    m = 41 if backend.interpreted else 301  # 301 rows cross the CPU kernels' scheduling tiles
+    x = torch.randn(m, 1037).to(dtype)
+    x[0, :5] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0])
+    b, bf = torch.randn(1037).to(dtype), torch.randn(1037)
+    op = backend.op("bias_relu")
+    for ours, ref in [(op(x.to(dev), b.to(dev)).cpu(), torch.relu(x + b)),
+                      (op(x.to(dev), bf.to(dev)).cpu(), torch.relu(x.float() + bf).to(dtype))]:
+        assert torch.equal(torch.isnan(ours), torch.isnan(ref))
+        assert torch.equal(ours.view(torch.int16)[1:], ref.view(torch.int16)[1:])
+        assert torch.equal(ours[0, 1:], ref[0, 1:])
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bias_relu_grad_bias_is_unrounded_fp32(backend, dtype):
+    """bf16/fp16 out: grad_bias comes back in fp32, the unrounded sum of grad_x's exact values."""
+    check_grad_bias_is_unrounded_fp32(backend.op("bias_relu"), backend.op("bias_relu_backward"), backend.device,
+                                      dtype)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("via", ["bias_relu", "LinearBiasReLU"])
+def test_autocast_fp32_bias_gets_the_unrounded_fp32_grad(backend, via):
+    """bf16 activations with an fp32 bias (autocast): the bias's .grad is fp32 and the unrounded sum of the
+    gradient reaching the op, not that sum rounded to bf16 on the way."""
+    from gpuopt_ops.modules import LinearBiasReLU
+
+    dev = backend.device
+    torch.manual_seed(0)
+    m, n = 256, 48
+    if via == "bias_relu":
+        bias = (0.1 * torch.randn(n, device=dev)).requires_grad_()
+        out = gpuopt_ops.bias_relu(torch.randn(m, n, device=dev).to(torch.bfloat16), bias, backend=backend.api)
+    else:
+        lin = LinearBiasReLU(32, n, backend=backend.api).to(dev)
+        bias = lin.bias
+        with torch.autocast(dev, dtype=torch.bfloat16):
+            out = lin(torch.randn(m, 32, device=dev))
+    assert out.dtype == torch.bfloat16 and bias.dtype == torch.float32
+    g = torch.randn(m, n, device=dev)
+    (out.float() * g).sum().backward()
+    assert_unrounded_fp32_sum("bias.grad", bias.grad, g.to(torch.bfloat16) * (out.detach() > 0), torch.bfloat16)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16])
+def test_autocast_has_no_rule_the_op_keeps_its_input_dtype(backend, amp_dtype):
+    """No autocast rule (a decision, DESIGN.md): the op runs in the dtype it is given (under autocast, the matmul's
+    low-precision output) and takes the fp32 parameters as they are; parameter gradients stay fp32."""
+    dev = backend.device
+    ldr = backend.op("layer_norm_dropout_relu")
+    torch.manual_seed(0)
+    x, w, b = make_inputs((16,), 96, torch.float32, dev, param_dtype=torch.float32, requires_grad=True)
+    lin = torch.nn.Linear(96, 96).to(dev)
+    seed = seed_tensor(5, dev)
+    with torch.autocast(dev, dtype=amp_dtype):
+        assert ldr(x, w, b, seed, 0.1, EPS)[0].dtype == torch.float32
+        y = lin(x)
+        assert y.dtype == amp_dtype
+        out, _, _ = ldr(y, w, b, seed, 0.1, EPS)
+    assert out.dtype == amp_dtype
+    g = torch.randn_like(out)
+    gy, gw, gb = torch.autograd.grad(out, (y, w, b), g)
+    assert gw.dtype == torch.float32 and gb.dtype == torch.float32
+    args = [t.detach().cpu() for t in (y, w, b)]
+    ref64, (rgy, rgw, _) = ldr_reference_and_grads(*args, seed.cpu(), 0.1, EPS, g.cpu(), torch.float64)
+    low, (lgy, lgw, _) = ldr_reference_and_grads(args[0], args[1].to(amp_dtype), args[2].to(amp_dtype), seed.cpu(),
+                                                  0.1, EPS, g.cpu(), amp_dtype)
+    fl = FLOORS[amp_dtype]
+    assert_close_to_reference("out", out.detach().cpu(), ref64, low, fl)
+    assert_close_to_reference("grad_x", gy.cpu(), rgy, lgy, fl)
+    assert_close_to_reference("grad_weight", gw.cpu(), rgw, lgw, fl * 16)
+
+
+# ---------------------------------------------------------------------------------------------- across backends
+def _agreement_params():
+    """(backend, N) pairs for the comparison with the C++ CPU backend. On a GPU every path of both GPU backends:
+    warp rows (37, 256, 768, 1024), block rows (4104: N % 8 == 0, not a power of two; 8192; 12288; 16384), looped
+    (32768, 65536, 131072, and 1 / odd N). Under the interpreter the single-block and looped Triton paths are
+    covered by test_triton_paths below, so three small rows suffice."""
+    gpu_ns = [1, 37, 256, 768, 1024, 4104, 8192, 12288, 16384, 32768, 65536, 131072]
+    for p in backend_params("cuda", "triton"):
+        for n in gpu_ns:
+            yield pytest.param(p.values[0], n, marks=p.marks, id=f"{p.id}-{n}")
+    for p in backend_params("triton-interpret"):
+        for n in (37, 64, 300):
+            yield pytest.param(p.values[0], n, marks=p.marks, id=f"{p.id}-{n}")
+
+
+@pytest.mark.parametrize("backend,n", list(_agreement_params()))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no-affine"])
+def test_agrees_with_the_cpu_backend(backend, n, dtype, affine):
+    """Same inputs and seed as the C++ CPU op: the dropout masks bit for bit, bias-ReLU's out and grad_x bit for
+    bit, everything that depends on summation order close."""
+    x, w, b = make_inputs((6,), n, dtype, affine=affine)
+    g = torch.randn(x.shape).to(dtype)
+    seed = seed_tensor(4)
+    res = []
+    for be, dev in ((CPU, "cpu"), (backend, backend.device)):
+        args = [t.to(dev) if t is not None else None for t in (x, w, b)]
+        out, mean, rstd = be.op("layer_norm_dropout_relu")(*args, seed.to(dev), 0.1, EPS)
+        grads = be.op("layer_norm_dropout_relu_backward")(g.to(dev), *args, mean, rstd, seed.to(dev), 0.1)
+        res.append([t.cpu().double() for t in (out, mean, rstd, *grads)])
+    tol = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dtype]
+    for name, a, c in zip(["out", "mean", "rstd", "grad_x", "grad_weight", "grad_bias"], *res):
+        assert a.shape == c.shape, name
+        if a.numel():
+            assert (a - c).abs().max().item() <= tol * max(1.0, a.abs().max().item()), name
+    # with weight 0 and bias 1 the output is the dropout scale where kept: the masks, compared as integers
+    ones = torch.ones(n, dtype=dtype)
+    masks = [(be.op("layer_norm_dropout_relu")(x.to(d), (0 * ones).to(d), ones.to(d), seed.to(d), 0.3, EPS)[0]
+              .cpu() != 0).to(torch.int32) for be, d in ((CPU, "cpu"), (backend, backend.device))]
+    assert torch.equal(masks[0], masks[1])
+    if affine:
+        o = [be.op("bias_relu")(x.to(d), b.to(d)) for be, d in ((CPU, "cpu"), (backend, backend.device))]
+        gxb = [be.op("bias_relu_backward")(g.to(d), oo) for (be, d), oo in zip(((CPU, "cpu"), (backend,
+                                                                                  backend.device)), o)]
+        assert torch.equal(o[0], o[1].cpu()) and torch.equal(gxb[0][0], gxb[1][0].cpu())
+        assert gxb[0][1].dtype == gxb[1][1].dtype
+        torch.testing.assert_close(gxb[0][1], gxb[1][1].cpu(), atol=FLOORS[dtype] * 6, rtol=FLOORS[dtype])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", [768, 8192, 65544])  # warp rows, block rows, looped
+def test_cuda_unaligned_views_take_the_scalar_path_and_agree(n):
+    """x one element past a 16-byte boundary and weight / bias as unaligned views: the element-wise path, same
+    masks as the CPU op."""
+
+    def shifted(t):
+        flat = torch.empty(t.numel() + 8, dtype=t.dtype, device=t.device)
+        v = flat[1:1 + t.numel()].view(t.shape)
+        v.copy_(t)
+        return v
+
+    x, w, b = make_inputs((5,), n, torch.float16)
+    seed = seed_tensor(8)
+    masks = []
+    for dev in ("cpu", "cuda"):
+        xs, ws, bs = (shifted(t.to(dev)) for t in (x, w, b))
+        out, _, _ = CPU.op("layer_norm_dropout_relu")(xs, ws, bs, seed.to(dev), 0.3, EPS)
+        masks.append((out.cpu() != 0).to(torch.int32))
+    assert torch.equal(masks[0], masks[1])
+
+
+# ---------------------------------------------------------------------------------------------- CPU kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m,n", [(1000, 512), (5000, 3), (70, 4099)])  # many short rows, N % 8 != 0, long rows
+def test_cpu_results_do_not_depend_on_the_thread_count(dtype, m, n):
+    """The CPU backend splits rows into blocks by M alone: 1, 2 or 3 threads give the same bits, column sums too."""
+    ops = CPU.op
+    g = torch.Generator().manual_seed(m + n)
+    x, w, b, go = (torch.randn(*s, generator=g).to(dtype) for s in ((m, n), (n,), (n,), (m, n)))
+    seed = seed_tensor(5)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            out, mean, rstd = ops("layer_norm_dropout_relu")(x, w, b, seed, 0.2, EPS)
+            grads = ops("layer_norm_dropout_relu_backward")(go, x, w, b, mean, rstd, seed, 0.2)
+            bo = ops("bias_relu")(x, b)
+            results.append([out, mean, rstd, *grads, bo, *ops("bias_relu_backward")(go, bo)])
+    finally:
+        torch.set_num_threads(before)
+    for other in results[1:]:
+        for a, c in zip(results[0], other):
+            assert torch.equal(a, c)
+
+
+# ---------------------------------------------------------------------------------------------- Triton paths
+TRITON = backend_params("triton", "triton-interpret")
+
+
+@pytest.mark.parametrize("backend", TRITON)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("n", [37, 64])  # generic RNG path and the 8-lane fast path, 3 and 4 chunks
+def test_triton_looped_path_matches_reference_and_single_block(triton_looped, backend, dtype, n):
+    looped = triton_looped
+    sample = LDR.sample((5,), n, dtype, backend.device, p=0.25, seed=4321)
+    assert not looped.forward_config(n, dtype).fused and not looped.backward_config(n, dtype).fused
+    looped_res = check_against_reference(LDR, backend, sample)
+    for name in ("FWD_MAX_FUSED_N", "FWD_MAX_FUSED_N_FP64", "BWD_MAX_FUSED_N", "BWD_MAX_FUSED_N_FP64"):
+        setattr(looped, name, 1 << 14)  # the fixture restores the originals
+    fused_res = LDR.run(backend, sample)
+    assert torch.equal(looped_res["out"] != 0, fused_res["out"] != 0)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
+    for name, a in looped_res.items():
+        a, c = a.double(), fused_res[name].double()
+        assert (a - c).abs().max().item() <= tol * max(1.0, c.abs().max().item()), name
+
+
+@pytest.mark.parametrize("backend", TRITON)
+def test_triton_looped_path_fp64_dropout_precision(triton_looped, backend):
+    """The looped kernels compute their own dropout scale in fp64 too (N = 40 > 16)."""
+    check_fp64_dropout_precision(backend.op("layer_norm_dropout_relu"),
+                                 backend.op("layer_norm_dropout_relu_backward"), backend.device)
+
+
+@pytest.mark.parametrize("backend", TRITON)
+def test_triton_real_long_row(backend):
+    """Past the single-block limits with the real chunking (no fixture): forward 4096-column chunks, backward the
+    row-coefficient and chunk kernels, and the mask. N = 65536 on a GPU; N = 8200 (just past 8192: two forward
+    chunks, nine backward chunks) keeps the interpreter to seconds."""
+    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+
+    n = 8200 if backend.interpreted else 65536
+    assert not ldr_kernels.forward_config(n, torch.float32).fused
+    assert not ldr_kernels.backward_config(n, torch.float32).fused
+    sample = LDR.sample((2,), n, torch.float32, backend.device, p=0.1, seed=2**40 + 1)
+    check_against_reference(LDR, backend, sample)
+    w = sample.args["weight"]
+    probe = backend.op("layer_norm_dropout_relu")(sample.args["x"], torch.zeros_like(w), torch.ones_like(w),
+                                                  sample.args["seed"], 0.1, EPS)[0]
+    assert torch.equal(probe.cpu() != 0, R.dropout_keep_mask(2**40 + 1, 2, n, 0.1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dtype):
+    """Launch planning (no GPU needed: meta tensors, launches recorded): N = 8192 takes the single-block
+    backward on SMs x resident programs per SM, 16384 the looped one; stage 2 has one program per 32 columns."""
+    pytest.importorskip("triton")
+    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+
+    cfg = ldr_kernels.backward_config(8192, dtype)
+    assert cfg.fused and cfg.block_m == 1 and cfg.block_n == 8192 and cfg.num_warps == 16
+    assert not ldr_kernels.backward_config(16384, dtype).fused
+    launched = []
+
+    def wrap(kernel):
+        class Launch:
+            def __getitem__(self, grid):
+                return lambda *a, **k: launched.append((kernel.__name__, tuple(grid)))
+        return Launch()
+
+    m = 4096
+    meta = lambda *s, dt=dtype: torch.empty(s, device="meta", dtype=dt)  # noqa: E731
+    for sms in (132, 78):
+        launched.clear()
+        ldr_kernels.launch_backward(meta(m, 8192), meta(m, 8192), meta(8192), meta(8192), meta(m, dt=torch.float32),
+                                    meta(m, dt=torch.float32), meta(1, dt=torch.int64), meta(m, 8192), meta(8192),
+                                    meta(8192), 0.1, wrap=wrap, sm_count=sms)
+        assert launched[0] == ("ldr_bwd_fused_kernel", (sms * ldr_kernels.backward_programs_per_sm(cfg, dtype),))
+        assert launched[1:] == [("sum_partials_kernel", (8192 // 32,))] * 2
+
+
+class _GuardRecorder:
+    """Stands in for torch.cuda.device: records which device is current while the launchers run."""
+
+    current = []
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+
+    def __enter__(self):
+        _GuardRecorder.current.append(self.device)
+
+    def __exit__(self, *exc):
+        _GuardRecorder.current.pop()
+
+
+def test_triton_every_launch_runs_under_the_tensors_device(monkeypatch):
+    """No GPU needed: fake CUDA tensors on cuda:1, torch.cuda.device mocked, launches recorded with the device
+    current at launch time. Every kernel of every launcher must launch with cuda:1 current."""
+    pytest.importorskip("triton")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from gpuopt_ops.triton_kernels import bias_relu as br_kernels
+    from gpuopt_ops.triton_kernels import common
+    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+
+    monkeypatch.setattr(torch.cuda, "device", _GuardRecorder)
+    launched = []
+
+    def wrap(kernel):
+        class Launch:
+            def __getitem__(self, grid):
+                def run(*args, **kwargs):
+                    cur = _GuardRecorder.current[-1] if _GuardRecorder.current else None
+                    launched.append((kernel.__name__, cur))
+                return run
+        return Launch()
+
+    dev = torch.device("cuda:1")
+    with FakeTensorMode():
+        for n in (64, 8192, 20000):  # fused forward/backward, looped backward, looped forward
+            x = torch.empty(4, n, device=dev, dtype=torch.bfloat16)
+            w = torch.empty(n, device=dev)
+            v = torch.empty(4, device=dev)
+            s = torch.empty(1, device=dev, dtype=torch.int64)
+            ldr_kernels.launch_forward(x, w, w, s, x, v, v, 0.1, 1e-5, wrap=wrap, sm_count=132)
+            ldr_kernels.launch_backward(x, x, w, w, v, v, s, x, w, w, 0.1, wrap=wrap, sm_count=132)
+            br_kernels.launch_forward(x, w, x, wrap=wrap, sm_count=132)
+            br_kernels.launch_backward(x, x, x, w, wrap=wrap, sm_count=132)
+    assert {k for k, _ in launched} == {"ldr_fwd_fused_kernel", "ldr_fwd_looped_kernel", "ldr_bwd_fused_kernel",
+                                        "ldr_bwd_row_coef_kernel", "ldr_bwd_chunk_kernel", "sum_partials_kernel",
+                                        "bias_relu_fwd_kernel", "bias_relu_bwd_kernel"}
+    assert all(d == dev for _, d in launched), launched
+    assert not _GuardRecorder.current
+    assert not isinstance(common.device_guard(torch.device("cpu")), _GuardRecorder)
+    assert not isinstance(common.device_guard(torch.device("meta")), _GuardRecorder)
+
+
+@pytest.mark.parametrize("backend", backend_params("cuda", "triton"))
+def test_gpu_launches_on_the_tensors_device_not_the_current_one(backend):
+    """x on the last device while device 0 is current gives the results of x on device 0."""
+    last = torch.device("cuda", torch.cuda.device_count() - 1)
+    x, w, b = make_inputs((64,), 1000, torch.float32, "cuda:0")
+    seed = seed_tensor(7, "cuda:0")
+    op = backend.op("layer_norm_dropout_relu")
+    ref = op(x, w, b, seed, 0.2, EPS)
+    torch.cuda.set_device(0)
+    got = op(x.to(last), w.to(last), b.to(last), seed.to(last), 0.2, EPS)
+    for r, g in zip(ref, got):
+        assert g.device == last
+        torch.testing.assert_close(g.cpu(), r.cpu(), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------- the checks bite
+# Deliberately wrong results must fail the checks the real kernels pass (gpu-mode reference-kernels practice).
+def test_a_backward_with_another_mask_is_rejected():
+    """A backward that does not recompute the forward's mask (here: another seed) fails the gradient check."""
+    ops = CPU.op
+    x, w, b = make_inputs((8,), 64, torch.float32)
+    g = torch.randn(x.shape)
+    seed = seed_tensor(5)
+    out, mean, rstd = ops("layer_norm_dropout_relu")(x, w, b, seed, 0.3, EPS)
+    good = ops("layer_norm_dropout_relu_backward")(g, x, w, b, mean, rstd, seed, 0.3)[0]
+    bad = ops("layer_norm_dropout_relu_backward")(g, x, w, b, mean, rstd, seed_tensor(6), 0.3)[0]
+    _, (ref_gx, _, _) = ldr_reference_and_grads(x, w, b, seed, 0.3, EPS, g, torch.float64)
+    _, (low_gx, _, _) = ldr_reference_and_grads(x, w, b, seed, 0.3, EPS, g, torch.float32)
+    assert_close_to_reference("grad_x", good, ref_gx, low_gx, 1e-5)
+    with pytest.raises(AssertionError):
+        assert_close_to_reference("grad_x", bad, ref_gx, low_gx, 1e-5)
+
+
+def test_low_precision_statistics_are_rejected():
+    """Statistics kept in bf16 (a bug seen in peers) fail the fp32 tolerance."""
+    x, w, b = make_inputs((16,), 256, torch.float32, seed=3)
+    x = x * 10 + 100  # large mean: bf16 statistics lose the signal
+    seed = seed_tensor(1)
+    ref64, _ = ldr_reference_and_grads(x, w, b, seed, 0.1, EPS, torch.ones_like(x), torch.float64)
+    low, _ = ldr_reference_and_grads(x, w, b, seed, 0.1, EPS, torch.ones_like(x), torch.float32)
+    ours = CPU.op("layer_norm_dropout_relu")(x, w, b, seed, 0.1, EPS)[0]
+    assert_close_to_reference("out", ours, ref64, low, 1e-5)
+    xb = x.to(torch.bfloat16).float()
+    mean = xb.mean(-1, keepdim=True).to(torch.bfloat16).float()
+    rstd = torch.rsqrt(((xb - mean) ** 2).mean(-1, keepdim=True) + EPS).to(torch.bfloat16).float()
+    keep = R.dropout_keep_mask(1, 16, 256, 0.1)
+    bad = torch.relu(torch.where(keep, ((x - mean) * rstd * w + b) * R.dropout_scale(0.1), torch.zeros(())))
+    with pytest.raises(AssertionError):
+        assert_close_to_reference("out", bad, ref64, low, 1e-5)
+
+
+def test_an_empty_kernel_is_rejected():
+    x, w, b = make_inputs((4,), 32, torch.float32)
+    ref64, _ = ldr_reference_and_grads(x, w, b, seed_tensor(0), 0.0, EPS, torch.ones_like(x), torch.float64)
+    low, _ = ldr_reference_and_grads(x, w, b, seed_tensor(0), 0.0, EPS, torch.ones_like(x), torch.float32)
+    with pytest.raises(AssertionError):
+        assert_close_to_reference("out", torch.zeros_like(x), ref64, low, 1e-5)

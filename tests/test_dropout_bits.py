@@ -1,0 +1,288 @@
+"""Dropout bits: DESIGN.md's one Philox definition, checked on its known answers and, as integers (never through
+floats), on every backend's keep masks; the threshold and scale; the backward's recomputed mask; and deliberately
+wrong counters that the mask comparison must catch.
+"""
+
+import importlib.util
+import inspect
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import gpuopt_ops
+from gpuopt_ops import reference as R
+
+from backends import BY_NAME, backend_params
+from helpers import seed_tensor
+
+CPU = BY_NAME["cpu"]
+EPS = 1e-5
+# signed, unsigned-looking, > 2^32, the extremes of int64
+SEEDS = [0, 1, 77, -1, -123456789, 2**32 + 5, 2**62 + 3, -(2**63)]
+
+KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+]
+
+
+def keep_bits(backend, x, seed, p, op=None):
+    """The op's keep bits as int32, read through weight 0 / bias 1: out = scale where kept, 0 where dropped."""
+    n = x.shape[-1]
+    op = op or backend.op("layer_norm_dropout_relu")
+    dev = backend.device
+    out = op(x.to(dev), torch.zeros(n, dtype=x.dtype, device=dev), torch.ones(n, dtype=x.dtype, device=dev),
+             seed_tensor(seed, dev), p, EPS)[0]
+    return (out.cpu() != 0).to(torch.int32).reshape(-1, n)
+
+
+def reference_bits(seed, m, n, p):
+    return R.dropout_keep_mask(seed, m, n, p).to(torch.int32)
+
+
+# ---------------------------------------------------------------------------------------------- the definition
+@pytest.mark.parametrize("ctr,key,expected", KAT)
+def test_reference_philox_known_answers(ctr, key, expected):
+    """Random123's Philox4x32-10 known-answer vectors, on the Python reference."""
+    assert R.philox4x32_10(ctr, key) == expected
+
+
+def test_lane_order_matches_design():
+    """Element idx takes 16-bit lane idx & 7 of its group's four words: lanes 0..7 of group 5."""
+    seed = 987654321
+    words = R.philox4x32_10((5, 0, 0, 0), (seed & 0xFFFFFFFF, seed >> 32))
+    lanes = [half for w in words for half in (w & 0xFFFF, w >> 16)]
+    assert R.dropout_uniform16(seed, np.arange(40, 48)).tolist() == lanes
+
+
+def test_threshold_quantization():
+    assert R.dropout_threshold(0.0) == 0 and R.dropout_threshold(1.0) == 65536
+    assert R.dropout_threshold(0.5) == 32768
+    for p in np.linspace(0, 1, 101):
+        assert abs(R.dropout_threshold(p) / 65536 - p) <= 2**-17 + 1e-12
+
+
+# ---------------------------------------------------------------------------------------------- every backend
+@pytest.mark.parametrize("backend", backend_params())
+def test_known_answer_through_the_op(backend):
+    """DESIGN.md: seed 0, p = 0.5, x (1, 8), weight 0, bias 1 => out = [2, 0, 2, 2, 2, 2, 2, 2]."""
+    dev = backend.device
+    out = backend.op("layer_norm_dropout_relu")(torch.zeros(1, 8, device=dev), torch.zeros(8, device=dev),
+                                                torch.ones(8, device=dev), seed_tensor(0, dev), 0.5, EPS)[0]
+    assert out.cpu().tolist() == [[2.0, 0.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]]
+
+
+# (M, N): one group; N < 8 odd; prime N (groups straddle rows); N = 1; N % 8 == 0 not a power of two; more rows
+# with odd N; N % 8 == 0 (one Philox call per 8 elements); a power of two
+@pytest.mark.parametrize("m,n", [(1, 8), (3, 7), (5, 37), (4, 1), (2, 1000), (16, 123), (6, 40), (3, 64)])
+@pytest.mark.parametrize("backend", backend_params())
+def test_keep_mask_equals_the_python_philox(backend, m, n):
+    for seed in SEEDS:
+        for p in (0.1, 0.5, 0.9):
+            x = torch.randn(m, n)
+            assert torch.equal(keep_bits(backend, x, seed, p), reference_bits(seed, m, n, p)), (seed, p)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("p", [0.1, 0.37, 0.8])
+def test_keep_fraction_within_5_sigma(backend, p):
+    m, n = 64, 1024
+    keep = keep_bits(backend, torch.randn(m, n), 42, p)
+    q = 1 - R.dropout_threshold(p) / 65536
+    sigma = (q * (1 - q) / (m * n)) ** 0.5
+    assert abs(keep.double().mean().item() - q) < 5 * sigma
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_same_seed_same_bits_another_seed_another_mask(backend):
+    dev = backend.device
+    op = backend.op("layer_norm_dropout_relu")
+    x = torch.randn(64, 300, device=dev)
+    a = op(x, None, None, seed_tensor(7, dev), 0.3, EPS)[0]
+    b = op(x, None, None, seed_tensor(7, dev), 0.3, EPS)[0]
+    c = op(x, None, None, seed_tensor(8, dev), 0.3, EPS)[0]
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    assert not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_torch_manual_seed_reproduces_the_public_function(backend):
+    """The public function draws its seed from torch's generator on x's device: manual_seed repeats a mask, the
+    next call draws a new one (multi-dimensional normalized_shape here)."""
+    x = torch.randn(3, 4, 5, 16, device=backend.device)
+    draws = []
+    for reseed in (True, True, False):
+        if reseed:
+            torch.manual_seed(0)
+        draws.append(gpuopt_ops.layer_norm_dropout_relu(x, (5, 16), p=0.5, backend=backend.api))
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("n", [37, 64])  # the generic and the 8-lane RNG paths
+def test_backward_recomputes_the_forward_mask(backend, n):
+    """With weight 0, bias 1 and grad_out 1 on one row, grad_bias = scale on kept elements, 0 on dropped."""
+    dev = backend.device
+    seed, p = -987654321, 0.35
+    x = torch.randn(1, n, device=dev)
+    w, b = torch.zeros(n, device=dev), torch.ones(n, device=dev)
+    out, mean, rstd = backend.op("layer_norm_dropout_relu")(x, w, b, seed_tensor(seed, dev), p, EPS)
+    _, _, gb = backend.op("layer_norm_dropout_relu_backward")(torch.ones_like(x), x, w, b, mean, rstd,
+                                                              seed_tensor(seed, dev), p)
+    assert torch.equal((gb.cpu() != 0)[None], out.cpu() != 0)
+    assert torch.equal((out.cpu() != 0).to(torch.int32), reference_bits(seed, 1, n, p))
+    kept = gb[gb != 0].cpu()
+    assert torch.equal(kept, torch.full_like(kept, R.dropout_scale(p)))
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_threshold_and_scale_match_the_reference(backend):
+    """t = round(p * 65536) half up; the scale each kernel applies (read through weight 0, bias 1) is the
+    reference's 65536 / (65536 - t) in the accumulation dtype: fp32 for fp32 x, fp64 for fp64 x; exact zeros at
+    t = 65536."""
+    dev = backend.device
+    n = 256
+    op = backend.op("layer_norm_dropout_relu")
+    if backend.triton:
+        from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+    for p in [0.0, 1e-6, 0.5 / 65536, 0.49999 / 65536, 0.1, 0.25, 1 / 3, 0.5, 0.9, 1 - 1e-6, 1 - 0.5 / 65536, 1.0]:
+        t = R.dropout_threshold(p)
+        if backend.triton:
+            assert ldr_kernels.dropout_threshold(p) == t, p
+        for dtype in (torch.float32, torch.float64):
+            w, b = torch.zeros(n, device=dev, dtype=dtype), torch.ones(n, device=dev, dtype=dtype)
+            out = op(torch.randn(1, n, device=dev, dtype=dtype), w, b, seed_tensor(3, dev), p, EPS)[0]
+            kept = out[out != 0].cpu()
+            assert (kept.numel() == 0) == (t == 65536), (p, dtype)
+            assert torch.equal(kept, torch.full_like(kept, 1.0 if t == 0 else R.dropout_scale(p, dtype))), (p, dtype)
+    # Triton divides in fp32 in its fp32 kernels: for every t that is the fp32 rounding of the fp64 quotient, i.e.
+    # the C++ kernels' static_cast<float> of the double scale, bit for bit.
+    t = np.arange(65536)
+    assert np.array_equal((65536.0 / (65536.0 - t)).astype(np.float32),
+                          np.float32(65536.0) / (65536 - t).astype(np.float32))
+
+
+@pytest.mark.parametrize("backend", backend_params("triton", "triton-interpret"))
+def test_triton_keep_mask_3d_and_looped(triton_looped, backend):
+    """3-D x on the looped kernels (N = 40 > 16 under the fixture, fast RNG path)."""
+    x = torch.randn(2, 3, 40)
+    seed = 2**33 + 17
+    assert torch.equal(keep_bits(backend, x, seed, 0.4), reference_bits(seed, 6, 40, 0.4))
+
+
+# ---------------------------------------------------------------------------------------------- at GPU scale
+@pytest.mark.parametrize("backend", backend_params("cuda", "triton"))
+@pytest.mark.parametrize("m,n", [(3, 7), (5, 8), (64, 1000), (33, 1024), (7, 4096), (4, 12288), (3, 65536),
+                                 (2, 65533), (2, 131072), (3, 65544), (70000, 64)])
+def test_gpu_masks_equal_the_cpu_backend(backend, m, n):
+    """Every path of the GPU kernels (warp rows, block rows, looped, odd N, many rows) against the C++ CPU op."""
+    for seed in (0, -5, 99, 2**40 + 7):
+        x = torch.randn(m, n)
+        assert torch.equal(keep_bits(backend, x, seed, 0.3), keep_bits(CPU, x, seed, 0.3)), seed
+
+
+# ---------------------------------------------------------------------------------------------- CPU vector paths
+# Shapes that cross the CPU kernels' tiles (2048-element dropout tiles, ~16K-element scheduling tiles) with rows
+# that start off an 8-element Philox group (N % 8 != 0), and the 32-group AVX2 / AVX-512 batches.
+MASK_SHAPES = [(1, 8), (3, 7), (300, 123), (70, 4099), (2, 65533), (1000, 3), (9, 2048), (5, 4104)]
+MASK_SCRIPT = r"""
+import sys, torch, gpuopt_ops
+import gpuopt_ops
+from gpuopt_ops import reference as R
+bad = []
+for m, n in {shapes}:
+    for seed in (0, 2**40 + 3, -5):
+        out = torch.ops.gpuopt.layer_norm_dropout_relu(torch.randn(m, n), torch.zeros(n), torch.ones(n),
+                                                       torch.tensor([seed]), 0.3, 1e-5)[0]
+        if not torch.equal((out > 0).to(torch.int32), R.dropout_keep_mask(seed, m, n, 0.3).to(torch.int32)):
+            bad.append((m, n, seed))
+print("BAD", bad)
+sys.exit(1 if bad else 0)
+"""
+
+
+@pytest.mark.parametrize("m,n", MASK_SHAPES)
+def test_cpu_masks_across_tiles_match_the_reference(m, n):
+    """The widest Philox path of this CPU, in this process."""
+    seed = 1234 + m
+    assert torch.equal(keep_bits(CPU, torch.randn(m, n), seed, 0.6), reference_bits(seed, m, n, 0.6))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["avx2", "scalar"])
+def test_cpu_capped_philox_paths_match_the_reference(path):
+    """GPUOPT_CPU_PHILOX caps the path (read once per process, so a fresh interpreter each): same bits."""
+    env = dict(os.environ, GPUOPT_CPU_PHILOX=path)
+    proc = subprocess.run([sys.executable, "-c", MASK_SCRIPT.format(shapes=MASK_SHAPES)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------- wrong counters
+def wrong_counter_mask(seed, m, n, p):
+    """One Philox call per element with counter idx (not idx >> 3): a different, equally random mask."""
+    idx = np.arange(m * n, dtype=np.int64)
+    s = seed & 0xFFFFFFFFFFFFFFFF
+    w0 = R.philox4x32_10_array(idx.astype(np.uint64), np.zeros(m * n, np.uint64), 0, 0, s & 0xFFFFFFFF,
+                               s >> 32)[0]
+    return torch.from_numpy((w0 & np.uint64(0xFFFF)).astype(np.int64) >= R.dropout_threshold(p)).reshape(m, n)
+
+
+def test_a_wrong_counter_is_rejected_by_the_mask_check():
+    m, n, seed, p = 6, 40, 77, 0.5
+    assert torch.equal(keep_bits(CPU, torch.randn(m, n), seed, p), reference_bits(seed, m, n, p))
+    assert not torch.equal(wrong_counter_mask(seed, m, n, p), R.dropout_keep_mask(seed, m, n, p))
+
+
+@pytest.fixture
+def off_by_one_triton_kernels(tmp_path):
+    """The Triton LayerNorm kernels rebuilt from their own source with the Philox group counter off by one (both
+    RNG paths), as a module of the installed package: a deliberately wrong kernel that nothing in the product
+    can switch on."""
+    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+
+    source = inspect.getsource(ldr_kernels)
+    edits = [("g = idx >> 3\n", "g = (idx >> 3) + 1\n"),
+             ("g = ((base[:, None] + col0) >> 3) + gcols[None, :]", "g = ((base[:, None] + col0) >> 3) + gcols[None, :] + 1")]
+    for old, new in edits:
+        assert source.count(old) == 1, f"the kernel source changed: update this fixture ({old!r})"
+        source = source.replace(old, new)
+    path = tmp_path / "off_by_one_ldr.py"
+    path.write_text(source)
+    name = "gpuopt_ops.triton_kernels.off_by_one_ldr"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("backend", backend_params("triton", "triton-interpret"))
+def test_a_triton_kernel_with_a_wrong_counter_is_caught(backend, off_by_one_triton_kernels):
+    m, seed, p = 4, 77, 0.5
+    dev = backend.device
+
+    def wrong_op(x, w, b, s, p, eps):
+        n = x.shape[-1]
+        out = torch.empty_like(x)
+        mean, rstd = torch.empty(m, device=dev), torch.empty(m, device=dev)
+        off_by_one_triton_kernels.launch_forward(x, w, b, s, out, mean, rstd, p, eps)
+        assert n == x.shape[-1]
+        return out, mean, rstd
+
+    for n in (40, 37):  # fast (N % 8 == 0) and generic RNG paths
+        x = torch.randn(m, n)
+        good = reference_bits(seed, m, n, p)
+        assert torch.equal(keep_bits(backend, x, seed, p), good)
+        bad = keep_bits(backend, x, seed, p, op=wrong_op)
+        assert not torch.equal(bad, good)
+        assert not torch.equal(bad, keep_bits(CPU, x, seed, p))
