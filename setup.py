@@ -107,11 +107,20 @@ def _extensions():
     cpp_extension.CUDA_HOME = cuda_home  # torch reads it at import time; keep it in step with what we found
     arch_list, arch_reason = _arch_list()
     os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
-    _log(f"building CUDA + CPU kernels with the toolkit at {cuda_home} (found via {reason}), "
-         f"TORCH_CUDA_ARCH_LIST={arch_list} ({arch_reason})")
+    _log(
+        f"building CUDA + CPU kernels with the toolkit at {cuda_home} (found via {reason}), "
+        f"TORCH_CUDA_ARCH_LIST={arch_list} ({arch_reason})"
+    )
     sources += sorted(glob.glob(str(CSRC / "cuda" / "*.cu")))
-    nvcc_flags = ["-O3", "-DNDEBUG", "-lineinfo", "--expt-relaxed-constexpr",
-                  f'-DGPUOPT_CUDA_ARCH_LIST="{arch_list}"', "-Xcompiler", "-fvisibility=hidden"] + abi_flags
+    nvcc_flags = [
+        "-O3",
+        "-DNDEBUG",
+        "-lineinfo",
+        "--expt-relaxed-constexpr",
+        f'-DGPUOPT_CUDA_ARCH_LIST="{arch_list}"',
+        "-Xcompiler",
+        "-fvisibility=hidden",
+    ] + abi_flags
     return [
         cpp_extension.CUDAExtension(
             "gpuopt_ops._C",
@@ -129,8 +138,10 @@ def _build_info(ext_modules):
 
     cuda = any(str(src).endswith(".cu") for ext in ext_modules for src in ext.sources)
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST") if cuda else None
-    return (f'TORCH_VERSION = "{torch.__version__}"  # built with; it loads in any torch >= 2.11 (stable ABI)\n'
-            f"CUDA_ARCH_LIST = {arch!r}  # None: a CPU-only build\n")
+    return (
+        f'TORCH_VERSION = "{torch.__version__}"  # built with; it loads in any torch >= 2.11 (stable ABI)\n'
+        f"CUDA_ARCH_LIST = {arch!r}  # None: a CPU-only build\n"
+    )
 
 
 # Run by pip / setuptools (both execute this file as __main__); tests import it for _arch_list.

@@ -18,7 +18,7 @@ import argparse
 import csv
 import os
 import sys
-from typing import Callable, Dict, List
+from collections.abc import Callable
 
 import torch
 
@@ -50,7 +50,7 @@ def _blocks(device: str, p: float):
     }
 
 
-def peak_bytes(fn, x, g) -> Dict[str, int]:
+def peak_bytes(fn, x, g) -> dict[str, int]:
     """CUDA: bytes held after forward, and the peak during forward + backward, above the baseline."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -66,8 +66,9 @@ def peak_bytes(fn, x, g) -> Dict[str, int]:
     return {"after_fwd": after_fwd, "peak": peak}
 
 
-def measure(device: str = "cpu", m: int = 256, n: int = 1024, dtypes=("fp32", "bf16"), p: float = 0.1,
-            ops=("ldr", "bias_relu")) -> List[dict]:
+def measure(
+    device: str = "cpu", m: int = 256, n: int = 1024, dtypes=("fp32", "bf16"), p: float = 0.1, ops=("ldr", "bias_relu")
+) -> list[dict]:
     rows = []
     blocks = _blocks(device, p)
     for dt_name in dtypes:
@@ -81,17 +82,35 @@ def measure(device: str = "cpu", m: int = 256, n: int = 1024, dtypes=("fp32", "b
                 b = torch.zeros(n, device=device, dtype=dtype, requires_grad=True)
                 g = torch.randn(m, n, device=device, dtype=dtype, generator=gen)
                 f = blocks[op][kind]
-                r = {"saved": saved_bytes(lambda: f(x, w, b))}
+
+                def step(f=f, x=x, w=w, b=b):  # bound now: the loop variables change on the next kind
+                    return f(x, w, b)
+
+                r = {"saved": saved_bytes(step)}
                 if device == "cuda":
-                    r.update(peak_bytes(lambda: f(x, w, b), x, g))
+                    r.update(peak_bytes(step, x, g))
                 res[kind] = r
-            row = {"op": op, "dtype": dt_name, "M": m, "N": n, "p": p, "device": device,
-                   "fused_saved": res["fused"]["saved"], "eager_saved": res["eager"]["saved"],
-                   "saved_ratio": res["fused"]["saved"] / res["eager"]["saved"]}
+            row = {
+                "op": op,
+                "dtype": dt_name,
+                "M": m,
+                "N": n,
+                "p": p,
+                "device": device,
+                "fused_saved": res["fused"]["saved"],
+                "eager_saved": res["eager"]["saved"],
+                "saved_ratio": res["fused"]["saved"] / res["eager"]["saved"],
+            }
             if device == "cuda":
-                row.update({"fused_after_fwd": res["fused"]["after_fwd"], "eager_after_fwd": res["eager"]["after_fwd"],
-                            "fused_peak": res["fused"]["peak"], "eager_peak": res["eager"]["peak"],
-                            "peak_ratio": res["fused"]["peak"] / max(1, res["eager"]["peak"])})
+                row.update(
+                    {
+                        "fused_after_fwd": res["fused"]["after_fwd"],
+                        "eager_after_fwd": res["eager"]["after_fwd"],
+                        "fused_peak": res["fused"]["peak"],
+                        "eager_peak": res["eager"]["peak"],
+                        "peak_ratio": res["fused"]["peak"] / max(1, res["eager"]["peak"]),
+                    }
+                )
             rows.append(row)
     return rows
 
@@ -112,12 +131,16 @@ def main(argv=None) -> int:
     mib = 2**20
     print(f"activation memory, {device}, M={m}, N={n}, p={args.p} (MiB; saved = unique storages saved for backward)")
     for r in rows:
-        line = (f"{r['op']:9s} {r['dtype']:4s} saved fused {r['fused_saved'] / mib:8.2f}  eager "
-                f"{r['eager_saved'] / mib:8.2f}  ratio {r['saved_ratio']:.3f}")
+        line = (
+            f"{r['op']:9s} {r['dtype']:4s} saved fused {r['fused_saved'] / mib:8.2f}  eager "
+            f"{r['eager_saved'] / mib:8.2f}  ratio {r['saved_ratio']:.3f}"
+        )
         if device == "cuda":
-            line += (f" | after fwd fused {r['fused_after_fwd'] / mib:.1f} eager {r['eager_after_fwd'] / mib:.1f}"
-                     f" | peak fused {r['fused_peak'] / mib:.1f} eager {r['eager_peak'] / mib:.1f} "
-                     f"ratio {r['peak_ratio']:.3f}")
+            line += (
+                f" | after fwd fused {r['fused_after_fwd'] / mib:.1f} eager {r['eager_after_fwd'] / mib:.1f}"
+                f" | peak fused {r['fused_peak'] / mib:.1f} eager {r['eager_peak'] / mib:.1f} "
+                f"ratio {r['peak_ratio']:.3f}"
+            )
         if r["op"] == "ldr":
             line += f"  [target <= {TARGET}: {'met' if r['saved_ratio'] <= TARGET else 'MISSED'}]"
         print(line)

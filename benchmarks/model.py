@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Dict, List
 
 import torch
 from torch import nn
@@ -28,7 +27,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def stock_mlp(width: int, depth: int, p: float, classes: int = 10) -> nn.Sequential:
-    layers: List[nn.Module] = []
+    layers: list[nn.Module] = []
     for _ in range(depth):
         layers += [nn.Linear(width, width), nn.LayerNorm(width), nn.ReLU(), nn.Dropout(p)]
     layers.append(nn.Linear(width, classes))
@@ -62,7 +61,7 @@ def parse_args(argv=None):
     return args
 
 
-def run(args) -> Dict[str, object]:
+def run(args) -> dict[str, object]:
     import gpuopt_ops
 
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
@@ -78,7 +77,7 @@ def run(args) -> Dict[str, object]:
     for fn in steps.values():  # warm-up (allocator, thread pools)
         fn()
     _sync(args.device)
-    samples: Dict[str, List[float]] = {name: [] for name in steps}
+    samples: dict[str, list[float]] = {name: [] for name in steps}
     if args.device == "cuda":
         for name, fn in steps.items():
             med, p20, p80 = time_gpu(fn, warmup_ms=25, rep_ms=200)
@@ -88,14 +87,17 @@ def run(args) -> Dict[str, object]:
             for name, fn in steps.items():
                 samples[name] += time_cpu(fn, args.min_run_time)
     meta = metadata(args.device)
-    result: Dict[str, object] = {"device": meta["device"], "torch": meta["torch"], "date": meta["date"]}
-    print(f"benchmarks.model: MLP {args.depth} × [Linear → LayerNorm → ReLU → Dropout({args.p})] + head, "
-          f"batch {args.batch}, width {args.width}, {args.dtype}, {meta['device']}, torch {meta['torch']}")
+    result: dict[str, object] = {"device": meta["device"], "torch": meta["torch"], "date": meta["date"]}
+    print(
+        f"benchmarks.model: MLP {args.depth} × [Linear → LayerNorm → ReLU → Dropout({args.p})] + head, "
+        f"batch {args.batch}, width {args.width}, {args.dtype}, {meta['device']}, torch {meta['torch']}"
+    )
     for name, vals in samples.items():
         med, p20, p80 = (_percentile(vals, q) for q in (0.5, 0.2, 0.8))
         result[name] = med
-        print(f"  {name:6s} fwd+bwd step  median {med:9.3f} ms   p20 {p20:9.3f}   p80 {p80:9.3f}   "
-              f"({len(vals)} samples)")
+        print(
+            f"  {name:6s} fwd+bwd step  median {med:9.3f} ms   p20 {p20:9.3f}   p80 {p80:9.3f}   ({len(vals)} samples)"
+        )
     result["ratio"] = result["fused"] / result["stock"]
     print(f"  fused / stock step time: {result['ratio']:.3f}  (speed-up {1 / result['ratio']:.2f}×)")
     return result

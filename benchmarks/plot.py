@@ -12,20 +12,26 @@ import argparse
 import csv
 import os
 import sys
-from typing import Dict, List, Tuple
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-STYLE = {"cuda": ("C0", "o"), "cpu": ("C0", "o"), "triton": ("C1", "s"), "eager": ("C2", "^"),
-         "compile": ("C3", "v"), "liger": ("C4", "D"), "copy": ("k", None)}
+STYLE = {
+    "cuda": ("C0", "o"),
+    "cpu": ("C0", "o"),
+    "triton": ("C1", "s"),
+    "eager": ("C2", "^"),
+    "compile": ("C3", "v"),
+    "liger": ("C4", "D"),
+    "copy": ("k", None),
+}
 
 
-def read_csv(path: str) -> Tuple[Dict[str, str], List[dict]]:
+def read_csv(path: str) -> tuple[dict[str, str], list[dict]]:
     """(metadata from the '# key: value' header lines, rows with numeric fields as floats)."""
-    meta: Dict[str, str] = {}
+    meta: dict[str, str] = {}
     lines = []
     with open(path) as fh:
         for line in fh:
@@ -38,19 +44,29 @@ def read_csv(path: str) -> Tuple[Dict[str, str], List[dict]]:
             lines.append(line)
     rows = []
     for r in csv.DictReader(lines):
-        for k in ("M", "N", "p", "ms_median", "ms_p20", "ms_p80", "gbps", "ratio_copy", "speedup_vs_eager",
-                  "speedup_vs_compile"):
+        for k in (
+            "M",
+            "N",
+            "p",
+            "ms_median",
+            "ms_p20",
+            "ms_p80",
+            "gbps",
+            "ratio_copy",
+            "speedup_vs_eager",
+            "speedup_vs_compile",
+        ):
             v = r.get(k, "")
             r[k] = float(v) if v not in ("", None) else None
         rows.append(r)
     return meta, rows
 
 
-def plot(path: str, out_dir: str | None = None) -> List[str]:
+def plot(path: str, out_dir: str | None = None) -> list[str]:
     meta, rows = read_csv(path)
     out_dir = out_dir or os.path.dirname(os.path.abspath(path))
     os.makedirs(out_dir, exist_ok=True)
-    groups: Dict[Tuple[str, str, str], List[dict]] = {}
+    groups: dict[tuple[str, str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["op"], r["mode"], r["dtype"]), []).append(r)
     written = []
@@ -80,11 +96,12 @@ def plot(path: str, out_dir: str | None = None) -> List[str]:
         ax_pc.set_ylabel("% of copy bandwidth (same case)")
         ax_pc.axhline(100, color="k", lw=0.8, ls=":")
         ms = sorted({int(r["M"]) for r in rs})
-        title = (f"{op} {mode} {dtype} — {meta.get('device', '?')}; torch {meta.get('torch', '?')}, "
-                 f"triton {meta.get('triton', '?')}, CUDA {meta.get('cuda', '?')}; {meta.get('date', '')}")
+        title = (
+            f"{op} {mode} {dtype} — {meta.get('device', '?')}; torch {meta.get('torch', '?')}, "
+            f"triton {meta.get('triton', '?')}, CUDA {meta.get('cuda', '?')}; {meta.get('date', '')}"
+        )
         fig.suptitle(title, fontsize=9)
-        ax_bw.set_title(f"M = {ms[0]}" + (f" … {ms[-1]}" if len(ms) > 1 else "") + f", p = {rs[0]['p']}",
-                        fontsize=9)
+        ax_bw.set_title(f"M = {ms[0]}" + (f" … {ms[-1]}" if len(ms) > 1 else "") + f", p = {rs[0]['p']}", fontsize=9)
         fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.86, wspace=0.22)
         name = os.path.join(out_dir, f"{op}_{mode.replace('+', '')}_{dtype}.png")
         fig.savefig(name, dpi=110)

@@ -55,7 +55,7 @@ import platform
 import sys
 import time
 import traceback
-from typing import Callable, Dict, List
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -69,8 +69,23 @@ GPU_PROVIDERS = ("cuda", "triton", "eager", "compile", "liger", "copy")
 CPU_PROVIDERS = ("cpu", "eager", "compile", "copy")
 EPS = 1e-5
 
-COLUMNS = ["provider", "op", "mode", "dtype", "M", "N", "p", "ms_median", "ms_p20", "ms_p80", "gbps",
-           "ratio_copy", "speedup_vs_eager", "speedup_vs_compile", "device"]
+COLUMNS = [
+    "provider",
+    "op",
+    "mode",
+    "dtype",
+    "M",
+    "N",
+    "p",
+    "ms_median",
+    "ms_p20",
+    "ms_p80",
+    "gbps",
+    "ratio_copy",
+    "speedup_vs_eager",
+    "speedup_vs_compile",
+    "device",
+]
 
 
 # ------------------------------------------------------------------------------------------------ bytes model
@@ -108,7 +123,7 @@ def _import_gpuopt():
     return gpuopt_ops
 
 
-_TRITON_STATE: Dict[str, object] = {}
+_TRITON_STATE: dict[str, object] = {}
 
 
 def _triton_available() -> None:
@@ -127,12 +142,13 @@ def _eager(op: str) -> Callable:
     """The unfused PyTorch code a user writes without gpuopt (gpuopt_ops.reference, shared with the tests)."""
     _import_gpuopt()
     from gpuopt_ops import reference as R
+
     if op == "ldr":
         return lambda x, w, b, p: R.eager_layer_norm_dropout_relu(x, w, b, p, True, EPS)
     return R.eager_bias_relu
 
 
-_COMPILED: Dict[tuple, Callable] = {}
+_COMPILED: dict[tuple, Callable] = {}
 
 
 def _compiled(op: str, device: str) -> Callable:
@@ -179,9 +195,11 @@ def forward_fn(provider: str, op: str, device: str, p: float) -> Callable:
     if provider == "compile":
         cf = _compiled(op, device)
         if device == "cuda":
+
             def run(x, w, b):
                 torch.compiler.cudagraph_mark_step_begin()
                 return cf(x, w, b, p) if op == "ldr" else cf(x, b)
+
             return run
         return (lambda x, w, b: cf(x, w, b, p)) if op == "ldr" else (lambda x, w, b: cf(x, b))
     if provider == "liger":
@@ -205,19 +223,23 @@ def make_runner(provider: str, op: str, mode: str, device: str, p: float, x, w, 
     f = forward_fn(provider, op, device, p)
     inputs = (x, w, b) if op == "ldr" else (x, b)
     if mode == "fwd":
+
         def run():
             with torch.no_grad():
                 return f(x, w, b)
+
         return run
     if mode == "bwd":
         with torch.enable_grad():
             y = f(x, w, b)
         return lambda: torch.autograd.grad(y, inputs, g, retain_graph=True)
     if mode == "fwd+bwd":
+
         def run():
             with torch.enable_grad():
                 y = f(x, w, b)
             return torch.autograd.grad(y, inputs, g)
+
         return run
     raise ValueError(mode)
 
@@ -235,7 +257,7 @@ def time_gpu(fn, warmup_ms: float, rep_ms: float):
     return [med], [p20], [p80]
 
 
-def time_cpu(fn, min_run_time: float) -> List[float]:
+def time_cpu(fn, min_run_time: float) -> list[float]:
     """Per-run times in ms of blocked_autorange (all of torch's intra-op threads)."""
     from torch.utils import benchmark
 
@@ -244,7 +266,7 @@ def time_cpu(fn, min_run_time: float) -> List[float]:
     return [s * 1e3 for s in m.times]
 
 
-def _percentile(vals: List[float], q: float) -> float:
+def _percentile(vals: list[float], q: float) -> float:
     s = sorted(vals)
     if len(s) == 1:
         return s[0]
@@ -254,10 +276,15 @@ def _percentile(vals: List[float], q: float) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ main loop
-def metadata(device: str) -> Dict[str, str]:
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
-            "python": platform.python_version(), "host": platform.node(),
-            "cpu": platform.processor() or platform.machine(), "threads": str(torch.get_num_threads())}
+def metadata(device: str) -> dict[str, str]:
+    meta = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "threads": str(torch.get_num_threads()),
+    }
     try:
         import triton
 
@@ -288,8 +315,9 @@ def metadata(device: str) -> Dict[str, str]:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available")
     ap.add_argument("--ops", default=",".join(OPS), help=f"comma list of {OPS}")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {MODES}")
@@ -300,10 +328,17 @@ def parse_args(argv=None):
     ap.add_argument("--mbytes", type=float, default=None, help="forward bytes per case in MB (GPU 256, CPU 16)")
     ap.add_argument("--p", type=float, default=0.1, help="dropout probability")
     ap.add_argument("--out", default="bench_out", help="output folder (CSV: bench_<device>.csv)")
-    ap.add_argument("--time-budget", type=float, default=None,
-                    help="seconds; no new case starts once spent (GPU default none, CPU 300)")
-    ap.add_argument("--quick", action="store_true",
-                    help="tiny shapes and short timings (smoke test): N 256,512, fp32, 1 MB, no compile")
+    ap.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help="seconds; no new case starts once spent (GPU default none, CPU 300)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny shapes and short timings (smoke test): N 256,512, fp32, 1 MB, no compile",
+    )
     ap.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds per case (CPU 3, GPU 1)")
     ap.add_argument("--min-run-time", type=float, default=None, help="CPU: seconds per provider per round")
     ap.add_argument("--rep-ms", type=float, default=None, help="GPU: do_bench rep (ms), default 100")
@@ -361,14 +396,14 @@ def run(args) -> str:
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"bench_{device}.csv")
     meta = metadata(device)
-    notes: List[str] = []
+    notes: list[str] = []
     t_start = time.monotonic()
     # bias_relu's fused ops need gpuopt too; load it once so import time is not charged to a case
     if any(p_ in ("cuda", "cpu", "triton") for p_ in args.providers):
         _import_gpuopt()
     cases = [(dt, n, op, mode) for dt in args.dtypes for n in args.ns for op in args.ops for mode in args.modes]
-    rows: List[dict] = []
-    skipped: Dict[str, str] = {}
+    rows: list[dict] = []
+    skipped: dict[str, str] = {}
     done = 0
     with open(path, "w", newline="") as fh:
         for k, v in meta.items():
@@ -381,8 +416,9 @@ def run(args) -> str:
         inputs_key, inputs = None, None
         for dt_name, n, op, mode in cases:
             if args.time_budget is not None and time.monotonic() - t_start > args.time_budget:
-                notes.append(f"time budget of {args.time_budget:.0f} s spent: ran {done} of {len(cases)} cases, "
-                             "stopped cleanly")
+                notes.append(
+                    f"time budget of {args.time_budget:.0f} s spent: ran {done} of {len(cases)} cases, stopped cleanly"
+                )
                 break
             dtype = DTYPES[dt_name]
             m = args.m if args.m else rows_for(n, dtype, args.mbytes)
@@ -397,7 +433,7 @@ def run(args) -> str:
                 g = torch.randn(m, n, device=device, dtype=dtype, generator=gen)
                 inputs_key, inputs = (dt_name, n, m), (x, w, b, g)
             x, w, b, g = inputs
-            runners: Dict[str, Callable] = {}
+            runners: dict[str, Callable] = {}
             for prov in args.providers:
                 try:
                     runners[prov] = make_runner(prov, op, mode, device, args.p, x, w, b, g)
@@ -409,13 +445,15 @@ def run(args) -> str:
                     skipped.setdefault(f"{prov} ({s})", "")
                 except Exception as err:  # noqa: BLE001
                     runners.pop(prov, None)
-                    msg = f"{prov} failed on {op} {mode} {dt_name} M={m} N={n}: {type(err).__name__}: " \
-                          f"{str(err).splitlines()[0] if str(err) else ''}"
+                    msg = (
+                        f"{prov} failed on {op} {mode} {dt_name} M={m} N={n}: {type(err).__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else ''}"
+                    )
                     notes.append(msg)
                     print("  " + msg, file=sys.stderr)
                     if os.environ.get("GPUOPT_BENCH_DEBUG"):
                         traceback.print_exc()
-            samples: Dict[str, List[List[float]]] = {pr: [[], [], []] for pr in runners}
+            samples: dict[str, list[list[float]]] = {pr: [[], [], []] for pr in runners}
             for _ in range(args.rounds):
                 for prov, fn in runners.items():
                     try:
@@ -427,8 +465,9 @@ def run(args) -> str:
                         else:
                             samples[prov][0] += time_cpu(fn, args.min_run_time)
                     except Exception as err:  # noqa: BLE001
-                        notes.append(f"{prov} failed timing {op} {mode} {dt_name} M={m} N={n}: "
-                                     f"{type(err).__name__}: {err}")
+                        notes.append(
+                            f"{prov} failed timing {op} {mode} {dt_name} M={m} N={n}: {type(err).__name__}: {err}"
+                        )
                         samples[prov] = [[], [], []]
             runners.clear()
             case_rows = {}
@@ -440,17 +479,27 @@ def run(args) -> str:
                 else:
                     ms, p20, p80 = _percentile(med, 0.5), _percentile(med, 0.2), _percentile(med, 0.8)
                 nbytes = bytes_moved("copy" if prov == "copy" else op, mode, m, n, dtype)
-                case_rows[prov] = {"provider": prov, "op": op, "mode": mode, "dtype": dt_name, "M": m, "N": n,
-                                   "p": args.p, "ms_median": ms, "ms_p20": p20, "ms_p80": p80,
-                                   "gbps": nbytes / (ms * 1e6), "device": device}
+                case_rows[prov] = {
+                    "provider": prov,
+                    "op": op,
+                    "mode": mode,
+                    "dtype": dt_name,
+                    "M": m,
+                    "N": n,
+                    "p": args.p,
+                    "ms_median": ms,
+                    "ms_p20": p20,
+                    "ms_p80": p80,
+                    "gbps": nbytes / (ms * 1e6),
+                    "device": device,
+                }
             copy_gbps = case_rows.get("copy", {}).get("gbps")
             eager_ms = case_rows.get("eager", {}).get("ms_median")
             compile_ms = case_rows.get("compile", {}).get("ms_median")
             for r in case_rows.values():
                 r["ratio_copy"] = r["gbps"] / copy_gbps if copy_gbps else ""
                 r["speedup_vs_eager"] = eager_ms / r["ms_median"] if eager_ms and r["provider"] != "copy" else ""
-                r["speedup_vs_compile"] = compile_ms / r["ms_median"] if compile_ms and r["provider"] != "copy" \
-                    else ""
+                r["speedup_vs_compile"] = compile_ms / r["ms_median"] if compile_ms and r["provider"] != "copy" else ""
                 writer.writerow({k: _fmt(v) for k, v in r.items()})
                 rows.append(r)
             fh.flush()
@@ -460,8 +509,7 @@ def run(args) -> str:
             notes.append(f"skipped provider: {s}")
         for note in notes:
             fh.write(f"# note: {note}\n")
-    print(f"\nwrote {path} ({len(rows)} rows, {done} of {len(cases)} cases, "
-          f"{time.monotonic() - t_start:.0f} s)")
+    print(f"\nwrote {path} ({len(rows)} rows, {done} of {len(cases)} cases, {time.monotonic() - t_start:.0f} s)")
     for note in notes:
         print(f"note: {note}")
     print_summary(rows)
@@ -486,15 +534,17 @@ def _print_case(op, mode, dt, m, n, case_rows) -> None:
     print(f"{op:9s} {mode:7s} {dt:4s} M={m:<8d} N={n:<6d} | " + " | ".join(parts), flush=True)
 
 
-def print_summary(rows: List[dict]) -> None:
+def print_summary(rows: list[dict]) -> None:
     """Headline ratios: per (op, mode, dtype) and fused provider, geometric means over N of the speed-ups."""
     fused = [r for r in rows if r["provider"] in ("cuda", "cpu", "triton", "liger")]
     if not fused:
         return
     print("\nsummary (geometric mean over N; x eager / x compile = speed-up; %copy = share of copy GB/s)")
-    print(f"{'op':9s} {'mode':7s} {'dtype':5s} {'provider':8s} {'#N':>3s} {'x eager':>8s} {'x compile':>9s} "
-          f"{'%copy(mean)':>11s} {'best GB/s':>10s}")
-    groups: Dict[tuple, List[dict]] = {}
+    print(
+        f"{'op':9s} {'mode':7s} {'dtype':5s} {'provider':8s} {'#N':>3s} {'x eager':>8s} {'x compile':>9s} "
+        f"{'%copy(mean)':>11s} {'best GB/s':>10s}"
+    )
+    groups: dict[tuple, list[dict]] = {}
     for r in fused:
         groups.setdefault((r["op"], r["mode"], r["dtype"], r["provider"]), []).append(r)
 
@@ -505,9 +555,11 @@ def print_summary(rows: List[dict]) -> None:
     for (op, mode, dt, prov), rs in groups.items():
         ge, gc = gmean([r["speedup_vs_eager"] for r in rs]), gmean([r["speedup_vs_compile"] for r in rs])
         pc = [r["ratio_copy"] for r in rs if isinstance(r["ratio_copy"], float)]
-        print(f"{op:9s} {mode:7s} {dt:5s} {prov:8s} {len(rs):3d} "
-              f"{'-' if ge is None else f'{ge:.2f}':>8s} {'-' if gc is None else f'{gc:.2f}':>9s} "
-              f"{'-' if not pc else f'{100 * sum(pc) / len(pc):.0f}%':>11s} {max(r['gbps'] for r in rs):10.1f}")
+        print(
+            f"{op:9s} {mode:7s} {dt:5s} {prov:8s} {len(rs):3d} "
+            f"{'-' if ge is None else f'{ge:.2f}':>8s} {'-' if gc is None else f'{gc:.2f}':>9s} "
+            f"{'-' if not pc else f'{100 * sum(pc) / len(pc):.0f}%':>11s} {max(r['gbps'] for r in rs):10.1f}"
+        )
 
 
 def main(argv=None) -> int:

@@ -10,19 +10,32 @@ namespace {
 // Python spelling of dtypes, so C++ and Python errors read the same.
 std::string dtype_name(ScalarType t) {
   switch (t) {
-    case kFloat: return "torch.float32";
-    case kDouble: return "torch.float64";
-    case kHalf: return "torch.float16";
-    case kBFloat16: return "torch.bfloat16";
-    case kLong: return "torch.int64";
-    case ScalarType::Int: return "torch.int32";
-    case ScalarType::Short: return "torch.int16";
-    case ScalarType::Char: return "torch.int8";
-    case ScalarType::Byte: return "torch.uint8";
-    case ScalarType::Bool: return "torch.bool";
-    case ScalarType::ComplexFloat: return "torch.complex64";
-    case ScalarType::ComplexDouble: return "torch.complex128";
-    default: return std::string("torch.") + torch::headeronly::toString(t);
+    case kFloat:
+      return "torch.float32";
+    case kDouble:
+      return "torch.float64";
+    case kHalf:
+      return "torch.float16";
+    case kBFloat16:
+      return "torch.bfloat16";
+    case kLong:
+      return "torch.int64";
+    case ScalarType::Int:
+      return "torch.int32";
+    case ScalarType::Short:
+      return "torch.int16";
+    case ScalarType::Char:
+      return "torch.int8";
+    case ScalarType::Byte:
+      return "torch.uint8";
+    case ScalarType::Bool:
+      return "torch.bool";
+    case ScalarType::ComplexFloat:
+      return "torch.complex64";
+    case ScalarType::ComplexDouble:
+      return "torch.complex128";
+    default:
+      return std::string("torch.") + torch::headeronly::toString(t);
   }
 }
 
@@ -35,49 +48,45 @@ std::string shape_str(IntArrayRef sizes) {
   return s.str();
 }
 
-bool is_float_dtype(ScalarType t) {
-  return t == kFloat || t == kHalf || t == kBFloat16 || t == kDouble;
-}
+bool is_float_dtype(ScalarType t) { return t == kFloat || t == kHalf || t == kBFloat16 || t == kDouble; }
 
 void check_input(const char* op, const char* name, const Tensor& t) {
   GPUOPT_CHECK(is_float_dtype(t.scalar_type()), "gpuopt.", op, ": ", name,
-              " must be float32, float16, bfloat16 or float64, got ", dtype_name(t.scalar_type()));
+               " must be float32, float16, bfloat16 or float64, got ", dtype_name(t.scalar_type()));
   GPUOPT_CHECK(t.dim() >= 1, "gpuopt.", op, ": ", name, " must have at least 1 dimension, got a 0-dim tensor");
   GPUOPT_CHECK(last_dim(t) > 0, "gpuopt.", op, ": ", name, " must have a non-empty last dimension, got shape ",
-              shape_str(t.sizes()));
+               shape_str(t.sizes()));
 }
 
 void check_device(const char* op, const char* name, const Tensor& t, const Tensor& x) {
   GPUOPT_CHECK(t.device() == x.device(), "gpuopt.", op, ": ", name, " must be on ", device_str(x.device()),
-              " like x, got ", device_str(t.device()));
+               " like x, got ", device_str(t.device()));
 }
 
-void check_same(const char* op, const char* name, const Tensor& t, const char* ref_name,
-                const Tensor& ref) {
+void check_same(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) {
   check_device(op, name, t, ref);
   GPUOPT_CHECK(t.scalar_type() == ref.scalar_type(), "gpuopt.", op, ": ", name, " must have dtype ",
-              dtype_name(ref.scalar_type()), " like ", ref_name, ", got ", dtype_name(t.scalar_type()));
-  GPUOPT_CHECK(same_sizes(t.sizes(), ref.sizes()), "gpuopt.", op, ": ", name, " must have shape ", shape_str(ref.sizes()),
-              " like ", ref_name, ", got ", shape_str(t.sizes()));
+               dtype_name(ref.scalar_type()), " like ", ref_name, ", got ", dtype_name(t.scalar_type()));
+  GPUOPT_CHECK(same_sizes(t.sizes(), ref.sizes()), "gpuopt.", op, ": ", name, " must have shape ",
+               shape_str(ref.sizes()), " like ", ref_name, ", got ", shape_str(t.sizes()));
 }
 
 // weight / bias: shape (N,), x's device, dtype of x or float32.
 void check_param(const char* op, const char* name, const Tensor& t, const Tensor& x, int64_t N) {
   check_device(op, name, t, x);
   GPUOPT_CHECK(t.scalar_type() == x.scalar_type() || t.scalar_type() == kFloat, "gpuopt.", op, ": ", name,
-              " must have dtype ", dtype_name(x.scalar_type()), " (like x) or torch.float32, got ",
-              dtype_name(t.scalar_type()));
+               " must have dtype ", dtype_name(x.scalar_type()), " (like x) or torch.float32, got ",
+               dtype_name(t.scalar_type()));
   GPUOPT_CHECK(t.dim() == 1 && t.size(0) == N, "gpuopt.", op, ": ", name, " must have shape (", N,
-              ",) to match the last dimension of x, got ", shape_str(t.sizes()));
+               ",) to match the last dimension of x, got ", shape_str(t.sizes()));
 }
 
-void check_vector(const char* op, const char* name, const Tensor& t, const Tensor& x, int64_t M,
-                  ScalarType dtype) {
+void check_vector(const char* op, const char* name, const Tensor& t, const Tensor& x, int64_t M, ScalarType dtype) {
   check_device(op, name, t, x);
-  GPUOPT_CHECK(t.scalar_type() == dtype, "gpuopt.", op, ": ", name, " must have dtype ", dtype_name(dtype),
-              ", got ", dtype_name(t.scalar_type()));
+  GPUOPT_CHECK(t.scalar_type() == dtype, "gpuopt.", op, ": ", name, " must have dtype ", dtype_name(dtype), ", got ",
+               dtype_name(t.scalar_type()));
   GPUOPT_CHECK(t.dim() == 1 && t.size(0) == M, "gpuopt.", op, ": ", name, " must have shape (", M,
-              ",) (one entry per row of x), got ", shape_str(t.sizes()));
+               ",) (one entry per row of x), got ", shape_str(t.sizes()));
 }
 
 LdrArgs check_ldr_common(const char* op, const Tensor& x, const std::optional<Tensor>& weight,
@@ -98,16 +107,16 @@ LdrArgs check_ldr_common(const char* op, const Tensor& x, const std::optional<Te
     check_param(op, "bias", *bias, x, a.N);
     if (has_w) {
       GPUOPT_CHECK(bias->scalar_type() == weight->scalar_type(), "gpuopt.", op,
-                  ": bias must have the dtype of weight (", dtype_name(weight->scalar_type()), "), got ",
-                  dtype_name(bias->scalar_type()));
+                   ": bias must have the dtype of weight (", dtype_name(weight->scalar_type()), "), got ",
+                   dtype_name(bias->scalar_type()));
     }
     a.param_dtype = bias->scalar_type();
   }
   check_device(op, "seed", seed, x);
   GPUOPT_CHECK(seed.scalar_type() == kLong, "gpuopt.", op, ": seed must have dtype torch.int64, got ",
-              dtype_name(seed.scalar_type()));
+               dtype_name(seed.scalar_type()));
   GPUOPT_CHECK(seed.numel() == 1, "gpuopt.", op, ": seed must have exactly 1 element, got shape ",
-              shape_str(seed.sizes()));
+               shape_str(seed.sizes()));
   GPUOPT_CHECK(p >= 0.0 && p <= 1.0, "gpuopt.", op, ": p must be in [0, 1], got ", p);
   a.dropout = make_dropout_params(p);
   a.x = as_contiguous(x);
@@ -118,19 +127,17 @@ LdrArgs check_ldr_common(const char* op, const Tensor& x, const std::optional<Te
 
 }  // namespace
 
-LdrArgs check_ldr_forward(const Tensor& x, const std::optional<Tensor>& weight,
-                          const std::optional<Tensor>& bias, const Tensor& seed, double p,
-                          double eps) {
+LdrArgs check_ldr_forward(const Tensor& x, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                          const Tensor& seed, double p, double eps) {
   const char* op = "layer_norm_dropout_relu";
   LdrArgs a = check_ldr_common(op, x, weight, bias, seed, p);
   GPUOPT_CHECK(eps > 0.0 && std::isfinite(eps), "gpuopt.", op, ": eps must be a finite number > 0, got ", eps);
   return a;
 }
 
-LdrBackwardArgs check_ldr_backward(const Tensor& grad_out, const Tensor& x,
-                                   const std::optional<Tensor>& weight,
-                                   const std::optional<Tensor>& bias, const Tensor& mean,
-                                   const Tensor& rstd, const Tensor& seed, double p) {
+LdrBackwardArgs check_ldr_backward(const Tensor& grad_out, const Tensor& x, const std::optional<Tensor>& weight,
+                                   const std::optional<Tensor>& bias, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& seed, double p) {
   const char* op = "layer_norm_dropout_relu_backward";
   LdrBackwardArgs b;
   b.fwd = check_ldr_common(op, x, weight, bias, seed, p);

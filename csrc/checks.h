@@ -13,16 +13,15 @@ struct LdrArgs {
   Tensor x;       // contiguous
   Tensor weight;  // contiguous or undefined
   Tensor bias;    // contiguous or undefined
-  int64_t M = 0;      // rows
-  int64_t N = 0;      // normalized size (last dimension)
+  int64_t M = 0;  // rows
+  int64_t N = 0;  // normalized size (last dimension)
   DropoutParams dropout{};
   ScalarType acc_dtype = kFloat;    // dtype of mean / rstd
   ScalarType param_dtype = kFloat;  // dtype of grad_weight / grad_bias
 };
 
-LdrArgs check_ldr_forward(const Tensor& x, const std::optional<Tensor>& weight,
-                          const std::optional<Tensor>& bias, const Tensor& seed, double p,
-                          double eps);
+LdrArgs check_ldr_forward(const Tensor& x, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                          const Tensor& seed, double p, double eps);
 
 // Returns the forward's args plus contiguous grad_out, mean, rstd.
 struct LdrBackwardArgs {
@@ -30,10 +29,9 @@ struct LdrBackwardArgs {
   Tensor grad_out, mean, rstd;
 };
 
-LdrBackwardArgs check_ldr_backward(const Tensor& grad_out, const Tensor& x,
-                                   const std::optional<Tensor>& weight,
-                                   const std::optional<Tensor>& bias, const Tensor& mean,
-                                   const Tensor& rstd, const Tensor& seed, double p);
+LdrBackwardArgs check_ldr_backward(const Tensor& grad_out, const Tensor& x, const std::optional<Tensor>& weight,
+                                   const std::optional<Tensor>& bias, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& seed, double p);
 
 struct BiasReluArgs {
   Tensor x, bias;  // contiguous

@@ -15,6 +15,4 @@ PyMODINIT_FUNC PyInit__C(void) {
 }
 }
 
-STABLE_TORCH_LIBRARY(gpuopt, m) {
-  gpuopt::define_schemas(m);
-}
+STABLE_TORCH_LIBRARY(gpuopt, m) { gpuopt::define_schemas(m); }

@@ -44,8 +44,7 @@ GPUOPT_HD void philox_round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& 
 }
 
 // Ten rounds of Philox4x32 on counter (c0, c1, c2, c3) with key (k0, k1); the key is bumped between rounds.
-GPUOPT_HD Philox4x32 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                                   uint32_t k1) {
+GPUOPT_HD Philox4x32 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
 #if defined(__CUDACC__)
 #pragma unroll
 #endif
@@ -61,8 +60,8 @@ GPUOPT_HD Philox4x32 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32
 GPUOPT_HD Philox4x32 dropout_group_random(int64_t seed, int64_t group) {
   const uint64_t s = static_cast<uint64_t>(seed);
   const uint64_t g = static_cast<uint64_t>(group);
-  return philox4x32_10(static_cast<uint32_t>(g), static_cast<uint32_t>(g >> 32), 0u, 0u,
-                       static_cast<uint32_t>(s), static_cast<uint32_t>(s >> 32));
+  return philox4x32_10(static_cast<uint32_t>(g), static_cast<uint32_t>(g >> 32), 0u, 0u, static_cast<uint32_t>(s),
+                       static_cast<uint32_t>(s >> 32));
 }
 
 // 16-bit lane k (0..7) of a Philox output: k = 0 -> w0 & 0xffff, 1 -> w0 >> 16, 2 -> w1 & 0xffff, ...

@@ -44,9 +44,9 @@ std::string str_cat(const Args&... args) {
 // function, file and line, and our messages are the contract (gpuopt_ops/_validation.py repeats them).
 [[noreturn]] inline void fail(const std::string& message) { throw std::runtime_error(message); }
 
-#define GPUOPT_CHECK(cond, ...)                                    \
-  do {                                                             \
-    if (!(cond)) ::gpuopt::fail(::gpuopt::str_cat(__VA_ARGS__));   \
+#define GPUOPT_CHECK(cond, ...)                                  \
+  do {                                                           \
+    if (!(cond)) ::gpuopt::fail(::gpuopt::str_cat(__VA_ARGS__)); \
   } while (0)
 
 // Python spelling of a device, as torch.device's str: "cpu", "cuda:1", "meta".
@@ -54,18 +54,42 @@ inline std::string device_str(const torch::stable::Device& d) {
   using torch::headeronly::DeviceType;
   std::string name;
   switch (d.type()) {
-    case DeviceType::CPU: name = "cpu"; break;
-    case DeviceType::CUDA: name = "cuda"; break;
-    case DeviceType::HIP: name = "hip"; break;
-    case DeviceType::XPU: name = "xpu"; break;
-    case DeviceType::MPS: name = "mps"; break;
-    case DeviceType::Meta: name = "meta"; break;
-    case DeviceType::XLA: name = "xla"; break;
-    case DeviceType::HPU: name = "hpu"; break;
-    case DeviceType::MTIA: name = "mtia"; break;
-    case DeviceType::Lazy: name = "lazy"; break;
-    case DeviceType::PrivateUse1: name = "privateuseone"; break;
-    default: name = str_cat("device_type_", static_cast<int>(d.type())); break;
+    case DeviceType::CPU:
+      name = "cpu";
+      break;
+    case DeviceType::CUDA:
+      name = "cuda";
+      break;
+    case DeviceType::HIP:
+      name = "hip";
+      break;
+    case DeviceType::XPU:
+      name = "xpu";
+      break;
+    case DeviceType::MPS:
+      name = "mps";
+      break;
+    case DeviceType::Meta:
+      name = "meta";
+      break;
+    case DeviceType::XLA:
+      name = "xla";
+      break;
+    case DeviceType::HPU:
+      name = "hpu";
+      break;
+    case DeviceType::MTIA:
+      name = "mtia";
+      break;
+    case DeviceType::Lazy:
+      name = "lazy";
+      break;
+    case DeviceType::PrivateUse1:
+      name = "privateuseone";
+      break;
+    default:
+      name = str_cat("device_type_", static_cast<int>(d.type()));
+      break;
   }
   return d.has_index() ? str_cat(name, ":", static_cast<int>(d.index())) : name;
 }
@@ -111,11 +135,20 @@ struct TypeTag {
 template <typename Body>
 void dispatch_floating(ScalarType t, const char* op, Body&& body) {
   switch (t) {
-    case kFloat: body(TypeTag<float>{}); break;
-    case kDouble: body(TypeTag<double>{}); break;
-    case kHalf: body(TypeTag<Half>{}); break;
-    case kBFloat16: body(TypeTag<BFloat16>{}); break;
-    default: fail(str_cat("\"", op, "\" not implemented for '", torch::headeronly::toString(t), "'"));
+    case kFloat:
+      body(TypeTag<float>{});
+      break;
+    case kDouble:
+      body(TypeTag<double>{});
+      break;
+    case kHalf:
+      body(TypeTag<Half>{});
+      break;
+    case kBFloat16:
+      body(TypeTag<BFloat16>{});
+      break;
+    default:
+      fail(str_cat("\"", op, "\" not implemented for '", torch::headeronly::toString(t), "'"));
   }
 }
 

@@ -24,11 +24,13 @@ except ImportError as err:  # no build here (a source tree on sys.path), or a to
         "no build."
     ) from err
 
-from . import ops  # noqa: E402
+from . import (
+    compile_backend,  # noqa: E402
+    ops,  # noqa: E402
+)
 from .backends import BACKENDS, resolve_backend  # noqa: E402
-from .ops import bias_relu, draw_seed, layer_norm_dropout_relu  # noqa: E402
 from .fuse import fuse, unfuse  # noqa: E402
-from . import compile_backend  # noqa: E402
+from .ops import bias_relu, draw_seed, layer_norm_dropout_relu  # noqa: E402
 
 compile_backend.register()  # torch.compile(model, backend="gpuopt")
 
@@ -46,13 +48,26 @@ def _load_triton_twins() -> None:
     except ImportError:
         return
     except Exception as err:  # a broken triton install must not break the CPU/CUDA ops
-        warnings.warn(f"gpuopt_ops: `import triton` failed ({type(err).__name__}: {err}); the "
-                      "torch.ops.gpuopt.triton_* ops are not registered", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"gpuopt_ops: `import triton` failed ({type(err).__name__}: {err}); the "
+            "torch.ops.gpuopt.triton_* ops are not registered",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return
     from . import triton_ops  # noqa: F401
 
 
 _load_triton_twins()
 
-__all__ = ["layer_norm_dropout_relu", "bias_relu", "draw_seed", "fuse", "unfuse", "resolve_backend", "BACKENDS", "ops",
-           "compile_backend"]
+__all__ = [
+    "layer_norm_dropout_relu",
+    "bias_relu",
+    "draw_seed",
+    "fuse",
+    "unfuse",
+    "resolve_backend",
+    "BACKENDS",
+    "ops",
+    "compile_backend",
+]

@@ -27,8 +27,7 @@ def triton_interpreted() -> bool:
     return triton_ops.INTERPRETED
 
 
-def resolve_backend(backend: str, device: Optional[Union[torch.device, str]] = None,
-                    op: Optional[str] = None) -> str:
+def resolve_backend(backend: str, device: Optional[Union[torch.device, str]] = None, op: Optional[str] = None) -> str:
     """Checks `backend` and returns the one that runs on `device`.
 
     - `backend` must be one of BACKENDS (ValueError otherwise).
@@ -50,31 +49,43 @@ def resolve_backend(backend: str, device: Optional[Union[torch.device, str]] = N
     if backend == "auto":
         return "cuda" if device.type == "cuda" else "cpu"
     if backend == "cpu" and device.type != "cpu":
-        raise ValueError(f"{prefix}backend='cpu' needs a CPU tensor, got x on {device}; "
-                         "use backend='auto', 'cuda' or 'triton'")
+        raise ValueError(
+            f"{prefix}backend='cpu' needs a CPU tensor, got x on {device}; use backend='auto', 'cuda' or 'triton'"
+        )
     if backend == "cuda":
         if device.type != "cuda":
-            raise ValueError(f"{prefix}backend='cuda' needs a CUDA tensor, got x on {device}; "
-                             "use backend='auto' or 'cpu'")
+            raise ValueError(
+                f"{prefix}backend='cuda' needs a CUDA tensor, got x on {device}; use backend='auto' or 'cpu'"
+            )
         if not has_kernel(op or "layer_norm_dropout_relu", "CUDA"):
-            raise RuntimeError(f"{prefix}this gpuopt build has no CUDA kernels (it was built CPU-only, "
-                               "without nvcc or with GPUOPT_CPU_ONLY=1). Rebuild with a CUDA toolkit "
-                               "(pip install --no-build-isolation -e .) or use backend='triton'.")
+            raise RuntimeError(
+                f"{prefix}this gpuopt build has no CUDA kernels (it was built CPU-only, "
+                "without nvcc or with GPUOPT_CPU_ONLY=1). Rebuild with a CUDA toolkit "
+                "(pip install --no-build-isolation -e .) or use backend='triton'."
+            )
     if backend == "triton":
         try:
             import triton  # noqa: F401
         except ImportError as err:
-            raise RuntimeError(f"{prefix}backend='triton' needs the triton package, which cannot be "
-                               f"imported ({err}); install triton or use backend='cpu' (or 'cuda' on a GPU)") from err
+            raise RuntimeError(
+                f"{prefix}backend='triton' needs the triton package, which cannot be "
+                f"imported ({err}); install triton or use backend='cpu' (or 'cuda' on a GPU)"
+            ) from err
         if device.type not in ("cuda", "cpu"):
-            raise ValueError(f"{prefix}backend='triton' needs a CUDA tensor (or a CPU tensor under "
-                             f"TRITON_INTERPRET=1), got x on {device}")
+            raise ValueError(
+                f"{prefix}backend='triton' needs a CUDA tensor (or a CPU tensor under "
+                f"TRITON_INTERPRET=1), got x on {device}"
+            )
         if device.type == "cpu":
-            hint = ("set TRITON_INTERPRET=1 before importing triton (and gpuopt_ops.triton_ops) to run the Triton "
-                    "kernels on CPU tensors under Triton's interpreter, or use backend='cpu'")
+            hint = (
+                "set TRITON_INTERPRET=1 before importing triton (and gpuopt_ops.triton_ops) to run the Triton "
+                "kernels on CPU tensors under Triton's interpreter, or use backend='cpu'"
+            )
             if os.environ.get("TRITON_INTERPRET", "0") != "1":
                 raise RuntimeError(f"{prefix}backend='triton' got x on cpu without TRITON_INTERPRET=1: {hint}")
             if not triton_interpreted():
-                raise RuntimeError(f"{prefix}backend='triton' got x on cpu, but the Triton kernels were imported "
-                                   f"before TRITON_INTERPRET=1 was set, so they are compiled for the GPU: {hint}")
+                raise RuntimeError(
+                    f"{prefix}backend='triton' got x on cpu, but the Triton kernels were imported "
+                    f"before TRITON_INTERPRET=1 was set, so they are compiled for the GPU: {hint}"
+                )
     return backend

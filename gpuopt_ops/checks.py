@@ -30,8 +30,9 @@ def check_input(op: str, name: str, t: torch.Tensor) -> None:
         _fail(op, f"{name} must be float32, float16, bfloat16 or float64, got {t.dtype}")
     if t.dim() < 1:
         _fail(op, f"{name} must have at least 1 dimension, got a 0-dim tensor")
-    torch._check(t.shape[-1] > 0, lambda: f"gpuopt.{op}: {name} must have a non-empty last dimension, "
-                 f"got shape {_shape(t)}")
+    torch._check(
+        t.shape[-1] > 0, lambda: f"gpuopt.{op}: {name} must have a non-empty last dimension, got shape {_shape(t)}"
+    )
 
 
 def check_device(op: str, name: str, t: torch.Tensor, x: torch.Tensor) -> None:
@@ -43,28 +44,35 @@ def check_same(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Te
     check_device(op, name, t, ref)
     if t.dtype != ref.dtype:
         _fail(op, f"{name} must have dtype {ref.dtype} like {ref_name}, got {t.dtype}")
-    torch._check(t.dim() == ref.dim() and all(a == b for a, b in zip(t.shape, ref.shape)),
-                 lambda: f"gpuopt.{op}: {name} must have shape {_shape(ref)} like {ref_name}, got {_shape(t)}")
+    torch._check(
+        t.dim() == ref.dim() and all(a == b for a, b in zip(t.shape, ref.shape)),
+        lambda: f"gpuopt.{op}: {name} must have shape {_shape(ref)} like {ref_name}, got {_shape(t)}",
+    )
 
 
 def check_param(op: str, name: str, t: torch.Tensor, x: torch.Tensor, n) -> None:
     check_device(op, name, t, x)
     if t.dtype != x.dtype and t.dtype != torch.float32:
         _fail(op, f"{name} must have dtype {x.dtype} (like x) or torch.float32, got {t.dtype}")
-    torch._check(t.dim() == 1 and t.shape[0] == n, lambda: f"gpuopt.{op}: {name} must have shape ({n},) "
-                 f"to match the last dimension of x, got {_shape(t)}")
+    torch._check(
+        t.dim() == 1 and t.shape[0] == n,
+        lambda: f"gpuopt.{op}: {name} must have shape ({n},) to match the last dimension of x, got {_shape(t)}",
+    )
 
 
 def check_vector(op: str, name: str, t: torch.Tensor, x: torch.Tensor, m, dtype: torch.dtype) -> None:
     check_device(op, name, t, x)
     if t.dtype != dtype:
         _fail(op, f"{name} must have dtype {dtype}, got {t.dtype}")
-    torch._check(t.dim() == 1 and t.shape[0] == m, lambda: f"gpuopt.{op}: {name} must have shape ({m},) "
-                 f"(one entry per row of x), got {_shape(t)}")
+    torch._check(
+        t.dim() == 1 and t.shape[0] == m,
+        lambda: f"gpuopt.{op}: {name} must have shape ({m},) (one entry per row of x), got {_shape(t)}",
+    )
 
 
-def check_ldr_common(op: str, x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-                     seed: torch.Tensor, p: float):
+def check_ldr_common(
+    op: str, x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], seed: torch.Tensor, p: float
+):
     """Returns (M, N, param_dtype)."""
     check_input(op, "x", x)
     n = x.shape[-1]
@@ -81,8 +89,7 @@ def check_ldr_common(op: str, x: torch.Tensor, weight: Optional[torch.Tensor], b
     check_device(op, "seed", seed, x)
     if seed.dtype != torch.int64:
         _fail(op, f"seed must have dtype torch.int64, got {seed.dtype}")
-    torch._check(seed.numel() == 1, lambda: f"gpuopt.{op}: seed must have exactly 1 element, got shape "
-                 f"{_shape(seed)}")
+    torch._check(seed.numel() == 1, lambda: f"gpuopt.{op}: seed must have exactly 1 element, got shape {_shape(seed)}")
     if not (0.0 <= p <= 1.0):  # also rejects NaN
         _fail(op, f"p must be in [0, 1], got {p:g}")
     return m, n, param_dtype

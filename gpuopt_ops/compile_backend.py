@@ -18,7 +18,7 @@ patch.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 import torch
 import torch.fx
@@ -45,8 +45,11 @@ def _linear_bias_relu(x, weight, bias):
 # ---------------------------------------------------------------------------------------------- matching
 def _is_relu(node: torch.fx.Node) -> bool:
     if node.op == "call_function" and node.target in _RELU_FUNCTIONS:
-        return len(node.args) == 1 and set(node.kwargs) <= {"inplace"} and isinstance(
-            node.kwargs.get("inplace", False), bool)
+        return (
+            len(node.args) == 1
+            and set(node.kwargs) <= {"inplace"}
+            and isinstance(node.kwargs.get("inplace", False), bool)
+        )
     return node.op == "call_method" and node.target in _RELU_METHODS and len(node.args) == 1 and not node.kwargs
 
 
@@ -113,12 +116,12 @@ def _layer_norm_args(node: torch.fx.Node):
     if not _tensor_ok(x, [weight, bias]):
         return None
     xv = _value(x)
-    if xv.dim() < len(shape) or tuple(xv.shape[xv.dim() - len(shape):]) != tuple(shape):
+    if xv.dim() < len(shape) or tuple(xv.shape[xv.dim() - len(shape) :]) != tuple(shape):
         return None  # normalized_shape must be x's trailing dims (it is for any valid call; keeps SymInts out)
     return x, tuple(shape), weight, bias, float(eps)
 
 
-def _rewrite(gm: torch.fx.GraphModule, log: List[str]) -> int:
+def _rewrite(gm: torch.fx.GraphModule, log: list[str]) -> int:
     graph = gm.graph
     count = 0
     for node in list(graph.nodes):
@@ -179,9 +182,9 @@ def _rewrite(gm: torch.fx.GraphModule, log: List[str]) -> int:
     return count
 
 
-def rewrite_graph(gm: torch.fx.GraphModule, verbose: bool = False) -> List[str]:
+def rewrite_graph(gm: torch.fx.GraphModule, verbose: bool = False) -> list[str]:
     """Rewrites the patterns in gm in place; returns one line per rewrite (printed when verbose)."""
-    log: List[str] = []
+    log: list[str] = []
     _rewrite(gm, log)
     if verbose:
         for line in log:
@@ -189,8 +192,9 @@ def rewrite_graph(gm: torch.fx.GraphModule, verbose: bool = False) -> List[str]:
     return log
 
 
-def gpuopt_backend(gm: torch.fx.GraphModule, example_inputs, options: Optional[Dict[str, Any]] = None,
-                   mode: Optional[str] = None):
+def gpuopt_backend(
+    gm: torch.fx.GraphModule, example_inputs, options: Optional[dict[str, Any]] = None, mode: Optional[str] = None
+):
     """Dynamo backend: rewrite the fusable patterns (see the module docstring), then compile with Inductor."""
     from torch._inductor.compile_fx import compile_fx
 
@@ -211,4 +215,3 @@ def register() -> None:
         register_backend(gpuopt_backend, name="gpuopt")
     except AssertionError:  # already registered (a reload of this module): "duplicate name: gpuopt"
         pass
-

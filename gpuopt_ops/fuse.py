@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from typing import List, Optional, Tuple
+from typing import Optional
 
 from torch import nn
 
@@ -32,7 +32,7 @@ def _occurrences(model: nn.Module) -> Counter:
     return Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
 
 
-def _match(children: List[Tuple[str, nn.Module]], i: int, uses: Counter):
+def _match(children: list[tuple[str, nn.Module]], i: int, uses: Counter):
     """The pattern starting at children[i]: (pattern name, consumed (key, module) pairs), or None."""
 
     def single(j: int, cls) -> Optional[nn.Module]:
@@ -45,13 +45,13 @@ def _match(children: List[Tuple[str, nn.Module]], i: int, uses: Counter):
         return None
     if type(head) is nn.LayerNorm:
         if single(i + 1, nn.Dropout) is not None and single(i + 2, nn.ReLU) is not None:
-            return "LayerNorm → Dropout → ReLU", children[i + 1:i + 3]
+            return "LayerNorm → Dropout → ReLU", children[i + 1 : i + 3]
         if single(i + 1, nn.ReLU) is not None:
             if single(i + 2, nn.Dropout) is not None:
-                return "LayerNorm → ReLU → Dropout", children[i + 1:i + 3]
-            return "LayerNorm → ReLU", children[i + 1:i + 2]
+                return "LayerNorm → ReLU → Dropout", children[i + 1 : i + 3]
+            return "LayerNorm → ReLU", children[i + 1 : i + 2]
     if type(head) is nn.Linear and head.bias is not None and single(i + 1, nn.ReLU) is not None:
-        return "Linear → ReLU", children[i + 1:i + 2]
+        return "Linear → ReLU", children[i + 1 : i + 2]
     return None
 
 
@@ -59,9 +59,15 @@ def _fused_module(head: nn.Module, consumed, backend: str) -> nn.Module:
     # built on the meta device (no allocation, no draw from torch's generator), then given head's Parameters
     if isinstance(head, nn.LayerNorm):
         dropouts = [m for _, m in consumed if isinstance(m, nn.Dropout)]
-        fused = FusedLayerNormDropoutReLU(head.normalized_shape, p=dropouts[0].p if dropouts else 0.0,
-                                          eps=head.eps, elementwise_affine=head.elementwise_affine,
-                                          bias=head.bias is not None, backend=backend, device="meta")
+        fused = FusedLayerNormDropoutReLU(
+            head.normalized_shape,
+            p=dropouts[0].p if dropouts else 0.0,
+            eps=head.eps,
+            elementwise_affine=head.elementwise_affine,
+            bias=head.bias is not None,
+            backend=backend,
+            device="meta",
+        )
         training = dropouts[0].training if dropouts else head.training
     else:
         fused = LinearBiasReLU(head.in_features, head.out_features, backend=backend, device="meta")
@@ -96,8 +102,11 @@ def fuse(model: nn.Module, *, inplace: bool = False, backend: str = "auto", verb
             pattern, consumed = found
             key, head = children[i]
             fused = _fused_module(head, consumed, backend)
-            setattr(fused, _RECORD, {"head": type(head).__name__, "pattern": pattern,
-                                     "consumed": [(k, m) for k, m in consumed]})
+            setattr(
+                fused,
+                _RECORD,
+                {"head": type(head).__name__, "pattern": pattern, "consumed": [(k, m) for k, m in consumed]},
+            )
             seq._modules[key] = fused
             for k, _ in consumed:
                 seq._modules[k] = nn.Identity()
@@ -110,8 +119,13 @@ def fuse(model: nn.Module, *, inplace: bool = False, backend: str = "auto", verb
 
 def _stock_module(fused: nn.Module, record) -> nn.Module:
     if record["head"] == "LayerNorm":
-        stock = nn.LayerNorm(fused.normalized_shape, eps=fused.eps, elementwise_affine=fused.elementwise_affine,
-                             bias=fused.bias is not None, device="meta")
+        stock = nn.LayerNorm(
+            fused.normalized_shape,
+            eps=fused.eps,
+            elementwise_affine=fused.elementwise_affine,
+            bias=fused.bias is not None,
+            device="meta",
+        )
     else:
         stock = nn.Linear(fused.in_features, fused.out_features, device="meta")
     stock.weight = fused.weight

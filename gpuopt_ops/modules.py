@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -33,9 +34,17 @@ class FusedLayerNormDropoutReLU(nn.Module):
     the same mask. `eval()` turns dropout off.
     """
 
-    def __init__(self, normalized_shape: _ShapeT, p: float = 0.1, eps: float = 1e-5,
-                 elementwise_affine: bool = True, bias: bool = True, backend: str = "auto",
-                 device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        normalized_shape: _ShapeT,
+        p: float = 0.1,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        backend: str = "auto",
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (int(normalized_shape),)
@@ -65,13 +74,23 @@ class FusedLayerNormDropoutReLU(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm_dropout_relu(x, self.normalized_shape, self.weight, self.bias, p=self.p,
-                                       training=self.training, eps=self.eps, backend=self.backend)
+        return layer_norm_dropout_relu(
+            x,
+            self.normalized_shape,
+            self.weight,
+            self.bias,
+            p=self.p,
+            training=self.training,
+            eps=self.eps,
+            backend=self.backend,
+        )
 
     def extra_repr(self) -> str:
-        return (f"{self.normalized_shape}, p={self.p}, eps={self.eps}, "
-                f"elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}, "
-                f"backend={self.backend!r}")
+        return (
+            f"{self.normalized_shape}, p={self.p}, eps={self.eps}, "
+            f"elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}, "
+            f"backend={self.backend!r}"
+        )
 
 
 class FusedBiasReLU(nn.Module):
@@ -97,8 +116,7 @@ class LinearBiasReLU(nn.Module):
     nn.Linear (or of nn.Sequential(nn.Linear, nn.ReLU)'s first entry) loads unchanged.
     """
 
-    def __init__(self, in_features: int, out_features: int, backend: str = "auto", device=None,
-                 dtype=None) -> None:
+    def __init__(self, in_features: int, out_features: int, backend: str = "auto", device=None, dtype=None) -> None:
         super().__init__()
         self.in_features = int(in_features)
         self.out_features = int(out_features)
@@ -128,10 +146,19 @@ class LinearBiasReLU(nn.Module):
 class EagerLayerNormDropoutReLU(nn.LayerNorm):
     """The unfused LayerNorm → Dropout → ReLU with FusedLayerNormDropoutReLU's parameter names (for comparisons)."""
 
-    def __init__(self, normalized_shape: _ShapeT, p: float = 0.1, eps: float = 1e-5,
-                 elementwise_affine: bool = True, bias: bool = True, device=None, dtype=None) -> None:
-        super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine, bias=bias,
-                         device=device, dtype=dtype)
+    def __init__(
+        self,
+        normalized_shape: _ShapeT,
+        p: float = 0.1,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(
+            normalized_shape, eps=eps, elementwise_affine=elementwise_affine, bias=bias, device=device, dtype=dtype
+        )
         self.p = float(p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -152,8 +179,9 @@ class EagerLinearReLU(nn.Linear):
 def unfused_equivalent(module: nn.Module) -> Optional[nn.Module]:
     """The unfused PyTorch twin of a fused module, with the same parameters copied in (None if not ours)."""
     if isinstance(module, FusedLayerNormDropoutReLU):
-        twin = EagerLayerNormDropoutReLU(module.normalized_shape, module.p, module.eps, module.elementwise_affine,
-                                         module.bias is not None)
+        twin = EagerLayerNormDropoutReLU(
+            module.normalized_shape, module.p, module.eps, module.elementwise_affine, module.bias is not None
+        )
     elif isinstance(module, LinearBiasReLU):
         twin = EagerLinearReLU(module.in_features, module.out_features)
     else:

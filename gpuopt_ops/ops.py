@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Optional, Union
 
 import torch
 
@@ -18,8 +19,11 @@ _ops = torch.ops.gpuopt
 def _ldr_fake(x, weight, bias, seed, p, eps):
     m, _, _ = V.check_ldr_forward(x, weight, bias, seed, p, eps)
     acc = V.acc_dtype(x.dtype)
-    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty((m,), dtype=acc), \
-        x.new_empty((m,), dtype=acc)
+    return (
+        torch.empty_like(x, memory_format=torch.contiguous_format),
+        x.new_empty((m,), dtype=acc),
+        x.new_empty((m,), dtype=acc),
+    )
 
 
 @torch.library.register_fake("gpuopt::layer_norm_dropout_relu_backward")
@@ -39,8 +43,9 @@ def _bias_relu_fake(x, bias):
 @torch.library.register_fake("gpuopt::bias_relu_backward")
 def _bias_relu_backward_fake(grad_out, out):
     _, n = V.check_bias_relu_backward(grad_out, out)
-    return torch.empty_like(out, memory_format=torch.contiguous_format), \
-        out.new_empty((n,), dtype=V.acc_dtype(out.dtype))
+    return torch.empty_like(out, memory_format=torch.contiguous_format), out.new_empty(
+        (n,), dtype=V.acc_dtype(out.dtype)
+    )
 
 
 # ---------------------------------------------------------------------------------------------- autograd
@@ -61,8 +66,14 @@ def register_ldr_autograd(forward_op, backward_op) -> None:
         x, weight, bias, mean, rstd, seed = ctx.saved_tensors
         grad_x, grad_w, grad_b = backward_op(grad_out, x, weight, bias, mean, rstd, seed, ctx.p)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        return (grad_x if need_x else None, grad_w if weight is not None and need_w else None,
-                grad_b if bias is not None and need_b else None, None, None, None)
+        return (
+            grad_x if need_x else None,
+            grad_w if weight is not None and need_w else None,
+            grad_b if bias is not None and need_b else None,
+            None,
+            None,
+            None,
+        )
 
     torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
     _forbid_double_backward(f"{forward_op}_backward")
@@ -72,8 +83,10 @@ def _forbid_double_backward(qualname: str) -> None:
     """The `_backward` ops are not differentiable: an error instead of PyTorch's silently-zero fallback."""
 
     def backward(ctx, *grads):
-        raise RuntimeError(f"{qualname.replace('::', '.')}: double backward (the gradient of a gradient) is not "
-                           "supported by the gpuopt ops; compute second derivatives with the unfused PyTorch ops")
+        raise RuntimeError(
+            f"{qualname.replace('::', '.')}: double backward (the gradient of a gradient) is not "
+            "supported by the gpuopt ops; compute second derivatives with the unfused PyTorch ops"
+        )
 
     torch.library.register_autograd(qualname, backward, setup_context=lambda ctx, inputs, output: None)
 
@@ -115,9 +128,11 @@ def _flatten_normalized(x: torch.Tensor, normalized_shape, weight, bias):
         normalized_shape = (normalized_shape,)
     normalized_shape = tuple(normalized_shape)
     k = len(normalized_shape)
-    if k == 0 or x.dim() < k or tuple(x.shape[x.dim() - k:]) != normalized_shape:
-        raise ValueError(f"gpuopt.layer_norm_dropout_relu: normalized_shape {normalized_shape} must be the "
-                         f"trailing dimensions of x, got x of shape {tuple(x.shape)}")
+    if k == 0 or x.dim() < k or tuple(x.shape[x.dim() - k :]) != normalized_shape:
+        raise ValueError(
+            f"gpuopt.layer_norm_dropout_relu: normalized_shape {normalized_shape} must be the "
+            f"trailing dimensions of x, got x of shape {tuple(x.shape)}"
+        )
     n = math.prod(normalized_shape)
     x2 = x if k == 1 else x.reshape(*x.shape[: x.dim() - k], n)
     w = weight.reshape(n) if weight is not None and k > 1 else weight
@@ -133,10 +148,17 @@ def draw_seed(device: torch.device, generator: Optional[torch.Generator] = None)
     return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64, generator=generator)
 
 
-def layer_norm_dropout_relu(x: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
-                            weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
-                            p: float = 0.1, training: bool = True, eps: float = 1e-5,
-                            generator: Optional[torch.Generator] = None, backend: str = "auto") -> torch.Tensor:
+def layer_norm_dropout_relu(
+    x: torch.Tensor,
+    normalized_shape: Union[int, Sequence[int]],
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    p: float = 0.1,
+    training: bool = True,
+    eps: float = 1e-5,
+    generator: Optional[torch.Generator] = None,
+    backend: str = "auto",
+) -> torch.Tensor:
     """relu(dropout(layer_norm(x, normalized_shape, weight, bias, eps), p)) in one fused kernel.
 
     Dropout keeps an element with probability 1 - p quantized to a multiple of 2**-16 (see DESIGN.md) and is

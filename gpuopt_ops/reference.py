@@ -7,7 +7,8 @@ arithmetic instead of the C++ header), checked against the Random123 known-answe
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -17,10 +18,9 @@ PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 _MASK32 = np.uint64(0xFFFFFFFF)
 
 
-def philox4x32_10(counter: Sequence[int], key: Sequence[int]) -> Tuple[int, int, int, int]:
+def philox4x32_10(counter: Sequence[int], key: Sequence[int]) -> tuple[int, int, int, int]:
     """One Philox4x32-10 call on Python ints (for the known-answer tests)."""
-    out = philox4x32_10_array(*(np.array([c], dtype=np.uint64) for c in counter),
-                              np.uint64(key[0]), np.uint64(key[1]))
+    out = philox4x32_10_array(*(np.array([c], dtype=np.uint64) for c in counter), np.uint64(key[0]), np.uint64(key[1]))
     return tuple(int(w[0]) for w in out)
 
 
@@ -32,8 +32,7 @@ def philox4x32_10_array(c0, c1, c2, c3, k0, k1):
     for _ in range(10):
         p0 = m0 * c0
         p1 = m1 * c2
-        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & _MASK32, (p0 >> np.uint64(32)) ^ c3 ^ k1,
-                          p0 & _MASK32)
+        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & _MASK32, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & _MASK32)
         k0 = np.uint64((int(k0) + PHILOX_W0) & 0xFFFFFFFF)
         k1 = np.uint64((int(k1) + PHILOX_W1) & 0xFFFFFFFF)
     return c0, c1, c2, c3
@@ -59,8 +58,9 @@ def dropout_uniform16(seed: int, idx: np.ndarray) -> np.ndarray:
     idx = np.asarray(idx, dtype=np.int64)
     s = int(seed) & 0xFFFFFFFFFFFFFFFF
     g = (idx >> 3).astype(np.uint64)
-    words = philox4x32_10_array(g & _MASK32, g >> np.uint64(32), np.zeros_like(g), np.zeros_like(g),
-                                s & 0xFFFFFFFF, s >> 32)
+    words = philox4x32_10_array(
+        g & _MASK32, g >> np.uint64(32), np.zeros_like(g), np.zeros_like(g), s & 0xFFFFFFFF, s >> 32
+    )
     lane = (idx & 7).astype(np.int64)
     stacked = np.stack(words)  # (4, n)
     word = np.take_along_axis(stacked, (lane >> 1)[None, :], axis=0)[0]
@@ -80,8 +80,15 @@ def seed_value(seed: torch.Tensor | int) -> int:
     return int(seed.reshape(()).item()) if isinstance(seed, torch.Tensor) else int(seed)
 
 
-def layer_norm_dropout_relu(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-                            seed, p: float, eps: float = 1e-5, compute_dtype: Optional[torch.dtype] = None):
+def layer_norm_dropout_relu(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    seed,
+    p: float,
+    eps: float = 1e-5,
+    compute_dtype: Optional[torch.dtype] = None,
+):
     """relu(dropout(layer_norm(x) * weight + bias)) over the last dim, built from unfused PyTorch ops.
 
     compute_dtype=None computes in x's dtype (what plain PyTorch would do); torch.float64 gives the

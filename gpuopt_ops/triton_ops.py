@@ -22,7 +22,7 @@ import importlib.util
 import inspect
 import sys
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
@@ -49,7 +49,8 @@ def _import_triton_kernels():
         if not (pkg / "__init__.py").is_file():
             raise ImportError(
                 "gpuopt_ops.triton_ops: cannot import gpuopt_ops.triton_kernels (reinstall gpuopt with "
-                "`pip install --no-build-isolation -e .`)") from err
+                "`pip install --no-build-isolation -e .`)"
+            ) from err
     spec = importlib.util.spec_from_file_location(name, pkg / "__init__.py", submodule_search_locations=[str(pkg)])
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
@@ -102,19 +103,24 @@ _WRAP = _launch_wrapper()
 _KERNELS = {
     "gpuopt::triton_layer_norm_dropout_relu": [_LDR.ldr_fwd_fused_kernel, _LDR.ldr_fwd_looped_kernel],
     "gpuopt::triton_layer_norm_dropout_relu_backward": [
-        _LDR.ldr_bwd_fused_kernel, _LDR.ldr_bwd_row_coef_kernel, _LDR.ldr_bwd_chunk_kernel,
-        _COMMON.sum_partials_kernel],
+        _LDR.ldr_bwd_fused_kernel,
+        _LDR.ldr_bwd_row_coef_kernel,
+        _LDR.ldr_bwd_chunk_kernel,
+        _COMMON.sum_partials_kernel,
+    ],
     "gpuopt::triton_bias_relu": [_BR.bias_relu_fwd_kernel],
     "gpuopt::triton_bias_relu_backward": [_BR.bias_relu_bwd_kernel, _COMMON.sum_partials_kernel],
 }
 
 SCHEMAS = {
-    "gpuopt::triton_layer_norm_dropout_relu":
+    "gpuopt::triton_layer_norm_dropout_relu": (
         "(Tensor x, Tensor? weight, Tensor? bias, Tensor seed, float p, float eps)"
-        " -> (Tensor out, Tensor mean, Tensor rstd)",
-    "gpuopt::triton_layer_norm_dropout_relu_backward":
+        " -> (Tensor out, Tensor mean, Tensor rstd)"
+    ),
+    "gpuopt::triton_layer_norm_dropout_relu_backward": (
         "(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, Tensor seed,"
-        " float p) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)",
+        " float p) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)"
+    ),
     "gpuopt::triton_bias_relu": "(Tensor x, Tensor bias) -> Tensor",
     "gpuopt::triton_bias_relu_backward": "(Tensor grad_out, Tensor out) -> (Tensor grad_x, Tensor grad_bias)",
 }
@@ -131,7 +137,8 @@ def _skip_launch(x: torch.Tensor, op: str) -> bool:
         raise RuntimeError(
             f"gpuopt.{op}: the Triton kernels were compiled for the GPU and cannot run on CPU tensors. Set "
             "TRITON_INTERPRET=1 before importing triton (and gpuopt_ops.triton_ops) to run them on the CPU under "
-            "Triton's interpreter, or use the C++ op (backend='cpu').")
+            "Triton's interpreter, or use the C++ op (backend='cpu')."
+        )
     return False
 
 
@@ -148,8 +155,14 @@ def _triton_op(name: str):
 
 
 @_triton_op("gpuopt::triton_layer_norm_dropout_relu")
-def _ldr_forward(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-                 seed: torch.Tensor, p: float, eps: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _ldr_forward(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    seed: torch.Tensor,
+    p: float,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     m, _, _ = V.check_ldr_forward(x, weight, bias, seed, p, eps)
     acc = V.acc_dtype(x.dtype)
     x = x.contiguous()
@@ -162,9 +175,16 @@ def _ldr_forward(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional
 
 
 @_triton_op("gpuopt::triton_layer_norm_dropout_relu_backward")
-def _ldr_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
-                  bias: Optional[torch.Tensor], mean: torch.Tensor, rstd: torch.Tensor, seed: torch.Tensor,
-                  p: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _ldr_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    seed: torch.Tensor,
+    p: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _, n, param_dtype = V.check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p)
     x = x.contiguous()
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -172,8 +192,20 @@ def _ldr_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torc
     grad_w = torch.zeros((n,) if weight is not None else (0,), dtype=param_dtype, device=x.device)
     grad_b = torch.zeros((n,) if bias is not None else (0,), dtype=param_dtype, device=x.device)
     if not _skip_launch(x, "layer_norm_dropout_relu_backward"):
-        _LDR.launch_backward(grad_out.contiguous(), x, _contig(weight), _contig(bias), mean.contiguous(),
-                             rstd.contiguous(), seed, grad_x, grad_w, grad_b, p, wrap=_WRAP)
+        _LDR.launch_backward(
+            grad_out.contiguous(),
+            x,
+            _contig(weight),
+            _contig(bias),
+            mean.contiguous(),
+            rstd.contiguous(),
+            seed,
+            grad_x,
+            grad_w,
+            grad_b,
+            p,
+            wrap=_WRAP,
+        )
     return grad_x, grad_w, grad_b
 
 
@@ -188,7 +220,7 @@ def _bias_relu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 
 
 @_triton_op("gpuopt::triton_bias_relu_backward")
-def _bias_relu_backward(grad_out: torch.Tensor, out: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _bias_relu_backward(grad_out: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _, n = V.check_bias_relu_backward(grad_out, out)
     out = out.contiguous()
     grad_x = torch.empty(out.shape, dtype=out.dtype, device=out.device)
@@ -232,5 +264,10 @@ triton_bias_relu_backward = torch.ops.gpuopt.triton_bias_relu_backward
 register_ldr_autograd("gpuopt::triton_layer_norm_dropout_relu", triton_layer_norm_dropout_relu_backward)
 register_bias_relu_autograd("gpuopt::triton_bias_relu", triton_bias_relu_backward)
 
-__all__ = ["triton_layer_norm_dropout_relu", "triton_layer_norm_dropout_relu_backward", "triton_bias_relu",
-           "triton_bias_relu_backward", "INTERPRETED"]
+__all__ = [
+    "triton_layer_norm_dropout_relu",
+    "triton_layer_norm_dropout_relu_backward",
+    "triton_bias_relu",
+    "triton_bias_relu_backward",
+    "INTERPRETED",
+]

@@ -14,8 +14,9 @@ report shows what did not run:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Tuple
+from typing import Optional
 
 import pytest
 import torch
@@ -47,7 +48,7 @@ class Backend:
     api: str  # the backend= argument of the public functions, modules and fuse
     device: str  # where its tensors live
     prefix: str  # torch.ops.gpuopt.<prefix><op>: "" for the C++ ops, "triton_" for the Triton twins
-    marks: Tuple = ()
+    marks: tuple = ()
     skip_reason: Callable[[], Optional[str]] = field(default=lambda: None, compare=False)
     gpu: bool = False
 

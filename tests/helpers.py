@@ -4,6 +4,7 @@ import torch
 
 from gpuopt_ops import reference as R
 
+
 def make_inputs(prefix, n, dtype, device="cpu", affine=True, param_dtype=None, requires_grad=False, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(*prefix, n, generator=g, dtype=torch.float64).to(dtype)
@@ -25,9 +26,11 @@ def seed_tensor(value, device="cpu"):
 def report_mismatch(name, ours, ref, tol):
     diff = (ours.double() - ref.double()).abs()
     idx = int(diff.reshape(-1).argmax()) if diff.numel() else 0
-    return (f"{name}: max |ours - ref| = {diff.max().item() if diff.numel() else 0:.3e} > tol {tol:.3e} "
-            f"at flat index {idx} (ours {ours.reshape(-1)[idx].item() if diff.numel() else None}, "
-            f"ref {ref.reshape(-1)[idx].item() if diff.numel() else None})")
+    return (
+        f"{name}: max |ours - ref| = {diff.max().item() if diff.numel() else 0:.3e} > tol {tol:.3e} "
+        f"at flat index {idx} (ours {ours.reshape(-1)[idx].item() if diff.numel() else None}, "
+        f"ref {ref.reshape(-1)[idx].item() if diff.numel() else None})"
+    )
 
 
 def assert_close_to_reference(name, ours, ref64, torch_lowp, floor):
@@ -131,8 +134,9 @@ def opcheck_four_ops(ldr, ldr_backward, bias_relu, bias_relu_backward, samples, 
     for x, w, b, seed in samples:
         torch.library.opcheck(ldr, (x, w, b, seed, 0.2, eps))
         out, mean, rstd = ldr(x.detach(), _detached(w), _detached(b), seed, 0.2, eps)
-        torch.library.opcheck(ldr_backward, (torch.randn_like(out), x.detach(), _detached(w), _detached(b), mean,
-                                             rstd, seed, 0.2))
+        torch.library.opcheck(
+            ldr_backward, (torch.randn_like(out), x.detach(), _detached(w), _detached(b), mean, rstd, seed, 0.2)
+        )
         bias = torch.randn(x.shape[-1], dtype=x.dtype, device=x.device, requires_grad=True)
         torch.library.opcheck(bias_relu, (x, bias))
         o = bias_relu(x.detach(), bias.detach())

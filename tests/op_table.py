@@ -12,8 +12,9 @@ gradients) get the floor times the number of rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Optional
 
 import torch
 
@@ -36,7 +37,7 @@ SHAPES = [((4,), 1), ((3,), 7), ((5,), 37), ((2, 3), 123), ((6,), 64), ((0,), 16
 
 @dataclass
 class Sample:
-    args: Dict[str, object]  # the forward op's arguments by schema name
+    args: dict[str, object]  # the forward op's arguments by schema name
     grad_out: torch.Tensor  # the gradient of the op's main output
 
     @property
@@ -48,17 +49,17 @@ class Sample:
 @dataclass(frozen=True)
 class Variant:
     name: str
-    options: Dict[str, object] = field(default_factory=dict)
+    options: dict[str, object] = field(default_factory=dict)
     dtypes: Optional[Sequence[torch.dtype]] = None  # None: every dtype
 
 
 @dataclass(frozen=True)
 class OpSpec:
     name: str  # the forward op; its backward is `<name>_backward`
-    variants: Tuple[Variant, ...]
+    variants: tuple[Variant, ...]
     sample: Callable[..., Sample]  # (prefix, n, dtype, device, **variant options) -> Sample
-    run: Callable[..., Dict[str, torch.Tensor]]  # (backend, sample) -> named results (outputs and gradients)
-    reference: Callable[..., Dict[str, torch.Tensor]]  # (sample, compute dtype, low-precision?) -> same names
+    run: Callable[..., dict[str, torch.Tensor]]  # (backend, sample) -> named results (outputs and gradients)
+    reference: Callable[..., dict[str, torch.Tensor]]  # (sample, compute dtype, low-precision?) -> same names
     check: Callable[..., None]  # (sample, ours, ref64, reference in x's dtype) -> asserts
 
 
@@ -72,10 +73,10 @@ def ldr_sample(prefix, n, dtype, device, *, p=0.25, affine=True, param_dtype=Non
 
 def ldr_run(backend, s: Sample):
     a = s.args
-    out, mean, rstd = backend.op("layer_norm_dropout_relu")(a["x"], a["weight"], a["bias"], a["seed"], a["p"],
-                                                            a["eps"])
-    gx, gw, gb = backend.op("layer_norm_dropout_relu_backward")(s.grad_out, a["x"], a["weight"], a["bias"], mean,
-                                                                rstd, a["seed"], a["p"])
+    out, mean, rstd = backend.op("layer_norm_dropout_relu")(a["x"], a["weight"], a["bias"], a["seed"], a["p"], a["eps"])
+    gx, gw, gb = backend.op("layer_norm_dropout_relu_backward")(
+        s.grad_out, a["x"], a["weight"], a["bias"], mean, rstd, a["seed"], a["p"]
+    )
     return dict(out=out, mean=mean, rstd=rstd, grad_x=gx, grad_weight=gw, grad_bias=gb)
 
 
@@ -160,8 +161,9 @@ def bias_relu_check(s: Sample, ours, ref64, low):
     fl = FLOORS[dtype]
     assert_close_to_reference("out", ours["out"].cpu(), ref64["out"].cpu(), low["out"].cpu(), fl)
     assert_close_to_reference("grad_x", ours["grad_x"].cpu(), ref64["grad_x"].cpu(), low["grad_x"].cpu(), fl)
-    assert_close_to_reference("grad_bias", ours["grad_bias"].cpu(), ref64["grad_bias"].cpu(),
-                              low["grad_bias"].cpu(), fl * max(1, s.m))
+    assert_close_to_reference(
+        "grad_bias", ours["grad_bias"].cpu(), ref64["grad_bias"].cpu(), low["grad_bias"].cpu(), fl * max(1, s.m)
+    )
     # element-wise in one dtype: grad_x is exactly grad_out where out > 0 (bit for bit on every backend)
     expect = torch.where(ours["out"].cpu() > 0, s.grad_out.cpu(), torch.zeros((), dtype=dtype))
     assert torch.equal(ours["grad_x"].cpu(), expect)
@@ -169,8 +171,10 @@ def bias_relu_check(s: Sample, ours, ref64, low):
 
 BIAS_RELU = OpSpec(
     name="bias_relu",
-    variants=(Variant("same-dtype-bias"),
-              Variant("amp-fp32-bias", dict(bias_dtype=torch.float32), dtypes=(torch.float16, torch.bfloat16))),
+    variants=(
+        Variant("same-dtype-bias"),
+        Variant("amp-fp32-bias", dict(bias_dtype=torch.float32), dtypes=(torch.float16, torch.bfloat16)),
+    ),
     sample=bias_relu_sample,
     run=bias_relu_run,
     reference=bias_relu_reference,

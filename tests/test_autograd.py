@@ -32,8 +32,7 @@ def opcheck_samples(device, large=False):
     outputs): one sample each; the schema, fake kernel and autograd do not depend on more shapes. On a GPU also a
     row past every single-block limit."""
     yield (*make_inputs((3,), 7, torch.float32, device, requires_grad=True), seed_tensor(5, device))
-    yield (*make_inputs((2, 3), 16, torch.bfloat16, device, affine=False, requires_grad=True),
-           seed_tensor(5, device))
+    yield (*make_inputs((2, 3), 16, torch.bfloat16, device, affine=False, requires_grad=True), seed_tensor(5, device))
     yield (*make_inputs((3,), 7, torch.float64, device, requires_grad=True), seed_tensor(5, device))
     if large:
         yield (*make_inputs((2,), 65536, torch.float32, device, requires_grad=True), seed_tensor(1, device))
@@ -43,9 +42,14 @@ def opcheck_samples(device, large=False):
 def test_opcheck_all_four_ops(backend):
     """Under the interpreter the Triton ops stay opaque (interpreted kernels cannot run on fake tensors), so this
     checks the op as a whole; on a GPU AOT dispatch decomposes the Triton ops into their kernels."""
-    opcheck_four_ops(backend.op("layer_norm_dropout_relu"), backend.op("layer_norm_dropout_relu_backward"),
-                     backend.op("bias_relu"), backend.op("bias_relu_backward"),
-                     opcheck_samples(backend.device, large=backend.gpu), EPS)
+    opcheck_four_ops(
+        backend.op("layer_norm_dropout_relu"),
+        backend.op("layer_norm_dropout_relu_backward"),
+        backend.op("bias_relu"),
+        backend.op("bias_relu_backward"),
+        opcheck_samples(backend.device, large=backend.gpu),
+        EPS,
+    )
 
 
 @pytest.mark.parametrize("backend", backend_params())

@@ -40,8 +40,23 @@ def test_quick_run_csv_and_plot(tmp_path):
 
 
 def _quick_run(out):
-    BR.main(["--device", "cpu", "--quick", "--ns", "256", "--mbytes", "0.25", "--providers", "cpu,eager,copy",
-             "--threads", "1", "--out", str(out)])
+    BR.main(
+        [
+            "--device",
+            "cpu",
+            "--quick",
+            "--ns",
+            "256",
+            "--mbytes",
+            "0.25",
+            "--providers",
+            "cpu,eager,copy",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
 
 
 def _check_quick_run(tmp_path, out):
@@ -97,13 +112,31 @@ def test_gpu_check_dry_run_lists_every_step(tmp_path):
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
-    res = subprocess.run(["bash", str(root / "benchmarks" / "gpu_check.sh"), str(tmp_path)], cwd=root,
-                         env={**os.environ, "GPU_CHECK_DRY_RUN": "1"}, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        ["bash", str(root / "benchmarks" / "gpu_check.sh"), str(tmp_path)],
+        cwd=root,
+        env={**os.environ, "GPU_CHECK_DRY_RUN": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     summary = (tmp_path / "summary.txt").read_text()
     steps = [line.split()[0] for line in summary.splitlines()[1:] if " dry run " in line]
-    assert steps == ["env", "build", "import", "resources", "tests", "san_memcheck", "san_racecheck",
-                     "san_initcheck", "memory", "bench_sweep", "bench_compile", "plots"], summary
+    assert steps == [
+        "env",
+        "build",
+        "import",
+        "resources",
+        "tests",
+        "san_memcheck",
+        "san_racecheck",
+        "san_initcheck",
+        "memory",
+        "bench_sweep",
+        "bench_compile",
+        "plots",
+    ], summary
     assert "setup.py build_ext --inplace" in summary and "-m tools.cuda_resources --json" in summary
     assert summary.count("tools/cuda_sanitize.py") == 3  # memcheck, racecheck, initcheck
     assert not (tmp_path / "build.log").exists()  # nothing ran
@@ -116,9 +149,14 @@ def test_gpu_check_dry_run_with_a_prebuilt_wheel(tmp_path):
 
     root = Path(__file__).resolve().parent.parent
     wheel = tmp_path / "gpuopt-0.2.0-cp310-abi3-linux_x86_64.whl"
-    res = subprocess.run(["bash", str(root / "benchmarks" / "gpu_check.sh"), str(tmp_path / "out")], cwd=root,
-                         env={**os.environ, "GPU_CHECK_DRY_RUN": "1", "GPU_CHECK_WHEEL": str(wheel)},
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        ["bash", str(root / "benchmarks" / "gpu_check.sh"), str(tmp_path / "out")],
+        cwd=root,
+        env={**os.environ, "GPU_CHECK_DRY_RUN": "1", "GPU_CHECK_WHEEL": str(wheel)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     summary = (tmp_path / "out" / "summary.txt").read_text()
     steps = [line.split()[0] for line in summary.splitlines()[1:] if " dry run " in line]

@@ -102,6 +102,7 @@ def test_modules_compile_dynamic_and_draw_the_eager_seed(backend):
 def test_public_functions_compile_without_graph_breaks(backend):
     """The public wrappers' backend checks (resolve_backend: TRITON_INTERPRET, triton import, build capability)
     trace without graph breaks."""
+
     def f(x, b):
         y = gpuopt_ops.bias_relu(x, b, backend=backend.api)
         return gpuopt_ops.layer_norm_dropout_relu(y, 16, b, b, p=0.0, backend=backend.api)
@@ -127,8 +128,11 @@ def test_torch_export_runs_and_matches(backend):
     for m in (6, 11):
         x2 = torch.randn(m, 40, device=dev)
         assert torch.equal(ep.module()(x2, seed), model(x2, seed))
-    fused = nn.Sequential(LinearBiasReLU(40, 40, backend=backend.api),
-                          FusedLayerNormDropoutReLU(40, backend=backend.api)).to(dev).eval()
+    fused = (
+        nn.Sequential(LinearBiasReLU(40, 40, backend=backend.api), FusedLayerNormDropoutReLU(40, backend=backend.api))
+        .to(dev)
+        .eval()
+    )
     ep2 = torch.export.export(fused, (x,))
     torch.testing.assert_close(ep2.module()(x), fused(x))
 

@@ -11,9 +11,17 @@ import gpuopt_ops
 from gpuopt_ops import reference as R
 
 from backends import BY_NAME, backend_params
-from helpers import (FLOORS, assert_close_to_reference, assert_unrounded_fp32_sum, check_fp64_dropout_precision,
-                     check_grad_bias_is_unrounded_fp32, ldr_reference_and_grads, make_inputs, seed_tensor)
-from op_table import DTYPES, OPS, SHAPES, OPS_BY_NAME, check_against_reference
+from helpers import (
+    FLOORS,
+    assert_close_to_reference,
+    assert_unrounded_fp32_sum,
+    check_fp64_dropout_precision,
+    check_grad_bias_is_unrounded_fp32,
+    ldr_reference_and_grads,
+    make_inputs,
+    seed_tensor,
+)
+from op_table import DTYPES, OPS, OPS_BY_NAME, SHAPES, check_against_reference
 
 LDR = OPS_BY_NAME["layer_norm_dropout_relu"]
 BIAS_RELU = OPS_BY_NAME["bias_relu"]
@@ -71,8 +79,9 @@ def test_public_function_multi_dim_normalized_shape(backend):
 @pytest.mark.parametrize("backend", backend_params())
 def test_fp64_with_dropout_is_fp64_accurate(backend):
     """fp64 x: every constant is fp64, the dropout scale included (an fp32 scale would be off by ~1e-7)."""
-    check_fp64_dropout_precision(backend.op("layer_norm_dropout_relu"),
-                                 backend.op("layer_norm_dropout_relu_backward"), backend.device)
+    check_fp64_dropout_precision(
+        backend.op("layer_norm_dropout_relu"), backend.op("layer_norm_dropout_relu_backward"), backend.device
+    )
 
 
 @pytest.mark.parametrize("backend", backend_params())
@@ -191,8 +200,10 @@ def test_low_precision_rounding_is_bitwise_torchs(backend, dtype):
     x[0, :5] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0])
     b, bf = torch.randn(1037).to(dtype), torch.randn(1037)
     op = backend.op("bias_relu")
-    for ours, ref in [(op(x.to(dev), b.to(dev)).cpu(), torch.relu(x + b)),
-                      (op(x.to(dev), bf.to(dev)).cpu(), torch.relu(x.float() + bf).to(dtype))]:
+    for ours, ref in [
+        (op(x.to(dev), b.to(dev)).cpu(), torch.relu(x + b)),
+        (op(x.to(dev), bf.to(dev)).cpu(), torch.relu(x.float() + bf).to(dtype)),
+    ]:
         assert torch.equal(torch.isnan(ours), torch.isnan(ref))
         assert torch.equal(ours.view(torch.int16)[1:], ref.view(torch.int16)[1:])
         assert torch.equal(ours[0, 1:], ref[0, 1:])
@@ -202,8 +213,7 @@ def test_low_precision_rounding_is_bitwise_torchs(backend, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_bias_relu_grad_bias_is_unrounded_fp32(backend, dtype):
     """bf16/fp16 out: grad_bias comes back in fp32, the unrounded sum of grad_x's exact values."""
-    check_grad_bias_is_unrounded_fp32(backend.op("bias_relu"), backend.op("bias_relu_backward"), backend.device,
-                                      dtype)
+    check_grad_bias_is_unrounded_fp32(backend.op("bias_relu"), backend.op("bias_relu_backward"), backend.device, dtype)
 
 
 @pytest.mark.parametrize("backend", backend_params())
@@ -252,8 +262,9 @@ def test_autocast_has_no_rule_the_op_keeps_its_input_dtype(backend, amp_dtype):
     assert gw.dtype == torch.float32 and gb.dtype == torch.float32
     args = [t.detach().cpu() for t in (y, w, b)]
     ref64, (rgy, rgw, _) = ldr_reference_and_grads(*args, seed.cpu(), 0.1, EPS, g.cpu(), torch.float64)
-    low, (lgy, lgw, _) = ldr_reference_and_grads(args[0], args[1].to(amp_dtype), args[2].to(amp_dtype), seed.cpu(),
-                                                  0.1, EPS, g.cpu(), amp_dtype)
+    low, (lgy, lgw, _) = ldr_reference_and_grads(
+        args[0], args[1].to(amp_dtype), args[2].to(amp_dtype), seed.cpu(), 0.1, EPS, g.cpu(), amp_dtype
+    )
     fl = FLOORS[amp_dtype]
     assert_close_to_reference("out", out.detach().cpu(), ref64, low, fl)
     assert_close_to_reference("grad_x", gy.cpu(), rgy, lgy, fl)
@@ -297,13 +308,19 @@ def test_agrees_with_the_cpu_backend(backend, n, dtype, affine):
             assert (a - c).abs().max().item() <= tol * max(1.0, a.abs().max().item()), name
     # with weight 0 and bias 1 the output is the dropout scale where kept: the masks, compared as integers
     ones = torch.ones(n, dtype=dtype)
-    masks = [(be.op("layer_norm_dropout_relu")(x.to(d), (0 * ones).to(d), ones.to(d), seed.to(d), 0.3, EPS)[0]
-              .cpu() != 0).to(torch.int32) for be, d in ((CPU, "cpu"), (backend, backend.device))]
+    masks = [
+        (
+            be.op("layer_norm_dropout_relu")(x.to(d), (0 * ones).to(d), ones.to(d), seed.to(d), 0.3, EPS)[0].cpu() != 0
+        ).to(torch.int32)
+        for be, d in ((CPU, "cpu"), (backend, backend.device))
+    ]
     assert torch.equal(masks[0], masks[1])
     if affine:
         o = [be.op("bias_relu")(x.to(d), b.to(d)) for be, d in ((CPU, "cpu"), (backend, backend.device))]
-        gxb = [be.op("bias_relu_backward")(g.to(d), oo) for (be, d), oo in zip(((CPU, "cpu"), (backend,
-                                                                                  backend.device)), o)]
+        gxb = [
+            be.op("bias_relu_backward")(g.to(d), oo)
+            for (be, d), oo in zip(((CPU, "cpu"), (backend, backend.device)), o)
+        ]
         assert torch.equal(o[0], o[1].cpu()) and torch.equal(gxb[0][0], gxb[1][0].cpu())
         assert gxb[0][1].dtype == gxb[1][1].dtype
         torch.testing.assert_close(gxb[0][1], gxb[1][1].cpu(), atol=FLOORS[dtype] * 6, rtol=FLOORS[dtype])
@@ -317,7 +334,7 @@ def test_cuda_unaligned_views_take_the_scalar_path_and_agree(n):
 
     def shifted(t):
         flat = torch.empty(t.numel() + 8, dtype=t.dtype, device=t.device)
-        v = flat[1:1 + t.numel()].view(t.shape)
+        v = flat[1 : 1 + t.numel()].view(t.shape)
         v.copy_(t)
         return v
 
@@ -381,8 +398,9 @@ def test_triton_looped_path_matches_reference_and_single_block(triton_looped, ba
 @pytest.mark.parametrize("backend", TRITON)
 def test_triton_looped_path_fp64_dropout_precision(triton_looped, backend):
     """The looped kernels compute their own dropout scale in fp64 too (N = 40 > 16)."""
-    check_fp64_dropout_precision(backend.op("layer_norm_dropout_relu"),
-                                 backend.op("layer_norm_dropout_relu_backward"), backend.device)
+    check_fp64_dropout_precision(
+        backend.op("layer_norm_dropout_relu"), backend.op("layer_norm_dropout_relu_backward"), backend.device
+    )
 
 
 @pytest.mark.parametrize("backend", TRITON)
@@ -398,8 +416,9 @@ def test_triton_real_long_row(backend):
     sample = LDR.sample((2,), n, torch.float32, backend.device, p=0.1, seed=2**40 + 1)
     check_against_reference(LDR, backend, sample)
     w = sample.args["weight"]
-    probe = backend.op("layer_norm_dropout_relu")(sample.args["x"], torch.zeros_like(w), torch.ones_like(w),
-                                                  sample.args["seed"], 0.1, EPS)[0]
+    probe = backend.op("layer_norm_dropout_relu")(
+        sample.args["x"], torch.zeros_like(w), torch.ones_like(w), sample.args["seed"], 0.1, EPS
+    )[0]
     assert torch.equal(probe.cpu() != 0, R.dropout_keep_mask(2**40 + 1, 2, n, 0.1))
 
 
@@ -419,15 +438,28 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
         class Launch:
             def __getitem__(self, grid):
                 return lambda *a, **k: launched.append((kernel.__name__, tuple(grid)))
+
         return Launch()
 
     m = 4096
     meta = lambda *s, dt=dtype: torch.empty(s, device="meta", dtype=dt)  # noqa: E731
     for sms in (132, 78):
         launched.clear()
-        ldr_kernels.launch_backward(meta(m, 8192), meta(m, 8192), meta(8192), meta(8192), meta(m, dt=torch.float32),
-                                    meta(m, dt=torch.float32), meta(1, dt=torch.int64), meta(m, 8192), meta(8192),
-                                    meta(8192), 0.1, wrap=wrap, sm_count=sms)
+        ldr_kernels.launch_backward(
+            meta(m, 8192),
+            meta(m, 8192),
+            meta(8192),
+            meta(8192),
+            meta(m, dt=torch.float32),
+            meta(m, dt=torch.float32),
+            meta(1, dt=torch.int64),
+            meta(m, 8192),
+            meta(8192),
+            meta(8192),
+            0.1,
+            wrap=wrap,
+            sm_count=sms,
+        )
         assert launched[0] == ("ldr_bwd_fused_kernel", (sms * ldr_kernels.backward_programs_per_sm(cfg, dtype),))
         assert launched[1:] == [("sum_partials_kernel", (8192 // 32,))] * 2
 
@@ -466,7 +498,9 @@ def test_triton_every_launch_runs_under_the_tensors_device(monkeypatch):
                 def run(*args, **kwargs):
                     cur = _GuardRecorder.current[-1] if _GuardRecorder.current else None
                     launched.append((kernel.__name__, cur))
+
                 return run
+
         return Launch()
 
     dev = torch.device("cuda:1")
@@ -480,9 +514,16 @@ def test_triton_every_launch_runs_under_the_tensors_device(monkeypatch):
             ldr_kernels.launch_backward(x, x, w, w, v, v, s, x, w, w, 0.1, wrap=wrap, sm_count=132)
             br_kernels.launch_forward(x, w, x, wrap=wrap, sm_count=132)
             br_kernels.launch_backward(x, x, x, w, wrap=wrap, sm_count=132)
-    assert {k for k, _ in launched} == {"ldr_fwd_fused_kernel", "ldr_fwd_looped_kernel", "ldr_bwd_fused_kernel",
-                                        "ldr_bwd_row_coef_kernel", "ldr_bwd_chunk_kernel", "sum_partials_kernel",
-                                        "bias_relu_fwd_kernel", "bias_relu_bwd_kernel"}
+    assert {k for k, _ in launched} == {
+        "ldr_fwd_fused_kernel",
+        "ldr_fwd_looped_kernel",
+        "ldr_bwd_fused_kernel",
+        "ldr_bwd_row_coef_kernel",
+        "ldr_bwd_chunk_kernel",
+        "sum_partials_kernel",
+        "bias_relu_fwd_kernel",
+        "bias_relu_bwd_kernel",
+    }
     assert all(d == dev for _, d in launched), launched
     assert not _GuardRecorder.current
     assert not isinstance(common.device_guard(torch.device("cpu")), _GuardRecorder)

@@ -27,8 +27,11 @@ SEEDS = [0, 1, 77, -1, -123456789, 2**32 + 5, 2**62 + 3, -(2**63)]
 KAT = [
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
     ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
 ]
 
 
@@ -37,8 +40,14 @@ def keep_bits(backend, x, seed, p, op=None):
     n = x.shape[-1]
     op = op or backend.op("layer_norm_dropout_relu")
     dev = backend.device
-    out = op(x.to(dev), torch.zeros(n, dtype=x.dtype, device=dev), torch.ones(n, dtype=x.dtype, device=dev),
-             seed_tensor(seed, dev), p, EPS)[0]
+    out = op(
+        x.to(dev),
+        torch.zeros(n, dtype=x.dtype, device=dev),
+        torch.ones(n, dtype=x.dtype, device=dev),
+        seed_tensor(seed, dev),
+        p,
+        EPS,
+    )[0]
     return (out.cpu() != 0).to(torch.int32).reshape(-1, n)
 
 
@@ -73,8 +82,14 @@ def test_threshold_quantization():
 def test_known_answer_through_the_op(backend):
     """DESIGN.md: seed 0, p = 0.5, x (1, 8), weight 0, bias 1 => out = [2, 0, 2, 2, 2, 2, 2, 2]."""
     dev = backend.device
-    out = backend.op("layer_norm_dropout_relu")(torch.zeros(1, 8, device=dev), torch.zeros(8, device=dev),
-                                                torch.ones(8, device=dev), seed_tensor(0, dev), 0.5, EPS)[0]
+    out = backend.op("layer_norm_dropout_relu")(
+        torch.zeros(1, 8, device=dev),
+        torch.zeros(8, device=dev),
+        torch.ones(8, device=dev),
+        seed_tensor(0, dev),
+        0.5,
+        EPS,
+    )[0]
     assert out.cpu().tolist() == [[2.0, 0.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]]
 
 
@@ -133,8 +148,9 @@ def test_backward_recomputes_the_forward_mask(backend, n):
     x = torch.randn(1, n, device=dev)
     w, b = torch.zeros(n, device=dev), torch.ones(n, device=dev)
     out, mean, rstd = backend.op("layer_norm_dropout_relu")(x, w, b, seed_tensor(seed, dev), p, EPS)
-    _, _, gb = backend.op("layer_norm_dropout_relu_backward")(torch.ones_like(x), x, w, b, mean, rstd,
-                                                              seed_tensor(seed, dev), p)
+    _, _, gb = backend.op("layer_norm_dropout_relu_backward")(
+        torch.ones_like(x), x, w, b, mean, rstd, seed_tensor(seed, dev), p
+    )
     assert torch.equal((gb.cpu() != 0)[None], out.cpu() != 0)
     assert torch.equal((out.cpu() != 0).to(torch.int32), reference_bits(seed, 1, n, p))
     kept = gb[gb != 0].cpu()
@@ -164,8 +180,9 @@ def test_threshold_and_scale_match_the_reference(backend):
     # Triton divides in fp32 in its fp32 kernels: for every t that is the fp32 rounding of the fp64 quotient, i.e.
     # the C++ kernels' static_cast<float> of the double scale, bit for bit.
     t = np.arange(65536)
-    assert np.array_equal((65536.0 / (65536.0 - t)).astype(np.float32),
-                          np.float32(65536.0) / (65536 - t).astype(np.float32))
+    assert np.array_equal(
+        (65536.0 / (65536.0 - t)).astype(np.float32), np.float32(65536.0) / (65536 - t).astype(np.float32)
+    )
 
 
 @pytest.mark.parametrize("backend", backend_params("triton", "triton-interpret"))
@@ -178,8 +195,22 @@ def test_triton_keep_mask_3d_and_looped(triton_looped, backend):
 
 # ---------------------------------------------------------------------------------------------- at GPU scale
 @pytest.mark.parametrize("backend", backend_params("cuda", "triton"))
-@pytest.mark.parametrize("m,n", [(3, 7), (5, 8), (64, 1000), (33, 1024), (7, 4096), (4, 12288), (3, 65536),
-                                 (2, 65533), (2, 131072), (3, 65544), (70000, 64)])
+@pytest.mark.parametrize(
+    "m,n",
+    [
+        (3, 7),
+        (5, 8),
+        (64, 1000),
+        (33, 1024),
+        (7, 4096),
+        (4, 12288),
+        (3, 65536),
+        (2, 65533),
+        (2, 131072),
+        (3, 65544),
+        (70000, 64),
+    ],
+)
 def test_gpu_masks_equal_the_cpu_backend(backend, m, n):
     """Every path of the GPU kernels (warp rows, block rows, looped, odd N, many rows) against the C++ CPU op."""
     for seed in (0, -5, 99, 2**40 + 7):
@@ -219,8 +250,13 @@ def test_cpu_masks_across_tiles_match_the_reference(m, n):
 def test_cpu_capped_philox_paths_match_the_reference(path):
     """GPUOPT_CPU_PHILOX caps the path (read once per process, so a fresh interpreter each): same bits."""
     env = dict(os.environ, GPUOPT_CPU_PHILOX=path)
-    proc = subprocess.run([sys.executable, "-c", MASK_SCRIPT.format(shapes=MASK_SHAPES)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", MASK_SCRIPT.format(shapes=MASK_SHAPES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -229,8 +265,7 @@ def wrong_counter_mask(seed, m, n, p):
     """One Philox call per element with counter idx (not idx >> 3): a different, equally random mask."""
     idx = np.arange(m * n, dtype=np.int64)
     s = seed & 0xFFFFFFFFFFFFFFFF
-    w0 = R.philox4x32_10_array(idx.astype(np.uint64), np.zeros(m * n, np.uint64), 0, 0, s & 0xFFFFFFFF,
-                               s >> 32)[0]
+    w0 = R.philox4x32_10_array(idx.astype(np.uint64), np.zeros(m * n, np.uint64), 0, 0, s & 0xFFFFFFFF, s >> 32)[0]
     return torch.from_numpy((w0 & np.uint64(0xFFFF)).astype(np.int64) >= R.dropout_threshold(p)).reshape(m, n)
 
 
@@ -248,8 +283,13 @@ def off_by_one_triton_kernels(tmp_path):
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
 
     source = inspect.getsource(ldr_kernels)
-    edits = [("g = idx >> 3\n", "g = (idx >> 3) + 1\n"),
-             ("g = ((base[:, None] + col0) >> 3) + gcols[None, :]", "g = ((base[:, None] + col0) >> 3) + gcols[None, :] + 1")]
+    edits = [
+        ("g = idx >> 3\n", "g = (idx >> 3) + 1\n"),
+        (
+            "g = ((base[:, None] + col0) >> 3) + gcols[None, :]",
+            "g = ((base[:, None] + col0) >> 3) + gcols[None, :] + 1",
+        ),
+    ]
     for old, new in edits:
         assert source.count(old) == 1, f"the kernel source changed: update this fixture ({old!r})"
         source = source.replace(old, new)

@@ -47,8 +47,11 @@ slow = pytest.mark.slow
 @pytest.fixture(scope="module")
 def emu():
     # hidden visibility, as setup.py builds _C: torch::stable's types are hidden
-    load_extension("gpuopt_cuda_emulated", [ROOT / "tools" / "cuda_emu" / "emulated_ops.cpp",
-                                            ROOT / "csrc" / "checks.cpp"], extra_cflags=["-fvisibility=hidden"])
+    load_extension(
+        "gpuopt_cuda_emulated",
+        [ROOT / "tools" / "cuda_emu" / "emulated_ops.cpp", ROOT / "csrc" / "checks.cpp"],
+        extra_cflags=["-fvisibility=hidden"],
+    )
     ops = torch.ops.gpuopt_emu
     ops.take_launches()
     return ops
@@ -66,7 +69,7 @@ def unaligned(t):
     """A contiguous copy of t whose data pointer is one element past a 16-byte boundary."""
     flat = torch.empty(t.numel() + 8, dtype=t.dtype)
     assert flat.data_ptr() % 16 == 0
-    v = flat[1:1 + t.numel()].view(t.shape)
+    v = flat[1 : 1 + t.numel()].view(t.shape)
     v.copy_(t)
     assert v.is_contiguous() and v.data_ptr() % 16 != 0
     return v
@@ -100,8 +103,14 @@ def check_ldr(ops, m, n, dtype, params, p, *, x_unaligned=False, params_unaligne
     s = seed_tensor(seed)
     out, mean, rstd, gx, gw, gb = run_ldr(ops, x, w, b, s, p, g)
     assert out.dtype == dtype and out.shape == x.shape and mean.shape == (m,)
-    for name, t in [("out", out), ("mean", mean), ("rstd", rstd), ("grad_x", gx), ("grad_weight", gw),
-                    ("grad_bias", gb)]:
+    for name, t in [
+        ("out", out),
+        ("mean", mean),
+        ("rstd", rstd),
+        ("grad_x", gx),
+        ("grad_weight", gw),
+        ("grad_bias", gb),
+    ]:
         assert not t.isnan().any(), f"{name} has NaN: a poisoned (never written) element or an out-of-bounds read"
     # the dropout mask is the CPU op's, bit for bit (compared as integers, never through floats)
     ones = torch.ones(n, dtype=w.dtype if w is not None else dtype)
@@ -132,20 +141,20 @@ def test_schemas_are_the_real_ones(emu):
 # --------------------------------------------------------------------------------------- layer_norm_dropout_relu
 # fp32 and bf16, weight / bias of x's dtype, p = 0.3. Forward / backward path of each N (fp32 and bf16):
 LDR_N = [
-    1,       # warp rows (VPT 1) both ways; one element: variance 0, N % 8 != 0 (scalar, a Philox call an element)
-    7,       # warp rows; one partial group
-    8,       # warp rows; exactly one whole group, 16-byte vectors
-    33,      # warp rows; 5 groups, the last partial
-    256,     # warp rows, VPT 1: 32 groups, every lane one
-    257,     # warp rows, VPT 2 both ways; N % 8 != 0
-    768,     # forward warp rows VPT 4 (3 groups a lane, the 4th absent); backward one block a row, 64 threads
-    1000,    # forward warp rows VPT 4, the 4th group on lanes 0..28 only; backward a block a row; N % 8 == 0
-    1024,    # forward warp rows, all 4 groups of every lane (the longest warp row); backward 64 threads
-    4104,    # one block a row both ways, N % 8 == 0 but not a power of two: the last warp part-filled
-    8192,    # one block a row both ways, backward at its 512-thread bound (the longest backward row)
-    8200,    # forward a block a row (288 threads); backward looped (the shortest looped backward, N % 8 == 0)
-    16384,   # forward a block a row at its 512-thread bound (the longest forward row); backward looped
-    16392,   # looped both ways (the shortest looped forward, N % 8 == 0), a tail: 2049 groups over 512 threads
+    1,  # warp rows (VPT 1) both ways; one element: variance 0, N % 8 != 0 (scalar, a Philox call an element)
+    7,  # warp rows; one partial group
+    8,  # warp rows; exactly one whole group, 16-byte vectors
+    33,  # warp rows; 5 groups, the last partial
+    256,  # warp rows, VPT 1: 32 groups, every lane one
+    257,  # warp rows, VPT 2 both ways; N % 8 != 0
+    768,  # forward warp rows VPT 4 (3 groups a lane, the 4th absent); backward one block a row, 64 threads
+    1000,  # forward warp rows VPT 4, the 4th group on lanes 0..28 only; backward a block a row; N % 8 == 0
+    1024,  # forward warp rows, all 4 groups of every lane (the longest warp row); backward 64 threads
+    4104,  # one block a row both ways, N % 8 == 0 but not a power of two: the last warp part-filled
+    8192,  # one block a row both ways, backward at its 512-thread bound (the longest backward row)
+    8200,  # forward a block a row (288 threads); backward looped (the shortest looped backward, N % 8 == 0)
+    16384,  # forward a block a row at its 512-thread bound (the longest forward row); backward looped
+    16392,  # looped both ways (the shortest looped forward, N % 8 == 0), a tail: 2049 groups over 512 threads
     131072,  # looped both ways, the longest row: 32 block strides of sums per thread against the fp64 reference
 ]
 # Pruned: 65536 and 65544 took the looped kernels both ways, as 16392 (N % 8 == 0, a tail of groups) and 131072
@@ -183,8 +192,9 @@ def _dtypes_params_p():
                 if params == "fp32" and dtype == torch.float32:
                     continue  # fp32 params of fp32 x are the 'x' case
                 for p in (0.0, 0.3, 1.0):
-                    yield pytest.param(n, dtype, params, p, marks=[slow] if n == 8200 else [],
-                                       id=f"{n}-{str(dtype)[6:]}-{params}-{p}")
+                    yield pytest.param(
+                        n, dtype, params, p, marks=[slow] if n == 8200 else [], id=f"{n}-{str(dtype)[6:]}-{params}-{p}"
+                    )
 
 
 @pytest.mark.parametrize("n,dtype,params,p", list(_dtypes_params_p()))
@@ -199,13 +209,17 @@ def test_ldr_dtypes_params_p(small_device, n, dtype, params, p):
 #   8192   a block a row both ways (fp16: slow, the same launches as fp32 with 16-bit scalar loads, run at 768)
 #   16392  looped both ways (fp16: slow, as 8192)
 # Pruned: 1000 took 768's paths; 65544 took 16392's (looped both ways, a tail of groups) at four times the cost.
-@pytest.mark.parametrize("n,dtype", [
-    pytest.param(768, torch.float32, id="float32-768"), pytest.param(768, torch.float16, id="float16-768"),
-    pytest.param(8192, torch.float32, id="float32-8192"),
-    pytest.param(8192, torch.float16, marks=slow, id="float16-8192"),
-    pytest.param(16392, torch.float32, id="float32-16392"),
-    pytest.param(16392, torch.float16, marks=slow, id="float16-16392"),
-])
+@pytest.mark.parametrize(
+    "n,dtype",
+    [
+        pytest.param(768, torch.float32, id="float32-768"),
+        pytest.param(768, torch.float16, id="float16-768"),
+        pytest.param(8192, torch.float32, id="float32-8192"),
+        pytest.param(8192, torch.float16, marks=slow, id="float16-8192"),
+        pytest.param(16392, torch.float32, id="float32-16392"),
+        pytest.param(16392, torch.float16, marks=slow, id="float16-16392"),
+    ],
+)
 def test_ldr_unaligned_views(small_device, n, dtype):
     """x (and grad_out) one element past a 16-byte boundary, and weight / bias as unaligned views: the scalar-load
     path (the emulator aborts on any misaligned 16-byte access) with one Philox call per 8 elements."""
@@ -226,23 +240,39 @@ def test_ldr_rows_more_than_grid(small_device, m, n):
 
 def test_ldr_paths_taken(small_device):
     """Short rows take one warp a row, mid rows a block a row in registers, long rows the looped kernels."""
+
     def kernels(n, dtype=torch.float32):
         small_device.take_launches()
         run_ldr(small_device, *inputs(4, n, dtype), seed_tensor(1), 0.3, torch.ones(4, n, dtype=dtype))
         return [s.split(" ")[0] + " " + s.split("block=")[1] for s in small_device.take_launches()]
 
-    assert kernels(512) == ["ldr_forward_rows_kernel (32,4,1)", "ldr_backward_rows_kernel (32,4,1)",
-                            "column_sum_kernel (32,32,1)"]
-    assert kernels(768) == ["ldr_forward_rows_kernel (32,4,1)", "ldr_backward_rows_kernel (64,1,1)",
-                            "column_sum_kernel (32,32,1)"]
-    assert kernels(8192) == ["ldr_forward_rows_kernel (256,1,1)", "ldr_backward_rows_kernel (512,1,1)",
-                             "column_sum_kernel (32,32,1)"]
+    assert kernels(512) == [
+        "ldr_forward_rows_kernel (32,4,1)",
+        "ldr_backward_rows_kernel (32,4,1)",
+        "column_sum_kernel (32,32,1)",
+    ]
+    assert kernels(768) == [
+        "ldr_forward_rows_kernel (32,4,1)",
+        "ldr_backward_rows_kernel (64,1,1)",
+        "column_sum_kernel (32,32,1)",
+    ]
+    assert kernels(8192) == [
+        "ldr_forward_rows_kernel (256,1,1)",
+        "ldr_backward_rows_kernel (512,1,1)",
+        "column_sum_kernel (32,32,1)",
+    ]
     assert kernels(8200)[1] == "ldr_backward_row_stats_kernel (512,1,1)"
     assert kernels(16384, torch.bfloat16)[0] == "ldr_forward_rows_kernel (512,1,1)"
-    assert kernels(4096, torch.float64)[:2] == ["ldr_forward_rows_kernel (128,1,1)",
-                                                "ldr_backward_row_stats_kernel (512,1,1)"]
-    assert kernels(65536) == ["ldr_forward_looped_kernel (512,1,1)", "ldr_backward_row_stats_kernel (512,1,1)",
-                              "ldr_backward_tiled_kernel (32,8,1)", "column_sum_kernel (32,32,1)"]
+    assert kernels(4096, torch.float64)[:2] == [
+        "ldr_forward_rows_kernel (128,1,1)",
+        "ldr_backward_row_stats_kernel (512,1,1)",
+    ]
+    assert kernels(65536) == [
+        "ldr_forward_looped_kernel (512,1,1)",
+        "ldr_backward_row_stats_kernel (512,1,1)",
+        "ldr_backward_tiled_kernel (32,8,1)",
+        "column_sum_kernel (32,32,1)",
+    ]
 
 
 def test_ldr_column_sums_deterministic(small_device):
@@ -289,13 +319,13 @@ def test_ldr_empty_rows(emu):
 # ---------------------------------------------------------------------------------------------------- bias_relu
 # fp32, the tiled kernels: TX x TY threads, column tiles of 8 TX columns.
 BIAS_RELU_N = [
-    1,     # TX 1, TY 256: one element a row, scalar
-    7,     # TX 1: one partial group
-    8,     # TX 1: one whole group, vectors
-    33,    # TX 8: 5 groups, the last partial, scalar
-    256,   # TX 32: exactly one column tile
-    257,   # two column tiles, the second with one partial group
-    768,   # 3 whole tiles, several row blocks (8 resident blocks / 3 tiles)
+    1,  # TX 1, TY 256: one element a row, scalar
+    7,  # TX 1: one partial group
+    8,  # TX 1: one whole group, vectors
+    33,  # TX 8: 5 groups, the last partial, scalar
+    256,  # TX 32: exactly one column tile
+    257,  # two column tiles, the second with one partial group
+    768,  # 3 whole tiles, several row blocks (8 resident blocks / 3 tiles)
     1000,  # 4 tiles, the last part-filled (125 groups)
     1024,  # 4 whole tiles
     4104,  # 17 tiles, the last with one group: more tiles than resident blocks, one row block

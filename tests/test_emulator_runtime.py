@@ -33,8 +33,9 @@ def library():
     """The self-test ops and the wrong kernels in one extension: one build (and one copy of the emulator
     runtime compiled) for both, cold."""
     start = time.perf_counter()
-    path = build.load_extension("gpuopt_emu_fixtures", [FIXTURES / "runtime_selftest.cpp",
-                                                        FIXTURES / "wrong_kernels.cpp"])
+    path = build.load_extension(
+        "gpuopt_emu_fixtures", [FIXTURES / "runtime_selftest.cpp", FIXTURES / "wrong_kernels.cpp"]
+    )
     print(f"gpuopt_emu_fixtures ready in {time.perf_counter() - start:.1f} s")
     return path
 

@@ -19,15 +19,28 @@ ops = torch.ops.gpuopt
 
 
 def good():
-    return dict(x=torch.randn(4, 8), weight=torch.randn(8), bias=torch.randn(8),
-                seed=torch.zeros(1, dtype=torch.int64), p=0.1, eps=1e-5)
+    return dict(
+        x=torch.randn(4, 8),
+        weight=torch.randn(8),
+        bias=torch.randn(8),
+        seed=torch.zeros(1, dtype=torch.int64),
+        p=0.1,
+        eps=1e-5,
+    )
 
 
 LDR_CASES = [
     ("x", dict(x=torch.randint(0, 3, (4, 8))), "x must be float32, float16, bfloat16 or float64, got torch.int64"),
-    ("x", dict(x=torch.ones(4, 8, dtype=torch.bool)), "x must be float32, float16, bfloat16 or float64, got torch.bool"),
-    ("x", dict(x=torch.randn(4, 8, dtype=torch.complex64)),
-     "x must be float32, float16, bfloat16 or float64, got torch.complex64"),
+    (
+        "x",
+        dict(x=torch.ones(4, 8, dtype=torch.bool)),
+        "x must be float32, float16, bfloat16 or float64, got torch.bool",
+    ),
+    (
+        "x",
+        dict(x=torch.randn(4, 8, dtype=torch.complex64)),
+        "x must be float32, float16, bfloat16 or float64, got torch.complex64",
+    ),
     ("x", dict(x=torch.tensor(1.0)), "x must have at least 1 dimension"),
     ("x", dict(x=torch.randn(4, 0), weight=None, bias=None), "x must have a non-empty last dimension"),
     ("weight", dict(weight=torch.randn(7)), r"weight must have shape \(8,\)"),
@@ -35,8 +48,13 @@ LDR_CASES = [
     ("weight", dict(weight=torch.randn(8, dtype=torch.float64)), "weight must have dtype torch.float32"),
     ("bias", dict(bias=torch.randn(9)), r"bias must have shape \(8,\)"),
     ("bias", dict(bias=torch.randn(8, dtype=torch.float16)), "bias must have dtype"),
-    ("bias", dict(x=torch.randn(4, 8, dtype=torch.bfloat16), weight=torch.randn(8),
-                  bias=torch.randn(8, dtype=torch.bfloat16)), "bias must have the dtype of weight"),
+    (
+        "bias",
+        dict(
+            x=torch.randn(4, 8, dtype=torch.bfloat16), weight=torch.randn(8), bias=torch.randn(8, dtype=torch.bfloat16)
+        ),
+        "bias must have the dtype of weight",
+    ),
     ("seed", dict(seed=torch.zeros(1, dtype=torch.int32)), "seed must have dtype torch.int64, got torch.int32"),
     ("seed", dict(seed=torch.zeros(2, dtype=torch.int64)), "seed must have exactly 1 element"),
     ("seed", dict(seed=torch.zeros(1)), "seed must have dtype torch.int64"),
@@ -63,6 +81,7 @@ def _fake(fn):
     def call(*args):
         with FakeTensorMode() as mode:
             return fn(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+
     return call
 
 
@@ -83,8 +102,19 @@ def test_layer_norm_dropout_relu_bad_input(backend, arg, change, message):
 def backward_args(device):
     kw = good()
     out, mean, rstd = ops.layer_norm_dropout_relu(*kw.values())
-    return _on(dict(grad_out=torch.randn_like(out), x=kw["x"], weight=kw["weight"], bias=kw["bias"], mean=mean,
-                    rstd=rstd, seed=kw["seed"], p=0.1), device)
+    return _on(
+        dict(
+            grad_out=torch.randn_like(out),
+            x=kw["x"],
+            weight=kw["weight"],
+            bias=kw["bias"],
+            mean=mean,
+            rstd=rstd,
+            seed=kw["seed"],
+            p=0.1,
+        ),
+        device,
+    )
 
 
 BWD_CASES = [
@@ -106,8 +136,9 @@ def test_backward_bad_input(backend, change, message):
     with pytest.raises(RuntimeError, match=r"gpuopt\.(triton_)?layer_norm_dropout_relu_backward: " + message):
         op(*kw.values())
     cpu = {**backward_args("cpu"), **change}
-    assert _raise_first_line(op, *kw.values()) == _raise_first_line(_fake(ops.layer_norm_dropout_relu_backward),
-                                                                    *cpu.values())
+    assert _raise_first_line(op, *kw.values()) == _raise_first_line(
+        _fake(ops.layer_norm_dropout_relu_backward), *cpu.values()
+    )
 
 
 BIAS_CASES = [
@@ -134,12 +165,15 @@ def test_bias_relu_bad_input(backend, change, message):
 def test_bias_relu_backward_bad_input(backend):
     dev = backend.device
     op = backend.op("bias_relu_backward")
-    for args, message in [((torch.randn(3, 4), torch.randn(3, 5)), "grad_out must have shape"),
-                          ((torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 5)), "grad_out must have dtype")]:
+    for args, message in [
+        ((torch.randn(3, 4), torch.randn(3, 5)), "grad_out must have shape"),
+        ((torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 5)), "grad_out must have dtype"),
+    ]:
         with pytest.raises(RuntimeError, match=r"gpuopt\.(triton_)?bias_relu_backward: " + message):
             op(*(a.to(dev) for a in args))
         assert _raise_first_line(op, *(a.to(dev) for a in args)) == _raise_first_line(
-            _fake(ops.bias_relu_backward), *args)
+            _fake(ops.bias_relu_backward), *args
+        )
 
 
 @pytest.mark.parametrize("backend", backend_params("cuda", "triton"))
@@ -174,8 +208,11 @@ def test_resolve_backend_is_the_one_check():
     assert [resolve_backend(b) for b in gpuopt_ops.BACKENDS] == list(gpuopt_ops.BACKENDS)  # names only
     assert resolve_backend("auto", "cpu") == "cpu" and resolve_backend("cpu", torch.device("cpu")) == "cpu"
     assert resolve_backend("auto", "meta") == "cpu"
-    for make in (lambda: resolve_backend("gpu"), lambda: FusedBiasReLU(4, backend="gpu"),
-                 lambda: fuse(torch.nn.Sequential(), backend="gpu")):
+    for make in (
+        lambda: resolve_backend("gpu"),
+        lambda: FusedBiasReLU(4, backend="gpu"),
+        lambda: fuse(torch.nn.Sequential(), backend="gpu"),
+    ):
         with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'cuda', 'cpu', 'triton'\), got 'gpu'"):
             make()
     with pytest.raises(ValueError, match="gpuopt.bias_relu: backend='cpu' needs a CPU tensor, got x on meta"):
@@ -184,7 +221,9 @@ def test_resolve_backend_is_the_one_check():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only messages of backend='cuda'")
 def test_cuda_backend_without_a_gpu():
-    with pytest.raises(ValueError, match="backend='cuda' needs a CUDA tensor, got x on cpu; use backend='auto' or 'cpu'"):
+    with pytest.raises(
+        ValueError, match="backend='cuda' needs a CUDA tensor, got x on cpu; use backend='auto' or 'cpu'"
+    ):
         resolve_backend("cuda", "cpu", "layer_norm_dropout_relu")
 
 

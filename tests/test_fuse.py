@@ -27,8 +27,9 @@ def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
 
 def _tv_mlp(dropout=0.1):
     torch.manual_seed(0)
-    return _randomize(torchvision.ops.MLP(24, [48, 40, 10], norm_layer=nn.LayerNorm, activation_layer=nn.ReLU,
-                                          dropout=dropout))
+    return _randomize(
+        torchvision.ops.MLP(24, [48, 40, 10], norm_layer=nn.LayerNorm, activation_layer=nn.ReLU, dropout=dropout)
+    )
 
 
 def _same_state(a: nn.Module, b: nn.Module) -> None:
@@ -48,8 +49,7 @@ def test_torchvision_mlp_fused_matches_the_original():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     fused = gpuopt_ops.fuse(model)
     # the torchvision MLP is Linear, LayerNorm, ReLU, Dropout per hidden layer, then Linear, Dropout
-    assert _types(fused) == ["Linear", "FusedLayerNormDropoutReLU", "Identity", "Identity"] * 2 + \
-        ["Linear", "Dropout"]
+    assert _types(fused) == ["Linear", "FusedLayerNormDropoutReLU", "Identity", "Identity"] * 2 + ["Linear", "Dropout"]
     assert fused[1].p == 0.1 and fused[5].p == 0.1
     assert _types(model)[:4] == ["Linear", "LayerNorm", "ReLU", "Dropout"], "the original was modified"
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
@@ -71,18 +71,23 @@ def test_torchvision_mlp_fused_matches_the_original():
 
 
 def test_checkpoints_move_between_fused_and_unfused_copies(tmp_path):
-    model, other = _tv_mlp(), _randomize(torchvision.ops.MLP(24, [48, 40, 10], norm_layer=nn.LayerNorm,
-                                                             activation_layer=nn.ReLU, dropout=0.1), seed=1)
+    model, other = (
+        _tv_mlp(),
+        _randomize(
+            torchvision.ops.MLP(24, [48, 40, 10], norm_layer=nn.LayerNorm, activation_layer=nn.ReLU, dropout=0.1),
+            seed=1,
+        ),
+    )
     fused = gpuopt_ops.fuse(other)
     path = tmp_path / "stock.pt"
     torch.save(model.state_dict(), path)
-    fused.load_state_dict(torch.load(path, weights_only=True))     # stock checkpoint → fused model
+    fused.load_state_dict(torch.load(path, weights_only=True))  # stock checkpoint → fused model
     _same_state(model, fused)
     buf = io.BytesIO()
     fused[1].weight.data.mul_(2.0)
     torch.save(fused.state_dict(), buf)
     buf.seek(0)
-    model.load_state_dict(torch.load(buf, weights_only=True))       # fused checkpoint → stock model
+    model.load_state_dict(torch.load(buf, weights_only=True))  # fused checkpoint → stock model
     _same_state(model, fused)
     x = torch.randn(5, 24)
     torch.testing.assert_close(fused.eval()(x), model.eval()(x), atol=1e-5, rtol=1e-5)
@@ -131,8 +136,11 @@ PATTERNS = {
     "ln-relu": (lambda: [_ln(), nn.ReLU()], FusedLayerNormDropoutReLU, 0.0),
     "ln-relu-inplace": (lambda: [_ln(), nn.ReLU(inplace=True)], FusedLayerNormDropoutReLU, 0.0),
     "ln-no-bias-relu": (lambda: [nn.LayerNorm(16, bias=False), nn.ReLU()], FusedLayerNormDropoutReLU, 0.0),
-    "ln-no-affine-dropout-relu": (lambda: [nn.LayerNorm(16, elementwise_affine=False, eps=1e-3), nn.Dropout(0.1),
-                                           nn.ReLU()], FusedLayerNormDropoutReLU, 0.1),
+    "ln-no-affine-dropout-relu": (
+        lambda: [nn.LayerNorm(16, elementwise_affine=False, eps=1e-3), nn.Dropout(0.1), nn.ReLU()],
+        FusedLayerNormDropoutReLU,
+        0.1,
+    ),
     "linear-relu": (lambda: [nn.Linear(16, 16), nn.ReLU()], LinearBiasReLU, None),
     "linear-relu-inplace": (lambda: [nn.Linear(16, 16), nn.ReLU(inplace=True)], LinearBiasReLU, None),
 }
@@ -146,7 +154,7 @@ def test_each_pattern_is_fused_and_unfused(name, capsys):
     fused = gpuopt_ops.fuse(model, verbose=True)
     n = len(model) - 3
     assert type(fused[1]) is cls
-    assert _types(fused)[2:2 + n] == ["Identity"] * n and type(fused[-1]) is nn.Linear
+    assert _types(fused)[2 : 2 + n] == ["Identity"] * n and type(fused[-1]) is nn.Linear
     if p is not None:
         assert fused[1].p == p and fused[1].eps == model[1].eps
         assert (fused[1].weight is None) == (model[1].weight is None)
@@ -169,14 +177,24 @@ def test_each_pattern_is_fused_and_unfused(name, capsys):
 def test_non_patterns_are_left_alone(capsys):
     shared_relu = nn.ReLU()
     model = nn.Sequential(
-        nn.LayerNorm(16), nn.GELU(),                              # not ReLU
-        nn.Dropout(0.1), nn.LayerNorm(16), nn.Tanh(),             # dropout before the norm, no ReLU after it
-        nn.LayerNorm(16), nn.Dropout(0.1), nn.Tanh(),             # LN → Dropout without ReLU
-        nn.LayerNorm(16), shared_relu,                            # this ReLU object is used twice
-        nn.Linear(16, 16, bias=False), nn.ReLU(),                 # no bias
-        nn.Linear(16, 16), nn.LeakyReLU(),                        # not ReLU
-        nn.Linear(16, 16), nn.Sequential(nn.ReLU()),              # ReLU in another Sequential: not adjacent
-        nn.Linear(16, 16), shared_relu,
+        nn.LayerNorm(16),
+        nn.GELU(),  # not ReLU
+        nn.Dropout(0.1),
+        nn.LayerNorm(16),
+        nn.Tanh(),  # dropout before the norm, no ReLU after it
+        nn.LayerNorm(16),
+        nn.Dropout(0.1),
+        nn.Tanh(),  # LN → Dropout without ReLU
+        nn.LayerNorm(16),
+        shared_relu,  # this ReLU object is used twice
+        nn.Linear(16, 16, bias=False),
+        nn.ReLU(),  # no bias
+        nn.Linear(16, 16),
+        nn.LeakyReLU(),  # not ReLU
+        nn.Linear(16, 16),
+        nn.Sequential(nn.ReLU()),  # ReLU in another Sequential: not adjacent
+        nn.Linear(16, 16),
+        shared_relu,
     )
     fused = gpuopt_ops.fuse(model, verbose=True)
     assert _types(fused) == _types(model)
@@ -209,8 +227,9 @@ def test_nested_sequentials_inplace_and_backend():
     assert out is net
     assert _types(inner) == ["LinearBiasReLU", "Identity", "FusedLayerNormDropoutReLU", "Identity", "Identity"]
     assert inner[0].backend == "cpu" and inner[2].backend == "cpu" and inner[2].p == 0.2
-    assert [id(p) for p in net.parameters()] == [id(p) for p in params], \
+    assert [id(p) for p in net.parameters()] == [id(p) for p in params], (
         "inplace fuse keeps the Parameter objects (an optimizer built before still trains the model)"
+    )
     with pytest.raises(ValueError, match="backend"):
         gpuopt_ops.fuse(net, backend="tpu")
     gpuopt_ops.unfuse(net, inplace=True)
@@ -228,10 +247,10 @@ class Functional(nn.Module):
         self.p = p
 
     def forward(self, x):
-        h = F.relu(self.fc1(x))                                            # linear → relu
-        h = F.dropout(self.norm(h), self.p, self.training).relu()          # layer_norm → dropout → Tensor.relu
-        h = torch.relu(F.layer_norm(h, (64,), self.norm.weight, None))    # layer_norm → torch.relu
-        h = F.relu(self.fc2(h), inplace=True)                              # linear → relu(inplace)
+        h = F.relu(self.fc1(x))  # linear → relu
+        h = F.dropout(self.norm(h), self.p, self.training).relu()  # layer_norm → dropout → Tensor.relu
+        h = torch.relu(F.layer_norm(h, (64,), self.norm.weight, None))  # layer_norm → torch.relu
+        h = F.relu(self.fc2(h), inplace=True)  # linear → relu(inplace)
         return F.dropout(F.relu(F.layer_norm(h, (64,))), p=self.p, training=self.training)  # ln → relu → dropout
 
 
@@ -300,14 +319,14 @@ def test_compiled_dropout_draws_a_fresh_plausible_mask_each_call(capsys):
 def test_patterns_that_must_not_be_rewritten():
     def f(x, w):
         y = F.layer_norm(x, (16,))
-        a = F.relu(y) + y                                   # layer_norm output used twice
+        a = F.relu(y) + y  # layer_norm output used twice
         d = F.dropout(F.layer_norm(x, (16,)), 0.1, True)
-        b = F.relu(d) * d.sum()                             # dropout output used twice
-        c = F.gelu(F.layer_norm(x, (16,)))                  # not relu
-        lin = F.linear(x, w)                                # no bias
+        b = F.relu(d) * d.sum()  # dropout output used twice
+        c = F.gelu(F.layer_norm(x, (16,)))  # not relu
+        lin = F.linear(x, w)  # no bias
         e = F.relu(lin)
         f2 = F.linear(x, w, torch.ones(16))
-        return a, b, c, e, F.relu(f2) + f2                  # linear output used twice
+        return a, b, c, e, F.relu(f2) + f2  # linear output used twice
 
     log = []
     torch._dynamo.reset()
@@ -323,8 +342,7 @@ def test_patterns_that_must_not_be_rewritten():
 def test_training_false_dropout_is_fused_with_p_zero():
     log = []
     torch._dynamo.reset()
-    f = torch.compile(lambda x: F.relu(F.dropout(F.layer_norm(x, (16,)), 0.5, training=False)),
-                      backend=_capture(log))
+    f = torch.compile(lambda x: F.relu(F.dropout(F.layer_norm(x, (16,)), 0.5, training=False)), backend=_capture(log))
     x = torch.randn(8, 16)
     torch.testing.assert_close(f(x), F.relu(F.layer_norm(x, (16,))), atol=1e-6, rtol=1e-6)
     assert len(log) == 1 and "training=False" in log[0]

@@ -6,8 +6,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-from gpuopt_ops.modules import (EagerLayerNormDropoutReLU, EagerLinearReLU, FusedBiasReLU,
-                                FusedLayerNormDropoutReLU, LinearBiasReLU, unfused_equivalent)
+from gpuopt_ops.modules import (
+    EagerLayerNormDropoutReLU,
+    EagerLinearReLU,
+    FusedBiasReLU,
+    FusedLayerNormDropoutReLU,
+    LinearBiasReLU,
+    unfused_equivalent,
+)
 
 
 def _randomize(module, seed=0):
@@ -67,8 +73,9 @@ def test_linear_bias_relu_matches_linear_and_inits_like_it():
     fused = LinearBiasReLU(20, 33)
     torch.manual_seed(5)
     lin = nn.Linear(20, 33)
-    assert all(torch.equal(a, b) for a, b in zip(fused.state_dict().values(), lin.state_dict().values())), \
+    assert all(torch.equal(a, b) for a, b in zip(fused.state_dict().values(), lin.state_dict().values())), (
         "same seed, same initial weights as nn.Linear"
+    )
     assert sorted(fused.state_dict()) == sorted(lin.state_dict())
     x = torch.randn(2, 7, 20, requires_grad=True)
     x2 = x.detach().clone().requires_grad_(True)
@@ -116,11 +123,21 @@ def test_unfused_equivalent_copies_parameters():
 
 def _models(p):
     torch.manual_seed(11)
-    fused = nn.Sequential(LinearBiasReLU(12, 32), FusedLayerNormDropoutReLU(32, p),
-                          LinearBiasReLU(32, 32), FusedLayerNormDropoutReLU(32, p), nn.Linear(32, 3))
+    fused = nn.Sequential(
+        LinearBiasReLU(12, 32),
+        FusedLayerNormDropoutReLU(32, p),
+        LinearBiasReLU(32, 32),
+        FusedLayerNormDropoutReLU(32, p),
+        nn.Linear(32, 3),
+    )
     torch.manual_seed(11)
-    eager = nn.Sequential(EagerLinearReLU(12, 32), EagerLayerNormDropoutReLU(32, p),
-                          EagerLinearReLU(32, 32), EagerLayerNormDropoutReLU(32, p), nn.Linear(32, 3))
+    eager = nn.Sequential(
+        EagerLinearReLU(12, 32),
+        EagerLayerNormDropoutReLU(32, p),
+        EagerLinearReLU(32, 32),
+        EagerLayerNormDropoutReLU(32, p),
+        nn.Linear(32, 3),
+    )
     return fused, eager
 
 

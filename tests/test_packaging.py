@@ -36,8 +36,9 @@ def test_c_needs_no_libtorch_cpp_symbols():
     nm = shutil.which("nm")
     if nm is None:
         pytest.fail("`nm` (binutils) is needed to read _C's undefined symbols; install binutils")
-    res = subprocess.run([nm, "-D", "--undefined-only", "-C", str(c_library())], capture_output=True, text=True,
-                         check=True)
+    res = subprocess.run(
+        [nm, "-D", "--undefined-only", "-C", str(c_library())], capture_output=True, text=True, check=True
+    )
     undefined = [ln.split(None, 1)[-1] for ln in res.stdout.splitlines() if ln.strip()]
     assert len(undefined) > 10, res.stdout  # nm read the library (libc, libstdc++, the shim)
     cpp = [s for s in undefined if re.search(r"\b(at|c10|torch)::", s)]
@@ -134,8 +135,9 @@ def test_build_info_records_the_build():
 def test_import_error_of_a_tree_without_a_build(tmp_path):
     """A source tree on sys.path without _C gets an error that says what to do, not a bare ModuleNotFoundError."""
     shutil.copytree(PKG, tmp_path / "gpuopt_ops", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    res = subprocess.run([sys.executable, "-c", "import gpuopt_ops"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", "import gpuopt_ops"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode != 0
     assert "cannot load the compiled extension gpuopt_ops._C" in res.stderr, res.stderr[-2000:]
     assert "torch >= 2.11" in res.stderr and "pip install" in res.stderr
@@ -154,12 +156,16 @@ def test_import_registers_the_triton_twins_and_works_without_triton():
     """`import gpuopt_ops` registers torch.ops.gpuopt.triton_* when triton imports, and without triton the other
     ops still load (one interpreter each way)."""
     pytest.importorskip("triton")
-    out = _fresh_python("import torch, gpuopt_ops, sys; op = torch.ops.gpuopt.triton_layer_norm_dropout_relu; "
-                        "print('OK', op.default._schema.name, 'gpuopt_ops.triton_ops' in sys.modules)")
+    out = _fresh_python(
+        "import torch, gpuopt_ops, sys; op = torch.ops.gpuopt.triton_layer_norm_dropout_relu; "
+        "print('OK', op.default._schema.name, 'gpuopt_ops.triton_ops' in sys.modules)"
+    )
     assert "OK gpuopt::triton_layer_norm_dropout_relu True" in out
-    out = _fresh_python("import sys; sys.modules['triton'] = None; import torch, gpuopt_ops; "
-                        "x = torch.randn(2, 8); gpuopt_ops.layer_norm_dropout_relu(x, 8); "
-                        "print('OK', hasattr(torch.ops.gpuopt, 'triton_bias_relu'), 'gpuopt_ops.triton_ops' in sys.modules)")
+    out = _fresh_python(
+        "import sys; sys.modules['triton'] = None; import torch, gpuopt_ops; "
+        "x = torch.randn(2, 8); gpuopt_ops.layer_norm_dropout_relu(x, 8); "
+        "print('OK', hasattr(torch.ops.gpuopt, 'triton_bias_relu'), 'gpuopt_ops.triton_ops' in sys.modules)"
+    )
     assert "OK False False" in out
 
 
@@ -195,6 +201,9 @@ def test_no_module_imports_another_modules_private_names():
                         continue
                     if any(part.startswith("_") for part in mod.split(".")):
                         offenders.append(f"{path.name}: from {'.' * node.level}{mod}")
-                    offenders += [f"{path.name}: {a.name} from {mod}" for a in node.names
-                                  if a.name.startswith("_") and a.name != "_C"]
+                    offenders += [
+                        f"{path.name}: {a.name} from {mod}"
+                        for a in node.names
+                        if a.name.startswith("_") and a.name != "_C"
+                    ]
     assert offenders == []

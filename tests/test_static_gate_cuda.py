@@ -248,14 +248,10 @@ compressed
 
 # c++filt of the sample's names (recorded, so these tests do not need binutils)
 DEMANGLED = {
-    "_ZN6gpuopt50_GLOBAL__N__7436ae89_12_fused_ops_cu_12296db0_217018ldr_forward_kernelIN3c104HalfEffLi1EEEvPKT_PKT0_S9_PKlPS4_PT1_SE_llSD_NS_13DropoutParamsEb":
-        "void gpuopt::(anonymous namespace)::ldr_forward_kernel<c10::Half, float, float, 1>(c10::Half const*, float const*, float const*, long const*, c10::Half*, float*, float*, long, long, float, gpuopt::DropoutParams, bool)",
-    "_ZN6gpuopt50_GLOBAL__N__7436ae89_12_fused_ops_cu_12296db0_217018ldr_forward_kernelIdddLi2EEEvPKT_PKT0_S7_PKlPS2_PT1_SC_llSB_NS_13DropoutParamsEb":
-        "void gpuopt::(anonymous namespace)::ldr_forward_kernel<double, double, double, 2>(double const*, double const*, double const*, long const*, double*, double*, double*, long, long, double, gpuopt::DropoutParams, bool)",
-    "_ZN6gpuopt50_GLOBAL__N__7436ae89_12_fused_ops_cu_12296db0_217018ldr_forward_kernelIfffLi4EEEvPKT_PKT0_S7_PKlPS2_PT1_SC_llSB_NS_13DropoutParamsEb":
-        "void gpuopt::(anonymous namespace)::ldr_forward_kernel<float, float, float, 4>(float const*, float const*, float const*, long const*, float*, float*, float*, long, long, float, gpuopt::DropoutParams, bool)",
-    "_ZN6gpuopt50_GLOBAL__N__7436ae89_12_fused_ops_cu_12296db0_217019sum_partials_kernelIfN3c104HalfEEEvPKT_PT0_ll":
-        "void gpuopt::(anonymous namespace)::sum_partials_kernel<float, c10::Half>(float const*, c10::Half*, long, long)",
+    "_ZN6gpuopt50_GLOBAL__N__7436ae89_12_fused_ops_cu_12296db0_217018ldr_forward_kernelIN3c104HalfEffLi1EEEvPKT_PKT0_S9_PKlPS4_PT1_SE_llSD_NS_13DropoutParamsEb": "void gpuopt::(anonymous namespace)::ldr_forward_kernel<c10::Half, float, float, 1>(c10::Half const*, float const*, float const*, long const*, c10::Half*, float*, float*, long, long, float, gpuopt::DropoutParams, bool)",
+    "_ZN6gpuopt50_GLOBAL__N__7436ae89_12_fused_ops_cu_12296db0_217018ldr_forward_kernelIdddLi2EEEvPKT_PKT0_S7_PKlPS2_PT1_SC_llSB_NS_13DropoutParamsEb": "void gpuopt::(anonymous namespace)::ldr_forward_kernel<double, double, double, 2>(double const*, double const*, double const*, long const*, double*, double*, double*, long, long, double, gpuopt::DropoutParams, bool)",
+    "_ZN6gpuopt50_GLOBAL__N__7436ae89_12_fused_ops_cu_12296db0_217018ldr_forward_kernelIfffLi4EEEvPKT_PKT0_S7_PKlPS2_PT1_SC_llSB_NS_13DropoutParamsEb": "void gpuopt::(anonymous namespace)::ldr_forward_kernel<float, float, float, 4>(float const*, float const*, float const*, long const*, float*, float*, float*, long, long, float, gpuopt::DropoutParams, bool)",
+    "_ZN6gpuopt50_GLOBAL__N__7436ae89_12_fused_ops_cu_12296db0_217019sum_partials_kernelIfN3c104HalfEEEvPKT_PT0_ll": "void gpuopt::(anonymous namespace)::sum_partials_kernel<float, c10::Half>(float const*, c10::Half*, long, long)",
 }
 
 K_F32 = "ldr_forward_kernel<float, float, float, 4>"
@@ -284,8 +280,16 @@ def test_parse_resource_usage_sample():
     assert [u.elf_index for u in usage] == [0] * 4 + [1] * 4
     f32 = [u for u in usage if "ldr_forward_kernelIfffLi4E" in u.name]
     assert [u.resources["STACK"] for u in f32] == [128, 112]
-    assert f32[1].resources == {"REG": 64, "STACK": 112, "SHARED": 1280, "LOCAL": 0, "CONSTANT[0]": 613,
-                                "TEXTURE": 0, "SURFACE": 0, "SAMPLER": 0}
+    assert f32[1].resources == {
+        "REG": 64,
+        "STACK": 112,
+        "SHARED": 1280,
+        "LOCAL": 0,
+        "CONSTANT[0]": 613,
+        "TEXTURE": 0,
+        "SURFACE": 0,
+        "SAMPLER": 0,
+    }
     # the "Common:" block (GLOBAL, CONSTANT[4]) belongs to no function
     assert all("GLOBAL" not in u.resources for u in usage)
 
@@ -307,8 +311,11 @@ def test_parse_ptx_directives_sample():
     ptx = CR.parse_ptx_directives(PTX)
     assert list(ptx) == ["sm_90"]
     info = {CR.short_name(n): k for n, k in ptx["sm_90"].items()}
-    assert set(info) == {"plain_c", "_ZN6gpuopt36_GLOBAL__N__38f95a9f_4_s_cu_020cc97110big_kernelEPf",
-                         "_ZN6gpuopt36_GLOBAL__N__38f95a9f_4_s_cu_020cc97110fwd_kernelIffLi4EEEvPKT_PS2_i"}
+    assert set(info) == {
+        "plain_c",
+        "_ZN6gpuopt36_GLOBAL__N__38f95a9f_4_s_cu_020cc97110big_kernelEPf",
+        "_ZN6gpuopt36_GLOBAL__N__38f95a9f_4_s_cu_020cc97110fwd_kernelIffLi4EEEvPKT_PS2_i",
+    }
     big = ptx["sm_90"]["_ZN6gpuopt36_GLOBAL__N__38f95a9f_4_s_cu_020cc97110big_kernelEPf"]
     fwd = ptx["sm_90"]["_ZN6gpuopt36_GLOBAL__N__38f95a9f_4_s_cu_020cc97110fwd_kernelIffLi4EEEvPKT_PS2_i"]
     assert (big.max_threads, big.min_blocks, big.source) == ((1024, 1, 1), 2, "ptx")
@@ -317,25 +324,38 @@ def test_parse_ptx_directives_sample():
 
 
 def test_reqntid_directive():
-    ptx = CR.parse_ptx_directives("Fatbin ptx code:\n================\narch = sm_90\n\n"
-                                  ".visible .entry k(\n.param .u64 k_param_0\n)\n.reqntid 32, 8, 1\n{\n}\n")
+    ptx = CR.parse_ptx_directives(
+        "Fatbin ptx code:\n================\narch = sm_90\n\n"
+        ".visible .entry k(\n.param .u64 k_param_0\n)\n.reqntid 32, 8, 1\n{\n}\n"
+    )
     assert ptx["sm_90"]["k"].req_threads == (32, 8, 1)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # names
-@pytest.mark.parametrize("demangled, short, args, fp64", [
-    (DEMANGLED[next(n for n in DEMANGLED if "IfffLi4E" in n)], K_F32, "float, float, float, 4", False),
-    (DEMANGLED[next(n for n in DEMANGLED if "IdddLi2E" in n)], K_F64, "double, double, double, 2", True),
-    (DEMANGLED[next(n for n in DEMANGLED if "sum_partials" in n)], K_SUM, "float, c10::Half", False),
-    ("void gpuopt::(anonymous namespace)::sum_partials_kernel<double, float>(double const*, float*, long, long)",
-     "sum_partials_kernel<double, float>", "double, float", True),
-    ("void k<int, (anonymous namespace)::Tag<2> >(int*, void (*)(int))", "k<int, (anonymous namespace)::Tag<2> >",
-     "int, (anonymous namespace)::Tag<2> ", False),
-    ("plain_c", "plain_c", "", False),
-    ("gpuopt::(anonymous namespace)::scale(double*, int)", "scale", "", True),  # no template: its parameters
-    ("gpuopt::(anonymous namespace)::scale(float*, int)", "scale", "", False),
-])
+@pytest.mark.parametrize(
+    "demangled, short, args, fp64",
+    [
+        (DEMANGLED[next(n for n in DEMANGLED if "IfffLi4E" in n)], K_F32, "float, float, float, 4", False),
+        (DEMANGLED[next(n for n in DEMANGLED if "IdddLi2E" in n)], K_F64, "double, double, double, 2", True),
+        (DEMANGLED[next(n for n in DEMANGLED if "sum_partials" in n)], K_SUM, "float, c10::Half", False),
+        (
+            "void gpuopt::(anonymous namespace)::sum_partials_kernel<double, float>(double const*, float*, long, long)",
+            "sum_partials_kernel<double, float>",
+            "double, float",
+            True,
+        ),
+        (
+            "void k<int, (anonymous namespace)::Tag<2> >(int*, void (*)(int))",
+            "k<int, (anonymous namespace)::Tag<2> >",
+            "int, (anonymous namespace)::Tag<2> ",
+            False,
+        ),
+        ("plain_c", "plain_c", "", False),
+        ("gpuopt::(anonymous namespace)::scale(double*, int)", "scale", "", True),  # no template: its parameters
+        ("gpuopt::(anonymous namespace)::scale(float*, int)", "scale", "", False),
+    ],
+)
 def test_short_name_and_fp64(demangled, short, args, fp64):
     assert CR.short_name(demangled) == short
     assert CR.template_args(demangled) == args
@@ -350,23 +370,26 @@ def test_demangle_with_cxxfilt():
 
 # ---------------------------------------------------------------------------------------------------------------
 # occupancy on an sm_90 SM, hand-computed
-@pytest.mark.parametrize("regs, threads, shared, fits, blocks, limited_by", [
-    (64, 1024, 0, True, 1, ("regs",)),  # 64 x 1024 = 65536 registers: exactly one block
-    (65, 1024, 0, False, 0, None),  # 65 -> 72 per thread: 73728 > 65536, cannot launch at 1024
-    (32, 256, 0, True, 8, ("threads", "regs")),  # 2048 / 256 = 8 (and 65536 / 8192 = 8)
-    (40, 256, 0, True, 6, ("regs",)),  # 65536 / 10240 = 6.4
-    (33, 1024, 0, True, 1, ("regs",)),  # 33 -> 40: 40960 registers
-    (50, 1024, 0, True, 1, ("regs",)),  # 50 -> 56: 57344
-    (28, 1024, 0, True, 2, ("threads", "regs")),  # 28 -> 32: 32768, 2 blocks; 2048 / 1024 = 2
-    (255, 256, 0, True, 1, ("regs",)),  # 255 -> 256: 65536
-    (255, 257, 0, False, 0, None),  # 257 threads take 9 warps: 256 x 288 > 65536
-    (8, 32, 0, True, 32, ("blocks",)),  # 32 blocks per SM
-    (16, 48, 0, True, 32, ("warps", "blocks")),  # 48 threads take 2 warps: 64 / 2 = 32 (threads alone: 42)
-    (32, 128, 100 * 1024, True, 2, ("shared",)),  # (100 + 1 reserved) KiB: 228 // 101 = 2
-    (32, 128, 227 * 1024, True, 1, ("shared",)),  # the most one block may use
-    (32, 128, 227 * 1024 + 1, False, 0, None),
-    (16, 1025, 0, False, 0, None),  # over 1024 threads per block
-])
+@pytest.mark.parametrize(
+    "regs, threads, shared, fits, blocks, limited_by",
+    [
+        (64, 1024, 0, True, 1, ("regs",)),  # 64 x 1024 = 65536 registers: exactly one block
+        (65, 1024, 0, False, 0, None),  # 65 -> 72 per thread: 73728 > 65536, cannot launch at 1024
+        (32, 256, 0, True, 8, ("threads", "regs")),  # 2048 / 256 = 8 (and 65536 / 8192 = 8)
+        (40, 256, 0, True, 6, ("regs",)),  # 65536 / 10240 = 6.4
+        (33, 1024, 0, True, 1, ("regs",)),  # 33 -> 40: 40960 registers
+        (50, 1024, 0, True, 1, ("regs",)),  # 50 -> 56: 57344
+        (28, 1024, 0, True, 2, ("threads", "regs")),  # 28 -> 32: 32768, 2 blocks; 2048 / 1024 = 2
+        (255, 256, 0, True, 1, ("regs",)),  # 255 -> 256: 65536
+        (255, 257, 0, False, 0, None),  # 257 threads take 9 warps: 256 x 288 > 65536
+        (8, 32, 0, True, 32, ("blocks",)),  # 32 blocks per SM
+        (16, 48, 0, True, 32, ("warps", "blocks")),  # 48 threads take 2 warps: 64 / 2 = 32 (threads alone: 42)
+        (32, 128, 100 * 1024, True, 2, ("shared",)),  # (100 + 1 reserved) KiB: 228 // 101 = 2
+        (32, 128, 227 * 1024, True, 1, ("shared",)),  # the most one block may use
+        (32, 128, 227 * 1024 + 1, False, 0, None),
+        (16, 1025, 0, False, 0, None),  # over 1024 threads per block
+    ],
+)
 def test_occupancy_sm90(regs, threads, shared, fits, blocks, limited_by):
     occ = CR.occupancy(regs, threads, shared)
     assert (occ.fits, occ.blocks_per_sm) == (fits, blocks), occ
@@ -418,8 +441,10 @@ def test_rows_other_arch_and_errors():
 
 
 def test_ptx_fallback_for_launch_bounds():
-    ptx = PTX.replace("_ZN6gpuopt36_GLOBAL__N__38f95a9f_4_s_cu_020cc97110fwd_kernelIffLi4EEEvPKT_PS2_i",
-                      next(n for n in DEMANGLED if "IfffLi4E" in n))
+    ptx = PTX.replace(
+        "_ZN6gpuopt36_GLOBAL__N__38f95a9f_4_s_cu_020cc97110fwd_kernelIffLi4EEEvPKT_PS2_i",
+        next(n for n in DEMANGLED if "IfffLi4E" in n),
+    )
     _, rows = _rows(arch="sm_90", elf="", ptx=ptx)
     by = _by_name(rows)
     assert by[K_F32].launch_bound == (256, 1, 1) and by[K_F32].bound_source == "ptx"
@@ -438,7 +463,6 @@ def test_table_and_markdown():
     md = CR.format_markdown(rows).splitlines()
     assert md[0].startswith("| kernel | regs |") and md[1].startswith("|:---|---:|")
     assert md[2].startswith(f"| `{K_F16}` | 50 |") and all(line.count("|") == len(CR.COLUMNS) + 1 for line in md)
-
 
 
 def test_grouped_table_one_row_per_family():
@@ -555,14 +579,15 @@ def _installed_cuda_extension():
     except CR.ToolError as e:
         pytest.skip(f"no installed extension to check: {e}")
     if not CR.has_device_code(ext):
-        pytest.skip(f"the installed extension {ext.name} is a CPU-only build (no CUDA fat binary): no kernels "
-                    "to check")
+        pytest.skip(f"the installed extension {ext.name} is a CPU-only build (no CUDA fat binary): no kernels to check")
     try:
         tool = CR.find_cuobjdump()
     except CR.ToolError as e:
         if _ci():
-            pytest.fail(f"CI=true and the installed extension is a CUDA build, but cuobjdump is missing "
-                        f"(scripts/run_tests.sh installs {CR.PIP_PACKAGE}): {e}")
+            pytest.fail(
+                f"CI=true and the installed extension is a CUDA build, but cuobjdump is missing "
+                f"(scripts/run_tests.sh installs {CR.PIP_PACKAGE}): {e}"
+            )
         pytest.skip(str(e))
     return ext, tool
 
@@ -578,4 +603,5 @@ def test_static_resource_budget_of_installed_extension():
     bad = [r for r in rows if r.failing]
     assert ok and not bad, (
         f"static resource budget of {ext} ({arch}) violated by {len(bad)} fp16/bf16/fp32 kernel variants "
-        f"(python -m tools.cuda_resources for the full table):\n{CR.format_table(bad)}\n\n{summary}")
+        f"(python -m tools.cuda_resources for the full table):\n{CR.format_table(bad)}\n\n{summary}"
+    )

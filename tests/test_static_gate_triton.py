@@ -32,16 +32,30 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 PERSISTENT = ("ldr_bwd_fused_kernel", "ldr_bwd_chunk_kernel", "bias_relu_bwd_kernel")
-KERNELS = {"ldr_fwd_fused_kernel", "ldr_fwd_looped_kernel", "ldr_bwd_fused_kernel", "ldr_bwd_row_coef_kernel",
-           "ldr_bwd_chunk_kernel", "sum_partials_kernel", "bias_relu_fwd_kernel", "bias_relu_bwd_kernel"}
+KERNELS = {
+    "ldr_fwd_fused_kernel",
+    "ldr_fwd_looped_kernel",
+    "ldr_bwd_fused_kernel",
+    "ldr_bwd_row_coef_kernel",
+    "ldr_bwd_chunk_kernel",
+    "sum_partials_kernel",
+    "bias_relu_fwd_kernel",
+    "bias_relu_bwd_kernel",
+}
 
 
 @pytest.fixture(scope="module")
 def gate():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-m", "tools.triton_resources", "--json", "--checks"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [sys.executable, "-m", "tools.triton_resources", "--json", "--checks"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode in (0, 1), res.stdout[-3000:] + res.stderr[-6000:]
     return json.loads(res.stdout), res.returncode, res.stderr
 

@@ -66,8 +66,15 @@ def max_diff(a, b):
 
 def torchrun(script, *argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
     """Starts `script` under torchrun with 2 processes (gloo on CPU, a local rendezvous on a free port)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           *map(str, argv)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        *map(str, argv),
+    ]
     return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
@@ -177,8 +184,9 @@ def test_bad_input_gives_one_line_and_exit_2_and_writes_nothing(tmp_path, capsys
     """Bad flags, data or checkpoints: main() returns 2 after one `gpuopt-train: error: ...` line and leaves the
     run folder as it was; the real command (one subprocess) exits with code 2 and prints that one line."""
     # the real command, started first: its start-up (importing torch) overlaps the in-process cases
-    cli = subprocess.Popen([sys.executable, "-m", "gpuopt_ops.train", "--bogus"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "gpuopt_ops.train", "--bogus"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     out = tmp_path / "run"
     run(*SMALL, "--epochs", 1, "--out", out, "--no-plot")
     before = tree(out)
@@ -215,15 +223,17 @@ def test_bad_input_gives_one_line_and_exit_2_and_writes_nothing(tmp_path, capsys
         stderr = capsys.readouterr().err
         assert rc == 2, (argv, rc, stderr[-2000:])
         lines = stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("gpuopt-train: error: ") and message in lines[0], \
-            (argv, stderr)
+        assert len(lines) == 1 and lines[0].startswith("gpuopt-train: error: ") and message in lines[0], (argv, stderr)
         assert tree(out) == before, f"{argv} changed the run folder"
     # the backend check is the ops' own (gpuopt_ops.backends), reworded as a flag error
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert train.main(["--backend", "triton", "--device", "cpu", "--out", str(tmp_path / "t")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gpuopt-train: error: --backend triton: ") \
-        and "TRITON_INTERPRET=1" in lines[0], lines
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("gpuopt-train: error: --backend triton: ")
+        and "TRITON_INTERPRET=1" in lines[0]
+    ), lines
     assert not (tmp_path / "t").exists()
     monkeypatch.undo()
     with pytest.raises(SystemExit) as exit_help:
@@ -231,7 +241,8 @@ def test_bad_input_gives_one_line_and_exit_2_and_writes_nothing(tmp_path, capsys
     assert exit_help.value.code == 0 and "--log-every" in capsys.readouterr().out
     _, stderr = cli.communicate(timeout=TIMEOUT)
     assert cli.returncode == 2 and stderr.strip().splitlines() == [
-        "gpuopt-train: error: unrecognized arguments: --bogus (see gpuopt-train --help)"]
+        "gpuopt-train: error: unrecognized arguments: --bogus (see gpuopt-train --help)"
+    ]
 
 
 def test_console_script_is_the_cli_main():
@@ -274,8 +285,7 @@ def test_fuse_flag_trains_a_stock_model_as_well_as_the_default(tmp_path):
     from gpuopt_ops.modules import FusedLayerNormDropoutReLU, LinearBiasReLU
 
     model = train.MLP(64, 10, 32, 2, 0.1, "bias_relu", "stock")
-    assert {type(m) for m in model.modules()} >= {torch.nn.Linear, torch.nn.ReLU, torch.nn.LayerNorm,
-                                                   torch.nn.Dropout}
+    assert {type(m) for m in model.modules()} >= {torch.nn.Linear, torch.nn.ReLU, torch.nn.LayerNorm, torch.nn.Dropout}
     fused = __import__("gpuopt_ops").fuse(model)
     kinds = [type(m) for m in fused.modules()]
     assert kinds.count(FusedLayerNormDropoutReLU) == 2 and kinds.count(LinearBiasReLU) == 2
@@ -345,8 +355,20 @@ def test_a_training_step_makes_no_host_sync(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "read_sums", recording_read)
     monkeypatch.setattr(loop, "evaluate", recording_evaluate)
     # digits: 1438 training samples, 23 steps of 64 per epoch
-    run("--no-progress", "--no-plot", "--epochs", 2, "--hidden", 32, "--batch-size", 64, "--log-every", 5,
-        "--out", tmp_path)
+    run(
+        "--no-progress",
+        "--no-plot",
+        "--epochs",
+        2,
+        "--hidden",
+        32,
+        "--batch-size",
+        64,
+        "--log-every",
+        5,
+        "--out",
+        tmp_path,
+    )
     assert [r[0] for r in reads] == [5, 10, 15, 20, 23, 25, 30, 35, 40, 45, 46]
     assert all(after > before for _, before, after in reads), "the reads copy the sums to the host"
     for (step, _, after), (next_step, before, _) in zip(reads, reads[1:]):
@@ -369,6 +391,7 @@ def test_a_training_step_makes_no_host_sync_on_cuda(tmp_path, monkeypatch):
                 return fn(*a, **k)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
+
         return wrapped
 
     def recording_read(sums, first_step, last_step, *a):
@@ -378,8 +401,22 @@ def test_a_training_step_makes_no_host_sync_on_cuda(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "train_step", no_sync(train_step))
     monkeypatch.setattr(loop.EpochSums, "add", no_sync(add))
     monkeypatch.setattr(loop, "read_sums", recording_read)
-    run("--no-progress", "--no-plot", "--epochs", 1, "--hidden", 32, "--batch-size", 64, "--log-every", 5,
-        "--device", "cuda", "--out", tmp_path)
+    run(
+        "--no-progress",
+        "--no-plot",
+        "--epochs",
+        1,
+        "--hidden",
+        32,
+        "--batch-size",
+        64,
+        "--log-every",
+        5,
+        "--device",
+        "cuda",
+        "--out",
+        tmp_path,
+    )
     assert reads == [5, 10, 15, 20, 23]
 
 
@@ -429,8 +466,18 @@ def crash_launch(tmp_path_factory):
     (mostly imports, ~7 s) overlap. Yields (process, path of its stderr)."""
     out = tmp_path_factory.mktemp("crash")
     with open(out / "stderr.txt", "w") as err:
-        proc = torchrun(TESTS / "train_with_failure.py", 1, 3, *DIST_COMMON, "--epochs", 3, "--out", out / "run",
-                        stdout=subprocess.DEVNULL, stderr=err)
+        proc = torchrun(
+            TESTS / "train_with_failure.py",
+            1,
+            3,
+            *DIST_COMMON,
+            "--epochs",
+            3,
+            "--out",
+            out / "run",
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     yield proc, out / "stderr.txt"
     if proc.poll() is None:
         proc.kill()
@@ -465,8 +512,9 @@ def test_ddp_and_fsdp2_under_torchrun(tmp_path, capsys, crash_launch):
     full, cut, again = (state(tmp_path / k) for k in ("full", "cut", "again"))
     assert_same_weights(full, cut, "DDP resume")
     assert_same_weights(full, again, "same seed")
-    assert not torch.equal(full["rng_per_rank"][0]["torch"], full["rng_per_rank"][1]["torch"]), \
+    assert not torch.equal(full["rng_per_rank"][0]["torch"], full["rng_per_rank"][1]["torch"]), (
         "the ranks' dropout generators must differ"
+    )
 
     capsys.readouterr()
     run(*DIST_COMMON, "--dropout", 0.1, "--resume", "--out", tmp_path / "a")  # one process finishes DDP's run
@@ -477,7 +525,8 @@ def test_ddp_and_fsdp2_under_torchrun(tmp_path, capsys, crash_launch):
 
     bad = results["bad_batch"]
     assert bad["rc"] == 2 and bad["stderr"].strip().splitlines() == [
-        "gpuopt-train: error: rank 0: --batch-size 63 is the global batch: it must be divisible by the world size 2"]
+        "gpuopt-train: error: rank 0: --batch-size 63 is the global batch: it must be divisible by the world size 2"
+    ]
     assert not (tmp_path / "bad").exists()
 
 

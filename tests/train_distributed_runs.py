@@ -29,14 +29,14 @@ def main() -> None:
         train.run(train.build_parser().parse_args([*common, "--out", str(out / name), *map(str, argv)]))
         results["group_kept"].append(dist.is_initialized())
 
-    run("ddp", "--dropout", 0)                           # DDP vs one process (the test's "single")
-    run("fsdp", "--dropout", 0, "--fsdp")                # FSDP2 vs DDP
-    run("full", "--dropout", 0.2)                        # resume at the same world size: uninterrupted ...
-    run("cut", "--dropout", 0.2, "--stop-after", 1)      # ... vs cut after one epoch ...
-    run("cut", "--dropout", 0.2, "--resume")             # ... and resumed
-    run("again", "--dropout", 0.2)                       # the same seed gives the same run as "full"
-    run("a", "--dropout", 0.1, "--stop-after", 1)        # DDP writes epoch 1; one process (the test) finishes
-    run("b", "--dropout", 0.1, "--resume", "--fsdp")     # one process (the test) wrote epoch 1; FSDP2 finishes
+    run("ddp", "--dropout", 0)  # DDP vs one process (the test's "single")
+    run("fsdp", "--dropout", 0, "--fsdp")  # FSDP2 vs DDP
+    run("full", "--dropout", 0.2)  # resume at the same world size: uninterrupted ...
+    run("cut", "--dropout", 0.2, "--stop-after", 1)  # ... vs cut after one epoch ...
+    run("cut", "--dropout", 0.2, "--resume")  # ... and resumed
+    run("again", "--dropout", 0.2)  # the same seed gives the same run as "full"
+    run("a", "--dropout", 0.1, "--stop-after", 1)  # DDP writes epoch 1; one process (the test) finishes
+    run("b", "--dropout", 0.1, "--resume", "--fsdp")  # one process (the test) wrote epoch 1; FSDP2 finishes
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         rc = train.main([*common, "--out", str(out / "bad"), "--batch-size", "63"])

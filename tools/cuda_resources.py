@@ -99,8 +99,9 @@ class Occupancy:
     limits: dict[str, int] = field(default_factory=dict)  # blocks/SM allowed by each resource
 
 
-def occupancy(regs: int, threads: int, static_shared: int = 0, dynamic_shared: int = 0,
-              sm: SMLimits = SM90) -> Occupancy:
+def occupancy(
+    regs: int, threads: int, static_shared: int = 0, dynamic_shared: int = 0, sm: SMLimits = SM90
+) -> Occupancy:
     """Blocks of `threads` threads that one SM holds at once, for a kernel using `regs` registers per thread."""
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
@@ -133,8 +134,9 @@ def occupancy(regs: int, threads: int, static_shared: int = 0, dynamic_shared: i
     tied = [k for k, v in limits.items() if v == blocks]
     if "threads" in tied and "warps" in tied:  # the same limit whenever threads is a multiple of 32
         tied.remove("warps")
-    return Occupancy(threads, regs, regs_alloc, regs_per_block, warps, shared_alloc, blocks > 0, blocks,
-                     tuple(tied), limits)
+    return Occupancy(
+        threads, regs, regs_alloc, regs_per_block, warps, shared_alloc, blocks > 0, blocks, tuple(tied), limits
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -182,14 +184,18 @@ def find_installed_extension() -> Path:
     """gpuopt_ops/_C*.so of the importable gpuopt_ops, found without importing gpuopt_ops (nor its ops)."""
     spec = importlib.util.find_spec("gpuopt_ops")
     if spec is None or not spec.submodule_search_locations:
-        raise ToolError("gpuopt_ops is not installed in this Python: install it (pip install -e .) or pass the "
-                        "path of an ELF (.so or .o) with CUDA kernels")
+        raise ToolError(
+            "gpuopt_ops is not installed in this Python: install it (pip install -e .) or pass the "
+            "path of an ELF (.so or .o) with CUDA kernels"
+        )
     hits: list[str] = []
     for loc in spec.submodule_search_locations:
         hits += glob.glob(os.path.join(loc, "_C*.so")) + glob.glob(os.path.join(loc, "_C*.pyd"))
     if not hits:
-        raise ToolError(f"no built extension _C*.so in {list(spec.submodule_search_locations)}: build it first "
-                        "(pip install --no-build-isolation -e .) or pass an ELF path")
+        raise ToolError(
+            f"no built extension _C*.so in {list(spec.submodule_search_locations)}: build it first "
+            "(pip install --no-build-isolation -e .) or pass an ELF path"
+        )
     return Path(max(hits, key=os.path.getmtime))  # a stale _C of another Python ABI loses to the fresh build
 
 
@@ -202,11 +208,11 @@ def elf_section_names(path: os.PathLike) -> list[str]:
         is64, end = ident[4] == 2, "<" if ident[5] == 1 else ">"
         if is64:
             hdr = f.read(48)
-            shoff, = struct.unpack(end + "Q", hdr[24:32])
+            (shoff,) = struct.unpack(end + "Q", hdr[24:32])
             shentsize, shnum, shstrndx = struct.unpack(end + "HHH", hdr[42:48])
         else:
             hdr = f.read(36)
-            shoff, = struct.unpack(end + "I", hdr[16:20])
+            (shoff,) = struct.unpack(end + "I", hdr[16:20])
             shentsize, shnum, shstrndx = struct.unpack(end + "HHH", hdr[30:36])
         if shoff == 0 or shnum == 0:
             return []
@@ -214,7 +220,7 @@ def elf_section_names(path: os.PathLike) -> list[str]:
         table = f.read(shentsize * shnum)
 
         def sh(i):
-            e = table[i * shentsize:(i + 1) * shentsize]
+            e = table[i * shentsize : (i + 1) * shentsize]
             if is64:
                 name, _t, _fl, _a, off, size = struct.unpack(end + "IIQQQQ", e[:40])
             else:
@@ -227,7 +233,7 @@ def elf_section_names(path: os.PathLike) -> list[str]:
         names = []
         for i in range(shnum):
             n = sh(i)[0]
-            names.append(strtab[n:strtab.index(b"\0", n)].decode("latin-1") if n < len(strtab) else "")
+            names.append(strtab[n : strtab.index(b"\0", n)].decode("latin-1") if n < len(strtab) else "")
         return names
 
 
@@ -343,15 +349,19 @@ def parse_elf_info(text: str, arch: Optional[str] = None) -> list[dict[str, Kern
                 attr = m.group(1)
                 continue
             m = _VAL_RE.match(line)
-            if not m or attr not in ("EIATTR_MAX_THREADS", "EIATTR_REQNTID", "EIATTR_MIN_CTA_PER_SM",
-                                     "EIATTR_MAX_CTA_PER_SM"):
+            if not m or attr not in (
+                "EIATTR_MAX_THREADS",
+                "EIATTR_REQNTID",
+                "EIATTR_MIN_CTA_PER_SM",
+                "EIATTR_MAX_CTA_PER_SM",
+            ):
                 continue
             val = m.group(1)
             fm = _FN_IN_VAL_RE.search(val)
             if fm:  # attribute of the global .nv.info, naming its function
-                name, val = fm.group(1), val[fm.end():]
+                name, val = fm.group(1), val[fm.end() :]
             elif section.startswith(".nv.info."):
-                name = section[len(".nv.info."):]
+                name = section[len(".nv.info.") :]
             else:
                 continue
             nums = [int(h, 16) for h in _HEX_RE.findall(val)]
@@ -463,7 +473,7 @@ def template_args(name: str) -> str:
     """The template argument list of a short or demangled name ('' when it has none)."""
     s = short_name(name)
     i = s.find("<")
-    return s[i + 1:s.rfind(">")] if i >= 0 and s.endswith(">") else ""
+    return s[i + 1 : s.rfind(">")] if i >= 0 and s.endswith(">") else ""
 
 
 def is_fp64_variant(demangled: str) -> bool:
@@ -471,7 +481,7 @@ def is_fp64_variant(demangled: str) -> bool:
     args = template_args(demangled)
     if not args:
         stripped = _strip_params(demangled)
-        args = demangled[len(stripped):]
+        args = demangled[len(stripped) :]
     return re.search(r"\bdouble\b", args) is not None
 
 
@@ -542,15 +552,22 @@ def normalize_arch(arch: str) -> str:
     return a.replace("compute_", "sm_")
 
 
-def build_rows(res_text: str, elf_text: str = "", ptx_text: str = "", arch: Optional[str] = None,
-               demangler: Callable[[Sequence[str]], dict[str, str]] = demangle, sm: SMLimits = SM90,
-               ) -> tuple[str, list[Row]]:
+def build_rows(
+    res_text: str,
+    elf_text: str = "",
+    ptx_text: str = "",
+    arch: Optional[str] = None,
+    demangler: Callable[[Sequence[str]], dict[str, str]] = demangle,
+    sm: SMLimits = SM90,
+) -> tuple[str, list[Row]]:
     """Rows for every function of `arch` (default: the newest arch with cubins). Returns (arch, rows)."""
     usage = parse_resource_usage(res_text)
     archs = sorted({u.arch for u in usage}, key=_arch_key)
     if not archs:
-        raise ToolError("the ELF holds no cubins (no 'Fatbin elf code' in cuobjdump's output): a CPU-only build "
-                        "of the extension, or PTX only?")
+        raise ToolError(
+            "the ELF holds no cubins (no 'Fatbin elf code' in cuobjdump's output): a CPU-only build "
+            "of the extension, or PTX only?"
+        )
     if arch is None:
         arch = archs[-1]
     arch = normalize_arch(arch)
@@ -590,13 +607,24 @@ def build_rows(res_text: str, elf_text: str = "", ptx_text: str = "", arch: Opti
         dem = names.get(u.name, u.name)
         r = u.resources
         row = Row(
-            kernel=short_name(dem), demangled=dem, mangled=u.name, arch=arch,
+            kernel=short_name(dem),
+            demangled=dem,
+            mangled=u.name,
+            arch=arch,
             kind="kernel" if entry else "device function",
-            regs=r.get("REG", 0), stack=r.get("STACK", 0), local=r.get("LOCAL", 0), shared=r.get("SHARED", 0),
-            constant={k: v for k, v in r.items() if k.startswith("CONSTANT")}, resources=dict(r),
+            regs=r.get("REG", 0),
+            stack=r.get("STACK", 0),
+            local=r.get("LOCAL", 0),
+            shared=r.get("SHARED", 0),
+            constant={k: v for k, v in r.items() if k.startswith("CONSTANT")},
+            resources=dict(r),
             max_block=(math.prod(bound) if bound else NO_BOUND_THREADS) if entry else None,
-            launch_bound=bound if entry else None, bound_source=source if bound else "",
-            min_blocks=info.min_blocks, fp64=is_fp64_variant(dem), occupancy=None, problems=[],
+            launch_bound=bound if entry else None,
+            bound_source=source if bound else "",
+            min_blocks=info.min_blocks,
+            fp64=is_fp64_variant(dem),
+            occupancy=None,
+            problems=[],
         )
         if entry:
             row.occupancy = occupancy(row.regs, row.max_block, row.shared, sm=sm)
@@ -611,8 +639,9 @@ def build_rows(res_text: str, elf_text: str = "", ptx_text: str = "", arch: Opti
     return arch, rows
 
 
-def analyze(elf: os.PathLike, arch: Optional[str] = None, cuobjdump: Optional[str] = None,
-            sm: SMLimits = SM90) -> tuple[str, list[Row]]:
+def analyze(
+    elf: os.PathLike, arch: Optional[str] = None, cuobjdump: Optional[str] = None, sm: SMLimits = SM90
+) -> tuple[str, list[Row]]:
     """Run cuobjdump on `elf` and return (arch, rows)."""
     elf = Path(elf)
     if not elf.is_file():
@@ -622,9 +651,11 @@ def analyze(elf: os.PathLike, arch: Optional[str] = None, cuobjdump: Optional[st
     if "Fatbin elf code" not in res.stdout:
         msg = (res.stderr or res.stdout).strip()
         if "does not contain device code" in msg or res.returncode == 0 or "Fatbin ptx code" in res.stdout:
-            raise ToolError(f"{elf} holds no cubins ({msg or 'no Fatbin elf code'}): it is not a CUDA build (a "
-                            "CPU-only build of the extension?). Build with nvcc (pip install --no-build-isolation "
-                            "-e . with a CUDA toolkit) or pass another ELF.")
+            raise ToolError(
+                f"{elf} holds no cubins ({msg or 'no Fatbin elf code'}): it is not a CUDA build (a "
+                "CPU-only build of the extension?). Build with nvcc (pip install --no-build-isolation "
+                "-e . with a CUDA toolkit) or pass another ELF."
+            )
         raise ToolError(f"{tool} --dump-resource-usage {elf} failed (exit {res.returncode}): {msg}")
     archs = sorted({u.arch for u in parse_resource_usage(res.stdout)}, key=_arch_key)
     want = normalize_arch(arch) if arch else (archs[-1] if archs else None)
@@ -658,8 +689,18 @@ def _cells(r: Row) -> list[str]:
         gate = "fp64, not gated" + (f" ({', '.join(p.split(':')[0] for p in r.problems)})" if r.problems else "")
     else:
         gate = "FAIL: " + ", ".join(p.split(":")[0] for p in r.problems) if r.problems else "ok"
-    return [r.kernel, str(r.regs), str(r.stack), str(r.local), str(r.shared), r.max_block_text(), blocks, limit,
-            fits, gate]
+    return [
+        r.kernel,
+        str(r.regs),
+        str(r.stack),
+        str(r.local),
+        str(r.shared),
+        r.max_block_text(),
+        blocks,
+        limit,
+        fits,
+        gate,
+    ]
 
 
 def format_table(rows: Sequence[Row]) -> str:
@@ -668,8 +709,11 @@ def format_table(rows: Sequence[Row]) -> str:
     numeric = {1, 2, 3, 4, 6}
     out = []
     for j, row in enumerate(data):
-        out.append("  ".join(c.rjust(widths[i]) if i in numeric and j else c.ljust(widths[i])
-                             for i, c in enumerate(row)).rstrip())
+        out.append(
+            "  ".join(
+                c.rjust(widths[i]) if i in numeric and j else c.ljust(widths[i]) for i, c in enumerate(row)
+            ).rstrip()
+        )
         if j == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
@@ -679,8 +723,10 @@ def format_markdown(rows: Sequence[Row]) -> str:
     def esc(s: str) -> str:
         return s.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
-    out = ["| " + " | ".join(COLUMNS) + " |",
-           "|" + "|".join(":---" if i in (0, 5, 7, 8, 9) else "---:" for i in range(len(COLUMNS))) + "|"]
+    out = [
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "|".join(":---" if i in (0, 5, 7, 8, 9) else "---:" for i in range(len(COLUMNS))) + "|",
+    ]
     for r in rows:
         c = _cells(r)
         c[0] = f"`{c[0]}`"  # backticks keep <...> literal in GitHub markdown
@@ -709,14 +755,18 @@ def format_grouped(rows: Sequence[Row]) -> str:
         v = sorted(set(vals))
         return str(v[0]) if len(v) == 1 else f"{v[0]}–{v[-1]}"
 
-    out = ["| kernel (fp16 / bf16 / fp32 variants) | variants | registers | stack | shared (B) | max block | "
-           "blocks / SM at max block |",
-           "|:---|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "| kernel (fp16 / bf16 / fp32 variants) | variants | registers | stack | shared (B) | max block | "
+        "blocks / SM at max block |",
+        "|:---|---:|---:|---:|---:|---:|---:|",
+    ]
     for fam, variants in sorted(fams.items()):
         vs = list(variants.values())
         blocks = [r.occupancy.blocks_per_sm if r.occupancy and r.occupancy.fits else 0 for r in vs]
-        out.append(f"| `{fam}` | {len(vs)} | {rng(r.regs for r in vs)} | {max(r.stack + r.local for r in vs)} | "
-                   f"{rng(r.shared for r in vs)} | {rng(r.max_block_text() for r in vs)} | {rng(blocks)} |")
+        out.append(
+            f"| `{fam}` | {len(vs)} | {rng(r.regs for r in vs)} | {max(r.stack + r.local for r in vs)} | "
+            f"{rng(r.shared for r in vs)} | {rng(r.max_block_text() for r in vs)} | {rng(blocks)} |"
+        )
     return "\n".join(out)
 
 
@@ -735,35 +785,46 @@ def summarize(arch: str, rows: Sequence[Row], sm: SMLimits = SM90) -> tuple[bool
         f"{NO_BOUND_THREADS} threads).",
     ]
     if fails:
-        lines.append(f"GATE FAILED: {len(spill)} of {len(gated)} fp16/bf16/fp32 variants use stack or local memory, "
-                     f"{len(nofit)} do not fit their max block:")
+        lines.append(
+            f"GATE FAILED: {len(spill)} of {len(gated)} fp16/bf16/fp32 variants use stack or local memory, "
+            f"{len(nofit)} do not fit their max block:"
+        )
         lines += [f"  {r.kernel}: {'; '.join(r.problems)}" for r in fails]
     else:
         lines.append("gate passed: no fp16/bf16/fp32 variant uses stack or local memory, each fits its max block.")
     if fp64_bad:
-        lines.append(f"fp64 variants are reported but do not fail the gate; {len(fp64_bad)} would: "
-                     + ", ".join(f"{r.kernel} ({'; '.join(r.problems)})" for r in fp64_bad))
+        lines.append(
+            f"fp64 variants are reported but do not fail the gate; {len(fp64_bad)} would: "
+            + ", ".join(f"{r.kernel} ({'; '.join(r.problems)})" for r in fp64_bad)
+        )
     else:
         lines.append("fp64 variants are reported but do not fail the gate (none would).")
     return not fails, "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.cuda_resources", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("elf", nargs="?", help="ELF with CUDA kernels (.so or .o); default: the installed "
-                    "gpuopt_ops/_C*.so")
+    ap = argparse.ArgumentParser(
+        prog="python -m tools.cuda_resources", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "elf", nargs="?", help="ELF with CUDA kernels (.so or .o); default: the installed gpuopt_ops/_C*.so"
+    )
     ap.add_argument("--arch", help="SM architecture to report (e.g. sm_90); default: the newest one present")
     ap.add_argument("--markdown", action="store_true", help="print a GitHub markdown table")
-    ap.add_argument("--grouped", action="store_true",
-                    help="print one markdown row per kernel family (fp16/bf16/fp32 variants), as in the README")
+    ap.add_argument(
+        "--grouped",
+        action="store_true",
+        help="print one markdown row per kernel family (fp16/bf16/fp32 variants), as in the README",
+    )
     ap.add_argument("--json", metavar="OUT", help="write all rows (and the summary) to OUT as JSON")
     args = ap.parse_args(argv)
     try:
         elf = Path(args.elf) if args.elf else find_installed_extension()
         if args.elf is None and elf.is_file() and elf_section_names(elf) and not has_device_code(elf):
-            raise ToolError(f"{elf} holds no cubins: the installed extension is a CPU-only build. Rebuild it with "
-                            "a CUDA toolkit, or pass an ELF with CUDA kernels.")
+            raise ToolError(
+                f"{elf} holds no cubins: the installed extension is a CPU-only build. Rebuild it with "
+                "a CUDA toolkit, or pass an ELF with CUDA kernels."
+            )
         tool = find_cuobjdump()
         arch, rows = analyze(elf, args.arch, tool)
     except ToolError as e:
@@ -775,10 +836,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print()
     print(summary)
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "elf": str(elf), "arch": arch, "cuobjdump": tool, "sm_limits": asdict(SM90),
-            "no_bound_threads": NO_BOUND_THREADS, "passed": ok, "summary": summary,
-            "rows": [r.to_json() for r in rows]}, indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "elf": str(elf),
+                    "arch": arch,
+                    "cuobjdump": tool,
+                    "sm_limits": asdict(SM90),
+                    "no_bound_threads": NO_BOUND_THREADS,
+                    "passed": ok,
+                    "summary": summary,
+                    "rows": [r.to_json() for r in rows],
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     return 0 if ok else 1
 
 

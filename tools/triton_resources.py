@@ -73,8 +73,10 @@ def _kernels():
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as L
 
     if C.INTERPRETED:
-        raise RuntimeError("tools.triton_resources: the Triton kernels were imported with TRITON_INTERPRET=1 "
-                           "in this process; run the script in a fresh process without it")
+        raise RuntimeError(
+            "tools.triton_resources: the Triton kernels were imported with TRITON_INTERPRET=1 "
+            "in this process; run the script in a fresh process without it"
+        )
     return L, BR, C
 
 
@@ -151,11 +153,19 @@ class Compiler:
         opts, signature, constexprs, attrs = kernel._pack_args(self.backend, kwargs, bound, specialization, options)
         if not self.hints:
             attrs = {}
-        key = (kernel.__name__, repr(sorted(signature.items())), repr(sorted(constexprs.items())),
-               repr(sorted(attrs.items())), repr(sorted(opts.__dict__.items())))
+        key = (
+            kernel.__name__,
+            repr(sorted(signature.items())),
+            repr(sorted(constexprs.items())),
+            repr(sorted(attrs.items())),
+            repr(sorted(opts.__dict__.items())),
+        )
         if key not in self.cache and key not in self.pending:
-            consts = ",".join(f"{kernel.arg_names[k[0]]}={v}" for k, v in sorted(constexprs.items())
-                              if kernel.arg_names[k[0]].startswith("BLOCK"))
+            consts = ",".join(
+                f"{kernel.arg_names[k[0]]}={v}"
+                for k, v in sorted(constexprs.items())
+                if kernel.arg_names[k[0]].startswith("BLOCK")
+            )
             self.pending[key] = (kernel, signature, constexprs, attrs, opts.__dict__, consts)
         named = dict(zip(kernel.arg_names, args))
         named.update({k: v for k, v in kwargs.items() if k in kernel.arg_names})
@@ -170,6 +180,7 @@ class Compiler:
             def __getitem__(self, grid):
                 def launch(*args, **kwargs):
                     compiler.record(kernel, grid(kwargs) if callable(grid) else tuple(grid), args, kwargs)
+
                 return launch
 
         return _Launch()
@@ -198,8 +209,14 @@ def _compile_job(i: int) -> tuple[int, int, int, int, int, int]:
     regs, spills, stack = _PTXAS_RE.findall(text), _SPILL_RE.findall(text), _STACK_RE.findall(text)
     if not regs or not spills or not stack:
         raise RuntimeError(f"no ptxas -v figures for {kernel.__name__} (cached compile?):\n{text}")
-    return (int(regs[-1]), int(spills[-1][0]), int(spills[-1][1]), int(stack[-1]), int(ck.metadata.shared),
-            int(ck.metadata.num_warps))
+    return (
+        int(regs[-1]),
+        int(spills[-1][0]),
+        int(spills[-1][1]),
+        int(stack[-1]),
+        int(ck.metadata.shared),
+        int(ck.metadata.num_warps),
+    )
 
 
 def default_jobs() -> int:
@@ -227,8 +244,18 @@ def compile_pending(compilers: Sequence[Compiler], jobs: int = 1) -> None:
     done = {}
     for key, (regs, st, ld, stack, shared, num_warps) in zip(order, results):
         occ = occupancy(regs, 32 * num_warps, static_shared=shared)
-        done[key] = Variant(keys[key][0].__name__, num_warps, keys[key][5], regs, st, ld, stack, shared,
-                            occ.blocks_per_sm, "+".join(occ.limited_by))
+        done[key] = Variant(
+            keys[key][0].__name__,
+            num_warps,
+            keys[key][5],
+            regs,
+            st,
+            ld,
+            stack,
+            shared,
+            occ.blocks_per_sm,
+            "+".join(occ.limited_by),
+        )
     for c in compilers:
         for key in c.pending:
             c.cache[key] = done[key]
@@ -243,9 +270,18 @@ def _call_launcher(fn, *args, _sm_count: int, **kwargs):
     return fn(*args, sm_count=_sm_count, **kwargs)  # tiling and grids: fixed rules on (N, dtype, SM count)
 
 
-def launches(compiler: Compiler, op: str, dtype: torch.dtype, n: int, sm_count: int, m: int = ROWS,
-             param_dtype: Optional[torch.dtype] = None, p: float = 0.1, affine: bool = True,
-             max_fused_n: Optional[int] = None) -> list[Launch]:
+def launches(
+    compiler: Compiler,
+    op: str,
+    dtype: torch.dtype,
+    n: int,
+    sm_count: int,
+    m: int = ROWS,
+    param_dtype: Optional[torch.dtype] = None,
+    p: float = 0.1,
+    affine: bool = True,
+    max_fused_n: Optional[int] = None,
+) -> list[Launch]:
     """Runs one launcher on meta tensors; returns the launches it made (recorded in `compiler`, not compiled).
     max_fused_n (ldr only) overrides the longest row of the single-block kernels, to reach the looped ones."""
     L, BR, _ = _kernels()
@@ -258,18 +294,54 @@ def launches(compiler: Compiler, op: str, dtype: torch.dtype, n: int, sm_count: 
     start = len(compiler.launches)
     fused = {} if max_fused_n is None else {"max_fused_n": max_fused_n}
     if op == "ldr_fwd":
-        _call_launcher(L.launch_forward, x, w, w, seed, _meta((m, n), dtype), mean, rstd, p, 1e-5,
-                       wrap=compiler.wrap, _sm_count=sm_count, **fused)
+        _call_launcher(
+            L.launch_forward,
+            x,
+            w,
+            w,
+            seed,
+            _meta((m, n), dtype),
+            mean,
+            rstd,
+            p,
+            1e-5,
+            wrap=compiler.wrap,
+            _sm_count=sm_count,
+            **fused,
+        )
     elif op == "ldr_bwd":
         gw = _meta((n,), pd) if affine else None
-        _call_launcher(L.launch_backward, _meta((m, n), dtype), x, w, w, mean, rstd, seed, _meta((m, n), dtype),
-                       gw, gw, p, wrap=compiler.wrap, _sm_count=sm_count, **fused)
+        _call_launcher(
+            L.launch_backward,
+            _meta((m, n), dtype),
+            x,
+            w,
+            w,
+            mean,
+            rstd,
+            seed,
+            _meta((m, n), dtype),
+            gw,
+            gw,
+            p,
+            wrap=compiler.wrap,
+            _sm_count=sm_count,
+            **fused,
+        )
     elif op == "bias_relu_fwd":
-        _call_launcher(BR.launch_forward, x, _meta((n,), pd), _meta((m, n), dtype), wrap=compiler.wrap,
-                       _sm_count=sm_count)
+        _call_launcher(
+            BR.launch_forward, x, _meta((n,), pd), _meta((m, n), dtype), wrap=compiler.wrap, _sm_count=sm_count
+        )
     elif op == "bias_relu_bwd":
-        _call_launcher(BR.launch_backward, _meta((m, n), dtype), x, _meta((m, n), dtype), _meta((n,), acc),
-                       wrap=compiler.wrap, _sm_count=sm_count)
+        _call_launcher(
+            BR.launch_backward,
+            _meta((m, n), dtype),
+            x,
+            _meta((m, n), dtype),
+            _meta((n,), acc),
+            wrap=compiler.wrap,
+            _sm_count=sm_count,
+        )
     else:
         raise ValueError(op)
     return compiler.launches[start:]
@@ -278,10 +350,16 @@ def launches(compiler: Compiler, op: str, dtype: torch.dtype, n: int, sm_count: 
 OPS = ("ldr_fwd", "ldr_bwd", "bias_relu_fwd", "bias_relu_bwd")
 
 
-def record_table(compiler: Compiler, ns=NS, dtypes=DTYPES, ops=OPS, sm_count: int = DEFAULT_SM_COUNT,
-                 m: int = ROWS) -> list[tuple[str, torch.dtype, int, Launch]]:
-    return [(op, dtype, n, launch) for op in ops for dtype in dtypes for n in ns
-            for launch in launches(compiler, op, dtype, n, sm_count, m)]
+def record_table(
+    compiler: Compiler, ns=NS, dtypes=DTYPES, ops=OPS, sm_count: int = DEFAULT_SM_COUNT, m: int = ROWS
+) -> list[tuple[str, torch.dtype, int, Launch]]:
+    return [
+        (op, dtype, n, launch)
+        for op in ops
+        for dtype in dtypes
+        for n in ns
+        for launch in launches(compiler, op, dtype, n, sm_count, m)
+    ]
 
 
 def table_rows(compiler: Compiler, recorded, sm_count: int = DEFAULT_SM_COUNT) -> list[Row]:
@@ -291,14 +369,35 @@ def table_rows(compiler: Compiler, recorded, sm_count: int = DEFAULT_SM_COUNT) -
         programs = 1
         for d in launch.grid:
             programs *= d
-        rows.append(Row(op, _DTYPE_NAME[dtype], n, f"{v.kernel}[{v.constexprs}]", "x".join(map(str, launch.grid)),
-                        v.num_warps, v.regs, v.spill_stores + v.spill_loads, v.shared, v.blocks_per_sm,
-                        v.limited_by, round(programs / sm_count, 2), v.stack))
+        rows.append(
+            Row(
+                op,
+                _DTYPE_NAME[dtype],
+                n,
+                f"{v.kernel}[{v.constexprs}]",
+                "x".join(map(str, launch.grid)),
+                v.num_warps,
+                v.regs,
+                v.spill_stores + v.spill_loads,
+                v.shared,
+                v.blocks_per_sm,
+                v.limited_by,
+                round(programs / sm_count, 2),
+                v.stack,
+            )
+        )
     return rows
 
 
-def table(ns=NS, dtypes=DTYPES, ops=OPS, sm_count: int = DEFAULT_SM_COUNT, compiler: Optional[Compiler] = None,
-          m: int = ROWS, jobs: int = 1) -> list[Row]:
+def table(
+    ns=NS,
+    dtypes=DTYPES,
+    ops=OPS,
+    sm_count: int = DEFAULT_SM_COUNT,
+    compiler: Optional[Compiler] = None,
+    m: int = ROWS,
+    jobs: int = 1,
+) -> list[Row]:
     compiler = compiler or Compiler()
     recorded = record_table(compiler, ns, dtypes, ops, sm_count, m)
     compile_pending([compiler], jobs)
@@ -321,17 +420,24 @@ def failures(rows: list[Row]) -> list[str]:
 # The unhinted launches: (what the case covers, op launches as keyword arguments of launches()). M is small: the
 # grid does not change the code.
 UNHINTED_CASES = [
-    ("single block, 8-lane RNG, fp32 params of bf16 x", dict(m=64, n=1000, dtype=torch.bfloat16,
-                                                             param_dtype=torch.float32)),
+    (
+        "single block, 8-lane RNG, fp32 params of bf16 x",
+        dict(m=64, n=1000, dtype=torch.bfloat16, param_dtype=torch.float32),
+    ),
     ("generic RNG (N % 8 != 0), no weight / bias", dict(m=8, n=37, dtype=torch.float16, affine=False)),
-    ("largest single-block forward; looped backward (the fused N = 8192 backward spills unhinted)",
-     dict(m=2, n=8192, dtype=torch.float32, bwd_max_fused_n=4096)),
+    (
+        "largest single-block forward; looped backward (the fused N = 8192 backward spills unhinted)",
+        dict(m=2, n=8192, dtype=torch.float32, bwd_max_fused_n=4096),
+    ),
     ("fp64, looped, generic RNG", dict(m=2, n=65533, dtype=torch.float64)),
     ("p = 0: no RNG", dict(m=4, n=4096, dtype=torch.float32, p=0.0)),
 ]
 UNHINTED_BIAS_RELU = [
-    ("bias-ReLU forward, bf16 x, fp32 bias", "bias_relu_fwd", dict(m=8, n=300, dtype=torch.bfloat16,
-                                                                   param_dtype=torch.float32)),
+    (
+        "bias-ReLU forward, bf16 x, fp32 bias",
+        "bias_relu_fwd",
+        dict(m=8, n=300, dtype=torch.bfloat16, param_dtype=torch.float32),
+    ),
     ("bias-ReLU backward, fp32", "bias_relu_bwd", dict(m=8, n=300, dtype=torch.float32)),
 ]
 
@@ -361,8 +467,9 @@ class UnhintedRow:
     stack: int
 
 
-def record_unhinted(compiler: Compiler, sm_count: int = DEFAULT_SM_COUNT) -> list[tuple[str, str, torch.dtype, int,
-                                                                                           Launch]]:
+def record_unhinted(
+    compiler: Compiler, sm_count: int = DEFAULT_SM_COUNT
+) -> list[tuple[str, str, torch.dtype, int, Launch]]:
     recorded = []
     for case, kw in UNHINTED_CASES:
         kw = dict(kw)
@@ -383,8 +490,19 @@ def unhinted_rows(compiler: Compiler, recorded) -> list[UnhintedRow]:
     rows = []
     for case, op, dtype, n, launch in recorded:
         v = compiler.variant(launch)
-        rows.append(UnhintedRow(case, op, _DTYPE_NAME[dtype], n, f"{v.kernel}[{v.constexprs}]", v.num_warps, v.regs,
-                                v.spill_stores + v.spill_loads, v.stack))
+        rows.append(
+            UnhintedRow(
+                case,
+                op,
+                _DTYPE_NAME[dtype],
+                n,
+                f"{v.kernel}[{v.constexprs}]",
+                v.num_warps,
+                v.regs,
+                v.spill_stores + v.spill_loads,
+                v.stack,
+            )
+        )
     return rows
 
 
@@ -422,8 +540,9 @@ def inductor_writes(sm_count: int = DEFAULT_SM_COUNT) -> list[dict[str, object]]
     try:
         for name, launch in first.items():
             # tensors as Inductor passes them to the analysis (it replaces its fake tensors by small real ones)
-            kwargs = {k: torch.empty(2, dtype=v.dtype) if isinstance(v, torch.Tensor) else v
-                      for k, v in launch.args.items()}
+            kwargs = {
+                k: torch.empty(2, dtype=v.dtype) if isinstance(v, torch.Tensor) else v for k, v in launch.args.items()
+            }
             accesses = identify_accessed_tensors(launch.kernel, kwargs, {})
             if isinstance(accesses, (list, tuple, set)):
                 written = set(accesses)
@@ -431,8 +550,13 @@ def inductor_writes(sm_count: int = DEFAULT_SM_COUNT) -> list[dict[str, object]]
                 rw = getattr(accesses, "read_writes", accesses)
                 written = {d.name for d in rw.writes}
             expected = EXPECTED_WRITES.get(name)
-            results.append({"kernel": name, "written": sorted(written),
-                            "expected": sorted(expected) if expected is not None else None})
+            results.append(
+                {
+                    "kernel": name,
+                    "written": sorted(written),
+                    "expected": sorted(expected) if expected is not None else None,
+                }
+            )
     finally:
         driver._active = old  # set_active(None) would not do: the next `active` then creates the real driver
     return results
@@ -442,8 +566,9 @@ def check_failures(unhinted: list[UnhintedRow], inductor: list[dict[str, object]
     bad = []
     for r in unhinted:
         if r.spills or r.stack:
-            bad.append(f"unhinted {r.op} {r.dtype} N={r.n} {r.kernel} ({r.case}): {r.spills} B of spills, "
-                       f"{r.stack} B of stack")
+            bad.append(
+                f"unhinted {r.op} {r.dtype} N={r.n} {r.kernel} ({r.case}): {r.spills} B of spills, {r.stack} B of stack"
+            )
     analysed = {r["kernel"] for r in inductor}
     for name in sorted(set(EXPECTED_WRITES) - analysed):
         bad.append(f"inductor: {name} was not launched by any analysed launcher call")
@@ -457,20 +582,27 @@ def check_failures(unhinted: list[UnhintedRow], inductor: list[dict[str, object]
 
 # ----------------------------------------------------------------------------------------------- output
 def markdown(rows: list[Row], sm_count: int) -> str:
-    out = [f"Triton {triton.__version__}, torch {torch.__version__}, target sm_90, M = {ROWS} rows, "
-           f"SM count {sm_count}; registers/spills from ptxas -v, blocks/SM from registers, warps and shared "
-           "memory (65536 regs, 64 warps, 32 blocks, 228 KiB per SM). Compile-time facts, not timings.", "",
-           "| op | dtype | N | kernel [tile] | grid | warps | regs | spill B | shared B | blocks/SM (limit) "
-           "| programs/SM |",
-           "|---|---|---:|---|---|---:|---:|---:|---:|---|---:|"]
+    out = [
+        f"Triton {triton.__version__}, torch {torch.__version__}, target sm_90, M = {ROWS} rows, "
+        f"SM count {sm_count}; registers/spills from ptxas -v, blocks/SM from registers, warps and shared "
+        "memory (65536 regs, 64 warps, 32 blocks, 228 KiB per SM). Compile-time facts, not timings.",
+        "",
+        "| op | dtype | N | kernel [tile] | grid | warps | regs | spill B | shared B | blocks/SM (limit) "
+        "| programs/SM |",
+        "|---|---|---:|---|---|---:|---:|---:|---:|---|---:|",
+    ]
     for r in rows:
-        out.append(f"| {r.op} | {r.dtype} | {r.n} | {r.kernel} | {r.grid} | {r.num_warps} | {r.regs} | {r.spills} "
-                   f"| {r.shared} | {r.blocks_per_sm} ({r.limited_by}) | {r.programs_per_sm} |")
+        out.append(
+            f"| {r.op} | {r.dtype} | {r.n} | {r.kernel} | {r.grid} | {r.num_warps} | {r.regs} | {r.spills} "
+            f"| {r.shared} | {r.blocks_per_sm} ({r.limited_by}) | {r.programs_per_sm} |"
+        )
     variants = {(r.kernel, r.dtype, r.n, r.num_warps, r.regs) for r in rows}
     out.append("")
-    out.append(f"{len(rows)} launches, {len(variants)} distinct (kernel, dtype, N) compiles; max registers "
-               f"{max(r.regs for r in rows)}, spilling launches {sum(1 for r in rows if r.spills)}, max shared "
-               f"{max(r.shared for r in rows)} B.")
+    out.append(
+        f"{len(rows)} launches, {len(variants)} distinct (kernel, dtype, N) compiles; max registers "
+        f"{max(r.regs for r in rows)}, spilling launches {sum(1 for r in rows if r.spills)}, max shared "
+        f"{max(r.shared for r in rows)} B."
+    )
     return "\n".join(out)
 
 
@@ -479,29 +611,38 @@ def summary_markdown(rows: list[Row], sm_count: int) -> str:
     groups: dict[tuple[str, int, str], dict[str, Row]] = {}
     for r in rows:
         groups.setdefault((r.op, r.n, r.kernel.split("[")[0]), {})[r.dtype] = r
-    out = [f"Triton {triton.__version__}, sm_90, M = {ROWS}, {sm_count} SMs. regs, blocks/SM and programs/SM as "
-           "fp16 / bf16 / fp32.", "",
-           "| op | N | kernel | warps | regs | spill B | shared B (max) | blocks/SM | programs/SM |",
-           "|---|---:|---|---:|---|---:|---:|---|---|"]
+    out = [
+        f"Triton {triton.__version__}, sm_90, M = {ROWS}, {sm_count} SMs. regs, blocks/SM and programs/SM as "
+        "fp16 / bf16 / fp32.",
+        "",
+        "| op | N | kernel | warps | regs | spill B | shared B (max) | blocks/SM | programs/SM |",
+        "|---|---:|---|---:|---|---:|---:|---|---|",
+    ]
 
     def trio(d, f):
         return " / ".join(str(f(d[k])) if k in d else "-" for k in ("fp16", "bf16", "fp32"))
 
     for (op, n, kernel), d in groups.items():
-        out.append(f"| {op} | {n} | {kernel} | {trio(d, lambda r: r.num_warps)} | {trio(d, lambda r: r.regs)} "
-                   f"| {max(r.spills for r in d.values())} | {max(r.shared for r in d.values())} "
-                   f"| {trio(d, lambda r: r.blocks_per_sm)} | {trio(d, lambda r: r.programs_per_sm)} |")
+        out.append(
+            f"| {op} | {n} | {kernel} | {trio(d, lambda r: r.num_warps)} | {trio(d, lambda r: r.regs)} "
+            f"| {max(r.spills for r in d.values())} | {max(r.shared for r in d.values())} "
+            f"| {trio(d, lambda r: r.blocks_per_sm)} | {trio(d, lambda r: r.programs_per_sm)} |"
+        )
     out.append("")
-    out.append(f"max registers {max(r.regs for r in rows)}, spilling launches {sum(1 for r in rows if r.spills)}, "
-               f"max shared {max(r.shared for r in rows)} B (limit {SHARED_LIMIT} B).")
+    out.append(
+        f"max registers {max(r.regs for r in rows)}, spilling launches {sum(1 for r in rows if r.spills)}, "
+        f"max shared {max(r.shared for r in rows)} B (limit {SHARED_LIMIT} B)."
+    )
     return "\n".join(out)
 
 
 def checks_text(unhinted: list[UnhintedRow], inductor: list[dict[str, object]]) -> str:
     out = [f"unhinted compiles (no alignment / divisibility hints): {len(unhinted)} launches"]
     for r in unhinted:
-        out.append(f"  {r.op:14s} {r.dtype} N={r.n:<6d} {r.kernel:55s} w={r.num_warps:<2d} regs={r.regs:<3d} "
-                   f"spill={r.spills:<4d} stack={r.stack:<4d} ({r.case})")
+        out.append(
+            f"  {r.op:14s} {r.dtype} N={r.n:<6d} {r.kernel:55s} w={r.num_warps:<2d} regs={r.regs:<3d} "
+            f"spill={r.spills:<4d} stack={r.stack:<4d} ({r.case})"
+        )
     out.append(f"Inductor TTIR analysis: {len(inductor)} kernels")
     for r in inductor:
         ok = "ok" if r["written"] == r["expected"] else f"EXPECTED {r['expected']}"
@@ -510,19 +651,30 @@ def checks_text(unhinted: list[UnhintedRow], inductor: list[dict[str, object]]) 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.triton_resources", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m tools.triton_resources",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     fmt = ap.add_mutually_exclusive_group()
     fmt.add_argument("--markdown", action="store_true", help="markdown table (default: plain text)")
-    fmt.add_argument("--json", action="store_true",
-                     help='JSON object: {"rows": [...]}, with --checks also "unhinted", "inductor", "failures"')
+    fmt.add_argument(
+        "--json",
+        action="store_true",
+        help='JSON object: {"rows": [...]}, with --checks also "unhinted", "inductor", "failures"',
+    )
     fmt.add_argument("--summary", action="store_true", help="markdown, one line per (op, N, kernel)")
     ap.add_argument("--sm-count", type=int, default=DEFAULT_SM_COUNT, help="SMs of the target GPU (132: H100/H200)")
     ap.add_argument("--quick", action="store_true", help="N in {1024, 8192} only")
-    ap.add_argument("--checks", action="store_true",
-                    help="also the unhinted compiles and Inductor's TTIR analysis (see above)")
-    ap.add_argument("--jobs", type=int, default=default_jobs(),
-                    help="compiles at a time, in forked processes (default: the CPU count, at most 8)")
+    ap.add_argument(
+        "--checks", action="store_true", help="also the unhinted compiles and Inductor's TTIR analysis (see above)"
+    )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=default_jobs(),
+        help="compiles at a time, in forked processes (default: the CPU count, at most 8)",
+    )
     args = ap.parse_args(argv)
     ns = (1024, 8192) if args.quick else NS
 
@@ -540,8 +692,12 @@ def main(argv=None) -> int:
         bad += check_failures(unhinted, inductor)
 
     if args.json:
-        doc = {"triton": triton.__version__, "torch": torch.__version__, "sm_count": args.sm_count,
-               "rows": [asdict(r) for r in rows]}
+        doc = {
+            "triton": triton.__version__,
+            "torch": torch.__version__,
+            "sm_count": args.sm_count,
+            "rows": [asdict(r) for r in rows],
+        }
         if args.checks:
             doc.update(unhinted=[asdict(r) for r in unhinted], inductor=inductor, failures=bad)
         print(json.dumps(doc, indent=1))
@@ -552,9 +708,11 @@ def main(argv=None) -> int:
             print(markdown(rows, args.sm_count))
         else:
             for r in rows:
-                print(f"{r.op:14s} {r.dtype} N={r.n:<6d} {r.kernel:55s} grid={r.grid:>10s} w={r.num_warps:<2d} "
-                      f"regs={r.regs:<3d} spill={r.spills:<4d} smem={r.shared:<6d} blocks/SM={r.blocks_per_sm} "
-                      f"({r.limited_by}) programs/SM={r.programs_per_sm}")
+                print(
+                    f"{r.op:14s} {r.dtype} N={r.n:<6d} {r.kernel:55s} grid={r.grid:>10s} w={r.num_warps:<2d} "
+                    f"regs={r.regs:<3d} spill={r.spills:<4d} smem={r.shared:<6d} blocks/SM={r.blocks_per_sm} "
+                    f"({r.limited_by}) programs/SM={r.programs_per_sm}"
+                )
         if args.checks:
             print()
             print(checks_text(unhinted, inductor))

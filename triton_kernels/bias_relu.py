@@ -26,13 +26,25 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (INTERPRETED, device_guard, device_sm_count, launch_directly, launch_sum_partials,
-                     num_row_groups, num_warps_for, persistent_regs, resident_programs_per_sm, to_acc, to_out)
+from .common import (
+    INTERPRETED,
+    device_guard,
+    device_sm_count,
+    launch_directly,
+    launch_sum_partials,
+    num_row_groups,
+    num_warps_for,
+    persistent_regs,
+    resident_programs_per_sm,
+    to_acc,
+    to_out,
+)
 
 
 @triton.jit
-def bias_relu_fwd_kernel(X, B, OUT, M, N, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         RTNE_BF16: tl.constexpr):
+def bias_relu_fwd_kernel(
+    X, B, OUT, M, N, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr
+):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -46,8 +58,9 @@ def bias_relu_fwd_kernel(X, B, OUT, M, N, IS_FP64: tl.constexpr, BLOCK_M: tl.con
 
 
 @triton.jit
-def bias_relu_bwd_kernel(DY, OUT, DX, PDB, M, N, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr):
+def bias_relu_bwd_kernel(
+    DY, OUT, DX, PDB, M, N, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr
+):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     pid = tl.program_id(1)
     num_groups = tl.num_programs(1)
@@ -82,9 +95,18 @@ def launch_forward(x, bias, out, *, wrap=launch_directly, sm_count: Optional[int
     block_m, block_n = _tile(n)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     with device_guard(x.device):
-        wrap(bias_relu_fwd_kernel)[grid](x, bias, out, m, n, IS_FP64=x.dtype == torch.float64, BLOCK_M=block_m,
-                                         BLOCK_N=block_n, RTNE_BF16=INTERPRETED,
-                                         num_warps=num_warps_for(block_m * block_n))
+        wrap(bias_relu_fwd_kernel)[grid](
+            x,
+            bias,
+            out,
+            m,
+            n,
+            IS_FP64=x.dtype == torch.float64,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            RTNE_BF16=INTERPRETED,
+            num_warps=num_warps_for(block_m * block_n),
+        )
 
 
 def backward_tile(n: int):
@@ -113,6 +135,17 @@ def launch_backward(grad_out, out, grad_x, grad_b, *, wrap=launch_directly, sm_c
     with device_guard(out.device):
         partial = torch.empty((groups, n), dtype=torch.float64 if is_fp64 else torch.float32, device=out.device)
         grid = (col_tiles, groups)
-        wrap(bias_relu_bwd_kernel)[grid](grad_out, out, grad_x, partial, m, n, IS_FP64=is_fp64, BLOCK_M=block_m,
-                                         BLOCK_N=block_n, RTNE_BF16=INTERPRETED, num_warps=warps)
+        wrap(bias_relu_bwd_kernel)[grid](
+            grad_out,
+            out,
+            grad_x,
+            partial,
+            m,
+            n,
+            IS_FP64=is_fp64,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            RTNE_BF16=INTERPRETED,
+            num_warps=warps,
+        )
         launch_sum_partials(partial, grad_b, groups, n, wrap=wrap)

@@ -42,8 +42,7 @@ def to_out(v, PTR, RTNE_BF16: tl.constexpr):
 
 
 @triton.jit
-def sum_partials_kernel(P, OUT, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                        RTNE_BF16: tl.constexpr):
+def sum_partials_kernel(P, OUT, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr):
     """OUT[j] = sum over g = 0 .. G-1 of P[g, j], in a fixed order (deterministic), cast to OUT's dtype.
 
     Stage 2 of the column reductions: one program per BLOCK_N columns (many programs), each adding its columns
@@ -154,8 +153,7 @@ def persistent_regs(elems_per_thread: int, elem_bytes: int) -> int:
     return 80 if elems_per_thread <= 8 and elem_bytes <= 2 else 128
 
 
-def num_row_groups(num_tiles: int, device: torch.device, programs_per_sm: int = 2,
-                   sms: Optional[int] = None) -> int:
+def num_row_groups(num_tiles: int, device: torch.device, programs_per_sm: int = 2, sms: Optional[int] = None) -> int:
     """Programs of a row-group reduction (one partial row each): SMs x programs_per_sm on CUDA and meta tensors
     (sms defaults to device_sm_count(device)), INTERPRETER_ROW_GROUPS on the interpreter (CPU), at most num_tiles."""
     if device.type == "cpu":
@@ -184,5 +182,6 @@ def launch_sum_partials(partial, out, groups: int, n: int, *, wrap=launch_direct
     block_g, block_n, warps = sum_partials_config(groups, n)
     grid = (triton.cdiv(n, block_n),)
     with device_guard(out.device):
-        wrap(sum_partials_kernel)[grid](partial, out, groups, n, BLOCK_G=block_g, BLOCK_N=block_n,
-                                        RTNE_BF16=INTERPRETED, num_warps=warps)
+        wrap(sum_partials_kernel)[grid](
+            partial, out, groups, n, BLOCK_G=block_g, BLOCK_N=block_n, RTNE_BF16=INTERPRETED, num_warps=warps
+        )

@@ -63,8 +63,19 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (INTERPRETED, device_guard, device_sm_count, launch_directly, launch_sum_partials,
-                     num_row_groups, num_warps_for, persistent_regs, resident_programs_per_sm, to_acc, to_out)
+from .common import (
+    INTERPRETED,
+    device_guard,
+    device_sm_count,
+    launch_directly,
+    launch_sum_partials,
+    num_row_groups,
+    num_warps_for,
+    persistent_regs,
+    resident_programs_per_sm,
+    to_acc,
+    to_out,
+)
 
 # Longest rows of the single-block kernels: 16 warps x 32 threads x (elements per thread, see _warps_for).
 FWD_MAX_FUSED_N = 8192
@@ -174,8 +185,7 @@ def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
 
 
 @triton.jit
-def _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               FAST_RNG: tl.constexpr):
+def _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FAST_RNG: tl.constexpr):
     """Dropout keep bits of the [BLOCK_M, BLOCK_N] tile: rows start at linear index base, columns col0 + cols."""
     seed = tl.load(SEED).to(tl.uint64, bitcast=True)
     if FAST_RNG:
@@ -187,9 +197,25 @@ def _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M: tl.constexpr, BLOCK_N
 
 
 @triton.jit
-def _fwd_output(y, W, B, SEED, base, col0, cols, cmask, threshold, scale, HAS_W: tl.constexpr,
-                HAS_B: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _fwd_output(
+    y,
+    W,
+    B,
+    SEED,
+    base,
+    col0,
+    cols,
+    cmask,
+    threshold,
+    scale,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    FAST_RNG: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """ldr_forward_element on a tile of normalized values y (rows from linear index base, columns col0 + cols):
     affine, then keep ? (y <= 0 ? 0 : y * scale) : 0  (a NaN that survives dropout stays NaN)."""
     if HAS_W:
@@ -207,10 +233,28 @@ def _fwd_output(y, W, B, SEED, base, col0, cols, cmask, threshold, scale, HAS_W:
 
 # -------------------------------------------------------------------------------------------------- forward
 @triton.jit
-def ldr_fwd_fused_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold,
-                         HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
-                         FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr):
+def ldr_fwd_fused_kernel(
+    X,
+    W,
+    B,
+    SEED,
+    OUT,
+    MEAN,
+    RSTD,
+    M,
+    N,
+    eps_hi,
+    eps_lo,
+    threshold,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    FAST_RNG: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RTNE_BF16: tl.constexpr,
+):
     """Single-block forward: BLOCK_M whole rows (BLOCK_N >= N) per program."""
     scale = _dropout_scale(threshold, IS_FP64)
     pid = tl.program_id(0)
@@ -229,15 +273,50 @@ def ldr_fwd_fused_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, t
     rstd = _rsqrt(var + _eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
     tl.store(MEAN + rows, mean, mask=row_mask)
     tl.store(RSTD + rows, rstd, mask=row_mask)
-    out = _fwd_output(d * rstd[:, None], W, B, SEED, base, 0, cols, col_mask, threshold, scale, HAS_W, HAS_B,
-                      DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N)
+    out = _fwd_output(
+        d * rstd[:, None],
+        W,
+        B,
+        SEED,
+        base,
+        0,
+        cols,
+        col_mask,
+        threshold,
+        scale,
+        HAS_W,
+        HAS_B,
+        DROPOUT,
+        FAST_RNG,
+        IS_FP64,
+        BLOCK_M,
+        BLOCK_N,
+    )
     tl.store(OUT + offs, to_out(out, OUT, RTNE_BF16), mask=mask)
 
 
 @triton.jit
-def ldr_fwd_looped_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold,
-                          HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
-                          FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr):
+def ldr_fwd_looped_kernel(
+    X,
+    W,
+    B,
+    SEED,
+    OUT,
+    MEAN,
+    RSTD,
+    M,
+    N,
+    eps_hi,
+    eps_lo,
+    threshold,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    FAST_RNG: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RTNE_BF16: tl.constexpr,
+):
     """Looped forward for long rows: one row per program, BLOCK_N-column chunks, two passes over x."""
     scale = _dropout_scale(threshold, IS_FP64)
     row = tl.program_id(0).to(tl.int64)
@@ -268,8 +347,25 @@ def ldr_fwd_looped_kernel(X, W, B, SEED, OUT, MEAN, RSTD, M, N, eps_hi, eps_lo, 
         cmask = (col0 + cols) < N
         offs = base[:, None] + col0 + cols[None, :]
         x = to_acc(tl.load(X + offs, mask=cmask[None, :], other=0.0), IS_FP64)
-        out = _fwd_output((x - mean[:, None]) * rstd[:, None], W, B, SEED, base, col0, cols, cmask, threshold,
-                          scale, HAS_W, HAS_B, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N)
+        out = _fwd_output(
+            (x - mean[:, None]) * rstd[:, None],
+            W,
+            B,
+            SEED,
+            base,
+            col0,
+            cols,
+            cmask,
+            threshold,
+            scale,
+            HAS_W,
+            HAS_B,
+            DROPOUT,
+            FAST_RNG,
+            IS_FP64,
+            1,
+            BLOCK_N,
+        )
         tl.store(OUT + offs, to_out(out, OUT, RTNE_BF16), mask=cmask[None, :])
 
 
@@ -284,9 +380,32 @@ def _tile_offsets(rows, row_mask, col0, cols, cmask, N):
 
 
 @triton.jit
-def _ldr_bwd_tile(DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, col0, cols, cmask, offs, mask, N, threshold,
-                  scale, HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr,
-                  IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _ldr_bwd_tile(
+    DY,
+    X,
+    W,
+    B,
+    MEAN,
+    RSTD,
+    SEED,
+    rows,
+    row_mask,
+    col0,
+    cols,
+    cmask,
+    offs,
+    mask,
+    N,
+    threshold,
+    scale,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    FAST_RNG: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Recomputes xhat, y, the keep and ReLU bits of a tile; returns (rstd, xhat, dy, dxhat) where dy is the
     gradient with respect to the pre-dropout y (ldr_backward_element) and dxhat = dy * w."""
     base = rows * N
@@ -316,10 +435,29 @@ def _ldr_bwd_tile(DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, col0, cols, cma
 
 
 @triton.jit
-def ldr_bwd_fused_kernel(DY, X, W, B, MEAN, RSTD, SEED, DX, PDW, PDB, M, N, threshold,
-                         HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
-                         FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr):
+def ldr_bwd_fused_kernel(
+    DY,
+    X,
+    W,
+    B,
+    MEAN,
+    RSTD,
+    SEED,
+    DX,
+    PDW,
+    PDB,
+    M,
+    N,
+    threshold,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    FAST_RNG: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RTNE_BF16: tl.constexpr,
+):
     """Single-block backward: program p handles row tiles p, p + G, ...; dgamma/dbeta accumulate element-wise in
     [BLOCK_M, BLOCK_N] register tiles, reduced over the tile's rows once at the end into its partial row."""
     scale = _dropout_scale(threshold, IS_FP64)
@@ -336,8 +474,31 @@ def ldr_bwd_fused_kernel(DY, X, W, B, MEAN, RSTD, SEED, DX, PDW, PDB, M, N, thre
         row_mask = rows < M
         offs, mask = _tile_offsets(rows, row_mask, 0, cols, cmask, N)
         rstd, xhat, dy, dxhat = _ldr_bwd_tile(
-            DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, 0, cols, cmask, offs, mask, N, threshold, scale, HAS_W,
-            HAS_B, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N)
+            DY,
+            X,
+            W,
+            B,
+            MEAN,
+            RSTD,
+            SEED,
+            rows,
+            row_mask,
+            0,
+            cols,
+            cmask,
+            offs,
+            mask,
+            N,
+            threshold,
+            scale,
+            HAS_W,
+            HAS_B,
+            DROPOUT,
+            FAST_RNG,
+            IS_FP64,
+            BLOCK_M,
+            BLOCK_N,
+        )
         c1 = tl.sum(dxhat * xhat, axis=1) * inv_n
         c2 = tl.sum(dxhat, axis=1) * inv_n
         dx = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
@@ -354,9 +515,27 @@ def ldr_bwd_fused_kernel(DY, X, W, B, MEAN, RSTD, SEED, DX, PDW, PDB, M, N, thre
 
 
 @triton.jit
-def ldr_bwd_row_coef_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, M, N, threshold,
-                            HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
-                            FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr):
+def ldr_bwd_row_coef_kernel(
+    DY,
+    X,
+    W,
+    B,
+    MEAN,
+    RSTD,
+    SEED,
+    C1,
+    C2,
+    M,
+    N,
+    threshold,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    FAST_RNG: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RTNE_BF16: tl.constexpr,
+):
     """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program."""
     scale = _dropout_scale(threshold, IS_FP64)
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)
@@ -368,8 +547,31 @@ def ldr_bwd_row_coef_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, M, N, thresho
         cmask = (col0 + cols) < N
         offs, mask = _tile_offsets(rows, row_mask, col0, cols, cmask, N)
         rstd, xhat, dy, dxhat = _ldr_bwd_tile(
-            DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, col0, cols, cmask, offs, mask, N, threshold, scale,
-            HAS_W, HAS_B, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N)
+            DY,
+            X,
+            W,
+            B,
+            MEAN,
+            RSTD,
+            SEED,
+            rows,
+            row_mask,
+            col0,
+            cols,
+            cmask,
+            offs,
+            mask,
+            N,
+            threshold,
+            scale,
+            HAS_W,
+            HAS_B,
+            DROPOUT,
+            FAST_RNG,
+            IS_FP64,
+            1,
+            BLOCK_N,
+        )
         s1 += tl.sum(dxhat * xhat, axis=1)
         s2 += tl.sum(dxhat, axis=1)
     inv_n = _inv_n(N, IS_FP64)
@@ -378,10 +580,31 @@ def ldr_bwd_row_coef_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, M, N, thresho
 
 
 @triton.jit
-def ldr_bwd_chunk_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, DX, PDW, PDB, M, N, threshold,
-                         HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr,
-                         FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr):
+def ldr_bwd_chunk_kernel(
+    DY,
+    X,
+    W,
+    B,
+    MEAN,
+    RSTD,
+    SEED,
+    C1,
+    C2,
+    DX,
+    PDW,
+    PDB,
+    M,
+    N,
+    threshold,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    FAST_RNG: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RTNE_BF16: tl.constexpr,
+):
     """Looped backward, kernel B: grid (column chunks, row groups); dx and the dgamma/dbeta partials."""
     scale = _dropout_scale(threshold, IS_FP64)
     col0 = tl.program_id(0) * BLOCK_N
@@ -397,8 +620,31 @@ def ldr_bwd_chunk_kernel(DY, X, W, B, MEAN, RSTD, SEED, C1, C2, DX, PDW, PDB, M,
         row_mask = rows < M
         offs, mask = _tile_offsets(rows, row_mask, col0, cols, cmask, N)
         rstd, xhat, dy, dxhat = _ldr_bwd_tile(
-            DY, X, W, B, MEAN, RSTD, SEED, rows, row_mask, col0, cols, cmask, offs, mask, N, threshold, scale,
-            HAS_W, HAS_B, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N)
+            DY,
+            X,
+            W,
+            B,
+            MEAN,
+            RSTD,
+            SEED,
+            rows,
+            row_mask,
+            col0,
+            cols,
+            cmask,
+            offs,
+            mask,
+            N,
+            threshold,
+            scale,
+            HAS_W,
+            HAS_B,
+            DROPOUT,
+            FAST_RNG,
+            IS_FP64,
+            BLOCK_M,
+            BLOCK_N,
+        )
         c1 = tl.load(C1 + rows, mask=row_mask, other=0.0)
         c2 = tl.load(C2 + rows, mask=row_mask, other=0.0)
         dx = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
@@ -481,8 +727,21 @@ def backward_programs_per_sm(cfg: LdrConfig, dtype: torch.dtype) -> int:
     return resident_programs_per_sm(cfg.num_warps, persistent_regs(cfg.elems_per_thread, elem_bytes))
 
 
-def launch_forward(x, weight, bias, seed, out, mean, rstd, p: float, eps: float, *, wrap=launch_directly,
-                   max_fused_n: int | None = None, sm_count: Optional[int] = None) -> None:
+def launch_forward(
+    x,
+    weight,
+    bias,
+    seed,
+    out,
+    mean,
+    rstd,
+    p: float,
+    eps: float,
+    *,
+    wrap=launch_directly,
+    max_fused_n: int | None = None,
+    sm_count: Optional[int] = None,
+) -> None:
     """Runs the forward on contiguous x (M, N) view into the preallocated out, mean, rstd, under x's device.
 
     `wrap` is applied to each kernel before launching (torch.library.wrap_triton inside a triton_op). sm_count
@@ -495,24 +754,61 @@ def launch_forward(x, weight, bias, seed, out, mean, rstd, p: float, eps: float,
     t = dropout_threshold(p)
     eps_hi, eps_lo = eps_pair(eps)
     cfg = forward_config(n, x.dtype, max_fused_n)
-    common = dict(HAS_W=weight is not None, HAS_B=bias is not None, DROPOUT=t != 0, FAST_RNG=cfg.fast_rng,
-                  IS_FP64=x.dtype == torch.float64, BLOCK_N=cfg.block_n,
-                  RTNE_BF16=INTERPRETED)
+    common = dict(
+        HAS_W=weight is not None,
+        HAS_B=bias is not None,
+        DROPOUT=t != 0,
+        FAST_RNG=cfg.fast_rng,
+        IS_FP64=x.dtype == torch.float64,
+        BLOCK_N=cfg.block_n,
+        RTNE_BF16=INTERPRETED,
+    )
     w = weight if weight is not None else x  # never read when HAS_W is False
     b = bias if bias is not None else x
     with device_guard(x.device):
         if cfg.fused:
             grid = (triton.cdiv(m, cfg.block_m),)
-            wrap(ldr_fwd_fused_kernel)[grid](x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t,
-                                             BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
+            wrap(ldr_fwd_fused_kernel)[grid](
+                x,
+                w,
+                b,
+                seed,
+                out,
+                mean,
+                rstd,
+                m,
+                n,
+                eps_hi,
+                eps_lo,
+                t,
+                BLOCK_M=cfg.block_m,
+                num_warps=cfg.num_warps,
+                **common,
+            )
         else:
             grid = (m,)
-            wrap(ldr_fwd_looped_kernel)[grid](x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t,
-                                              num_warps=cfg.num_warps, **common)
+            wrap(ldr_fwd_looped_kernel)[grid](
+                x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t, num_warps=cfg.num_warps, **common
+            )
 
 
-def launch_backward(grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w, grad_b, p: float, *,
-                    wrap=launch_directly, max_fused_n: int | None = None, sm_count: Optional[int] = None) -> None:
+def launch_backward(
+    grad_out,
+    x,
+    weight,
+    bias,
+    mean,
+    rstd,
+    seed,
+    grad_x,
+    grad_w,
+    grad_b,
+    p: float,
+    *,
+    wrap=launch_directly,
+    max_fused_n: int | None = None,
+    sm_count: Optional[int] = None,
+) -> None:
     """Runs the backward on contiguous inputs into grad_x and (when weight/bias exist) grad_w/grad_b, under x's
     device.
 
@@ -529,8 +825,15 @@ def launch_backward(grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w,
     acc = torch.float64 if is_fp64 else torch.float32
     cfg = backward_config(n, x.dtype, max_fused_n)
     has_w, has_b = weight is not None, bias is not None
-    common = dict(HAS_W=has_w, HAS_B=has_b, DROPOUT=t != 0, FAST_RNG=cfg.fast_rng, IS_FP64=is_fp64,
-                  BLOCK_N=cfg.block_n, RTNE_BF16=INTERPRETED)
+    common = dict(
+        HAS_W=has_w,
+        HAS_B=has_b,
+        DROPOUT=t != 0,
+        FAST_RNG=cfg.fast_rng,
+        IS_FP64=is_fp64,
+        BLOCK_N=cfg.block_n,
+        RTNE_BF16=INTERPRETED,
+    )
     w = weight if has_w else x
     b = bias if has_b else x
     num_tiles = triton.cdiv(m, cfg.block_m)
@@ -540,21 +843,57 @@ def launch_backward(grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w,
         else:  # the chunk kernel's grid is (column chunks, groups): spread the SMs' programs over the chunks
             chunks = triton.cdiv(n, cfg.block_n)
             sms = sm_count if sm_count is not None else device_sm_count(x.device)
-            groups = num_row_groups(num_tiles, x.device, 1, max(1, sms * backward_programs_per_sm(cfg, x.dtype)
-                                                                 // chunks))
+            groups = num_row_groups(
+                num_tiles, x.device, 1, max(1, sms * backward_programs_per_sm(cfg, x.dtype) // chunks)
+            )
         pdw = torch.empty((groups, n) if has_w else (1,), dtype=acc, device=x.device)
         pdb = torch.empty((groups, n) if has_b else (1,), dtype=acc, device=x.device)
         if cfg.fused:
-            wrap(ldr_bwd_fused_kernel)[(groups,)](grad_out, x, w, b, mean, rstd, seed, grad_x, pdw, pdb, m, n,
-                                                  t, BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
+            wrap(ldr_bwd_fused_kernel)[(groups,)](
+                grad_out,
+                x,
+                w,
+                b,
+                mean,
+                rstd,
+                seed,
+                grad_x,
+                pdw,
+                pdb,
+                m,
+                n,
+                t,
+                BLOCK_M=cfg.block_m,
+                num_warps=cfg.num_warps,
+                **common,
+            )
         else:
             c1 = torch.empty((m,), dtype=acc, device=x.device)
             c2 = torch.empty((m,), dtype=acc, device=x.device)
-            wrap(ldr_bwd_row_coef_kernel)[(m,)](grad_out, x, w, b, mean, rstd, seed, c1, c2, m, n, t,
-                                                num_warps=num_warps_for(cfg.block_n, 8), **common)
+            wrap(ldr_bwd_row_coef_kernel)[(m,)](
+                grad_out, x, w, b, mean, rstd, seed, c1, c2, m, n, t, num_warps=num_warps_for(cfg.block_n, 8), **common
+            )
             grid = (triton.cdiv(n, cfg.block_n), groups)
-            wrap(ldr_bwd_chunk_kernel)[grid](grad_out, x, w, b, mean, rstd, seed, c1, c2, grad_x, pdw, pdb, m,
-                                             n, t, BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, **common)
+            wrap(ldr_bwd_chunk_kernel)[grid](
+                grad_out,
+                x,
+                w,
+                b,
+                mean,
+                rstd,
+                seed,
+                c1,
+                c2,
+                grad_x,
+                pdw,
+                pdb,
+                m,
+                n,
+                t,
+                BLOCK_M=cfg.block_m,
+                num_warps=cfg.num_warps,
+                **common,
+            )
         if has_w:
             launch_sum_partials(pdw, grad_w, groups, n, wrap=wrap)
         if has_b:

@@ -96,8 +96,7 @@ void bias_relu_backward_kernel(const BiasReluBackwardArgs& a, Tensor& grad_x, Te
           }
         } else {
           for (int64_t j = 0; j < N; ++j) {
-            const acc_t d =
-                bias_relu_backward_element<acc_t>(static_cast<acc_t>(gr[j]), static_cast<acc_t>(orow[j]));
+            const acc_t d = bias_relu_backward_element<acc_t>(static_cast<acc_t>(gr[j]), static_cast<acc_t>(orow[j]));
             dxr[j] = static_cast<scalar_t>(d);
             pb[j] += d;
           }
@@ -128,9 +127,8 @@ std::tuple<Tensor, Tensor> bias_relu_backward_cpu(const Tensor& grad_out, const 
   Tensor grad_x = empty_on(a.out, out.sizes(), out.scalar_type());
   Tensor grad_b = zeros_on(a.out, {a.N}, a.acc_dtype);
   if (a.M == 0) return {grad_x, grad_b};
-  dispatch_floating(a.out.scalar_type(), "bias_relu_backward_cpu", [&](auto st) {
-    bias_relu_backward_kernel<typename decltype(st)::type>(a, grad_x, grad_b);
-  });
+  dispatch_floating(a.out.scalar_type(), "bias_relu_backward_cpu",
+                    [&](auto st) { bias_relu_backward_kernel<typename decltype(st)::type>(a, grad_x, grad_b); });
   return {grad_x, grad_b};
 }
 

@@ -26,7 +26,7 @@ void philox_groups_scalar(uint64_t seed, uint64_t g0, int64_t count, uint16_t* o
 #if GPUOPT_X86_AVX2
 // 32x32 -> 64-bit products of the eight lanes of a with the constant m: low and high words.
 __attribute__((target("avx2"))) inline void mulhilo8(__m256i a, __m256i m, __m256i& lo, __m256i& hi) {
-  const __m256i even = _mm256_mul_epu32(a, m);                         // lanes 0, 2, 4, 6 (64-bit)
+  const __m256i even = _mm256_mul_epu32(a, m);                        // lanes 0, 2, 4, 6 (64-bit)
   const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);  // lanes 1, 3, 5, 7
   lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
   hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
@@ -107,8 +107,8 @@ __attribute__((target("avx512f"))) inline void mulhilo16(__m512i a, __m512i m, _
 // The same with 16-lane AVX-512 vectors: K x 16 calls side by side, groups g0 .. g0 + 16K - 1. The transpose to
 // group order reuses the 8-group AVX2 sequence on each 256-bit half.
 template <int K>
-__attribute__((target("avx512f,avx2"))) inline void philox_block_avx512(uint32_t key0, uint32_t key1,
-                                                                         uint64_t g0, uint16_t* out) {
+__attribute__((target("avx512f,avx2"))) inline void philox_block_avx512(uint32_t key0, uint32_t key1, uint64_t g0,
+                                                                        uint16_t* out) {
   const __m512i m0 = _mm512_set1_epi32(static_cast<int>(kPhiloxM0));
   const __m512i m1 = _mm512_set1_epi32(static_cast<int>(kPhiloxM1));
   __m512i c0[K], c1[K], c2[K], c3[K];
@@ -159,8 +159,7 @@ __attribute__((target("avx512f,avx2"))) void philox_groups_avx512(uint64_t seed,
 #endif
 
 // count groups from g0, rounded up to a multiple of 8 (dropout_uniforms_capacity leaves room for that).
-__attribute__((target("avx2"))) void philox_groups_avx2(uint64_t seed, uint64_t g0, int64_t count,
-                                                        uint16_t* out) {
+__attribute__((target("avx2"))) void philox_groups_avx2(uint64_t seed, uint64_t g0, int64_t count, uint16_t* out) {
   const uint32_t key0 = static_cast<uint32_t>(seed), key1 = static_cast<uint32_t>(seed >> 32);
   int64_t i = 0;
   for (; i + 32 <= count; i += 32) philox_block_avx2<4>(key0, key1, g0 + static_cast<uint64_t>(i), out + i * 8);
@@ -173,8 +172,10 @@ int philox_path() {
   static const int path = [] {
     int p = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
     if (const char* env = std::getenv("GPUOPT_CPU_PHILOX")) {
-      if (std::strcmp(env, "scalar") == 0) p = 0;
-      else if (std::strcmp(env, "avx2") == 0 && p > 1) p = 1;
+      if (std::strcmp(env, "scalar") == 0)
+        p = 0;
+      else if (std::strcmp(env, "avx2") == 0 && p > 1)
+        p = 1;
     }
     return p;
   }();

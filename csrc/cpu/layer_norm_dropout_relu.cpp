@@ -64,10 +64,11 @@ template <typename acc_t>
 void row_stats(const acc_t* v, int64_t n, double eps, acc_t& mean, acc_t& rstd) {
   mean = row_sum(v, n) / static_cast<acc_t>(n);
   const acc_t m = mean;
-  const acc_t var = sum4<acc_t>(n, [v, m](int64_t j) {
-                      const acc_t d = v[j] - m;
-                      return d * d;
-                    }) /
+  const acc_t var = sum4<acc_t>(n,
+                                [v, m](int64_t j) {
+                                  const acc_t d = v[j] - m;
+                                  return d * d;
+                                }) /
                     static_cast<acc_t>(n);
   rstd = acc_t(1) / std::sqrt(var + static_cast<acc_t>(eps));
 }
@@ -97,8 +98,7 @@ void store_row(T* dst, const float* buf, int64_t n) {
 inline int64_t tile_rows(int64_t N) { return std::max<int64_t>(1, 2048 / N); }
 
 template <typename scalar_t, typename param_t>
-void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, Tensor& out, Tensor& mean,
-                      Tensor& rstd) {
+void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, Tensor& out, Tensor& mean, Tensor& rstd) {
   constexpr bool kDirect = std::is_same_v<scalar_t, float>;
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
@@ -130,8 +130,8 @@ void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, Tensor& out, T
           mean_out[r] = mu;
           rstd_out[r] = rs;
           float* yr = result_row(y_out + r * N, ybuf.data());
-          cpu::ldr_forward_row(xr, w.data(), b.data(), u ? u + (r - r0) * N : nullptr, drop.threshold,
-                               scale, mu, rs, yr, N);
+          cpu::ldr_forward_row(xr, w.data(), b.data(), u ? u + (r - r0) * N : nullptr, drop.threshold, scale, mu, rs,
+                               yr, N);
           store_row(y_out + r * N, yr, N);
         }
       }
@@ -140,8 +140,7 @@ void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, Tensor& out, T
 }
 
 template <typename scalar_t, typename param_t>
-void ldr_backward_fp32(const LdrBackwardArgs& args, int64_t seed, Tensor& grad_x, Tensor& grad_w,
-                       Tensor& grad_b) {
+void ldr_backward_fp32(const LdrBackwardArgs& args, int64_t seed, Tensor& grad_x, Tensor& grad_w, Tensor& grad_b) {
   constexpr bool kDirect = std::is_same_v<scalar_t, float>;
   const LdrArgs& a = args.fwd;
   const int64_t M = a.M, N = a.N;
@@ -176,14 +175,13 @@ void ldr_backward_fp32(const LdrBackwardArgs& args, int64_t seed, Tensor& grad_x
       const int64_t rend = rb.end(blk, M);
       for (int64_t r0 = rb.begin(blk); r0 < rend; r0 += R) {
         const int64_t r1 = std::min(rend, r0 + R);
-        const uint16_t* u =
-            dropping ? dropout_uniforms_row(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
+        const uint16_t* u = dropping ? dropout_uniforms_row(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
         for (int64_t r = r0; r < r1; ++r) {
           const float* xr = load_row(x + r * N, xbuf.data(), N);
           const float* gr = load_row(g + r * N, gbuf.data(), N);
           const float rs = rstd[r];
-          cpu::ldr_backward_row_pass1(xr, gr, w.data(), b.data(), u ? u + (r - r0) * N : nullptr, drop.threshold,
-                                      scale, mean[r], rs, xhat.data(), dxhat.data(), pw, pb, N);
+          cpu::ldr_backward_row_pass1(xr, gr, w.data(), b.data(), u ? u + (r - r0) * N : nullptr, drop.threshold, scale,
+                                      mean[r], rs, xhat.data(), dxhat.data(), pw, pb, N);
           const float c1 = cpu::row_dot(dxhat.data(), xhat.data(), N) * inv_n;
           const float c2 = cpu::row_sum(dxhat.data(), N) * inv_n;
           float* dxr = result_row(dx + r * N, dxbuf.data());
@@ -200,8 +198,7 @@ void ldr_backward_fp32(const LdrBackwardArgs& args, int64_t seed, Tensor& grad_x
 
 // ------------------------------------------------------------------------------------------ generic (fp64) path
 template <typename scalar_t, typename param_t, typename acc_t>
-void ldr_forward_kernel(const LdrArgs& a, int64_t seed, double eps, Tensor& out, Tensor& mean,
-                        Tensor& rstd) {
+void ldr_forward_kernel(const LdrArgs& a, int64_t seed, double eps, Tensor& out, Tensor& mean, Tensor& rstd) {
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
   scalar_t* y_out = data_as<scalar_t>(out);
@@ -234,8 +231,7 @@ void ldr_forward_kernel(const LdrArgs& a, int64_t seed, double eps, Tensor& out,
 }
 
 template <typename scalar_t, typename param_t, typename acc_t>
-void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, Tensor& grad_x, Tensor& grad_w,
-                         Tensor& grad_b) {
+void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, Tensor& grad_x, Tensor& grad_w, Tensor& grad_b) {
   const LdrArgs& a = args.fwd;
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
@@ -287,18 +283,17 @@ void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, Tensor& grad
   if (want_db) sum_partials(partial_b, blocks, N, data_as<param_t>(grad_b));
 }
 
-#define GPUOPT_UNPACK_TAGS                       \
-  using scalar_t = typename decltype(st)::type;  \
-  using param_t = typename decltype(pt)::type;   \
+#define GPUOPT_UNPACK_TAGS                      \
+  using scalar_t = typename decltype(st)::type; \
+  using param_t = typename decltype(pt)::type;  \
   using acc_t = acc_type_t<scalar_t>;
 
 // seed has one element (checked); on the CPU it is read where it lies, whatever its shape or strides.
 int64_t read_seed(const Tensor& seed) { return *data_as<const int64_t>(seed); }
 
-std::tuple<Tensor, Tensor, Tensor> ldr_forward_cpu(const Tensor& x,
-                                                                const std::optional<Tensor>& weight,
-                                                                const std::optional<Tensor>& bias,
-                                                                const Tensor& seed, double p, double eps) {
+std::tuple<Tensor, Tensor, Tensor> ldr_forward_cpu(const Tensor& x, const std::optional<Tensor>& weight,
+                                                   const std::optional<Tensor>& bias, const Tensor& seed, double p,
+                                                   double eps) {
   LdrArgs a = check_ldr_forward(x, weight, bias, seed, p, eps);
   Tensor out = empty_on(a.x, x.sizes(), x.scalar_type());
   Tensor mean = empty_on(a.x, {a.M}, a.acc_dtype);
@@ -316,10 +311,10 @@ std::tuple<Tensor, Tensor, Tensor> ldr_forward_cpu(const Tensor& x,
   return {out, mean, rstd};
 }
 
-std::tuple<Tensor, Tensor, Tensor> ldr_backward_cpu(
-    const Tensor& grad_out, const Tensor& x, const std::optional<Tensor>& weight,
-    const std::optional<Tensor>& bias, const Tensor& mean, const Tensor& rstd, const Tensor& seed,
-    double p) {
+std::tuple<Tensor, Tensor, Tensor> ldr_backward_cpu(const Tensor& grad_out, const Tensor& x,
+                                                    const std::optional<Tensor>& weight,
+                                                    const std::optional<Tensor>& bias, const Tensor& mean,
+                                                    const Tensor& rstd, const Tensor& seed, double p) {
   LdrBackwardArgs b = check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p);
   const LdrArgs& a = b.fwd;
   Tensor grad_x = empty_on(a.x, x.sizes(), x.scalar_type());
@@ -328,13 +323,13 @@ std::tuple<Tensor, Tensor, Tensor> ldr_backward_cpu(
   if (a.M == 0) return {grad_x, grad_w, grad_b};
   const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
   dispatch_ldr(a, [&](auto st, auto pt) {
-                 GPUOPT_UNPACK_TAGS
-                 if constexpr (std::is_same_v<acc_t, float>) {
-                   ldr_backward_fp32<scalar_t, param_t>(b, s, grad_x, grad_w, grad_b);
-                 } else {
-                   ldr_backward_kernel<scalar_t, param_t, acc_t>(b, s, grad_x, grad_w, grad_b);
-                 }
-               });
+    GPUOPT_UNPACK_TAGS
+    if constexpr (std::is_same_v<acc_t, float>) {
+      ldr_backward_fp32<scalar_t, param_t>(b, s, grad_x, grad_w, grad_b);
+    } else {
+      ldr_backward_kernel<scalar_t, param_t, acc_t>(b, s, grad_x, grad_w, grad_b);
+    }
+  });
   return {grad_x, grad_w, grad_b};
 }
 

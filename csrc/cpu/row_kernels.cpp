@@ -167,13 +167,15 @@ GPUOPT_CLONES void bias_relu_backward_row(const float* GPUOPT_RESTRICT g, const 
   }
 }
 
-GPUOPT_CLONES void to_float(const torch::headeronly::BFloat16* GPUOPT_RESTRICT src, float* GPUOPT_RESTRICT dst, int64_t n) {
+GPUOPT_CLONES void to_float(const torch::headeronly::BFloat16* GPUOPT_RESTRICT src, float* GPUOPT_RESTRICT dst,
+                            int64_t n) {
   const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
   bits32* d = reinterpret_cast<bits32*>(dst);
   for (int64_t j = 0; j < n; ++j) d[j] = static_cast<uint32_t>(s[j]) << 16;
 }
 
-GPUOPT_CLONES void from_float(const float* GPUOPT_RESTRICT src, torch::headeronly::BFloat16* GPUOPT_RESTRICT dst, int64_t n) {
+GPUOPT_CLONES void from_float(const float* GPUOPT_RESTRICT src, torch::headeronly::BFloat16* GPUOPT_RESTRICT dst,
+                              int64_t n) {
   // c10::detail::round_to_nearest_even on the bits, branch-free: NaN -> 0x7FC0, else round half to even
   const bits32* s = reinterpret_cast<const bits32*>(src);
   uint16_t* d = reinterpret_cast<uint16_t*>(dst);

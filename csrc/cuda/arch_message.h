@@ -15,8 +15,8 @@ inline const char* built_arch_list() { return GPUOPT_CUDA_ARCH_LIST; }
 inline std::string missing_arch_message(int major, int minor, int device, const std::string& name,
                                         const std::string& built_for) {
   const std::string cc = std::to_string(major) + "." + std::to_string(minor);
-  return "gpuopt: this build of gpuopt_ops._C has no CUDA code for compute capability " + cc + " (cuda:" +
-         std::to_string(device) + ", " + name + "): it was built with TORCH_CUDA_ARCH_LIST=\"" + built_for +
+  return "gpuopt: this build of gpuopt_ops._C has no CUDA code for compute capability " + cc +
+         " (cuda:" + std::to_string(device) + ", " + name + "): it was built with TORCH_CUDA_ARCH_LIST=\"" + built_for +
          "\". Rebuild it for this GPU with `TORCH_CUDA_ARCH_LIST=\"" + cc +
          "\" pip install --no-build-isolation .` (a build on this machine without TORCH_CUDA_ARCH_LIST targets "
          "its GPUs), or use the Triton kernels: backend=\"triton\".";

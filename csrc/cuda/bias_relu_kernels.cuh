@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) bias_relu_forward_kernel(
   A b[kGroup];
   load_param_group(p.bias, c0, valid, p.b_vec, A(0), b);
 #pragma unroll 4  // several rows' loads in flight per thread
-  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.M; row += int64_t(gridDim.y) * blockDim.y) {
+  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.M;
+       row += int64_t(gridDim.y) * blockDim.y) {
     A v[kGroup];
     load_group(p.x + row * N + c0, valid, p.x_vec, v);
 #pragma unroll
@@ -63,7 +64,8 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) bias_relu_backward_kernel
   for (int j = 0; j < kGroup; ++j) db[j] = A(0);
   if (valid > 0) {
 #pragma unroll 4
-    for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.M; row += int64_t(gridDim.y) * blockDim.y) {
+    for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.M;
+         row += int64_t(gridDim.y) * blockDim.y) {
       A g[kGroup], o[kGroup];
       load_group(p.grad_out + row * N + c0, valid, p.x_vec, g);
       load_group(p.out + row * N + c0, valid, p.x_vec, o);

@@ -26,11 +26,11 @@
 
 namespace gpuopt {
 
-#define GPUOPT_CUDA_CHECK(expr)                                                                      \
-  do {                                                                                               \
-    const cudaError_t gpuopt_err_ = (expr);                                                          \
-    GPUOPT_CHECK(gpuopt_err_ == cudaSuccess, "gpuopt: CUDA error: ", cudaGetErrorString(gpuopt_err_), \
-                 " (", #expr, ")");                                                                  \
+#define GPUOPT_CUDA_CHECK(expr)                                                                                    \
+  do {                                                                                                             \
+    const cudaError_t gpuopt_err_ = (expr);                                                                        \
+    GPUOPT_CHECK(gpuopt_err_ == cudaSuccess, "gpuopt: CUDA error: ", cudaGetErrorString(gpuopt_err_), " (", #expr, \
+                 ")");                                                                                             \
   } while (0)
 
 inline int cached_sm_count(int device) {
@@ -63,10 +63,13 @@ inline void check_kernel_image(const void* kernel, int device) {
   }
   if (err == cudaErrorUnsupportedPtxVersion) {
     (void)cudaGetLastError();
-    fail(str_cat("gpuopt: the GPU driver is older than the CUDA toolkit gpuopt_ops._C was built with, so it "
-                 "cannot compile the build's PTX for this GPU (", cudaGetErrorString(err), "). Update the driver, "
-                 "rebuild with TORCH_CUDA_ARCH_LIST set to this GPU's compute capability, or use "
-                 "backend=\"triton\"."));
+    fail(
+        str_cat("gpuopt: the GPU driver is older than the CUDA toolkit gpuopt_ops._C was built with, so it "
+                "cannot compile the build's PTX for this GPU (",
+                cudaGetErrorString(err),
+                "). Update the driver, "
+                "rebuild with TORCH_CUDA_ARCH_LIST set to this GPU's compute capability, or use "
+                "backend=\"triton\"."));
   }
   GPUOPT_CUDA_CHECK(err);
   checked.insert({kernel, device});
@@ -119,8 +122,7 @@ struct CudaLauncher {
     check_kernel_image(reinterpret_cast<const void*>(kernel), device);
     kernel<<<grid, block, 0, stream>>>(params);
     const cudaError_t err = cudaGetLastError();
-    GPUOPT_CHECK(err == cudaSuccess, "gpuopt: launching the CUDA kernel ", name, " failed: ",
-                 cudaGetErrorString(err));
+    GPUOPT_CHECK(err == cudaSuccess, "gpuopt: launching the CUDA kernel ", name, " failed: ", cudaGetErrorString(err));
   }
 
   template <class T>

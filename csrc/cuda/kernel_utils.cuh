@@ -10,7 +10,7 @@
 namespace gpuopt {
 namespace dev {
 
-constexpr int kGroup = 8;     // elements per group: one Philox call, one or more 16-byte vectors
+constexpr int kGroup = 8;  // elements per group: one Philox call, one or more 16-byte vectors
 constexpr int kWarpSize = 32;
 
 GPUOPT_HOST_DEV int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -78,8 +78,7 @@ GPUOPT_DEV void store_group(T* __restrict__ p, int valid, bool vec, const A (&v)
 
 // A weight or bias group; p == nullptr (no weight / bias) gives `absent` everywhere.
 template <typename T, typename A>
-GPUOPT_DEV void load_param_group(const T* __restrict__ p, int64_t c0, int valid, bool vec, A absent,
-                                 A (&v)[kGroup]) {
+GPUOPT_DEV void load_param_group(const T* __restrict__ p, int64_t c0, int valid, bool vec, A absent, A (&v)[kGroup]) {
   if (p == nullptr) {
 #pragma unroll
     for (int j = 0; j < kGroup; ++j) v[j] = absent;

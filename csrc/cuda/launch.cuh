@@ -32,10 +32,14 @@ struct Tag {
 template <typename F>
 void dispatch_dtype(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kFloat16: return f(Tag<dev::half_t>{});
-    case DType::kBFloat16: return f(Tag<dev::bfloat16_t>{});
-    case DType::kFloat32: return f(Tag<float>{});
-    case DType::kFloat64: return f(Tag<double>{});
+    case DType::kFloat16:
+      return f(Tag<dev::half_t>{});
+    case DType::kBFloat16:
+      return f(Tag<dev::bfloat16_t>{});
+    case DType::kFloat32:
+      return f(Tag<float>{});
+    case DType::kFloat64:
+      return f(Tag<double>{});
   }
   throw std::runtime_error("gpuopt: internal error: unknown dtype");
 }
@@ -113,9 +117,12 @@ struct BiasReluBackwardBuffers {
 template <typename S, typename P, typename A>
 auto ldr_forward_rows(int vpt) -> void (*)(dev::LdrForwardParams<S, P, A>) {
   switch (vpt) {
-    case 1: return dev::ldr_forward_rows_kernel<S, P, A, 1>;
-    case 2: return dev::ldr_forward_rows_kernel<S, P, A, 2>;
-    default: return dev::ldr_forward_rows_kernel<S, P, A, 4>;
+    case 1:
+      return dev::ldr_forward_rows_kernel<S, P, A, 1>;
+    case 2:
+      return dev::ldr_forward_rows_kernel<S, P, A, 2>;
+    default:
+      return dev::ldr_forward_rows_kernel<S, P, A, 4>;
   }
 }
 
@@ -184,7 +191,8 @@ void run_column_sums(const A* partial0, O* out0, const A* partial1, O* out1, int
   p.ldp = ldp;
   const unsigned sums = partial1 != nullptr ? 2u : 1u;
   const int64_t tiles = column_sum_blocks(N);
-  if (tiles > 2147483647LL) throw std::runtime_error("gpuopt: N = " + std::to_string(N) + " is too large for the CUDA grid");
+  if (tiles > 2147483647LL)
+    throw std::runtime_error("gpuopt: N = " + std::to_string(N) + " is too large for the CUDA grid");
   launcher.run("column_sum_kernel", dev::column_sum_kernel<A, O>, dim3(static_cast<unsigned>(tiles), sums),
                dim3(kColumnSumTile, kColumnSumTile), kColumnSumTile * kColumnSumTile, p);
 }
@@ -259,7 +267,8 @@ void run_bias_relu(const BiasReluBuffers& b, Launcher& launcher) {
     p.x_vec = vector_access(b.N, {b.x, b.out});
     p.b_vec = vector_access(b.N, {b.bias});
     auto kernel = dev::bias_relu_forward_kernel<S, B>;
-    const TilePlan t = plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
+    const TilePlan t =
+        plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
     launcher.run("bias_relu_forward_kernel", kernel,
                  dim3(static_cast<unsigned>(t.col_tiles), static_cast<unsigned>(t.row_blocks)), dim3(t.tx, t.ty),
                  kTiledThreads, p);
@@ -280,7 +289,8 @@ void run_bias_relu_backward(const BiasReluBackwardBuffers& b, Launcher& launcher
     p.ldp = partial_stride(b.N);
     p.x_vec = vector_access(b.N, {b.grad_out, b.out, b.grad_x});
     auto kernel = dev::bias_relu_backward_kernel<S>;
-    const TilePlan t = plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
+    const TilePlan t =
+        plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
     p.partial = launcher.template scratch<A>(t.row_blocks * p.ldp);
     launcher.run("bias_relu_backward_kernel", kernel,
                  dim3(static_cast<unsigned>(t.col_tiles), static_cast<unsigned>(t.row_blocks)), dim3(t.tx, t.ty),

@@ -36,15 +36,13 @@ inline int64_t round_up64(int64_t a, int64_t b) { return ceil_div64(a, b) * b; }
 // Max threads per block of each kernel: its __launch_bounds__, so ptxas keeps it within registers / thread =
 // 65536 / max threads (no spills: the static CUDA gate, tools/cuda_resources.py, checks the built binary), and
 // the launcher never asks for more. elem = sizeof(x's dtype).
-constexpr int ldr_rows_forward_max_threads(int vpt, int elem) {
-  return vpt < 4 ? 128 : (elem <= 4 ? 512 : 128);
-}
+constexpr int ldr_rows_forward_max_threads(int vpt, int elem) { return vpt < 4 ? 128 : (elem <= 4 ? 512 : 128); }
 // The backward holds x, grad_out and its columns' dgamma / dbeta: two groups a thread at <= 128 registers (512
 // threads) is the most that fits without spilling; four groups need ~215 registers, one 8-warp block an SM.
 constexpr int ldr_rows_backward_max_threads(int vpt, int elem) { return vpt < 2 || elem == 8 ? 128 : 512; }
-constexpr int kLoopedThreads = 512;   // ldr_forward_looped_kernel, ldr_backward_row_stats_kernel
-constexpr int kTiledThreads = 256;    // tiled kernels
-constexpr int kColumnSumTile = 32;    // column_sum_kernel: 32 x 32 threads
+constexpr int kLoopedThreads = 512;  // ldr_forward_looped_kernel, ldr_backward_row_stats_kernel
+constexpr int kTiledThreads = 256;   // tiled kernels
+constexpr int kColumnSumTile = 32;   // column_sum_kernel: 32 x 32 threads
 
 // Largest VPT (groups a thread) of the rows path.
 constexpr int ldr_rows_max_vpt(bool backward) { return backward ? 2 : 4; }
@@ -62,11 +60,11 @@ inline int64_t persistent_grid(int64_t blocks_needed, int blocks_per_sm, int sm_
 
 // ------------------------------------------------------------------------------------ layer_norm_dropout_relu
 struct RowsPlan {
-  bool rows = false;   // false: looped path
-  int vpt = 0;         // groups per thread (1, 2 or 4)
-  int threads_x = 0;   // threads per row (32 .. max threads of vpt)
+  bool rows = false;  // false: looped path
+  int vpt = 0;        // groups per thread (1, 2 or 4)
+  int threads_x = 0;  // threads per row (32 .. max threads of vpt)
   int rows_per_block = 1;
-  int max_threads = 0;  // the kernel's launch bound
+  int max_threads = 0;        // the kernel's launch bound
   int64_t blocks_needed = 0;  // blocks covering every row once
 };
 
@@ -115,10 +113,11 @@ inline TilePlan plan_tiled(int64_t M, int64_t N, int64_t resident) {
   while (t.tx < kWarp && t.tx < groups) t.tx *= 2;
   t.ty = kTiledThreads / t.tx;
   t.col_tiles = ceil_div64(groups, t.tx);
-  if (t.col_tiles > 2147483647LL) throw std::runtime_error("gpuopt: N = " + std::to_string(N) + " is too large for the CUDA grid");
+  if (t.col_tiles > 2147483647LL)
+    throw std::runtime_error("gpuopt: N = " + std::to_string(N) + " is too large for the CUDA grid");
   const int64_t steps = std::max<int64_t>(1, ceil_div64(M, t.ty));
-  t.row_blocks = std::max<int64_t>(1, std::min<int64_t>({ceil_div64(std::max<int64_t>(resident, 1), t.col_tiles), steps,
-                                                          int64_t(kMaxGridY)}));
+  t.row_blocks = std::max<int64_t>(
+      1, std::min<int64_t>({ceil_div64(std::max<int64_t>(resident, 1), t.col_tiles), steps, int64_t(kMaxGridY)}));
   return t;
 }
 

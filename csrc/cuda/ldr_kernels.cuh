@@ -23,10 +23,10 @@ struct LdrForwardParams {
   A* rstd;
   int64_t M, N;
   A eps;
-  A scale;              // dropout scale 65536 / (65536 - threshold), in the accumulation type
-  uint32_t threshold;   // keep <=> 16-bit lane >= threshold
-  bool x_vec;           // N % 8 == 0 and x, out 16-byte aligned: 16-byte vector access to rows
-  bool p_vec;           // N % 8 == 0 and weight, bias 16-byte aligned
+  A scale;             // dropout scale 65536 / (65536 - threshold), in the accumulation type
+  uint32_t threshold;  // keep <=> 16-bit lane >= threshold
+  bool x_vec;          // N % 8 == 0 and x, out 16-byte aligned: 16-byte vector access to rows
+  bool p_vec;          // N % 8 == 0 and weight, bias 16-byte aligned
 };
 
 template <typename S, typename P, typename A>
@@ -183,7 +183,8 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_forward_looped_kerne
       load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
       const uint32_t keep = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
 #pragma unroll
-      for (int j = 0; j < kGroup; ++j) o[j] = ldr_forward_element<A>(affine((v[j] - mu) * rs, w[j], b[j]), (keep >> j) & 1u, p.scale);
+      for (int j = 0; j < kGroup; ++j)
+        o[j] = ldr_forward_element<A>(affine((v[j] - mu) * rs, w[j], b[j]), (keep >> j) & 1u, p.scale);
       store_group(p.out + row * N + c0, valid, p.x_vec, o);
     }
   }
@@ -192,9 +193,9 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_forward_looped_kerne
 // The backward of one group: xhat, the gradient dy of the pre-dropout value (ReLU bit from y, keep bit from the
 // seed) and dxhat = dy * w.
 template <typename A>
-GPUOPT_DEV void backward_group(const A (&x)[kGroup], const A (&g)[kGroup], const A (&w)[kGroup],
-                               const A (&b)[kGroup], uint32_t keep, int valid, A mu, A rs, A scale,
-                               A (&xhat)[kGroup], A (&dy)[kGroup], A (&dxhat)[kGroup]) {
+GPUOPT_DEV void backward_group(const A (&x)[kGroup], const A (&g)[kGroup], const A (&w)[kGroup], const A (&b)[kGroup],
+                               uint32_t keep, int valid, A mu, A rs, A scale, A (&xhat)[kGroup], A (&dy)[kGroup],
+                               A (&dxhat)[kGroup]) {
 #pragma unroll
   for (int j = 0; j < kGroup; ++j) {
     const bool in = j < valid;
@@ -209,8 +210,8 @@ GPUOPT_DEV void backward_group(const A (&x)[kGroup], const A (&g)[kGroup], const
 // xhat / dxhat of the whole row in registers.
 template <typename S, typename P, typename A>
 GPUOPT_DEV void backward_raw_group(const LdrBackwardParams<S, P, A>& p, const Group<S>& xs, const Group<S>& gs,
-                                   uint32_t keep, int64_t c0, int valid, A mu, A rs, A (&xhat)[kGroup],
-                                   A (&dy)[kGroup], A (&dxhat)[kGroup]) {
+                                   uint32_t keep, int64_t c0, int valid, A mu, A rs, A (&xhat)[kGroup], A (&dy)[kGroup],
+                                   A (&dxhat)[kGroup]) {
   A xv[kGroup], gv[kGroup], w[kGroup], b[kGroup];
 #pragma unroll
   for (int j = 0; j < kGroup; ++j) {
@@ -225,8 +226,8 @@ GPUOPT_DEV void backward_raw_group(const LdrBackwardParams<S, P, A>& p, const Gr
 // Adds a block's per-thread column sums acc (R rows of threads, blockDim (T, R)) over threadIdx.y in order and
 // writes them as row blockIdx.x of the partial buffer; `shared` holds R * T * 8 values.
 template <typename A, int VPT>
-GPUOPT_DEV void write_row_partials(const A (&acc)[VPT][kGroup], A* __restrict__ partial, int64_t ldp,
-                                   int64_t groups, A* shared) {
+GPUOPT_DEV void write_row_partials(const A (&acc)[VPT][kGroup], A* __restrict__ partial, int64_t ldp, int64_t groups,
+                                   A* shared) {
   const int T = blockDim.x, R = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
   A* out = partial + int64_t(blockIdx.x) * ldp;
 #pragma unroll
@@ -375,7 +376,8 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) ldr_backward_tiled_kernel
   if (valid > 0) {
     load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
     load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
-    for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.M; row += int64_t(gridDim.y) * blockDim.y) {
+    for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.M;
+         row += int64_t(gridDim.y) * blockDim.y) {
       const A mu = p.mean[row], rs = p.rstd[row];
       const A c1 = p.row_stats[2 * row], c2 = p.row_stats[2 * row + 1];
       A xv[kGroup], gv[kGroup], xhat[kGroup], dy[kGroup], dxhat[kGroup], o[kGroup];

@@ -18,19 +18,23 @@ namespace gpuopt {
 
 inline cuda::DType dtype_of(ScalarType t) {
   switch (t) {
-    case kHalf: return cuda::DType::kFloat16;
-    case kBFloat16: return cuda::DType::kBFloat16;
-    case kFloat: return cuda::DType::kFloat32;
-    case kDouble: return cuda::DType::kFloat64;
-    default: fail(str_cat("gpuopt: internal error: unsupported dtype ", torch::headeronly::toString(t)));
+    case kHalf:
+      return cuda::DType::kFloat16;
+    case kBFloat16:
+      return cuda::DType::kBFloat16;
+    case kFloat:
+      return cuda::DType::kFloat32;
+    case kDouble:
+      return cuda::DType::kFloat64;
+    default:
+      fail(str_cat("gpuopt: internal error: unsupported dtype ", torch::headeronly::toString(t)));
   }
 }
 
 template <class Backend>
-std::tuple<Tensor, Tensor, Tensor> ldr_forward_op(const Tensor& x,
-                                                               const std::optional<Tensor>& weight,
-                                                               const std::optional<Tensor>& bias,
-                                                               const Tensor& seed, double p, double eps) {
+std::tuple<Tensor, Tensor, Tensor> ldr_forward_op(const Tensor& x, const std::optional<Tensor>& weight,
+                                                  const std::optional<Tensor>& bias, const Tensor& seed, double p,
+                                                  double eps) {
   LdrArgs a = check_ldr_forward(x, weight, bias, seed, p, eps);
   Backend be(a.x);
   Tensor out = empty_on(a.x, x.sizes(), x.scalar_type());
@@ -38,20 +42,29 @@ std::tuple<Tensor, Tensor, Tensor> ldr_forward_op(const Tensor& x,
   Tensor rstd = empty_on(a.x, {a.M}, a.acc_dtype);
   if (a.M == 0) return {out, mean, rstd};
   const Tensor seed_c = as_contiguous(seed);
-  cuda::LdrForwardBuffers b{be.in("x", a.x), be.in("weight", a.weight), be.in("bias", a.bias),
-                            static_cast<const int64_t*>(be.in("seed", seed_c)), be.out("out", out),
-                            be.out("mean", mean), be.out("rstd", rstd), a.M, a.N, dtype_of(a.x.scalar_type()),
-                            dtype_of(a.param_dtype), eps, a.dropout};
+  cuda::LdrForwardBuffers b{be.in("x", a.x),
+                            be.in("weight", a.weight),
+                            be.in("bias", a.bias),
+                            static_cast<const int64_t*>(be.in("seed", seed_c)),
+                            be.out("out", out),
+                            be.out("mean", mean),
+                            be.out("rstd", rstd),
+                            a.M,
+                            a.N,
+                            dtype_of(a.x.scalar_type()),
+                            dtype_of(a.param_dtype),
+                            eps,
+                            a.dropout};
   cuda::run_ldr_forward(b, be.launcher());
   be.finish();
   return {out, mean, rstd};
 }
 
 template <class Backend>
-std::tuple<Tensor, Tensor, Tensor> ldr_backward_op(
-    const Tensor& grad_out, const Tensor& x, const std::optional<Tensor>& weight,
-    const std::optional<Tensor>& bias, const Tensor& mean, const Tensor& rstd, const Tensor& seed,
-    double p) {
+std::tuple<Tensor, Tensor, Tensor> ldr_backward_op(const Tensor& grad_out, const Tensor& x,
+                                                   const std::optional<Tensor>& weight,
+                                                   const std::optional<Tensor>& bias, const Tensor& mean,
+                                                   const Tensor& rstd, const Tensor& seed, double p) {
   LdrBackwardArgs bw = check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p);
   const LdrArgs& a = bw.fwd;
   Backend be(a.x);
@@ -65,13 +78,21 @@ std::tuple<Tensor, Tensor, Tensor> ldr_backward_op(
   Tensor grad_w = empty_on(a.x, {a.weight.defined() ? a.N : 0}, pt);
   Tensor grad_b = empty_on(a.x, {a.bias.defined() ? a.N : 0}, pt);
   const Tensor seed_c = as_contiguous(seed);
-  cuda::LdrBackwardBuffers b{be.in("grad_out", bw.grad_out), be.in("x", a.x), be.in("weight", a.weight),
-                             be.in("bias", a.bias), be.in("mean", bw.mean), be.in("rstd", bw.rstd),
+  cuda::LdrBackwardBuffers b{be.in("grad_out", bw.grad_out),
+                             be.in("x", a.x),
+                             be.in("weight", a.weight),
+                             be.in("bias", a.bias),
+                             be.in("mean", bw.mean),
+                             be.in("rstd", bw.rstd),
                              static_cast<const int64_t*>(be.in("seed", seed_c)),
                              be.out("grad_x", grad_x),
                              a.weight.defined() ? be.out("grad_weight", grad_w) : nullptr,
-                             a.bias.defined() ? be.out("grad_bias", grad_b) : nullptr, a.M, a.N,
-                             dtype_of(a.x.scalar_type()), dtype_of(a.param_dtype), a.dropout};
+                             a.bias.defined() ? be.out("grad_bias", grad_b) : nullptr,
+                             a.M,
+                             a.N,
+                             dtype_of(a.x.scalar_type()),
+                             dtype_of(a.param_dtype),
+                             a.dropout};
   cuda::run_ldr_backward(b, be.launcher());
   be.finish();
   return {grad_x, grad_w, grad_b};
@@ -83,8 +104,13 @@ Tensor bias_relu_op(const Tensor& x, const Tensor& bias) {
   Backend be(a.x);
   Tensor out = empty_on(a.x, x.sizes(), x.scalar_type());
   if (a.M == 0) return out;
-  cuda::BiasReluBuffers b{be.in("x", a.x), be.in("bias", a.bias), be.out("out", out), a.M, a.N,
-                          dtype_of(a.x.scalar_type()), dtype_of(a.bias.scalar_type())};
+  cuda::BiasReluBuffers b{be.in("x", a.x),
+                          be.in("bias", a.bias),
+                          be.out("out", out),
+                          a.M,
+                          a.N,
+                          dtype_of(a.x.scalar_type()),
+                          dtype_of(a.bias.scalar_type())};
   cuda::run_bias_relu(b, be.launcher());
   be.finish();
   return out;
@@ -98,8 +124,13 @@ std::tuple<Tensor, Tensor> bias_relu_backward_op(const Tensor& grad_out, const T
   // grad_bias in the accumulation dtype: the unrounded sum, so AMP's fp32 bias gets it exactly
   if (a.M == 0) return {grad_x, zeros_on(a.out, {a.N}, a.acc_dtype)};
   Tensor grad_b = empty_on(a.out, {a.N}, a.acc_dtype);
-  cuda::BiasReluBackwardBuffers b{be.in("grad_out", a.grad_out), be.in("out", a.out), be.out("grad_x", grad_x),
-                                  be.out("grad_bias", grad_b), a.M, a.N, dtype_of(a.out.scalar_type())};
+  cuda::BiasReluBackwardBuffers b{be.in("grad_out", a.grad_out),
+                                  be.in("out", a.out),
+                                  be.out("grad_x", grad_x),
+                                  be.out("grad_bias", grad_b),
+                                  a.M,
+                                  a.N,
+                                  dtype_of(a.out.scalar_type())};
   cuda::run_bias_relu_backward(b, be.launcher());
   be.finish();
   return {grad_x, grad_b};

@@ -26,6 +26,26 @@ from .errors import PROG, UsageError
 from .loop import RunContext, evaluate, train, train_step
 from .model import MLP, Block, model_config, stock_block
 
-__all__ = ["main", "run", "build_parser", "UsageError", "PROG", "MLP", "Block", "stock_block", "model_config",
-           "load_data", "read_idx", "MNIST_FILES", "atomic_write_bytes", "load_checkpoint", "CHECKPOINT_FORMAT",
-           "Dist", "rank_seed", "RunContext", "train", "train_step", "evaluate"]
+__all__ = [
+    "main",
+    "run",
+    "build_parser",
+    "UsageError",
+    "PROG",
+    "MLP",
+    "Block",
+    "stock_block",
+    "model_config",
+    "load_data",
+    "read_idx",
+    "MNIST_FILES",
+    "atomic_write_bytes",
+    "load_checkpoint",
+    "CHECKPOINT_FORMAT",
+    "Dist",
+    "rank_seed",
+    "RunContext",
+    "train",
+    "train_step",
+    "evaluate",
+]

@@ -48,10 +48,12 @@ def save_checkpoint(path: Path, state: dict) -> None:
 def rng_state(device: torch.device) -> dict:
     """This process's torch (CPU and CUDA), numpy and Python generator states, as weights_only-loadable values."""
     np_state = np.random.get_state()
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
-            "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
-            "python": random.getstate()}
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "python": random.getstate(),
+    }
 
 
 def set_rng_state(state: dict, device: torch.device) -> None:
@@ -75,11 +77,16 @@ def load_checkpoint(path: Path, cfg: dict) -> dict:
         raise UsageError(f"--resume: cannot read checkpoint {path}: {str(err).splitlines()[0]}") from err
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise UsageError(f"--resume: {path} is not a {PROG} checkpoint (format {CHECKPOINT_FORMAT})")
-    diffs = [f"{k}: checkpoint {ckpt['config'].get(k)!r}, this run {cfg[k]!r}" for k in ARCH_KEYS
-             if ckpt["config"].get(k) != cfg[k]]
+    diffs = [
+        f"{k}: checkpoint {ckpt['config'].get(k)!r}, this run {cfg[k]!r}"
+        for k in ARCH_KEYS
+        if ckpt["config"].get(k) != cfg[k]
+    ]
     if diffs:
-        raise UsageError(f"--resume: {path} was written by another model or schedule ({'; '.join(diffs)}); "
-                         "pass the same flags or another --out")
+        raise UsageError(
+            f"--resume: {path} was written by another model or schedule ({'; '.join(diffs)}); "
+            "pass the same flags or another --out"
+        )
     return ckpt
 
 

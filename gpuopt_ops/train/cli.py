@@ -45,8 +45,12 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=_HelpFormatter)
-    ap.add_argument("--data", choices=("digits", "mnist"), default="digits",
-                    help="digits: scikit-learn's bundled 8x8 digits (no download); mnist: IDX files in --data-dir")
+    ap.add_argument(
+        "--data",
+        choices=("digits", "mnist"),
+        default="digits",
+        help="digits: scikit-learn's bundled 8x8 digits (no download); mnist: IDX files in --data-dir",
+    )
     ap.add_argument("--data-dir", type=Path, default=None, help="folder with the MNIST IDX files (raw or .gz)")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default runs/<data>)")
     ap.add_argument("--epochs", type=int, default=20)
@@ -56,35 +60,71 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--depth", type=int, default=2, help="number of [linear → LN-dropout-ReLU] blocks")
     ap.add_argument("--dropout", type=float, default=0.1)
-    ap.add_argument("--linear", choices=("bias_relu", "plain"), default="bias_relu",
-                    help="bias_relu: matmul + fused bias-ReLU; plain: nn.Linear")
-    ap.add_argument("--backend", choices=("auto", "cuda", "triton", "cpu", "eager"), default="auto",
-                    help="auto: CUDA kernels on a GPU, C++ on CPU; eager: the unfused PyTorch modules")
+    ap.add_argument(
+        "--linear",
+        choices=("bias_relu", "plain"),
+        default="bias_relu",
+        help="bias_relu: matmul + fused bias-ReLU; plain: nn.Linear",
+    )
+    ap.add_argument(
+        "--backend",
+        choices=("auto", "cuda", "triton", "cpu", "eager"),
+        default="auto",
+        help="auto: CUDA kernels on a GPU, C++ on CPU; eager: the unfused PyTorch modules",
+    )
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    ap.add_argument("--amp", choices=("none", "bf16", "fp16"), default="none",
-                    help="autocast dtype; fp16 uses a GradScaler")
-    ap.add_argument("--fuse", action="store_true",
-                    help="build the model from stock nn.Linear/LayerNorm/ReLU/Dropout, then gpuopt_ops.fuse it")
+    ap.add_argument(
+        "--amp", choices=("none", "bf16", "fp16"), default="none", help="autocast dtype; fp16 uses a GradScaler"
+    )
+    ap.add_argument(
+        "--fuse",
+        action="store_true",
+        help="build the model from stock nn.Linear/LayerNorm/ReLU/Dropout, then gpuopt_ops.fuse it",
+    )
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (fullgraph)")
-    ap.add_argument("--checkpoint-activations", action="store_true",
-                    help="recompute each block in backward (torch.utils.checkpoint, non-reentrant)")
+    ap.add_argument(
+        "--checkpoint-activations",
+        action="store_true",
+        help="recompute each block in backward (torch.utils.checkpoint, non-reentrant)",
+    )
     ap.add_argument("--clip", type=float, default=1.0, help="max gradient norm (0: no clipping)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CHECKPOINT",
-                    help="continue from CHECKPOINT (default <out>/checkpoint.pt)")
-    ap.add_argument("--stop-after", type=int, default=None, metavar="K",
-                    help="stop after K epochs of this run (time-sliced jobs; resume later with --resume)")
-    ap.add_argument("--fsdp", action="store_true",
-                    help="under torchrun: FSDP2 (fully_shard per block) instead of DDP")
+    ap.add_argument(
+        "--resume",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="CHECKPOINT",
+        help="continue from CHECKPOINT (default <out>/checkpoint.pt)",
+    )
+    ap.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        metavar="K",
+        help="stop after K epochs of this run (time-sliced jobs; resume later with --resume)",
+    )
+    ap.add_argument("--fsdp", action="store_true", help="under torchrun: FSDP2 (fully_shard per block) instead of DDP")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
-    ap.add_argument("--log-every", type=int, default=50, metavar="N",
-                    help="read the running loss and accuracy from the device every N steps (and at the end of "
-                         "each epoch) for the progress bar and the check that the loss is finite; the steps in "
-                         "between make no host sync")
-    ap.add_argument("--profile", action="store_true",
-                    help="profile 3 training steps: Chrome trace <out>/trace.json and a key_averages table")
-    ap.add_argument("--memory-report", action="store_true",
-                    help="bytes saved for backward (and peak CUDA memory) of one step, fused vs eager model")
+    ap.add_argument(
+        "--log-every",
+        type=int,
+        default=50,
+        metavar="N",
+        help="read the running loss and accuracy from the device every N steps (and at the end of "
+        "each epoch) for the progress bar and the check that the loss is finite; the steps in "
+        "between make no host sync",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile 3 training steps: Chrome trace <out>/trace.json and a key_averages table",
+    )
+    ap.add_argument(
+        "--memory-report",
+        action="store_true",
+        help="bytes saved for backward (and peak CUDA memory) of one step, fused vs eager model",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
     return ap
@@ -126,8 +166,9 @@ def check_flags(args, dist: Dist) -> None:
     if args.log_every < 1:
         raise UsageError(f"--log-every must be >= 1, got {args.log_every}")
     if args.batch_size % dist.world:
-        raise UsageError(f"--batch-size {args.batch_size} is the global batch: it must be divisible by the "
-                         f"world size {dist.world}")
+        raise UsageError(
+            f"--batch-size {args.batch_size} is the global batch: it must be divisible by the world size {dist.world}"
+        )
     if args.fsdp and dist.world < 2:
         raise UsageError("--fsdp shards over several processes: launch with torchrun --nproc_per_node=K (K >= 2)")
     if args.fsdp and args.amp == "fp16":

@@ -12,8 +12,12 @@ import torch
 
 from .errors import UsageError
 
-MNIST_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
-               "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
+MNIST_FILES = {
+    "train_x": "train-images-idx3-ubyte",
+    "train_y": "train-labels-idx1-ubyte",
+    "test_x": "t10k-images-idx3-ubyte",
+    "test_y": "t10k-labels-idx1-ubyte",
+}
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -31,8 +35,9 @@ def read_idx(path: Path) -> np.ndarray:
     dims = struct.unpack(f">{ndim}I", data[4:header])
     expected = int(np.prod(dims)) if dims else 1
     if len(data) - header != expected:
-        raise UsageError(f"{path}: header says {dims} ({expected} bytes) but the file holds "
-                         f"{len(data) - header} bytes of data")
+        raise UsageError(
+            f"{path}: header says {dims} ({expected} bytes) but the file holds {len(data) - header} bytes of data"
+        )
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims).copy()
 
 
@@ -50,8 +55,9 @@ def load_data(name: str, data_dir: Optional[Path]) -> tuple[torch.Tensor, ...]:
         try:
             from sklearn.datasets import load_digits
         except ImportError as err:
-            raise UsageError("--data digits needs scikit-learn (pip install scikit-learn), "
-                             "or use --data mnist --data-dir DIR") from err
+            raise UsageError(
+                "--data digits needs scikit-learn (pip install scikit-learn), or use --data mnist --data-dir DIR"
+            ) from err
         x, y = load_digits(return_X_y=True)
         order = np.random.default_rng(0).permutation(len(x))  # the fixed split: same for every --seed
         n_test = len(x) // 5
@@ -65,8 +71,10 @@ def load_data(name: str, data_dir: Optional[Path]) -> tuple[torch.Tensor, ...]:
         arrays = {k: read_idx(_find_mnist_file(data_dir, v)) for k, v in MNIST_FILES.items()}
         for split in ("train", "test"):
             if len(arrays[f"{split}_x"]) != len(arrays[f"{split}_y"]):
-                raise UsageError(f"MNIST {split} images and labels differ in count "
-                                 f"({len(arrays[f'{split}_x'])} vs {len(arrays[f'{split}_y'])})")
+                raise UsageError(
+                    f"MNIST {split} images and labels differ in count "
+                    f"({len(arrays[f'{split}_x'])} vs {len(arrays[f'{split}_y'])})"
+                )
         x_train = arrays["train_x"].reshape(len(arrays["train_x"]), -1)
         x_test = arrays["test_x"].reshape(len(arrays["test_x"]), -1)
         y_train, y_test = arrays["train_y"], arrays["test_y"]
@@ -76,5 +84,9 @@ def load_data(name: str, data_dir: Optional[Path]) -> tuple[torch.Tensor, ...]:
     # constant pixels (MNIST's borders) would divide by ~0: floor the std at a small fraction of the overall one
     std = np.maximum(x_train.std(axis=0), 1e-3 * max(float(x_train.std()), 1e-6))
     to_t = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a)).to(dt)  # noqa: E731
-    return (to_t((x_train - mean) / std, torch.float32), to_t(y_train, torch.int64),
-            to_t((x_test - mean) / std, torch.float32), to_t(y_test, torch.int64))
+    return (
+        to_t((x_train - mean) / std, torch.float32),
+        to_t(y_train, torch.int64),
+        to_t((x_test - mean) / std, torch.float32),
+        to_t(y_test, torch.int64),
+    )

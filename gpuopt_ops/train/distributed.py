@@ -36,8 +36,9 @@ class Dist:
         if self.world < 2:
             return
         if not torch.distributed.is_initialized():
-            torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                                 timeout=datetime.timedelta(minutes=10))
+            torch.distributed.init_process_group(
+                "nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10)
+            )
             self.owns_group = True
         self.active = True
 

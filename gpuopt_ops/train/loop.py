@@ -123,14 +123,17 @@ class EpochSums:
         return loss_sum, int(correct)
 
 
-def read_sums(sums: EpochSums, first_step: int, last_step: int, check_finite: bool, log_every: int) \
-        -> tuple[float, int]:
+def read_sums(
+    sums: EpochSums, first_step: int, last_step: int, check_finite: bool, log_every: int
+) -> tuple[float, int]:
     """(loss sum, correct count) of the epoch so far; with `check_finite`, a RuntimeError when the loss became
     non-finite in steps first_step..last_step (1-based), the steps since the previous read."""
     loss_sum, correct = sums.read()
     if check_finite and not math.isfinite(loss_sum):
-        raise RuntimeError(f"{PROG}: the loss became {loss_sum} in steps {first_step}-{last_step} (it is read "
-                           f"every --log-every {log_every} steps); lower --lr or use --amp bf16")
+        raise RuntimeError(
+            f"{PROG}: the loss became {loss_sum} in steps {first_step}-{last_step} (it is read "
+            f"every --log-every {log_every} steps); lower --lr or use --amp bf16"
+        )
     return loss_sum, correct
 
 
@@ -167,11 +170,13 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, a
     return saved
 
 
-def memory_report(model: nn.Module, cfg: dict, args, x: torch.Tensor, y: torch.Tensor, device, autocast,
-                  out_dir: Path) -> dict:
+def memory_report(
+    model: nn.Module, cfg: dict, args, x: torch.Tensor, y: torch.Tensor, device, autocast, out_dir: Path
+) -> dict:
     """Saved-for-backward bytes (and peak CUDA memory) of one step of this model and of its eager twin."""
-    eager = MLP(cfg["in_features"], cfg["num_classes"], cfg["hidden"], cfg["depth"], args.dropout,
-                cfg["linear"], "eager").to(device)
+    eager = MLP(
+        cfg["in_features"], cfg["num_classes"], cfg["hidden"], cfg["depth"], args.dropout, cfg["linear"], "eager"
+    ).to(device)
     eager.load_state_dict(model.state_dict())
     report = {"batch_size": int(x.shape[0]), "device": str(device), "amp": args.amp}
     cpu_rng = torch.get_rng_state()
@@ -190,13 +195,17 @@ def memory_report(model: nn.Module, cfg: dict, args, x: torch.Tensor, y: torch.T
     if cuda_rng is not None:
         torch.cuda.set_rng_state_all(cuda_rng)
     report["ratio_saved"] = report["this_model_saved_bytes"] / max(1, report["eager_saved_bytes"])
-    print(f"memory: bytes saved for backward per step (batch {x.shape[0]}): this model "
-          f"{report['this_model_saved_bytes']:,} B, eager {report['eager_saved_bytes']:,} B "
-          f"(ratio {report['ratio_saved']:.2f})")
+    print(
+        f"memory: bytes saved for backward per step (batch {x.shape[0]}): this model "
+        f"{report['this_model_saved_bytes']:,} B, eager {report['eager_saved_bytes']:,} B "
+        f"(ratio {report['ratio_saved']:.2f})"
+    )
     if device.type == "cuda":
-        print(f"memory: peak CUDA memory of one step over the baseline: this model "
-              f"{report['this_model_peak_cuda_bytes_over_base']:,} B, eager "
-              f"{report['eager_peak_cuda_bytes_over_base']:,} B")
+        print(
+            f"memory: peak CUDA memory of one step over the baseline: this model "
+            f"{report['this_model_peak_cuda_bytes_over_base']:,} B, eager "
+            f"{report['eager_peak_cuda_bytes_over_base']:,} B"
+        )
     atomic_write_bytes(out_dir / "memory.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
     return report
 
@@ -216,8 +225,12 @@ def profiler(out_dir: Path, device):
         print(prof.key_averages().table(sort_by=sort, row_limit=15))
         print(f"profile: Chrome trace of 3 training steps written to {trace} (open in chrome://tracing or Perfetto)")
 
-    with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=3, repeat=1), on_trace_ready=ready,
-                 record_shapes=True) as prof:
+    with profile(
+        activities=activities,
+        schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+        on_trace_ready=ready,
+        record_shapes=True,
+    ) as prof:
         yield prof
 
 
@@ -239,8 +252,11 @@ def train(ctx: RunContext) -> dict:
     if args.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mp = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32) if amp_dtype else \
-            MixedPrecisionPolicy()
+        mp = (
+            MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
+            if amp_dtype
+            else MixedPrecisionPolicy()
+        )
         for block in model.blocks:
             fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
@@ -251,8 +267,9 @@ def train(ctx: RunContext) -> dict:
         wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=args.lr
+    )
     pin = device.type == "cuda"
     train_set, test_set = TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
     local_batch = args.batch_size // dist.world
@@ -281,16 +298,19 @@ def train(ctx: RunContext) -> dict:
         if len(states) == dist.world:
             set_rng_state(states[dist.rank], device)
         else:
-            ctx.log(f"{PROG}: the checkpoint was written by {len(states)} process(es), this run has {dist.world}: "
-                    "weights, optimizer and schedule resume exactly; the data split and dropout streams start anew")
+            ctx.log(
+                f"{PROG}: the checkpoint was written by {len(states)} process(es), this run has {dist.world}: "
+                "weights, optimizer and schedule resume exactly; the data split and dropout streams start anew"
+            )
             torch.manual_seed(rank_seed(args.seed + start_epoch, dist.rank))
         ctx.log(f"{PROG}: resumed {ctx.resume_path} at epoch {start_epoch}, step {step}")
     if dist.main:
         ctx.out_dir.mkdir(parents=True, exist_ok=True)
     dist.barrier()
 
-    train_loader = DataLoader(train_set, batch_size=local_batch, num_workers=args.workers, pin_memory=pin,
-                              sampler=sampler)
+    train_loader = DataLoader(
+        train_set, batch_size=local_batch, num_workers=args.workers, pin_memory=pin, sampler=sampler
+    )
     test_loader = DataLoader(test_set, batch_size=512, num_workers=args.workers, pin_memory=pin)
     step_model = torch.compile(wrapped, fullgraph=not dist.active) if args.compile else wrapped
     t = Trainer(model, step_model, optimizer, scheduler, scaler, autocast, args.clip, step)
@@ -304,10 +324,12 @@ def train(ctx: RunContext) -> dict:
     except ImportError:
         tqdm = None
     mode = f", {'FSDP2' if args.fsdp else 'DDP'} over {dist.world} processes" if dist.active else ""
-    ctx.log(f"{PROG}: {args.data} ({len(train_set)} train / {len(test_set)} test), MLP {cfg['in_features']}→"
-            f"{args.hidden}×{args.depth}→{cfg['num_classes']}, backend {ctx.backend}, device {device}, amp {args.amp}"
-            f"{', compiled' if args.compile else ''}"
-            f"{', activation checkpointing' if args.checkpoint_activations else ''}{mode}")
+    ctx.log(
+        f"{PROG}: {args.data} ({len(train_set)} train / {len(test_set)} test), MLP {cfg['in_features']}→"
+        f"{args.hidden}×{args.depth}→{cfg['num_classes']}, backend {ctx.backend}, device {device}, amp {args.amp}"
+        f"{', compiled' if args.compile else ''}"
+        f"{', activation checkpointing' if args.checkpoint_activations else ''}{mode}"
+    )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     # with fp16 the GradScaler skips the steps whose loss or gradients are not finite: nothing to report then
@@ -320,8 +342,17 @@ def train(ctx: RunContext) -> dict:
         prof_ctx = contextlib.nullcontext()
         if args.profile and epoch == start_epoch and dist.main:
             prof_ctx = profiler(ctx.out_dir, device)
-        bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch + 1}/{args.epochs}", leave=False,
-                   disable=args.no_progress or not dist.main, file=sys.stderr) if tqdm else None
+        bar = (
+            tqdm(
+                total=steps_per_epoch,
+                desc=f"epoch {epoch + 1}/{args.epochs}",
+                leave=False,
+                disable=args.no_progress or not dist.main,
+                file=sys.stderr,
+            )
+            if tqdm
+            else None
+        )
         t0 = time.perf_counter()
         sums = EpochSums(device)
         read_at = t.step  # the loss was finite up to this step
@@ -338,9 +369,11 @@ def train(ctx: RunContext) -> dict:
                     loss_sum, _ = read_sums(sums, read_at + 1, t.step, check_finite, args.log_every)
                     read_at = t.step
                     if bar is not None:
-                        bar.set_postfix(loss=f"{loss_sum / sums.seen:.4f}",
-                                        samples_s=f"{dist.world * sums.seen / (time.perf_counter() - t0):.0f}",
-                                        refresh=False)
+                        bar.set_postfix(
+                            loss=f"{loss_sum / sums.seen:.4f}",
+                            samples_s=f"{dist.world * sums.seen / (time.perf_counter() - t0):.0f}",
+                            refresh=False,
+                        )
                 if bar is not None:
                     bar.update(1)
         if bar is not None:
@@ -349,22 +382,44 @@ def train(ctx: RunContext) -> dict:
         loss_sum, correct = read_sums(sums, read_at + 1, t.step, check_finite, args.log_every)
         loss_sum, correct, seen = dist.sum([loss_sum, correct, sums.seen], device)
         test_loss, test_acc = evaluate(step_model, test_loader, device, autocast)  # every rank: FSDP gathers
-        rec = {"epoch": epoch + 1, "step": t.step, "train_loss": loss_sum / seen, "train_acc": correct / seen,
-               "test_loss": test_loss, "test_acc": test_acc, "lr": scheduler.get_last_lr()[0],
-               "epoch_seconds": round(train_time, 4), "samples_per_s": round(seen / train_time, 1),
-               "data": args.data, "backend": ctx.backend, "amp": args.amp}
+        rec = {
+            "epoch": epoch + 1,
+            "step": t.step,
+            "train_loss": loss_sum / seen,
+            "train_acc": correct / seen,
+            "test_loss": test_loss,
+            "test_acc": test_acc,
+            "lr": scheduler.get_last_lr()[0],
+            "epoch_seconds": round(train_time, 4),
+            "samples_per_s": round(seen / train_time, 1),
+            "data": args.data,
+            "backend": ctx.backend,
+            "amp": args.amp,
+        }
         history.append(rec)
-        ctx.log(f"epoch {epoch + 1:3d}/{args.epochs}  train loss {rec['train_loss']:.4f} acc "
-                f"{100 * rec['train_acc']:.2f}%  test loss {test_loss:.4f} acc {100 * test_acc:.2f}%  "
-                f"{rec['samples_per_s']:.0f} samples/s")
+        ctx.log(
+            f"epoch {epoch + 1:3d}/{args.epochs}  train loss {rec['train_loss']:.4f} acc "
+            f"{100 * rec['train_acc']:.2f}%  test loss {test_loss:.4f} acc {100 * test_acc:.2f}%  "
+            f"{rec['samples_per_s']:.0f} samples/s"
+        )
         model_sd, optim_sd = full_state(model, optimizer, cpu_offload=dist.active)  # every rank: FSDP gathers
         rngs = dist.gather_object(rng_state(device))
         if dist.main:
-            state = {"format": CHECKPOINT_FORMAT, "config": cfg, "model": model_sd, "optimizer": optim_sd,
-                     "scheduler": scheduler.state_dict(),
-                     "scaler": scaler.state_dict() if scaler.is_enabled() else None, "epoch": epoch + 1,
-                     "step": t.step, "rng": rngs[0], "rng_per_rank": rngs, "world_size": dist.world,
-                     "history": history, "torch": str(torch.__version__)}
+            state = {
+                "format": CHECKPOINT_FORMAT,
+                "config": cfg,
+                "model": model_sd,
+                "optimizer": optim_sd,
+                "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict() if scaler.is_enabled() else None,
+                "epoch": epoch + 1,
+                "step": t.step,
+                "rng": rngs[0],
+                "rng_per_rank": rngs,
+                "world_size": dist.world,
+                "history": history,
+                "torch": str(torch.__version__),
+            }
             save_checkpoint(ctx.ckpt_path, state)
             write_metrics(ctx.out_dir, history)
         dist.barrier()
@@ -373,8 +428,12 @@ def train(ctx: RunContext) -> dict:
 
 def _summary(ctx: RunContext, history: list[dict], start_epoch: int, wall: float) -> dict:
     args, out_dir = ctx.args, ctx.out_dir
-    summary = {"epochs_done": history[-1]["epoch"] if history else 0, "test_acc": history[-1]["test_acc"]
-               if history else None, "seconds": round(wall, 2), "out": str(out_dir)}
+    summary = {
+        "epochs_done": history[-1]["epoch"] if history else 0,
+        "test_acc": history[-1]["test_acc"] if history else None,
+        "seconds": round(wall, 2),
+        "out": str(out_dir),
+    }
     if history and not args.no_plot and ctx.dist.main:
         plot = plot_curves(out_dir, history)
         summary["plot"] = str(plot) if plot else None
@@ -382,9 +441,11 @@ def _summary(ctx: RunContext, history: list[dict], start_epoch: int, wall: float
         summary["peak_cuda_bytes"] = torch.cuda.max_memory_allocated()
         ctx.log(f"memory: peak CUDA memory allocated during training {summary['peak_cuda_bytes'] / 2**20:.1f} MiB")
     if history:
-        ctx.log(f"{PROG}: done {summary['epochs_done']}/{args.epochs} epochs in {wall:.1f} s; test accuracy "
-                f"{100 * history[-1]['test_acc']:.2f}%; wrote {ctx.ckpt_path}, {out_dir / 'metrics.jsonl'}"
-                f"{', ' + summary['plot'] if summary.get('plot') else ''}")
+        ctx.log(
+            f"{PROG}: done {summary['epochs_done']}/{args.epochs} epochs in {wall:.1f} s; test accuracy "
+            f"{100 * history[-1]['test_acc']:.2f}%; wrote {ctx.ckpt_path}, {out_dir / 'metrics.jsonl'}"
+            f"{', ' + summary['plot'] if summary.get('plot') else ''}"
+        )
     else:
         ctx.log(f"{PROG}: nothing to do: the checkpoint has already finished {start_epoch}/{args.epochs} epochs")
     return summary
