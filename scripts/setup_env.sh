@@ -10,6 +10,7 @@
 #   GPUOPT_PIP_INDEX   an --index-url for torch (optional)
 #   GPUOPT_EXTRA_PIP   more packages to install (the scripts' extras)
 #   GPUOPT_WHEEL       install this prebuilt wheel instead of building one
+#   GPUOPT_DEPS_ONLY=1 stop after the dependencies (prepare a venv ahead of time)
 #   GPUOPT_CPU_ONLY=1, TORCH_CUDA_ARCH_LIST, CUDA_HOME, MAX_JOBS (default 2): passed to the build (setup.py)
 # The wheel (dist/gpuopt-<version>-cp310-abi3-linux_x86_64.whl) is on the LibTorch stable ABI and Python's limited
 # API: the same file installs in every venv with torch >= 2.11 and Python >= 3.10, so a second venv reuses it.
@@ -25,14 +26,27 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV" || { echo "cannot create a venv with $PY: install python3-venv (Debian/Ubuntu) or set PYTHON"; exit 1; }
 fi
 VPY="$VENV/bin/python"
-if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
-  echo "== installing $TORCH_SPEC into $VENV"
-  "$VPY" -m pip install -q --upgrade pip >/dev/null
+# Dependencies: installed once per venv and list (a stamp of what was asked for), so a warm run asks pip nothing.
+DEPS="$TORCH_SPEC numpy ninja setuptools>=77 wheel ${GPUOPT_EXTRA_PIP:-} ${GPUOPT_PIP_INDEX:-}"
+DEPS_STAMP="$VENV/.gpuopt_deps_stamp"
+if [ -f "$DEPS_STAMP" ] && [ "$(cat "$DEPS_STAMP")" = "$DEPS" ] && "$VPY" -c "import torch" >/dev/null 2>&1; then
+  echo "== dependencies installed in $VENV"
+else
+  rm -f "$DEPS_STAMP"
+  if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
+    echo "== installing $TORCH_SPEC into $VENV"
+    "$VPY" -m pip install -q --upgrade pip >/dev/null
+    # shellcheck disable=SC2086
+    "$VPY" -m pip install -q ${GPUOPT_PIP_INDEX:+--index-url "$GPUOPT_PIP_INDEX"} $TORCH_SPEC
+  fi
   # shellcheck disable=SC2086
-  "$VPY" -m pip install -q ${GPUOPT_PIP_INDEX:+--index-url "$GPUOPT_PIP_INDEX"} $TORCH_SPEC
+  "$VPY" -m pip install -q numpy ninja "setuptools>=77" wheel ${GPUOPT_EXTRA_PIP:-}
+  echo "$DEPS" > "$DEPS_STAMP"
 fi
-# shellcheck disable=SC2086
-"$VPY" -m pip install -q numpy ninja "setuptools>=77" wheel ${GPUOPT_EXTRA_PIP:-}
+if [ "${GPUOPT_DEPS_ONLY:-0}" = "1" ]; then
+  echo "== GPUOPT_DEPS_ONLY=1: dependencies only, no gpuopt build"
+  exit 0  # also ends run_tests.sh / run_main.sh, which source this file
+fi
 
 if [ -n "${GPUOPT_WHEEL:-}" ]; then
   WHEEL="$GPUOPT_WHEEL"
@@ -41,7 +55,7 @@ else
   # The wheel holds the compiled _C and the Python packages: rebuild it when any of them or the build settings
   # change (not when torch does: the stable ABI).
   stamp=$( { cd "$ROOT" && find csrc gpuopt_ops triton_kernels setup.py pyproject.toml README.md LICENSE -type f \
-               ! -name '*.so' ! -name '_build_info.py' ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum;
+               ! -name '*.so' ! -name 'build_info.py' ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum;
              echo "${GPUOPT_CPU_ONLY:-} ${TORCH_CUDA_ARCH_LIST:-} ${CUDA_HOME:-}"; } | sha256sum | cut -d' ' -f1)
   WHEEL_STAMP="$DIST/.gpuopt_wheel_stamp"
   WHEEL=$(ls "$DIST"/gpuopt-*-cp310-abi3-*.whl 2>/dev/null | head -n1 || true)
@@ -51,6 +65,9 @@ else
     echo "== building the gpuopt wheel (pip wheel --no-build-isolation --no-deps . -w dist/); progress:"
     start=$(date +%s)
     rm -f "$DIST"/gpuopt-*.whl "$WHEEL_STAMP"
+    # setuptools copies the packages into build/lib.*; a file deleted from the sources would stay there and ship in
+    # the wheel. The compiled objects (build/temp.*) stay, so an unchanged csrc/ only relinks.
+    rm -rf "$ROOT"/build/lib.* "$ROOT"/build/bdist.*
     mkdir -p "$DIST"
     # -v shows ninja's "[k/n] <compile>" lines; print those as "[k/n] <source file>", and our own messages.
     set +e
