@@ -23,7 +23,7 @@ find "$TREE" -mindepth 1 -maxdepth 1 ! -name .pytest_cache -exec rm -rf {} +
 cd "$TREE"
 echo "== pytest in $TREE on $("$VPY" -c 'import sys, torch, gpuopt_ops; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, gpuopt from {gpuopt_ops.__file__}")')"
 set +e
-"$VPY" -m pytest -q tests "$@"
+"$VPY" -m pytest -q "$@"  # no paths given: pyproject.toml's testpaths (tests/)
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
