@@ -27,9 +27,10 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 VPY="$VENV/bin/python"
 # Dependencies: installed once per venv and list (a stamp of what was asked for), so a warm run asks pip nothing.
+# One stamp per list: run_main.sh and run_tests.sh ask for different extras and both stay satisfied.
 DEPS="$TORCH_SPEC numpy ninja setuptools>=77 wheel ${GPUOPT_EXTRA_PIP:-} ${GPUOPT_PIP_INDEX:-}"
-DEPS_STAMP="$VENV/.gpuopt_deps_stamp"
-if [ -f "$DEPS_STAMP" ] && [ "$(cat "$DEPS_STAMP")" = "$DEPS" ] && "$VPY" -c "import torch" >/dev/null 2>&1; then
+DEPS_STAMP="$VENV/.gpuopt_deps_$(echo "$DEPS" | sha256sum | cut -c1-16)"
+if [ -f "$DEPS_STAMP" ] && "$VPY" -c "import torch" >/dev/null 2>&1; then
   echo "== dependencies installed in $VENV"
 else
   rm -f "$DEPS_STAMP"
