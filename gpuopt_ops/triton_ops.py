@@ -70,16 +70,8 @@ from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as _LDR  # noqa: E
 from . import checks as V  # noqa: E402
 from .ops import register_bias_relu_autograd, register_ldr_autograd  # noqa: E402
 
-
-def _kernels_interpreted() -> bool:
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(_LDR.ldr_fwd_fused_kernel, InterpretedFunction)
-
-
-INTERPRETED = _kernels_interpreted()
+# Whether the kernels were decorated under TRITON_INTERPRET=1 (tests patch this name to simulate the other case).
+INTERPRETED = _COMMON.INTERPRETED
 
 
 def _launch_wrapper():

@@ -295,35 +295,35 @@ def test_agrees_with_the_cpu_backend(backend, n, dtype, affine):
     x, w, b = make_inputs((6,), n, dtype, affine=affine)
     g = torch.randn(x.shape).to(dtype)
     seed = seed_tensor(4)
-    res = []
+    ones = torch.ones(n, dtype=dtype)
+    sides = []  # the CPU backend's results, then the backend's, all on the CPU
     for be, dev in ((CPU, "cpu"), (backend, backend.device)):
         args = [t.to(dev) if t is not None else None for t in (x, w, b)]
-        out, mean, rstd = be.op("layer_norm_dropout_relu")(*args, seed.to(dev), 0.1, EPS)
+        ldr = be.op("layer_norm_dropout_relu")
+        out, mean, rstd = ldr(*args, seed.to(dev), 0.1, EPS)
         grads = be.op("layer_norm_dropout_relu_backward")(g.to(dev), *args, mean, rstd, seed.to(dev), 0.1)
-        res.append([t.cpu().double() for t in (out, mean, rstd, *grads)])
+        # with weight 0 and bias 1 the output is the dropout scale where kept: the mask, compared as integers
+        probe = ldr(x.to(dev), (0 * ones).to(dev), ones.to(dev), seed.to(dev), 0.3, EPS)[0]
+        side = {
+            "ldr": [t.cpu().double() for t in (out, mean, rstd, *grads)],
+            "mask": (probe.cpu() != 0).to(torch.int32),
+        }
+        if affine:
+            o = be.op("bias_relu")(x.to(dev), b.to(dev))
+            side["bias_relu"] = [t.cpu() for t in (o, *be.op("bias_relu_backward")(g.to(dev), o))]
+        sides.append(side)
+    ref, got = sides
     tol = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dtype]
-    for name, a, c in zip(["out", "mean", "rstd", "grad_x", "grad_weight", "grad_bias"], *res):
+    for name, a, c in zip(["out", "mean", "rstd", "grad_x", "grad_weight", "grad_bias"], ref["ldr"], got["ldr"]):
         assert a.shape == c.shape, name
         if a.numel():
             assert (a - c).abs().max().item() <= tol * max(1.0, a.abs().max().item()), name
-    # with weight 0 and bias 1 the output is the dropout scale where kept: the masks, compared as integers
-    ones = torch.ones(n, dtype=dtype)
-    masks = [
-        (
-            be.op("layer_norm_dropout_relu")(x.to(d), (0 * ones).to(d), ones.to(d), seed.to(d), 0.3, EPS)[0].cpu() != 0
-        ).to(torch.int32)
-        for be, d in ((CPU, "cpu"), (backend, backend.device))
-    ]
-    assert torch.equal(masks[0], masks[1])
+    assert torch.equal(ref["mask"], got["mask"])
     if affine:
-        o = [be.op("bias_relu")(x.to(d), b.to(d)) for be, d in ((CPU, "cpu"), (backend, backend.device))]
-        gxb = [
-            be.op("bias_relu_backward")(g.to(d), oo)
-            for (be, d), oo in zip(((CPU, "cpu"), (backend, backend.device)), o)
-        ]
-        assert torch.equal(o[0], o[1].cpu()) and torch.equal(gxb[0][0], gxb[1][0].cpu())
-        assert gxb[0][1].dtype == gxb[1][1].dtype
-        torch.testing.assert_close(gxb[0][1], gxb[1][1].cpu(), atol=FLOORS[dtype] * 6, rtol=FLOORS[dtype])
+        (o0, gx0, gb0), (o1, gx1, gb1) = ref["bias_relu"], got["bias_relu"]
+        assert torch.equal(o0, o1) and torch.equal(gx0, gx1)
+        assert gb0.dtype == gb1.dtype
+        torch.testing.assert_close(gb0, gb1, atol=FLOORS[dtype] * 6, rtol=FLOORS[dtype])
 
 
 @pytest.mark.cuda

@@ -312,11 +312,9 @@ def test_a_triton_kernel_with_a_wrong_counter_is_caught(backend, off_by_one_trit
     dev = backend.device
 
     def wrong_op(x, w, b, s, p, eps):
-        n = x.shape[-1]
         out = torch.empty_like(x)
         mean, rstd = torch.empty(m, device=dev), torch.empty(m, device=dev)
         off_by_one_triton_kernels.launch_forward(x, w, b, s, out, mean, rstd, p, eps)
-        assert n == x.shape[-1]
         return out, mean, rstd
 
     for n in (40, 37):  # fast (N % 8 == 0) and generic RNG paths
