@@ -16,6 +16,8 @@
 #                         `bash scripts/setup_env.sh` or `pip wheel --no-build-isolation --no-deps . -w dist/` and
 #                         carried here): installed into OUT_DIR/site instead of building (no nvcc, no minutes)
 #   GPU_CHECK_SKIP_BUILD  1 = use the extension already built in place
+#   dist/peers/*.whl      peers' wheels (liger-kernel, quack-kernels and what they need), installed with --no-deps
+#                         into OUT_DIR/peers for the benchmarks' liger and quack providers
 #   TORCH_CUDA_ARCH_LIST  default 9.0 (H100/H200);  MAX_JOBS  default 16
 #   GPU_CHECK_DRY_RUN     1 = print every step's command and time limit, run nothing (works without a GPU)
 set -u
@@ -110,6 +112,13 @@ elif [ "${GPU_CHECK_SKIP_BUILD:-0}" = "1" ]; then
 else
   step build 240 190 -- "$PY" setup.py build_ext --inplace
 fi
+# peers' wheels carried in dist/peers/ (the machine has no network): the liger and quack providers of the benchmarks
+PEERS=$(ls "$PWD"/dist/peers/*.whl 2>/dev/null | tr '\n' ' ')
+if [ -n "$PEERS" ]; then
+  # shellcheck disable=SC2086
+  step peers 60 185 -- "$PY" -m pip install --no-deps --no-index --upgrade --target "$OUT_DIR/peers" $PEERS
+  export PYTHONPATH="$PYTHONPATH:$OUT_DIR/peers"
+fi
 step import 60 180 -- "$PY" -c "
 import torch, gpuopt_ops
 ok = torch._C._dispatch_has_kernel_for_dispatch_key('gpuopt::layer_norm_dropout_relu', 'CUDA')
@@ -167,7 +176,7 @@ bench() {  # bench NAME CAP RESERVE args...
   step "$name" "$cap" "$reserve" -- "$PY" -m benchmarks.run --device cuda --time-budget $((limit > 40 ? limit - 30 : 10)) "$@"
 }
 if [ "$BUILD_OK" = 1 ]; then
-  bench bench_sweep 130 55 --out "$OUT_DIR/bench_sweep" --providers cuda,triton,eager,liger,copy \
+  bench bench_sweep 130 55 --out "$OUT_DIR/bench_sweep" --providers cuda,triton,eager,liger,quack,copy \
     --dtypes bf16,fp32 --ns 256,1024,4096,16384,65536 --rep-ms 50
   bench bench_compile 110 15 --out "$OUT_DIR/bench_compile" --providers cuda,triton,eager,compile,liger,copy \
     --dtypes bf16 --ns 1024,8192 --modes fwd,fwd+bwd --rep-ms 50

@@ -17,6 +17,7 @@ Providers
     eager    F.layer_norm -> F.dropout -> F.relu, and relu(x + b)
     compile  torch.compile of the eager code: mode="max-autotune" on GPU, default mode on CPU; dynamic=False
     liger    Liger-Kernel's LayerNorm + torch dropout + relu (ldr only), when liger_kernel is importable
+    quack    quack-kernels' LayerNorm alone, no dropout or ReLU (ldr only): the norm-only speed anchor
     copy     y.copy_(x) on an (M, N) tensor of the case's dtype: this machine's bandwidth baseline
 
 Modes
@@ -65,7 +66,7 @@ MODES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GPU_NS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 CPU_NS = (256, 1024, 4096, 16384)
-GPU_PROVIDERS = ("cuda", "triton", "eager", "compile", "liger", "copy")
+GPU_PROVIDERS = ("cuda", "triton", "eager", "compile", "liger", "quack", "copy")
 CPU_PROVIDERS = ("cpu", "eager", "compile", "copy")
 EPS = 1e-5
 
@@ -215,11 +216,39 @@ def forward_fn(provider: str, op: str, device: str, p: float) -> Callable:
     raise ValueError(f"unknown provider {provider!r}")
 
 
+def _quack_runner(op: str, mode: str, device: str, x, w, b, g) -> Callable[[], object]:
+    """The norm-only anchor: the quack-kernels LayerNorm (fp32 weight and bias) without dropout or ReLU, forward
+    and/or its backward kernel, on the same x and grad_out (the speed a plain normalisation reaches)."""
+    if device != "cuda":
+        raise Skip("quack runs on GPU only")
+    if op != "ldr":
+        raise Skip("quack has no bias_relu")
+    try:
+        from quack.rmsnorm import layernorm_bwd, layernorm_fwd
+    except Exception as err:  # noqa: BLE001
+        raise Skip(f"quack not importable ({type(err).__name__}: {err})") from None
+    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+    w32, b32 = w.float(), b.float()
+    _, rstd, mean = layernorm_fwd(x2, w32, b32, EPS, return_rstd=True, return_mean=True)
+    if mode == "fwd":
+        return lambda: layernorm_fwd(x2, w32, b32, EPS)
+    if mode == "bwd":
+        return lambda: layernorm_bwd(x2, w32, g2, rstd, mean, has_bias=True)
+
+    def run():
+        _, r, mu = layernorm_fwd(x2, w32, b32, EPS, return_rstd=True, return_mean=True)
+        return layernorm_bwd(x2, w32, g2, r, mu, has_bias=True)
+
+    return run
+
+
 def make_runner(provider: str, op: str, mode: str, device: str, p: float, x, w, b, g) -> Callable[[], object]:
     """A no-argument callable that runs one timed iteration of (provider, op, mode) on the given inputs."""
     if provider == "copy":
         y = torch.empty_like(x)
         return lambda: y.copy_(x)
+    if provider == "quack":
+        return _quack_runner(op, mode, device, x, w, b, g)
     f = forward_fn(provider, op, device, p)
     inputs = (x, w, b) if op == "ldr" else (x, b)
     if mode == "fwd":
