@@ -92,6 +92,8 @@ class Variant:
     shared: int
     blocks_per_sm: int
     limited_by: str
+    cubin: bytes = b""  # the sm_90 code (the performance model reads its SASS)
+    name: str = ""  # the kernel's symbol in the cubin
 
 
 @dataclass
@@ -192,8 +194,9 @@ class Compiler:
 _JOBS: list[tuple] = []  # the compile jobs; forked workers inherit them (nothing is pickled but an index)
 
 
-def _compile_job(i: int) -> tuple[int, int, int, int, int, int]:
-    """Compiles _JOBS[i]; returns (registers, spill stores, spill loads, stack frame, shared bytes, num_warps)."""
+def _compile_job(i: int) -> tuple[int, int, int, int, int, int, bytes, str]:
+    """Compiles _JOBS[i]; returns (registers, spill stores, spill loads, stack frame, shared bytes, num_warps,
+    cubin, kernel symbol)."""
     from triton import knobs
 
     kernel, signature, constexprs, attrs, options = _JOBS[i][:5]
@@ -216,6 +219,8 @@ def _compile_job(i: int) -> tuple[int, int, int, int, int, int]:
         int(stack[-1]),
         int(ck.metadata.shared),
         int(ck.metadata.num_warps),
+        bytes(ck.asm["cubin"]),
+        str(ck.metadata.name),
     )
 
 
@@ -242,7 +247,7 @@ def compile_pending(compilers: Sequence[Compiler], jobs: int = 1) -> None:
     finally:
         _JOBS = []
     done = {}
-    for key, (regs, st, ld, stack, shared, num_warps) in zip(order, results):
+    for key, (regs, st, ld, stack, shared, num_warps, cubin, name) in zip(order, results):
         occ = occupancy(regs, 32 * num_warps, static_shared=shared)
         done[key] = Variant(
             keys[key][0].__name__,
@@ -255,6 +260,8 @@ def compile_pending(compilers: Sequence[Compiler], jobs: int = 1) -> None:
             shared,
             occ.blocks_per_sm,
             "+".join(occ.limited_by),
+            cubin,
+            name,
         )
     for c in compilers:
         for key in c.pending:
@@ -719,6 +726,39 @@ def main(argv=None) -> int:
     for b in bad:
         print("FAIL:", b, file=sys.stderr)
     return 1 if bad else 0
+
+
+# ----------------------------------------------------------------------------------------------- one kernel
+@dataclass(frozen=True)
+class CompiledInfo:
+    """One launch's kernel compiled for sm_90: the cubin and the compile-time facts the performance model needs."""
+
+    cubin: bytes
+    name: str  # the kernel's symbol in the cubin
+    regs: int  # registers per thread (ptxas -v)
+    shared: int  # shared memory bytes per block (Triton's metadata: the static + the kernel's scratch)
+    num_warps: int
+    spills: int  # spill stores + spill loads, bytes (ptxas -v)
+
+
+_COMPILED: dict[tuple, CompiledInfo] = {}
+
+
+def compile_cubin(kernel, grid, args: Sequence[object], kwargs: dict[str, object], hints: bool = True) -> CompiledInfo:
+    """Compiles the kernel that `kernel[grid](*args, **kwargs)` would launch, for sm_90, without a GPU: tensors
+    are passed as meta tensors (their data_ptr() is 0, so pointers get the 16-byte alignment attribute a launch on
+    fresh allocations gets; hints=False drops the attributes). Specialization, constexprs and options come from
+    Triton's own binder, as in Compiler.record. Cached per process by the compile key: a second compile of the
+    same code would be a Triton cache hit, without the ptxas log the registers come from."""
+    compiler = Compiler(hints=hints)
+    launch = compiler.record(kernel, grid, tuple(args), dict(kwargs))
+    if launch.key not in _COMPILED:
+        compile_pending([compiler], jobs=1)
+        v = compiler.variant(launch)
+        _COMPILED[launch.key] = CompiledInfo(
+            v.cubin, v.name, v.regs, v.shared, v.num_warps, v.spill_stores + v.spill_loads
+        )
+    return _COMPILED[launch.key]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,81 @@
+"""The performance model's mirror of the CUDA launcher (tools/roofline_gpuopt.py) makes the launches the CUDA source
+itself makes: the same kernels, grids and blocks as the emulated CUDA backend records, on the emulated device's
+occupancy rule, for every path (one warp a row, a block a row, looped, tiled, the column sums)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import gpuopt_ops  # noqa: F401
+from tools import roofline_gpuopt as G
+from tools.cuda_emu.build import load_extension
+
+pytestmark = pytest.mark.cuda_emulated
+
+ROOT = Path(__file__).resolve().parent.parent
+SMS, MAX_BLOCKS = 4, 2  # the emulated device of these tests
+
+
+@pytest.fixture(scope="module")
+def emu():
+    load_extension(
+        "gpuopt_cuda_emulated",
+        [ROOT / "tools" / "cuda_emu" / "emulated_ops.cpp", ROOT / "csrc" / "checks.cpp"],
+        extra_cflags=["-fvisibility=hidden"],
+    )
+    ops = torch.ops.gpuopt_emu
+    old = ops.configure(SMS, MAX_BLOCKS)
+    ops.take_launches()
+    yield ops
+    ops.configure(*old)
+
+
+class EmulatedOccupancy:
+    """The emulator's occupancy rule (tools/cuda_emu/emulated_ops.cpp) in place of the cubin's."""
+
+    def blocks_per_sm(self, name: str, threads: int) -> int:
+        return max(1, min(MAX_BLOCKS, 2048 // max(threads, 1), 32))
+
+    def launch(self, short, grid, block, **kw):
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        block = tuple(block) + (1,) * (3 - len(block))
+        return (short.split("<")[0], grid, block)
+
+
+def recorded(ops) -> list[tuple]:
+    out = []
+    for s in ops.take_launches():
+        name, rest = s.split(" grid=(")
+        grid, block = rest.split(") block=(")
+        out.append((name, tuple(int(v) for v in grid.split(",")), tuple(int(v) for v in block.rstrip(")").split(","))))
+    return out
+
+
+DT = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize(
+    "m,n",
+    [(37, 256), (37, 768), (21, 1024), (9, 4096), (5, 8192), (3, 16384), (2, 20000), (70, 24), (9, 1000)],
+)
+def test_cuda_mirror_matches_the_launcher(emu, dtype, m, n):
+    dt = DT[dtype]
+    x = torch.randn(m, n).to(dt)
+    w, b = torch.randn(n).to(dt), torch.randn(n).to(dt)
+    seed = torch.tensor([5], dtype=torch.int64)
+    out, mean, rstd = emu.layer_norm_dropout_relu(x, w, b, seed, 0.2, 1e-5)
+    fwd = recorded(emu)
+    emu.layer_norm_dropout_relu_backward(torch.randn(m, n).to(dt), x, w, b, mean, rstd, seed, 0.2)
+    bwd = recorded(emu)
+    y = emu.bias_relu(x, b)
+    brf = recorded(emu)
+    emu.bias_relu_backward(torch.randn(m, n).to(dt), y)
+    brb = recorded(emu)
+    occ = EmulatedOccupancy()
+    mirror = {(op, d): G.cuda_launches(occ, op, d, dtype, n, sms=SMS, m=m) for op in G.OPS for d in G.DIRECTIONS}
+    assert mirror[("layer_norm_dropout_relu", "forward")] == fwd
+    assert mirror[("layer_norm_dropout_relu", "backward")] == bwd
+    assert mirror[("bias_relu", "forward")] == brf
+    assert mirror[("bias_relu", "backward")] == brb

@@ -1,0 +1,724 @@
+"""Static performance model of memory-bound GPU kernels, without a GPU: `python -m tools.roofline [--json]`.
+
+For every gpuopt op x direction x backend (CUDA, Triton) x dtype x N at M * N = 64M elements on an H200, the
+model takes the launches the real host launcher makes and the compiled sm_90 code of exactly those kernels,
+and estimates the fraction of copy bandwidth the op reaches. It prints a markdown table, and the same model run
+on peers' kernels beside their published measurements (the calibration). `--json` prints both as JSON.
+
+The method (docs/DESIGN.md, "Performance model", is the reference):
+
+  Per kernel launch, from its SASS (tools.sass) and its launch shape:
+    instructions per thread   each SASS instruction counts once per execution of its innermost loop, i.e. the
+                              product of the trip counts of that loop and its ancestors (cold branches inside a
+                              loop body count too: an upper bound). Trip counts come from the launch (rows per
+                              block, chunks per row), given per loop structure by the caller.
+    load batches              loads issued before the first instruction that uses (or overwrites) any of their
+                              registers form a batch; a steady-state loop iteration waits once per batch.
+                              bytes in flight per SM = (load bytes / waits) per thread x resident threads.
+    occupancy                 blocks per SM from registers, threads and shared memory (tools.cuda_resources).
+    wave efficiency           blocks (with their work: rows of a grid-stride loop) list-scheduled onto the
+                              resident slots; ideal time / the busiest slot's time.
+  Per launch time (seconds): max(DRAM, issue, latency) / wave efficiency + a fixed launch cost, where
+    DRAM     = bytes moved / copy bandwidth
+    issue    = lane-instructions / (SMs x 4 schedulers x 32 lanes x clock)
+    latency  = read bytes / (bytes in flight per SM x SMs in use / memory latency)     (Little's law)
+  The op's estimate = (ideal bytes / copy bandwidth) / the sum of its launches' times, as a fraction of copy
+  bandwidth (1.0 = a copy of the op's ideal bytes). Ideal bytes: every input read once, every output written
+  once (parameters and per-row statistics included).
+
+Everything printed is an estimate, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional, Union
+
+from tools import cuda_resources as CR
+from tools import sass as S
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The machine
+@dataclass(frozen=True)
+class GPU:
+    """What the model assumes of a GPU. copy_fraction: the share of peak DRAM bandwidth a plain device copy reaches
+    (the yardstick the estimates are fractions of); latency_s: loaded global-memory latency; launch_s: the fixed
+    cost of one kernel in a stream (launch gap, first-wave ramp and last-wave drain)."""
+
+    name: str
+    sms: int
+    peak_bw: float  # bytes / s
+    clock_hz: float
+    copy_fraction: float = 0.87
+    schedulers: int = 4
+    warp: int = 32
+    latency_s: float = 1.0e-6
+    launch_s: float = 3.0e-6
+
+    @property
+    def copy_bw(self) -> float:
+        return self.peak_bw * self.copy_fraction
+
+    @property
+    def issue_rate(self) -> float:
+        """Lane-instructions per second over the whole GPU (one warp instruction per scheduler per clock)."""
+        return self.sms * self.schedulers * self.warp * self.clock_hz
+
+
+H200 = GPU("H200", 132, 4.8e12, 1.98e9)
+H100 = GPU("H100 SXM", 132, 3.35e12, 1.98e9)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Launch descriptions (the API)
+Trips = Union[Mapping[int, float], Callable[[list], Mapping[int, float]]]
+
+
+@dataclass
+class KernelLaunch:
+    """One kernel launch as the model sees it.
+
+    code:       where the SASS comes from: a path to an ELF / shared library / cubin file, cubin bytes, or a
+                `.sass` text file (cuobjdump -sass output).
+    function:   the kernel's (mangled) symbol in that code.
+    grid, block: the launch shape (x, y, z).
+    elements:   elements of the op this launch processes (M * N for a kernel that covers the tensor).
+    bytes:      DRAM bytes the launch moves by its design (every tensor read or written, re-reads included).
+    read_bytes: the part of `bytes` that is loads (the latency bound); default: half of `bytes`.
+    trips:      trip counts (body executions per entry) per loop index of tools.sass.loops, or a callable
+                loops -> mapping; see `structural_trips`. Needed when the code has loops.
+    stride_units / stride_axis: work split by a grid-stride loop: `stride_units` equal units (rows, row steps)
+                over the blocks along grid axis `stride_axis` (block i takes units i, i + G, ...). None: every
+                block does the same work.
+    regs, shared: registers per thread and static shared bytes; None: read from the code.
+    dynamic_shared: dynamic shared memory bytes of the launch.
+    """
+
+    code: Union[str, os.PathLike, bytes]
+    function: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    elements: int
+    bytes: int
+    read_bytes: Optional[int] = None
+    trips: Optional[Trips] = None
+    stride_units: Optional[int] = None
+    stride_axis: int = 0
+    regs: Optional[int] = None
+    shared: Optional[int] = None
+    dynamic_shared: int = 0
+    label: str = ""
+
+
+@dataclass
+class OpaqueLaunch:
+    """A launch whose code the model does not read (e.g. a library reduction): its bytes at `efficiency` of copy
+    bandwidth, plus the launch cost."""
+
+    label: str
+    bytes: int
+    efficiency: float = 1.0
+
+
+def structural_trips(
+    outer: float, inner: Optional[float] = None, split_unrolled: bool = True
+) -> Callable[[list], dict[int, float]]:
+    """Trip counts by loop structure, for kernels whose data loops are a grid-stride (or persistent) outer loop,
+    optionally with chunk loops inside it:
+      - a depth-0 loop that contains global memory operations runs `outer` times. When the compiler unrolled it
+        into a main loop and a remainder loop (two such loops, the main one with u times the remainder's loads),
+        the main loop runs outer / u times and the remainder (u - 1) / 2 on average (split_unrolled=False:
+        every depth-0 data loop runs `outer` times, e.g. two passes over a row's chunks);
+      - a depth-1 loop with global memory operations runs `inner` times per outer iteration;
+      - a loop without global memory operations (a reduction over a few shared values, a slow path) runs once;
+      - anything else raises: the caller must give the trips."""
+
+    def trips(lps: list) -> dict[int, float]:
+        out: dict[int, float] = {}
+        data0 = [lp for lp in lps if lp.depth == 0 and _global_ops(lp.body)]
+        if len(data0) == 1 or (data0 and not split_unrolled):
+            for lp in data0:
+                out[lp.index] = outer
+        elif len(data0) == 2:
+            a, b = sorted(data0, key=lambda lp: -_global_ops(lp.body))
+            u = max(1, round(_global_ops(a.body) / max(1, _global_ops(b.body))))
+            out[a.index] = outer / u
+            out[b.index] = min(outer, (u - 1) / 2)
+        elif len(data0) > 2:
+            raise ValueError(f"{len(data0)} outer data loops: give the trips explicitly")
+        for lp in lps:
+            if lp.index in out:
+                continue
+            if not _global_ops(lp.body):
+                out[lp.index] = 1.0
+            elif lp.depth == 1 and inner is not None:
+                out[lp.index] = inner
+            else:
+                raise ValueError(
+                    f"loop {lp.index} ({lp.head:#x}..{lp.tail:#x}, depth {lp.depth}) moves global memory and has "
+                    "no trip count: give the trips explicitly"
+                )
+        return out
+
+    return trips
+
+
+def _global_ops(instrs) -> int:
+    n = 0
+    for ins in instrs:
+        m = S.mem_bytes(ins)
+        if m and m[0] in ("global_load", "global_store", "async_copy", "global_atomic"):
+            n += 1
+    return n
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading the code
+_CODE_CACHE: dict[object, dict[str, S.Function]] = {}
+_RES_CACHE: dict[object, dict[str, tuple[int, int]]] = {}
+
+
+def _code_key(code) -> object:
+    if isinstance(code, (bytes, bytearray)):
+        import hashlib
+
+        return ("bytes", hashlib.sha1(code).hexdigest())
+    p = Path(code).resolve()
+    return ("path", str(p), p.stat().st_mtime_ns)
+
+
+def _as_path(code, tmp: tempfile.TemporaryDirectory) -> Path:
+    if isinstance(code, (bytes, bytearray)):
+        path = Path(tmp.name) / "code.cubin"
+        path.write_bytes(bytes(code))
+        return path
+    return Path(code)
+
+
+def functions_of(code) -> dict[str, S.Function]:
+    """Every function of the code's sm_90 SASS (cached per file / cubin); a `.sass` path is SASS text as cuobjdump
+    printed it (then give the launch's regs and shared)."""
+    key = _code_key(code)
+    if key not in _CODE_CACHE:
+        if not isinstance(code, (bytes, bytearray)) and str(code).endswith(".sass"):
+            _CODE_CACHE[key] = S.parse_sass(Path(code).read_text())
+        else:
+            _CODE_CACHE[key] = S.sass_of(code)
+    return _CODE_CACHE[key]
+
+
+def resources_of(code) -> dict[str, tuple[int, int]]:
+    """{function: (registers, static shared bytes)} from cuobjdump --dump-resource-usage (cached)."""
+    key = _code_key(code)
+    if key not in _RES_CACHE:
+        tmp = tempfile.TemporaryDirectory()
+        try:
+            path = _as_path(code, tmp)
+            res = CR._run([CR.find_cuobjdump(), "--dump-resource-usage", str(path)])
+            usage = CR.parse_resource_usage(res.stdout)
+            if not usage:
+                raise CR.ToolError(f"cuobjdump --dump-resource-usage printed no functions for {path}")
+            _RES_CACHE[key] = {
+                u.name: (int(u.resources.get("REG", 0)), int(u.resources.get("SHARED", 0))) for u in usage
+            }
+        finally:
+            tmp.cleanup()
+    return _RES_CACHE[key]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The model
+@dataclass
+class LaunchEstimate:
+    label: str
+    function: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    elements: int
+    regs: int
+    blocks_per_sm: int
+    resident_threads_per_sm: int
+    instr_per_thread: float
+    lane_instructions: float
+    load_waits_per_thread: float
+    batch_bytes: float  # load bytes per wait, per thread
+    bytes_in_flight_per_sm: float
+    wave_efficiency: float
+    bytes: int
+    read_bytes: float
+    local_bytes: float  # spill / local-array traffic added to `bytes`
+    t_dram: float
+    t_issue: float
+    t_latency: float
+    time: float
+    bound: str
+
+
+@dataclass
+class Estimate:
+    estimate: float  # fraction of copy bandwidth
+    ideal_bytes: int
+    elements: int
+    launches: list[LaunchEstimate]
+    opaque: list[dict] = field(default_factory=list)
+    main: Optional[LaunchEstimate] = None  # the launch that takes the most time
+
+    @property
+    def instr_per_elem(self) -> float:
+        return sum(le.lane_instructions for le in self.launches) / max(1, self.elements)
+
+    @property
+    def bytes_ratio(self) -> float:
+        moved = sum(le.bytes + le.local_bytes for le in self.launches) + sum(o["bytes"] for o in self.opaque)
+        return moved / max(1, self.ideal_bytes)
+
+    def time(self) -> float:
+        return sum(le.time for le in self.launches) + sum(o["time"] for o in self.opaque)
+
+
+def wave_efficiency(
+    grid: tuple[int, int, int],
+    blocks_per_sm: int,
+    sms: int,
+    stride_units: Optional[int] = None,
+    stride_axis: int = 0,
+) -> tuple[float, int]:
+    """(efficiency, resident blocks per SM in use). Blocks are list-scheduled, in launch order, onto
+    the slots of the SMs in use (min(sms, blocks)) x k (k = blocks_per_sm, or fewer when the grid does not fill
+    them: a lone block per SM is not slower for having free neighbours); a block's work is its share of
+    `stride_units`. Efficiency = the mean
+    slot's work / the busiest slot's work: a partial second wave or an uneven grid stride lowers it."""
+    gx, gy, gz = grid
+    total = gx * gy * gz
+    used = max(1, min(sms, total))  # a grid smaller than the SM count: the latency bound counts the idle SMs
+    k = max(1, min(blocks_per_sm, math.ceil(total / used)))
+    slots = used * k
+    g_axis = grid[stride_axis]
+
+    def work(i_axis: int) -> float:
+        if stride_units is None:
+            return 1.0
+        return stride_units // g_axis + (1 if i_axis < stride_units % g_axis else 0)
+
+    if total > 200_000 and stride_units is None:  # equal blocks: closed form
+        waves = math.ceil(total / slots)
+        return (total / slots) / waves, k
+    loads = [0.0] * slots
+    heap = [(0.0, s) for s in range(slots)]
+    order = range(total)
+    for b in order:
+        x = b % gx
+        y = (b // gx) % gy
+        z = b // (gx * gy)
+        w = work((x, y, z)[stride_axis])
+        t, s = heapq.heappop(heap)
+        loads[s] = t + w
+        heapq.heappush(heap, (t + w, s))
+    busiest = max(loads)
+    mean = sum(loads) / slots
+    return (mean / busiest if busiest > 0 else 1.0), k
+
+
+def _resolve_trips(launch: KernelLaunch, lps: list) -> dict[int, float]:
+    if not lps:
+        return {}
+    if launch.trips is None:
+        raise ValueError(
+            f"{launch.label or launch.function}: the code has {len(lps)} loop(s); give trips "
+            "(e.g. structural_trips(rows per block))"
+        )
+    t = launch.trips(lps) if callable(launch.trips) else dict(launch.trips)
+    missing = [lp.index for lp in lps if lp.index not in t]
+    if missing:
+        raise ValueError(f"{launch.label or launch.function}: no trip count for loops {missing}")
+    return dict(t)
+
+
+def _executions(lps: list, trips: Mapping[int, float]) -> dict[int, float]:
+    ex: dict[int, float] = {}
+    for lp in lps:  # parents come before their children
+        ex[lp.index] = trips[lp.index] * (ex[lp.parent] if lp.parent is not None else 1.0)
+    return ex
+
+
+def estimate_launch(launch: KernelLaunch, gpu: GPU = H200) -> LaunchEstimate:
+    fns = functions_of(launch.code)
+    if launch.function not in fns:
+        close = [n for n in fns if launch.function[:40] in n][:3]
+        raise CR.ToolError(f"no function {launch.function} in the code (similar: {close})")
+    fn = fns[launch.function]
+    regs, shared = launch.regs, launch.shared
+    if regs is None or shared is None:
+        r, s = resources_of(launch.code).get(launch.function, (None, None))
+        regs = r if regs is None else regs
+        shared = s if shared is None else shared
+    if regs is None:
+        raise CR.ToolError(f"no register count for {launch.function}")
+    threads = launch.block[0] * launch.block[1] * launch.block[2]
+    occ = CR.occupancy(regs, threads, static_shared=shared or 0, dynamic_shared=launch.dynamic_shared)
+    if not occ.fits:
+        raise CR.ToolError(f"{launch.function} does not fit an SM at {threads} threads: {occ.limited_by}")
+    total_blocks = launch.grid[0] * launch.grid[1] * launch.grid[2]
+    weff, k = wave_efficiency(launch.grid, occ.blocks_per_sm, gpu.sms, launch.stride_units, launch.stride_axis)
+    sms_used = min(gpu.sms, total_blocks)
+
+    lps = S.loops(fn)
+    trips = _resolve_trips(launch, lps)
+    dyn = S.dynamic_count(fn, trips, lps)
+    ex = _executions(lps, trips)
+    # load batches: each loop's own body in steady state, x its executions; the code outside loops once
+    in_loop = {ins.addr for lp in lps for ins in lp.body}
+    outside = [ins for ins in fn.instrs if ins.addr not in in_loop]
+    waits = 0.0
+    load_bytes = 0.0
+    local = 0.0
+    parts = [(lp.own, ex[lp.index], True) for lp in lps] + [(outside, 1.0, False)]
+    for instrs, times, steady in parts:
+        b = S.load_batches(instrs, steady_state=steady)
+        waits += b.waits * times
+        load_bytes += b.bytes * times
+        ms = S.mem_summary(instrs)
+        local += (ms.get("local_load", {}).get("bytes", 0) + ms.get("local_store", {}).get("bytes", 0)) * times
+    warps = total_blocks * math.ceil(threads / gpu.warp)
+    lane_instr = dyn * warps * gpu.warp
+    batch = load_bytes / waits if waits else 0.0
+    resident = k * threads
+    in_flight = batch * resident
+    local_bytes = local * total_blocks * threads
+    moved = launch.bytes + local_bytes
+    read = launch.read_bytes if launch.read_bytes is not None else launch.bytes / 2
+    t_dram = moved / gpu.copy_bw
+    t_issue = lane_instr / (gpu.issue_rate * sms_used / gpu.sms)
+    t_lat = read / (in_flight * sms_used / gpu.latency_s) if in_flight > 0 else 0.0
+    bounds = {"dram": t_dram, "issue": t_issue, "latency": t_lat}
+    bound = max(bounds, key=bounds.get)
+    time = bounds[bound] / weff + gpu.launch_s
+    return LaunchEstimate(
+        launch.label or fn.name,
+        fn.name,
+        tuple(launch.grid),
+        tuple(launch.block),
+        launch.elements,
+        regs,
+        occ.blocks_per_sm,
+        resident,
+        dyn,
+        lane_instr,
+        waits,
+        batch,
+        in_flight,
+        weff,
+        launch.bytes,
+        read,
+        local_bytes,
+        t_dram,
+        t_issue,
+        t_lat,
+        time,
+        bound,
+    )
+
+
+def estimate(
+    launches: Sequence[Union[KernelLaunch, OpaqueLaunch]], ideal_bytes: int, elements: int, gpu: GPU = H200
+) -> Estimate:
+    """The model's estimate for an op made of `launches` (run in order on one stream)."""
+    les: list[LaunchEstimate] = []
+    opaque: list[dict] = []
+    for launch in launches:
+        if isinstance(launch, OpaqueLaunch):
+            t = launch.bytes / (gpu.copy_bw * launch.efficiency) + gpu.launch_s
+            opaque.append({"label": launch.label, "bytes": launch.bytes, "time": t})
+        else:
+            les.append(estimate_launch(launch, gpu))
+    total = sum(le.time for le in les) + sum(o["time"] for o in opaque)
+    ideal_t = ideal_bytes / gpu.copy_bw
+    main = max(les, key=lambda le: le.time) if les else None
+    return Estimate(ideal_t / total if total > 0 else 0.0, ideal_bytes, elements, les, opaque, main)
+
+
+def instruction_budget(ideal_bytes: int, elements: int, gpu: GPU = H200) -> float:
+    """Lane-instructions per element that the GPU can issue in the time a copy of the ideal bytes takes."""
+    return gpu.issue_rate * (ideal_bytes / gpu.copy_bw) / elements
+
+
+def latency_need(read_bytes: float, total_bytes: float, fraction: float, gpu: GPU = H200) -> float:
+    """Bytes of loads in flight per SM that reaching `fraction` of copy bandwidth needs (Little's law)."""
+    return gpu.copy_bw * fraction * (read_bytes / total_bytes) / gpu.sms * gpu.latency_s
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# gpuopt's table, the calibration, the gates
+FLOORS = {  # (op, direction) -> the estimate every row must reach
+    ("layer_norm_dropout_relu", "forward"): 0.88,
+    ("layer_norm_dropout_relu", "backward"): 0.82,
+    ("bias_relu", "forward"): 0.88,
+    ("bias_relu", "backward"): 0.88,
+}
+INSTR_SHARE = 0.85  # instructions per element must stay within this share of the issue budget
+MIN_WAVE_EFFICIENCY = 0.95
+CALIBRATION_BOUND = 0.15  # |model - published| per calibration row, as fractions of peak
+RANK_GAP = 0.05  # published pairs at least this far apart must be ranked alike by the model
+
+
+@dataclass
+class Row:
+    op: str
+    direction: str
+    backend: str
+    dtype: str
+    N: int
+    kernel: str
+    estimate: float
+    instr_per_elem: float
+    instr_budget: float
+    bytes_in_flight_per_sm: float
+    latency_need: float
+    blocks_per_sm: int
+    wave_efficiency: float
+    bytes_ratio: float
+    bound: str
+    launches: list[dict] = field(default_factory=list)
+
+    def json(self) -> dict:
+        return asdict(self)
+
+
+def row_of(op: str, direction: str, backend: str, dtype: str, n: int, est: Estimate, gpu: GPU = H200) -> Row:
+    main = est.main
+    floor = FLOORS[(op, direction)]
+    need = latency_need(main.read_bytes, main.bytes, floor, gpu) if main else 0.0
+    return Row(
+        op,
+        direction,
+        backend,
+        dtype,
+        n,
+        _short(main.label if main else ""),
+        est.estimate,
+        est.instr_per_elem,
+        instruction_budget(est.ideal_bytes, est.elements, gpu),
+        main.bytes_in_flight_per_sm if main else 0.0,
+        need,
+        main.blocks_per_sm if main else 0,
+        min((le.wave_efficiency for le in est.launches if le.elements > 0), default=1.0),
+        est.bytes_ratio,
+        main.bound if main else "",
+        [
+            {
+                "kernel": _short(le.label),
+                "grid": list(le.grid),
+                "block": list(le.block),
+                "regs": le.regs,
+                "blocks_per_sm": le.blocks_per_sm,
+                "instr_per_thread": round(le.instr_per_thread, 1),
+                "waits_per_thread": round(le.load_waits_per_thread, 2),
+                "batch_bytes": round(le.batch_bytes, 1),
+                "bytes_in_flight_per_sm": round(le.bytes_in_flight_per_sm),
+                "wave_efficiency": round(le.wave_efficiency, 4),
+                "time_us": round(le.time * 1e6, 2),
+                "bound": le.bound,
+            }
+            for le in est.launches
+        ],
+    )
+
+
+def _short(label: str) -> str:
+    return label.replace("__nv_bfloat16", "bf16").replace("__half", "fp16")
+
+
+def gpuopt_rows(
+    so_path=None,
+    backends: Sequence[str] = ("cuda", "triton"),
+    dtypes: Sequence[str] = ("bf16", "fp16", "fp32"),
+    ns: Optional[Sequence[int]] = None,
+    ops: Optional[Sequence[str]] = None,
+    gpu: GPU = H200,
+    jobs: int = 1,
+) -> list[Row]:
+    """The model's row for every gpuopt case."""
+    from tools import roofline_gpuopt as G
+
+    ns = tuple(ns or G.NS)
+    ops = tuple(ops or G.OPS)
+    rows: list[Row] = []
+    code = None
+    if "cuda" in backends:
+        code = G.CudaCode(so_path or CR.find_installed_extension())
+    triton_cases = {}
+    if "triton" in backends:
+        cases = [(op, d, dt, n) for op in ops for d in G.DIRECTIONS for dt in dtypes for n in ns]
+        triton_cases = G.triton_cases(cases, gpu.sms, jobs=jobs)
+    for op in ops:
+        for direction in G.DIRECTIONS:
+            for dtype in dtypes:
+                for n in ns:
+                    ideal = G.ideal_bytes(op, direction, dtype, n)
+                    for backend in backends:
+                        if backend == "cuda":
+                            launches = G.cuda_launches(code, op, direction, dtype, n, gpu.sms)
+                        else:
+                            launches = triton_cases[(op, direction, dtype, n)]
+                        est = estimate(launches, ideal, G.ELEMENTS, gpu)
+                        rows.append(row_of(op, direction, backend, dtype, n, est, gpu))
+    return rows
+
+
+def calibration_rows(gpu: GPU = H100) -> list[dict]:
+    """The model on peers' kernels beside their published measurements (fractions of `gpu`'s peak)."""
+    from tools import roofline_peers as P
+
+    out = []
+    for pub, launches in P.calibration_launches():
+        ideal = pub["bytes"]
+        est = estimate(launches, ideal, pub["elements"], gpu)
+        model = est.estimate * gpu.copy_fraction  # of peak
+        out.append(
+            {
+                "kernel": pub["kernel"],
+                "shape": pub["shape"],
+                "gpu": pub["gpu"],
+                "direction": pub.get("direction", ""),
+                "model": round(model, 3),
+                "published": round(pub["published"], 3),
+                "delta": round(model - pub["published"], 3),
+                "bound": est.main.bound if est.main else "",
+                "source": pub["source"],
+            }
+        )
+    return out
+
+
+def gate_failures(rows: Sequence[Row]) -> list[str]:
+    """What the CI gates reject: a row under its floor, a partial second wave, too many instructions per element,
+    too few bytes in flight."""
+    bad = []
+    for r in rows:
+        where = f"{r.backend} {r.op} {r.direction} {r.dtype} N={r.N} ({r.kernel})"
+        floor = FLOORS[(r.op, r.direction)]
+        if r.estimate < floor:
+            bad.append(f"{where}: estimate {r.estimate:.3f} < {floor}")
+        if r.wave_efficiency < MIN_WAVE_EFFICIENCY:
+            bad.append(f"{where}: wave efficiency {r.wave_efficiency:.3f} < {MIN_WAVE_EFFICIENCY}")
+        if r.instr_per_elem > INSTR_SHARE * r.instr_budget:
+            bad.append(f"{where}: {r.instr_per_elem:.1f} instructions/element > {INSTR_SHARE} x {r.instr_budget:.1f}")
+        if r.bytes_in_flight_per_sm < r.latency_need:
+            bad.append(f"{where}: {r.bytes_in_flight_per_sm:.0f} B in flight per SM < {r.latency_need:.0f} needed")
+    return bad
+
+
+def calibration_failures(cal: Sequence[dict]) -> list[str]:
+    bad = []
+    for c in cal:
+        if abs(c["delta"]) > CALIBRATION_BOUND:
+            bad.append(f"{c['kernel']} {c['direction']} {c['shape']}: model {c['model']} vs published {c['published']}")
+    for a in cal:
+        for b in cal:
+            if a["published"] - b["published"] >= RANK_GAP and not a["model"] > b["model"]:
+                bad.append(
+                    f"rank: {a['kernel']} {a['direction']} {a['shape']} (published {a['published']}, model "
+                    f"{a['model']}) should be above {b['kernel']} {b['direction']} {b['shape']} (published "
+                    f"{b['published']}, model {b['model']})"
+                )
+    return bad
+
+
+def markdown(rows: Sequence[Row]) -> str:
+    head = (
+        "| backend | op | dir | dtype | N | main kernel | estimate | instr/elem (budget) | in flight/SM (need) | "
+        "blocks/SM | wave eff. | bytes ratio | bound |"
+    )
+    lines = [head, "|" + "---|" * 13]
+    for r in rows:
+        lines.append(
+            f"| {r.backend} | {r.op} | {r.direction} | {r.dtype} | {r.N} | {r.kernel} | {r.estimate:.2f} | "
+            f"{r.instr_per_elem:.1f} ({r.instr_budget:.0f}) | {r.bytes_in_flight_per_sm / 1024:.1f} KB "
+            f"({r.latency_need / 1024:.1f}) | {r.blocks_per_sm} | {r.wave_efficiency:.3f} | {r.bytes_ratio:.3f} | "
+            f"{r.bound} |"
+        )
+    return "\n".join(lines)
+
+
+def calibration_markdown(cal: Sequence[dict], gpu: GPU = H100) -> str:
+    lines = [
+        f"Calibration on {gpu.name} ({gpu.peak_bw / 1e12:.2f} TB/s peak; the model assumes copy = "
+        f"{gpu.copy_fraction:.2f} x peak). Fractions of peak; model = estimate x copy fraction.",
+        "",
+        "| kernel | direction | shape | model | published | model - published | bound | source |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cal:
+        lines.append(
+            f"| {c['kernel']} | {c['direction']} | {c['shape']} | {c['model']:.3f} | {c['published']:.3f} | "
+            f"{c['delta']:+.3f} | {c['bound']} | {c['source']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.roofline", description=__doc__.split("\n\n")[0])
+    ap.add_argument("so", nargs="?", help="the built extension (default: the installed gpuopt_ops/_C*.so)")
+    ap.add_argument("--backend", default="cuda,triton")
+    ap.add_argument("--dtype", default="bf16,fp16,fp32")
+    ap.add_argument("--n", default=None, help="comma-separated row lengths (default: 768 ... 16384)")
+    ap.add_argument("--op", default=None, help="layer_norm_dropout_relu and/or bias_relu")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of markdown")
+    ap.add_argument("--no-calibration", action="store_true")
+    ap.add_argument("--gate", action="store_true", help="exit 1 when a row or the calibration fails its gate")
+    ap.add_argument("--jobs", type=int, default=max(1, min(8, os.cpu_count() or 1)))
+    a = ap.parse_args(argv)
+    try:
+        rows = gpuopt_rows(
+            a.so,
+            tuple(a.backend.split(",")),
+            tuple(a.dtype.split(",")),
+            tuple(int(x) for x in a.n.split(",")) if a.n else None,
+            tuple(a.op.split(",")) if a.op else None,
+            jobs=a.jobs,
+        )
+        cal = [] if a.no_calibration else calibration_rows()
+    except CR.ToolError as e:
+        print(f"tools.roofline: {e}", file=sys.stderr)
+        return 2
+    fails = gate_failures(rows) + calibration_failures(cal)
+    if a.json:
+        json.dump(
+            {
+                "gpu": asdict(H200),
+                "rows": [r.json() for r in rows],
+                "calibration": cal,
+                "failures": fails,
+            },
+            sys.stdout,
+            indent=1,
+        )
+        print()
+    else:
+        print(
+            f"Estimated fraction of copy bandwidth on {H200.name} ({H200.sms} SMs, {H200.peak_bw / 1e12:.1f} TB/s "
+            f"peak, copy = {H200.copy_fraction:.2f} x peak), M x N = 64M. Estimates, not measurements.\n"
+        )
+        print(markdown(rows))
+        if cal:
+            print()
+            print(calibration_markdown(cal))
+        if fails:
+            print(f"\n{len(fails)} gate failure(s):")
+            for f in fails:
+                print("  " + f)
+    return 1 if (a.gate and fails) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

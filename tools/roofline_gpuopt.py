@@ -1,0 +1,423 @@
+"""The launches gpuopt's ops make, for the performance model (tools.roofline).
+
+CUDA: the planners of csrc/cuda/launch_config.h and the kernel choice of csrc/cuda/launch.cuh, mirrored here
+(tests/test_roofline.py checks the mirror against the launches the CUDA source itself makes under the
+emulator), with each kernel's occupancy from the registers and shared memory of the built extension.
+Triton: the real launchers of gpuopt_ops.triton_kernels run on meta tensors (tools.triton_resources records
+their launches) and each launch is compiled for sm_90.
+
+Each case returns the launches in order, the op's ideal bytes (every input read once, every output written
+once) and its element count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from tools import cuda_resources as CR
+from tools.roofline import KernelLaunch, structural_trips
+
+OPS = ("layer_norm_dropout_relu", "bias_relu")
+DIRECTIONS = ("forward", "backward")
+DTYPES = ("bf16", "fp16", "fp32")
+NS = (768, 1024, 2048, 4096, 8192, 12288, 16384)
+ELEMENTS = 64 * 1024 * 1024  # M * N of every case
+ELEM = {"bf16": 2, "fp16": 2, "fp32": 4}
+CUDA_TYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
+ACC = 4  # fp32 accumulation for the 16- and 32-bit dtypes
+
+
+def rows_of(n: int) -> int:
+    return ELEMENTS // n
+
+
+def ideal_bytes(op: str, direction: str, dtype: str, n: int, m: Optional[int] = None) -> int:
+    m = rows_of(n) if m is None else m
+    e = ELEM[dtype]
+    if op == "layer_norm_dropout_relu":
+        if direction == "forward":  # x in, out, mean and rstd out, weight and bias in
+            return 2 * m * n * e + 2 * m * ACC + 2 * n * e
+        return 3 * m * n * e + 2 * m * ACC + 4 * n * e  # dy, x in, dx out, mean, rstd in, w, b in, dw, db out
+    if direction == "forward":
+        return 2 * m * n * e + n * e
+    return 3 * m * n * e + n * ACC  # dy, out in, dx out, dbias out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CUDA: the planners of launch_config.h
+GROUP = 8
+WARP = 32
+MAX_GRID_Y = 65535
+LOOPED_THREADS = 512
+TILED_THREADS = 256
+COLUMN_SUM_TILE = 32
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def ldr_rows_forward_max_threads(vpt: int, elem: int) -> int:
+    return 128 if vpt < 4 else (512 if elem <= 4 else 128)
+
+
+def ldr_rows_backward_max_threads(vpt: int, elem: int) -> int:
+    return 128 if vpt < 2 or elem == 8 else 512
+
+
+@dataclass
+class RowsPlan:
+    rows: bool = False
+    vpt: int = 0
+    threads_x: int = 0
+    rows_per_block: int = 1
+    max_threads: int = 0
+    blocks_needed: int = 0
+
+
+def plan_ldr_rows(m: int, n: int, elem: int, backward: bool) -> RowsPlan:
+    groups = _cdiv(n, GROUP)
+    max_vpt = 2 if backward else 4
+
+    def bound(vpt: int) -> int:
+        return ldr_rows_backward_max_threads(vpt, elem) if backward else ldr_rows_forward_max_threads(vpt, elem)
+
+    p = RowsPlan()
+    if groups <= WARP * max_vpt:
+        need = _cdiv(groups, WARP)
+        p.vpt = 1 if need <= 1 else (2 if need <= 2 else 4)
+        p.threads_x = WARP
+        p.rows_per_block = 4
+    else:
+        p.vpt = max_vpt
+        p.threads_x = min(_cdiv(_cdiv(groups, max_vpt), WARP) * WARP, 1 << 20)
+        p.rows_per_block = 1
+        if p.threads_x > bound(max_vpt):
+            return RowsPlan()
+    p.rows = True
+    p.max_threads = bound(p.vpt)
+    p.blocks_needed = _cdiv(m, p.rows_per_block)
+    return p
+
+
+def persistent_grid(blocks_needed: int, blocks_per_sm: int, sm_count: int) -> int:
+    return max(1, min(blocks_needed, max(blocks_per_sm, 1) * max(sm_count, 1)))
+
+
+@dataclass
+class TilePlan:
+    tx: int
+    ty: int
+    col_tiles: int
+    row_blocks: int
+
+
+def plan_tiled(m: int, n: int, resident: int) -> TilePlan:
+    groups = _cdiv(n, GROUP)
+    tx = 1
+    while tx < WARP and tx < groups:
+        tx *= 2
+    ty = TILED_THREADS // tx
+    col_tiles = _cdiv(groups, tx)
+    steps = max(1, _cdiv(m, ty))
+    row_blocks = max(1, min(_cdiv(max(resident, 1), col_tiles), steps, MAX_GRID_Y))
+    return TilePlan(tx, ty, col_tiles, row_blocks)
+
+
+def partial_stride(n: int) -> int:
+    return _cdiv(n, GROUP) * GROUP
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CUDA: kernels of the built extension
+class CudaCode:
+    """The sm_90 kernels of one built extension: symbol and resources per kernel name."""
+
+    def __init__(self, so_path):
+        self.path = so_path
+        _, rows = CR.analyze(so_path, arch="sm_90")
+        self.rows = {r.kernel: r for r in rows if r.kind == "kernel"}
+
+    def kernel(self, short: str) -> CR.Row:
+        if short not in self.rows:
+            close = [k for k in self.rows if k.split("<")[0] == short.split("<")[0]]
+            raise CR.ToolError(f"no kernel {short} in {self.path}; the build has: {close}")
+        return self.rows[short]
+
+    def blocks_per_sm(self, short: str, threads: int) -> int:
+        r = self.kernel(short)
+        return CR.occupancy(r.regs, threads, static_shared=r.shared).blocks_per_sm
+
+    def launch(self, short: str, grid, block, **kw) -> KernelLaunch:
+        r = self.kernel(short)
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        block = tuple(block) + (1,) * (3 - len(block))
+        return KernelLaunch(self.path, r.mangled, grid, block, regs=r.regs, shared=r.shared, label=short, **kw)
+
+
+def cuda_launches(
+    code: CudaCode, op: str, direction: str, dtype: str, n: int, sms: int = 132, m: Optional[int] = None
+) -> list[KernelLaunch]:
+    """The launches of csrc/cuda/launch.cuh for a contiguous (M, N) input (M = 64M / N by default), weight and
+    bias of x's dtype, p > 0. `code` gives each kernel's blocks per SM and builds the launch (CudaCode)."""
+    m = rows_of(n) if m is None else m
+    e = ELEM[dtype]
+    s = CUDA_TYPE[dtype]
+    mn = m * n
+    ldp = partial_stride(n)
+    out: list[KernelLaunch] = []
+
+    def column_sums(g: int, sums: int, out_elem: int) -> None:
+        name = f"column_sum_kernel<float, {s if out_elem == e else 'float'}>"
+        tiles = _cdiv(n, COLUMN_SUM_TILE)
+        out.append(
+            code.launch(
+                name,
+                (tiles, sums),
+                (COLUMN_SUM_TILE, COLUMN_SUM_TILE),
+                elements=0,
+                bytes=sums * (g * ldp * ACC + n * out_elem),
+                read_bytes=sums * g * ldp * ACC,
+                trips=structural_trips(g / COLUMN_SUM_TILE),
+            )
+        )
+
+    if op == "layer_norm_dropout_relu":
+        plan = plan_ldr_rows(m, n, e, backward=direction == "backward")
+        if direction == "forward":
+            if plan.rows:
+                name = f"ldr_forward_rows_kernel<{s}, {s}, float, {plan.vpt}>"
+                threads = plan.threads_x * plan.rows_per_block
+                g = persistent_grid(plan.blocks_needed, code.blocks_per_sm(name, threads), sms)
+                out.append(
+                    code.launch(
+                        name,
+                        (g,),
+                        (plan.threads_x, plan.rows_per_block),
+                        elements=mn,
+                        bytes=2 * mn * e + 2 * m * ACC + 2 * n * e,
+                        read_bytes=mn * e + 2 * n * e,
+                        stride_units=plan.blocks_needed,
+                        trips=structural_trips(plan.blocks_needed / g),
+                    )
+                )
+            else:
+                name = f"ldr_forward_looped_kernel<{s}, {s}, float>"
+                g = persistent_grid(m, code.blocks_per_sm(name, LOOPED_THREADS), sms)
+                out.append(
+                    code.launch(
+                        name,
+                        (g,),
+                        (LOOPED_THREADS,),
+                        elements=mn,
+                        bytes=4 * mn * e + 2 * m * ACC + 2 * n * e,  # x read three times
+                        read_bytes=3 * mn * e + 2 * n * e,
+                        stride_units=m,
+                        trips=structural_trips(m / g, _cdiv(_cdiv(n, GROUP), LOOPED_THREADS)),
+                    )
+                )
+            return out
+        if plan.rows:
+            name = f"ldr_backward_rows_kernel<{s}, {s}, float, {plan.vpt}>"
+            threads = plan.threads_x * plan.rows_per_block
+            g = persistent_grid(plan.blocks_needed, code.blocks_per_sm(name, threads), sms)
+            out.append(
+                code.launch(
+                    name,
+                    (g,),
+                    (plan.threads_x, plan.rows_per_block),
+                    elements=mn,
+                    bytes=3 * mn * e + 2 * m * ACC + 2 * n * e + 2 * g * ldp * ACC,
+                    read_bytes=2 * mn * e + 2 * m * ACC + 2 * n * e,
+                    stride_units=plan.blocks_needed,
+                    trips=structural_trips(plan.blocks_needed / g),
+                )
+            )
+        else:
+            stats = f"ldr_backward_row_stats_kernel<{s}, {s}, float>"
+            sg = persistent_grid(m, code.blocks_per_sm(stats, LOOPED_THREADS), sms)
+            tiled = f"ldr_backward_tiled_kernel<{s}, {s}, float>"
+            t = plan_tiled(m, n, code.blocks_per_sm(tiled, TILED_THREADS) * sms)
+            g = t.row_blocks
+            out.append(
+                code.launch(
+                    stats,
+                    (sg,),
+                    (LOOPED_THREADS,),
+                    elements=mn,
+                    bytes=2 * mn * e + 4 * m * ACC + 2 * n * e,
+                    read_bytes=2 * mn * e + 2 * m * ACC + 2 * n * e,
+                    stride_units=m,
+                    trips=structural_trips(m / sg, _cdiv(_cdiv(n, GROUP), LOOPED_THREADS)),
+                )
+            )
+            steps = max(1, _cdiv(m, t.ty))
+            out.append(
+                code.launch(
+                    tiled,
+                    (t.col_tiles, t.row_blocks),
+                    (t.tx, t.ty),
+                    elements=mn,
+                    bytes=3 * mn * e + 4 * m * ACC + 2 * n * e + 2 * g * ldp * ACC,
+                    read_bytes=2 * mn * e + 4 * m * ACC + 2 * n * e,
+                    stride_units=steps,
+                    stride_axis=1,
+                    trips=structural_trips(steps / t.row_blocks),
+                )
+            )
+        column_sums(g, 2, e)
+        return out
+
+    # bias_relu
+    if direction == "forward":
+        name = f"bias_relu_forward_kernel<{s}, {s}>"
+        t = plan_tiled(m, n, code.blocks_per_sm(name, TILED_THREADS) * sms)
+        steps = max(1, _cdiv(m, t.ty))
+        out.append(
+            code.launch(
+                name,
+                (t.col_tiles, t.row_blocks),
+                (t.tx, t.ty),
+                elements=mn,
+                bytes=2 * mn * e + n * e,
+                read_bytes=mn * e + n * e,
+                stride_units=steps,
+                stride_axis=1,
+                trips=structural_trips(steps / t.row_blocks),
+            )
+        )
+        return out
+    name = f"bias_relu_backward_kernel<{s}>"
+    t = plan_tiled(m, n, code.blocks_per_sm(name, TILED_THREADS) * sms)
+    steps = max(1, _cdiv(m, t.ty))
+    out.append(
+        code.launch(
+            name,
+            (t.col_tiles, t.row_blocks),
+            (t.tx, t.ty),
+            elements=mn,
+            bytes=3 * mn * e + t.row_blocks * ldp * ACC,
+            read_bytes=2 * mn * e,
+            stride_units=steps,
+            stride_axis=1,
+            trips=structural_trips(steps / t.row_blocks),
+        )
+    )
+    column_sums(t.row_blocks, 1, ACC)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Triton: the real launchers on meta tensors, each launch compiled for sm_90
+# Per kernel: how its loops run. "rows": a persistent loop over row tiles (program axis `axis`), with chunk
+# loops of BLOCK_N columns inside it when BLOCK_N < N; "chunks": passes over one row's BLOCK_N-column chunks;
+# "partials": a loop over the G partial rows in BLOCK_G steps.
+TRITON_LOOPS = {
+    "ldr_fwd_fused_kernel": ("rows", 0),
+    "ldr_fwd_looped_kernel": ("chunks", 0),
+    "ldr_bwd_fused_kernel": ("rows", 0),
+    "ldr_bwd_row_coef_kernel": ("chunks", 0),
+    "ldr_bwd_chunk_kernel": ("rows", 1),
+    "sum_partials_kernel": ("partials", 0),
+    "bias_relu_fwd_kernel": ("rows", 0),
+    "bias_relu_bwd_kernel": ("rows", 1),
+}
+
+
+def _triton_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple[int, int]:
+    """(bytes, read bytes) each Triton kernel moves by its design."""
+    mn = m * n
+    params = n * e * (int(bool(a.get("HAS_W"))) + int(bool(a.get("HAS_B"))))
+    sums = int(bool(a.get("HAS_W"))) + int(bool(a.get("HAS_B")))
+    if kernel == "ldr_fwd_fused_kernel":
+        return 2 * mn * e + 2 * m * ACC + params, mn * e + params
+    if kernel == "ldr_fwd_looped_kernel":  # x read twice
+        return 3 * mn * e + 2 * m * ACC + params, 2 * mn * e + params
+    if kernel in ("ldr_bwd_fused_kernel", "ldr_bwd_chunk_kernel"):
+        groups = a["_grid"][0] if kernel == "ldr_bwd_fused_kernel" else a["_grid"][1]
+        stats = 2 * m * ACC if kernel == "ldr_bwd_fused_kernel" else 4 * m * ACC
+        partials = sums * groups * n * ACC
+        return 3 * mn * e + stats + params + partials, 2 * mn * e + stats + params
+    if kernel == "ldr_bwd_row_coef_kernel":
+        return 2 * mn * e + 4 * m * ACC + params, 2 * mn * e + 2 * m * ACC + params
+    if kernel == "sum_partials_kernel":
+        rows = int(a["P"].shape[0]) if hasattr(a.get("P"), "shape") and a["P"].dim() == 2 else 1
+        per = rows * n * ACC
+        return per + n * int(a["OUT"].element_size()), per
+    if kernel == "bias_relu_fwd_kernel":
+        return 2 * mn * e + n * e, mn * e + n * e
+    if kernel == "bias_relu_bwd_kernel":
+        return 3 * mn * e + a["_grid"][1] * n * ACC, 2 * mn * e
+    raise KeyError(f"tools.roofline_gpuopt: no byte declaration for the Triton kernel {kernel}; add one")
+
+
+def _triton_trips(kernel: str, a: dict, grid: tuple, m: int, n: int):
+    if kernel not in TRITON_LOOPS:
+        raise KeyError(f"tools.roofline_gpuopt: no loop description for the Triton kernel {kernel}; add one")
+    kind, axis = TRITON_LOOPS[kernel]
+    block_n = int(a.get("BLOCK_N", n))
+    chunks = _cdiv(n, block_n) if block_n < n else None
+    if kind == "rows":
+        tiles = _cdiv(m, int(a.get("BLOCK_M", 1)))
+        outer = tiles / grid[axis]
+        return structural_trips(outer, chunks, split_unrolled=False), (tiles if grid[axis] < tiles else None), axis
+    if kind == "chunks":
+        return structural_trips(float(_cdiv(n, block_n)), split_unrolled=False), None, 0
+    g = int(a["G"])
+    return structural_trips(float(_cdiv(g, int(a["BLOCK_G"]))), split_unrolled=False), None, 0
+
+
+_TRITON_OP = {
+    ("layer_norm_dropout_relu", "forward"): "ldr_fwd",
+    ("layer_norm_dropout_relu", "backward"): "ldr_bwd",
+    ("bias_relu", "forward"): "bias_relu_fwd",
+    ("bias_relu", "backward"): "bias_relu_bwd",
+}
+
+
+def triton_cases(cases, sms: int = 132, jobs: int = 1) -> dict[tuple, list[KernelLaunch]]:
+    """{(op, direction, dtype, N): the launches the Triton launcher makes for a contiguous (M, N) input with
+    weight and bias, p > 0}, each launch compiled for sm_90 as tools.triton_resources compiles them (all cases
+    recorded first, then compiled once each, `jobs` at a time)."""
+    import torch
+
+    from tools import triton_resources as TR
+
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    comp = TR.Compiler()
+    recorded = {}
+    for op, direction, dtype, n in cases:
+        recorded[(op, direction, dtype, n)] = TR.launches(
+            comp, _TRITON_OP[(op, direction)], tdt[dtype], n, sms, m=rows_of(n)
+        )
+    TR.compile_pending([comp], jobs=jobs)
+    out = {}
+    for (op, direction, dtype, n), launches in recorded.items():
+        m = rows_of(n)
+        out[(op, direction, dtype, n)] = [_triton_launch(comp, launch, m, n, dtype) for launch in launches]
+    return out
+
+
+def _triton_launch(comp, launch, m: int, n: int, dtype: str) -> KernelLaunch:
+    v = comp.variant(launch)
+    name = launch.kernel.__name__
+    args = dict(launch.args)
+    args["_grid"] = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
+    nbytes, read = _triton_bytes(name, args, m, n, ELEM[dtype])
+    trips, units, axis = _triton_trips(name, args, args["_grid"], m, n)
+    return KernelLaunch(
+        v.cubin,
+        v.name,
+        args["_grid"],
+        (32 * v.num_warps, 1, 1),
+        elements=0 if name == "sum_partials_kernel" else m * n,
+        bytes=nbytes,
+        read_bytes=read,
+        trips=trips,
+        stride_units=units,
+        stride_axis=axis,
+        regs=v.regs,
+        shared=v.shared,
+        label=name,
+    )
