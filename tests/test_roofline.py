@@ -50,7 +50,7 @@ def test_copy_kernel_reaches_copy_speed():
     """A full grid of 16-byte copies keeps 32 KB in flight per SM: DRAM-bound, only the launch cost lost."""
     est = R.estimate([copy_launch(132 * 8, 256)], 2 * M * 4, M)
     le = est.main
-    assert le.bound == "dram" and le.blocks_per_sm == 8
+    assert le.bound == "memory" and le.blocks_per_sm == 8
     assert le.batch_bytes == 16 and le.bytes_in_flight_per_sm == 16 * 2048
     t_dram = 2 * M * 4 / R.H200.copy_bw
     assert est.estimate == pytest.approx(t_dram / (t_dram + R.H200.launch_s))

@@ -53,7 +53,8 @@ from tools import sass as S
 class GPU:
     """What the model assumes of a GPU. copy_fraction: the share of peak DRAM bandwidth a plain device copy reaches
     (the yardstick the estimates are fractions of); latency_s: loaded global-memory latency; launch_s: the fixed
-    cost of one kernel in a stream (launch gap, first-wave ramp and last-wave drain)."""
+    cost of one kernel in a stream (launch gap, first-wave ramp and last-wave drain); l2_*: what serves re-reads
+    and atomics (see estimate_launch)."""
 
     name: str
     sms: int
@@ -64,6 +65,9 @@ class GPU:
     warp: int = 32
     latency_s: float = 1.0e-6
     launch_s: float = 3.0e-6
+    l2_bytes: float = 50e6
+    l2_usable: float = 0.5  # share of L2 that holds re-read data while a kernel streams
+    l2_bw_factor: float = 2.0  # L2 bandwidth / copy bandwidth
 
     @property
     def copy_bw(self) -> float:
@@ -95,6 +99,9 @@ class KernelLaunch:
     elements:   elements of the op this launch processes (M * N for a kernel that covers the tensor).
     bytes:      DRAM bytes the launch moves by its design (every tensor read or written, re-reads included).
     read_bytes: the part of `bytes` that is loads (the latency bound); default: half of `bytes`.
+    reread_bytes: the part of `bytes` that re-reads data this launch read before (a second pass over a row);
+                served by L2 when the data still fits there: reuse_unit_bytes is what one resident block touches
+                between a read and its re-read (a row), so resident blocks x reuse_unit_bytes must fit.
     trips:      trip counts (body executions per entry) per loop index of tools.sass.loops, or a callable
                 loops -> mapping; see `structural_trips`. Needed when the code has loops.
     stride_units / stride_axis: work split by a grid-stride loop: `stride_units` equal units (rows, row steps)
@@ -111,6 +118,8 @@ class KernelLaunch:
     elements: int
     bytes: int
     read_bytes: Optional[int] = None
+    reread_bytes: int = 0
+    reuse_unit_bytes: int = 0
     trips: Optional[Trips] = None
     stride_units: Optional[int] = None
     stride_axis: int = 0
@@ -257,6 +266,7 @@ class LaunchEstimate:
     bytes: int
     read_bytes: float
     local_bytes: float  # spill / local-array traffic added to `bytes`
+    l2_bytes: float  # re-reads served by L2, and atomics (read-modify-write at L2, counted twice)
     t_dram: float
     t_issue: float
     t_latency: float
@@ -280,6 +290,7 @@ class Estimate:
     @property
     def bytes_ratio(self) -> float:
         moved = sum(le.bytes + le.local_bytes for le in self.launches) + sum(o["bytes"] for o in self.opaque)
+        # bytes moved through DRAM or L2, re-reads and atomics included
         return moved / max(1, self.ideal_bytes)
 
     def time(self) -> float:
@@ -382,6 +393,7 @@ def estimate_launch(launch: KernelLaunch, gpu: GPU = H200) -> LaunchEstimate:
     waits = 0.0
     load_bytes = 0.0
     local = 0.0
+    atomic = 0.0
     parts = [(lp.own, ex[lp.index], True) for lp in lps] + [(outside, 1.0, False)]
     for instrs, times, steady in parts:
         b = S.load_batches(instrs, steady_state=steady)
@@ -389,18 +401,24 @@ def estimate_launch(launch: KernelLaunch, gpu: GPU = H200) -> LaunchEstimate:
         load_bytes += b.bytes * times
         ms = S.mem_summary(instrs)
         local += (ms.get("local_load", {}).get("bytes", 0) + ms.get("local_store", {}).get("bytes", 0)) * times
+        atomic += ms.get("global_atomic", {}).get("bytes", 0) * times
     warps = total_blocks * math.ceil(threads / gpu.warp)
     lane_instr = dyn * warps * gpu.warp
     batch = load_bytes / waits if waits else 0.0
     resident = k * threads
     in_flight = batch * resident
     local_bytes = local * total_blocks * threads
-    moved = launch.bytes + local_bytes
+    # re-reads hit L2 in the share of their working set (resident blocks x reuse unit) that fits its usable part
+    footprint = launch.reuse_unit_bytes * k * sms_used
+    fit = 1.0 if footprint <= 0 else min(1.0, gpu.l2_usable * gpu.l2_bytes / footprint)
+    hits = launch.reread_bytes * fit
+    l2 = hits + 2 * atomic * total_blocks * threads
+    moved = launch.bytes + local_bytes - hits
     read = launch.read_bytes if launch.read_bytes is not None else launch.bytes / 2
-    t_dram = moved / gpu.copy_bw
+    t_dram = moved / gpu.copy_bw + l2 / (gpu.copy_bw * gpu.l2_bw_factor)
     t_issue = lane_instr / (gpu.issue_rate * sms_used / gpu.sms)
     t_lat = read / (in_flight * sms_used / gpu.latency_s) if in_flight > 0 else 0.0
-    bounds = {"dram": t_dram, "issue": t_issue, "latency": t_lat}
+    bounds = {"memory": t_dram, "issue": t_issue, "latency": t_lat}
     bound = max(bounds, key=bounds.get)
     time = bounds[bound] / weff + gpu.launch_s
     return LaunchEstimate(
@@ -421,6 +439,7 @@ def estimate_launch(launch: KernelLaunch, gpu: GPU = H200) -> LaunchEstimate:
         launch.bytes,
         read,
         local_bytes,
+        l2,
         t_dram,
         t_issue,
         t_lat,
@@ -581,8 +600,9 @@ def calibration_rows(gpu: GPU = H100) -> list[dict]:
 
     out = []
     for pub, launches in P.calibration_launches():
-        ideal = pub["bytes"]
-        est = estimate(launches, ideal, pub["elements"], gpu)
+        m, n = pub["shape"]
+        ideal = P.published_bytes(pub["direction"], n, m)  # the bytes the published GB/s are computed from
+        est = estimate(launches, ideal, m * n, gpu)
         model = est.estimate * gpu.copy_fraction  # of peak
         out.append(
             {

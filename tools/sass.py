@@ -161,6 +161,10 @@ def _mem_width(base: str, mods: Sequence[str]) -> int:
             if k in mods[1:]:
                 return 4 * int(k)
         return 4
+    for mod in mods:  # vector atomics: ATOMG.E.ADD.F32x4 adds four floats
+        v = re.fullmatch(r"[FSUB]F?(\d+)x(\d+)", mod)
+        if v:
+            return int(v.group(1)) * int(v.group(2)) // 8
     for mod, width in (("256", 32), ("128", 16), ("64", 8), ("F64", 8), ("S64", 8), ("U64", 8)):
         if mod in mods:
             return width
