@@ -2,6 +2,10 @@
 efficiency, trip counts; then the gates on the built extension and the Triton kernels, and the calibration
 against peers' published measurements."""
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,3 +96,88 @@ def test_budget_and_need_yardsticks():
     assert 30 < R.instruction_budget(4 * M, M) < 34
     # reads are half the bytes: ~14 KB in flight per SM for 88 % of copy
     assert 13_000 < R.latency_need(1, 2, 0.88) < 15_000
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The gates, on the installed extension and the Triton kernels (one `python -m tools.roofline --json` run: Triton
+# compiles need a process without TRITON_INTERPRET, which conftest sets here)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="module")
+def model():
+    from tools import cuda_resources as CR
+
+    pytest.importorskip("triton.backends.nvidia")
+    try:
+        ext = CR.find_installed_extension()
+        CR.find_cuobjdump()
+    except CR.ToolError as e:
+        if _ci():
+            pytest.fail(f"CI=true but the model cannot read the build: {e}")
+        pytest.skip(str(e))
+    if not CR.has_device_code(ext):
+        pytest.skip(f"{ext.name} is a CPU-only build: no CUDA kernels to model")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    res = subprocess.run(
+        [sys.executable, "-m", "tools.roofline", str(ext), "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    return json.loads(res.stdout)
+
+
+def _fails(model, backend: str, what: str) -> list[str]:
+    rows = [R.Row(**r) for r in model["rows"] if r["backend"] == backend]
+    return [f for f in R.gate_failures(rows) if what in f]
+
+
+@pytest.mark.slow
+def test_model_covers_every_case(model):
+    keys = {(r["backend"], r["op"], r["direction"], r["dtype"], r["N"]) for r in model["rows"]}
+    want = {
+        (b, op, d, dt, n)
+        for b in ("cuda", "triton")
+        for op in ("layer_norm_dropout_relu", "bias_relu")
+        for d in ("forward", "backward")
+        for dt in ("bf16", "fp16", "fp32")
+        for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)
+    }
+    assert keys == want
+    for r in model["rows"]:
+        assert 0 < r["estimate"] <= 1 and 0 < r["wave_efficiency"] <= 1 and r["bytes_ratio"] >= 0.99, r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize(
+    "what", ["estimate", "wave efficiency", "instructions/element", "in flight per SM"], ids=lambda s: s.split()[0]
+)
+def test_gate(model, backend, what):
+    """Every row: the floor (forward 0.88, backward 0.82, bias-ReLU 0.88), no partial second wave (wave efficiency
+    >= 0.95), instructions per element <= 0.85 x the issue budget, bytes in flight >= what the floor needs."""
+    bad = _fails(model, backend, what)
+    assert not bad, f"{len(bad)} rows fail ({what}); python -m tools.roofline for the table:\n" + "\n".join(bad)
+
+
+@pytest.mark.slow
+def test_calibration_against_published_measurements(model):
+    """The model on peers' kernels lands within 0.15 of each published H100 figure and ranks them as measured."""
+    cal = model["calibration"]
+    assert {(c["kernel"], c["direction"]) for c in cal} == {
+        ("liger", "forward"),
+        ("liger", "backward"),
+        ("torch", "forward"),
+        ("torch", "backward"),
+    }
+    bad = R.calibration_failures(cal)
+    assert not bad, "\n".join(bad)

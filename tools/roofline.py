@@ -741,4 +741,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the imported module's main, so the classes here are the ones tools.roofline_peers uses
+    from tools import roofline as _this
+
+    sys.exit(_this.main())
