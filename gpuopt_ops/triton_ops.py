@@ -180,9 +180,9 @@ def _ldr_backward(
     _, n, param_dtype = V.check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p)
     x = x.contiguous()
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    # zeros, like the C++ op: M = 0 then gives zero parameter gradients
-    grad_w = torch.zeros((n,) if weight is not None else (0,), dtype=param_dtype, device=x.device)
-    grad_b = torch.zeros((n,) if bias is not None else (0,), dtype=param_dtype, device=x.device)
+    # the kernels write every element (the launcher zeroes them when M = 0: sums over no rows)
+    grad_w = torch.empty((n,) if weight is not None else (0,), dtype=param_dtype, device=x.device)
+    grad_b = torch.empty((n,) if bias is not None else (0,), dtype=param_dtype, device=x.device)
     if not _skip_launch(x, "layer_norm_dropout_relu_backward"):
         _LDR.launch_backward(
             grad_out.contiguous(),
@@ -216,7 +216,8 @@ def _bias_relu_backward(grad_out: torch.Tensor, out: torch.Tensor) -> tuple[torc
     _, n = V.check_bias_relu_backward(grad_out, out)
     out = out.contiguous()
     grad_x = torch.empty(out.shape, dtype=out.dtype, device=out.device)
-    grad_b = torch.zeros((n,), dtype=V.acc_dtype(out.dtype), device=out.device)  # unrounded sum, as the C++ op
+    # the unrounded sum, as the C++ op; every element is written (zeroed by the launcher when M = 0)
+    grad_b = torch.empty((n,), dtype=V.acc_dtype(out.dtype), device=out.device)
     if not _skip_launch(out, "bias_relu_backward"):
         _BR.launch_backward(grad_out.contiguous(), out, grad_x, grad_b, wrap=_WRAP)
     return grad_x, grad_b

@@ -276,13 +276,13 @@ def _agreement_params():
     """(backend, N) pairs for the comparison with the C++ CPU backend. On a GPU every path of both GPU backends:
     warp rows (37, 256, 768, 1024), block rows (4104: N % 8 == 0, not a power of two; 8192; 12288; 16384), looped
     (32768, 65536, 131072, and 1 / odd N). Under the interpreter the single-block and looped Triton paths are
-    covered by test_triton_paths below, so three small rows suffice."""
+    covered by the Triton tests below, so four small rows suffice (96: three chunks of 32 columns)."""
     gpu_ns = [1, 37, 256, 768, 1024, 4104, 8192, 12288, 16384, 32768, 65536, 131072]
     for p in backend_params("cuda", "triton"):
         for n in gpu_ns:
             yield pytest.param(p.values[0], n, marks=p.marks, id=f"{p.id}-{n}")
     for p in backend_params("triton-interpret"):
-        for n in (37, 64, 300):
+        for n in (37, 64, 96, 300):
             yield pytest.param(p.values[0], n, marks=p.marks, id=f"{p.id}-{n}")
 
 
@@ -422,11 +422,34 @@ def test_triton_real_long_row(backend):
     assert torch.equal(probe.cpu() != 0, R.dropout_keep_mask(2**40 + 1, 2, n, 0.1))
 
 
+@pytest.mark.parametrize("backend", TRITON)
+@pytest.mark.parametrize("m,n", [(300, 96), (70, 768)])  # 3 chunks of 32 / 256 columns; more tiles than programs
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d)[6:])
+def test_triton_three_chunk_rows_on_persistent_grids(backend, m, n, dtype):
+    """N = 3 x 2^k takes the single-block kernels with three chunks of N / 3 columns (no padded lanes), and the
+    persistent grids give each program several row tiles (8 programs under the interpreter): the reference, and
+    the mask bit for bit."""
+    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+
+    for cfg in (ldr_kernels.forward_config(n, dtype), ldr_kernels.backward_config(n, dtype)):
+        assert cfg.fused and cfg.chunks == 3 and cfg.block_n == n // 3
+        assert -(-m // cfg.block_m) > 8
+    sample = LDR.sample((m,), n, dtype, backend.device, p=0.2, seed=2**35 + 3)
+    check_against_reference(LDR, backend, sample)
+    w = sample.args["weight"]
+    probe = backend.op("layer_norm_dropout_relu")(
+        sample.args["x"], torch.zeros_like(w), torch.ones_like(w), sample.args["seed"], 0.2, EPS
+    )[0]
+    assert torch.equal(probe.cpu() != 0, R.dropout_keep_mask(2**35 + 3, m, n, 0.2))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dtype):
     """Launch planning (no GPU needed: meta tensors, launches recorded): N = 8192 takes the single-block
-    backward on SMs x resident programs per SM, 16384 the looped one; stage 2 has one program per 32 columns."""
+    backward on SMs x resident programs per SM (of the compiled kernel, or what `facts` reports), 16384 the
+    looped one; stage 2 is one launch with one program per 32 columns of dgamma and of dbeta."""
     pytest.importorskip("triton")
+    from gpuopt_ops.triton_kernels import common
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
 
     cfg = ldr_kernels.backward_config(8192, dtype)
@@ -443,7 +466,13 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
 
     m = 4096
     meta = lambda *s, dt=dtype: torch.empty(s, device="meta", dtype=dt)  # noqa: E731
-    for sms in (132, 78):
+    asked = []
+
+    def facts(kernel, args, kwargs):  # stands in for the compiled kernel: 64 registers, 2 per SM at 16 warps
+        asked.append((kernel.__name__, kwargs["num_warps"]))
+        return common.KernelFacts(64, 1024, kwargs["num_warps"])
+
+    for sms, hook, per_sm in ((132, None, 1), (78, None, 1), (132, facts, 2)):
         launched.clear()
         ldr_kernels.launch_backward(
             meta(m, 8192),
@@ -459,9 +488,12 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
             0.1,
             wrap=wrap,
             sm_count=sms,
+            facts=hook,
         )
-        assert launched[0] == ("ldr_bwd_fused_kernel", (sms * ldr_kernels.backward_programs_per_sm(cfg, dtype),))
-        assert launched[1:] == [("sum_partials_kernel", (8192 // 32,))] * 2
+        # without a compiled kernel to ask (meta tensors, no hook): the planning rule, PLANNING_REGS registers
+        assert per_sm == common.resident_programs_per_sm(common.KernelFacts(64 if hook else 128, 1024, 16))
+        assert launched == [("ldr_bwd_fused_kernel", (sms * per_sm,)), ("sum_partials_kernel", (8192 // 32, 2))]
+    assert asked == [("ldr_bwd_fused_kernel", 16)]
 
 
 class _GuardRecorder:

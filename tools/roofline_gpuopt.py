@@ -341,10 +341,9 @@ def _triton_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple[int, in
         return 3 * mn * e + stats + params + partials, 2 * mn * e + stats + params
     if kernel == "ldr_bwd_row_coef_kernel":
         return 2 * mn * e + 4 * m * ACC + params, 2 * mn * e + 2 * m * ACC + params
-    if kernel == "sum_partials_kernel":
-        rows = int(a["P"].shape[0]) if hasattr(a.get("P"), "shape") and a["P"].dim() == 2 else 1
-        per = rows * n * ACC
-        return per + n * int(a["OUT"].element_size()), per
+    if kernel == "sum_partials_kernel":  # grid (column blocks, 1 or 2 outputs): G partial rows each
+        sets, g = a["_grid"][1], int(a["G"])
+        return sets * (g * n * ACC + n * int(a["OUT"].element_size())), sets * g * n * ACC
     if kernel == "bias_relu_fwd_kernel":
         return 2 * mn * e + n * e, mn * e + n * e
     if kernel == "bias_relu_bwd_kernel":
@@ -386,11 +385,21 @@ def triton_cases(cases, sms: int = 132, jobs: int = 1) -> dict[tuple, list[Kerne
 
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     comp = TR.Compiler()
-    recorded = {}
-    for op, direction, dtype, n in cases:
-        recorded[(op, direction, dtype, n)] = TR.launches(
-            comp, _TRITON_OP[(op, direction)], tdt[dtype], n, sms, m=rows_of(n)
-        )
+
+    def record(facts: bool) -> dict:
+        return {
+            (op, direction, dtype, n): TR.launches(
+                comp, _TRITON_OP[(op, direction)], tdt[dtype], n, sms, m=rows_of(n), facts=facts
+            )
+            for op, direction, dtype, n in cases
+        }
+
+    # as on a GPU, the persistent grids come from the compiled kernels: a planning pass compiles every kernel,
+    # then the launchers run again with those facts (and what only they launch, stage 2 at the real G, compiles)
+    record(False)
+    TR.compile_pending([comp], jobs=jobs)
+    comp.launches.clear()
+    recorded = record(True)
     TR.compile_pending([comp], jobs=jobs)
     out = {}
     for (op, direction, dtype, n), launches in recorded.items():

@@ -15,12 +15,19 @@ chose, and the blocks per SM those registers/warps/shared memory allow (tools.cu
 registers and 64 warps per SM, 32 blocks per SM, 228 KiB shared per SM). All figures are compile-time facts; none
 is a measured speed.
 
+The persistent grids: on a GPU the launchers size them from the compiled kernel's own facts (n_regs, shared
+memory, warps; triton_kernels.common.programs_per_sm). Here the launchers get the same facts through their
+`facts=` hook from this sm_90 compile (a planning pass records every kernel, they compile in parallel, then the
+launchers run again and size their grids from the results), so the table's grids are the ones an H100/H200
+launch picks. The gate fails if the launchers' rule (common.resident_programs_per_sm) and the occupancy model
+above ever disagree.
+
 --checks adds two checks of what the interpreter (the only way the kernels run without a GPU) cannot see:
   unhinted   a few launches (single-block and looped paths, fp16/bf16/fp32/fp64, the 8-lane and the generic RNG,
-             no affine, p = 0, bias-ReLU) compiled WITHOUT the specialization attributes, as a launch on an
-             unaligned view or odd shape compiles (scalar loads): no spills, no stack frame. The fused N = 8192
-             backward is left out: unhinted it spills (308 B with triton 3.8); the table checks its hinted
-             variants, which a launch of N = 8192 on fresh (aligned) tensors compiles.
+             no affine, p = 0, 3-chunk rows, bias-ReLU) compiled WITHOUT the specialization attributes, as a
+             launch on an unaligned view or odd shape compiles (scalar loads): no spills, no stack frame. The
+             fused N = 8192 backward is left out: unhinted it spills (308 B with triton 3.8); the table checks
+             its hinted variants, which a launch of N = 8192 on fresh (aligned) tensors compiles.
   inductor   Inductor's TTIR mutation analysis (torch.compile's view of a user Triton kernel) on every kernel,
              with the arguments of a real launch with every feature on (weight, bias, dropout, 8-lane RNG): each
              kernel writes exactly its output pointers (otherwise torch.compile clones every input first).
@@ -92,6 +99,7 @@ class Variant:
     shared: int
     blocks_per_sm: int
     limited_by: str
+    launcher_blocks_per_sm: int = 0  # the launchers' rule (triton_kernels.common.resident_programs_per_sm)
     cubin: bytes = b""  # the sm_90 code (the performance model reads its SASS)
     name: str = ""  # the kernel's symbol in the cubin
 
@@ -111,6 +119,7 @@ class Row:
     limited_by: str
     programs_per_sm: float  # the launcher's grid / SM count (the grid's first axis times the others)
     stack: int = 0
+    launcher_blocks_per_sm: int = 0  # blocks/SM by the launchers' rule: must equal blocks_per_sm
 
 
 @dataclass
@@ -175,6 +184,18 @@ class Compiler:
         self.launches.append(launch)
         return launch
 
+    def facts(self, kernel, args, kwargs):
+        """The launchers' `facts` hook: the kernel's sm_90 compile (registers, shared memory, warps) with the
+        specialization of this launch, compiled now if it was not yet (the same key its launch then records)."""
+        _, _, C = _kernels()
+        launch = self.record(kernel, (1,), args, kwargs)
+        self.launches.pop()  # a query, not a launch
+        if launch.key not in self.cache:
+            job = self.pending.pop(launch.key)
+            self.cache[launch.key] = _variant(job, _compile(job))
+        v = self.cache[launch.key]
+        return C.KernelFacts(v.regs, v.shared, v.num_warps)
+
     def wrap(self, kernel):
         compiler = self
 
@@ -195,11 +216,15 @@ _JOBS: list[tuple] = []  # the compile jobs; forked workers inherit them (nothin
 
 
 def _compile_job(i: int) -> tuple[int, int, int, int, int, int, bytes, str]:
-    """Compiles _JOBS[i]; returns (registers, spill stores, spill loads, stack frame, shared bytes, num_warps,
+    return _compile(_JOBS[i])
+
+
+def _compile(job) -> tuple[int, int, int, int, int, int, bytes, str]:
+    """Compiles a job; returns (registers, spill stores, spill loads, stack frame, shared bytes, num_warps,
     cubin, kernel symbol)."""
     from triton import knobs
 
-    kernel, signature, constexprs, attrs, options = _JOBS[i][:5]
+    kernel, signature, constexprs, attrs, options = job[:5]
     log = io.StringIO()
     old = knobs.nvidia.dump_ptxas_log
     knobs.nvidia.dump_ptxas_log = True
@@ -246,27 +271,32 @@ def compile_pending(compilers: Sequence[Compiler], jobs: int = 1) -> None:
             results = [_compile_job(i) for i in range(len(order))]
     finally:
         _JOBS = []
-    done = {}
-    for key, (regs, st, ld, stack, shared, num_warps, cubin, name) in zip(order, results):
-        occ = occupancy(regs, 32 * num_warps, static_shared=shared)
-        done[key] = Variant(
-            keys[key][0].__name__,
-            num_warps,
-            keys[key][5],
-            regs,
-            st,
-            ld,
-            stack,
-            shared,
-            occ.blocks_per_sm,
-            "+".join(occ.limited_by),
-            cubin,
-            name,
-        )
+    done = {key: _variant(keys[key], result) for key, result in zip(order, results)}
     for c in compilers:
         for key in c.pending:
             c.cache[key] = done[key]
         c.pending.clear()
+
+
+def _variant(job, result) -> Variant:
+    _, _, C = _kernels()
+    regs, st, ld, stack, shared, num_warps, cubin, name = result
+    occ = occupancy(regs, 32 * num_warps, static_shared=shared)
+    return Variant(
+        job[0].__name__,
+        num_warps,
+        job[5],
+        regs,
+        st,
+        ld,
+        stack,
+        shared,
+        occ.blocks_per_sm,
+        "+".join(occ.limited_by),
+        C.resident_programs_per_sm(C.KernelFacts(regs, shared, num_warps)),
+        cubin,
+        name,
+    )
 
 
 def _meta(shape, dtype):
@@ -274,7 +304,7 @@ def _meta(shape, dtype):
 
 
 def _call_launcher(fn, *args, _sm_count: int, **kwargs):
-    return fn(*args, sm_count=_sm_count, **kwargs)  # tiling and grids: fixed rules on (N, dtype, SM count)
+    return fn(*args, sm_count=_sm_count, **kwargs)  # tiling and grids: fixed rules on (N, dtype, SM count, facts)
 
 
 def launches(
@@ -288,9 +318,12 @@ def launches(
     p: float = 0.1,
     affine: bool = True,
     max_fused_n: Optional[int] = None,
+    facts: bool = False,
 ) -> list[Launch]:
     """Runs one launcher on meta tensors; returns the launches it made (recorded in `compiler`, not compiled).
-    max_fused_n (ldr only) overrides the longest row of the single-block kernels, to reach the looped ones."""
+    max_fused_n (ldr only) overrides the longest row of the single-block kernels, to reach the looped ones.
+    facts: the persistent grids come from the compiled kernels (compiler.facts, as the launchers on a GPU take
+    them from the loaded kernel); otherwise from the launchers' planning rule, and nothing is compiled here."""
     L, BR, _ = _kernels()
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     pd = param_dtype or dtype
@@ -300,6 +333,7 @@ def launches(
     seed = _meta((1,), torch.int64)
     start = len(compiler.launches)
     fused = {} if max_fused_n is None else {"max_fused_n": max_fused_n}
+    hook = {"facts": compiler.facts} if facts else {}
     if op == "ldr_fwd":
         _call_launcher(
             L.launch_forward,
@@ -315,6 +349,7 @@ def launches(
             wrap=compiler.wrap,
             _sm_count=sm_count,
             **fused,
+            **hook,
         )
     elif op == "ldr_bwd":
         gw = _meta((n,), pd) if affine else None
@@ -334,10 +369,17 @@ def launches(
             wrap=compiler.wrap,
             _sm_count=sm_count,
             **fused,
+            **hook,
         )
     elif op == "bias_relu_fwd":
         _call_launcher(
-            BR.launch_forward, x, _meta((n,), pd), _meta((m, n), dtype), wrap=compiler.wrap, _sm_count=sm_count
+            BR.launch_forward,
+            x,
+            _meta((n,), pd),
+            _meta((m, n), dtype),
+            wrap=compiler.wrap,
+            _sm_count=sm_count,
+            **hook,
         )
     elif op == "bias_relu_bwd":
         _call_launcher(
@@ -348,6 +390,7 @@ def launches(
             _meta((n,), acc),
             wrap=compiler.wrap,
             _sm_count=sm_count,
+            **hook,
         )
     else:
         raise ValueError(op)
@@ -358,15 +401,36 @@ OPS = ("ldr_fwd", "ldr_bwd", "bias_relu_fwd", "bias_relu_bwd")
 
 
 def record_table(
-    compiler: Compiler, ns=NS, dtypes=DTYPES, ops=OPS, sm_count: int = DEFAULT_SM_COUNT, m: int = ROWS
+    compiler: Compiler,
+    ns=NS,
+    dtypes=DTYPES,
+    ops=OPS,
+    sm_count: int = DEFAULT_SM_COUNT,
+    m: int = ROWS,
+    facts: bool = False,
 ) -> list[tuple[str, torch.dtype, int, Launch]]:
     return [
         (op, dtype, n, launch)
         for op in ops
         for dtype in dtypes
         for n in ns
-        for launch in launches(compiler, op, dtype, n, sm_count, m)
+        for launch in launches(compiler, op, dtype, n, sm_count, m, facts=facts)
     ]
+
+
+def record_table_with_facts(
+    compiler: Compiler, jobs: int, others: Sequence[Compiler] = (), **kw
+) -> list[tuple[str, torch.dtype, int, Launch]]:
+    """The table's launches with the persistent grids the launchers choose from the compiled kernels' facts:
+    a planning pass records every kernel, all of them (and what `others` recorded) compile `jobs` at a time,
+    then the real pass asks compiler.facts (cached now) and records the launches; what only it launched
+    (stage 2 at the new G) compiles last."""
+    record_table(compiler, **kw)
+    compile_pending([compiler, *others], jobs)
+    compiler.launches.clear()
+    recorded = record_table(compiler, facts=True, **kw)
+    compile_pending([compiler], jobs)
+    return recorded
 
 
 def table_rows(compiler: Compiler, recorded, sm_count: int = DEFAULT_SM_COUNT) -> list[Row]:
@@ -391,6 +455,7 @@ def table_rows(compiler: Compiler, recorded, sm_count: int = DEFAULT_SM_COUNT) -
                 v.limited_by,
                 round(programs / sm_count, 2),
                 v.stack,
+                v.launcher_blocks_per_sm,
             )
         )
     return rows
@@ -406,8 +471,7 @@ def table(
     jobs: int = 1,
 ) -> list[Row]:
     compiler = compiler or Compiler()
-    recorded = record_table(compiler, ns, dtypes, ops, sm_count, m)
-    compile_pending([compiler], jobs)
+    recorded = record_table_with_facts(compiler, jobs, ns=ns, dtypes=dtypes, ops=ops, sm_count=sm_count, m=m)
     return table_rows(compiler, recorded, sm_count)
 
 
@@ -420,6 +484,11 @@ def failures(rows: list[Row]) -> list[str]:
             bad.append(f"{r.op} {r.dtype} N={r.n} {r.kernel}: shared {r.shared} B > {SHARED_LIMIT} B")
         if r.blocks_per_sm < 1:
             bad.append(f"{r.op} {r.dtype} N={r.n} {r.kernel}: does not fit an SM ({r.limited_by})")
+        if r.launcher_blocks_per_sm != r.blocks_per_sm:
+            bad.append(
+                f"{r.op} {r.dtype} N={r.n} {r.kernel}: the launchers' rule gives {r.launcher_blocks_per_sm} "
+                f"programs/SM, the occupancy model {r.blocks_per_sm}"
+            )
     return bad
 
 
@@ -438,6 +507,7 @@ UNHINTED_CASES = [
     ),
     ("fp64, looped, generic RNG", dict(m=2, n=65533, dtype=torch.float64)),
     ("p = 0: no RNG", dict(m=4, n=4096, dtype=torch.float32, p=0.0)),
+    ("3-chunk rows (N = 3 x 256)", dict(m=16, n=768, dtype=torch.float16)),
 ]
 UNHINTED_BIAS_RELU = [
     (
@@ -455,7 +525,7 @@ EXPECTED_WRITES = {
     "ldr_bwd_fused_kernel": {"DX", "PDW", "PDB"},
     "ldr_bwd_row_coef_kernel": {"C1", "C2"},
     "ldr_bwd_chunk_kernel": {"DX", "PDW", "PDB"},
-    "sum_partials_kernel": {"OUT"},
+    "sum_partials_kernel": {"OUT", "OUT2"},
     "bias_relu_fwd_kernel": {"OUT"},
     "bias_relu_bwd_kernel": {"DX", "PDB"},
 }
@@ -686,10 +756,9 @@ def main(argv=None) -> int:
     ns = (1024, 8192) if args.quick else NS
 
     compiler = Compiler()
-    recorded = record_table(compiler, ns=ns, sm_count=args.sm_count)
     unhinted_compiler = Compiler(hints=False)
     unhinted_recorded = record_unhinted(unhinted_compiler, args.sm_count) if args.checks else []
-    compile_pending([compiler, unhinted_compiler], args.jobs)
+    recorded = record_table_with_facts(compiler, args.jobs, [unhinted_compiler], ns=ns, sm_count=args.sm_count)
     rows = table_rows(compiler, recorded, args.sm_count)
     bad = failures(rows)
     unhinted, inductor = [], []

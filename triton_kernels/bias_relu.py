@@ -10,12 +10,13 @@ Tuning (from N on the host, no autotune):
 - Forward: 2-D grid (row tiles, column tiles), tile BLOCK_M x BLOCK_N with BLOCK_N = min(next_pow2(N), 1024)
   and BLOCK_M = clamp(4096 // BLOCK_N, 1, 64) (>= 4096 elements per program), num_warps from the tile
   (4096 elements -> 8 warps, 16 per thread).
-- Backward: grid (column tiles, G row groups), column tiles x G ~ SMs x resident programs per SM (a fixed
-  register budget, as the LayerNorm backward; 8 groups on the interpreter); program (c, g) walks row tiles
-  g, g + G, ... of column tile c, writes grad_x and accumulates dbias element-wise in a [BLOCK_M, BLOCK_N]
-  register tile reduced once at the end into a (G, N) fp32 partial buffer, which the parallel stage 2
-  ``sum_partials_kernel`` (one program per 32 columns) reduces in a fixed order. Deterministic: no float
-  atomics. Every launch runs under x's device.
+- Backward: grid (column tiles, G row groups), column tiles x G ~ SMs x resident programs per SM (from the
+  registers and shared memory of the compiled kernel, common.programs_per_sm; 8 groups on the interpreter);
+  program (c, g) walks row tiles g, g + G, ... of column tile c, writes grad_x and accumulates dbias
+  element-wise in a [BLOCK_M, BLOCK_N] register tile reduced once at the end into a (G, N) fp32 partial buffer,
+  which the parallel stage 2 ``sum_partials_kernel`` (one program per 32 columns) reduces in a fixed order.
+  Deterministic: no float atomics. Every launch runs under x's device. grad_x and grad_bias come in
+  uninitialised (torch.empty): every element is written (grad_bias zeroed here when M = 0).
 """
 
 from __future__ import annotations
@@ -32,10 +33,9 @@ from .common import (
     device_sm_count,
     launch_directly,
     launch_sum_partials,
-    num_row_groups,
     num_warps_for,
-    persistent_regs,
-    resident_programs_per_sm,
+    persistent_programs,
+    programs_per_sm,
     to_acc,
     to_out,
 )
@@ -85,9 +85,9 @@ def _tile(n: int):
     return block_m, block_n
 
 
-def launch_forward(x, bias, out, *, wrap=launch_directly, sm_count: Optional[int] = None) -> None:
-    """out = relu(x + bias) for contiguous x viewed as (M, N), under x's device (sm_count unused: one program per
-    tile)."""
+def launch_forward(x, bias, out, *, wrap=launch_directly, sm_count: Optional[int] = None, facts=None) -> None:
+    """out = relu(x + bias) for contiguous x viewed as (M, N), under x's device (sm_count and facts unused: one
+    program per tile)."""
     n = int(x.shape[-1])
     m = x.numel() // n
     if m == 0:
@@ -116,36 +116,28 @@ def backward_tile(n: int):
     return block_m, block_n, num_warps_for(block_m * block_n)
 
 
-def launch_backward(grad_out, out, grad_x, grad_b, *, wrap=launch_directly, sm_count: Optional[int] = None) -> None:
+def launch_backward(
+    grad_out, out, grad_x, grad_b, *, wrap=launch_directly, sm_count: Optional[int] = None, facts=None
+) -> None:
     """grad_x = grad_out * [out > 0] and grad_b = its column sums (grad_b in the accumulation dtype), contiguous
-    inputs, under out's device. The grid (column tiles x G row groups) holds about SMs x resident programs per SM
-    (sm_count: the device's, DEFAULT_SM_COUNT for meta tensors), so G, and the bits of grad_b, are fixed by
-    (shape, dtype, SM count)."""
+    inputs into uninitialised outputs, under out's device. The grid (column tiles x G row groups) holds SMs x the
+    resident programs per SM of the compiled kernel (common.programs_per_sm; sm_count: the device's,
+    DEFAULT_SM_COUNT for meta tensors), so G, and the bits of grad_b, are fixed by (shape, dtype, device)."""
     n = int(out.shape[-1])
     m = out.numel() // n
     if m == 0:
+        grad_b.zero_()  # a sum over no rows
         return
     is_fp64 = out.dtype == torch.float64
     block_m, block_n, warps = backward_tile(n)
     col_tiles = triton.cdiv(n, block_n)
     sms = sm_count if sm_count is not None else device_sm_count(out.device)
-    regs = persistent_regs(block_m * block_n // (32 * warps), out.element_size())
-    resident = sms * resident_programs_per_sm(warps, regs)
-    groups = num_row_groups(triton.cdiv(m, block_m), out.device, 1, max(1, resident // col_tiles))
     with device_guard(out.device):
-        partial = torch.empty((groups, n), dtype=torch.float64 if is_fp64 else torch.float32, device=out.device)
-        grid = (col_tiles, groups)
-        wrap(bias_relu_bwd_kernel)[grid](
-            grad_out,
-            out,
-            grad_x,
-            partial,
-            m,
-            n,
-            IS_FP64=is_fp64,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            RTNE_BF16=INTERPRETED,
-            num_warps=warps,
-        )
-        launch_sum_partials(partial, grad_b, groups, n, wrap=wrap)
+        partial = torch.empty((n,), dtype=torch.float64 if is_fp64 else torch.float32, device=out.device)
+        args = [grad_out, out, grad_x, partial, m, n]
+        kwargs = dict(IS_FP64=is_fp64, BLOCK_M=block_m, BLOCK_N=block_n, RTNE_BF16=INTERPRETED, num_warps=warps)
+        resident = sms * programs_per_sm(bias_relu_bwd_kernel, out.device, args, kwargs, facts)
+        groups = persistent_programs(triton.cdiv(m, block_m), out.device, 1, max(1, resident // col_tiles))
+        args[3] = partial = torch.empty((groups, n), dtype=partial.dtype, device=out.device)
+        wrap(bias_relu_bwd_kernel)[(col_tiles, groups)](*args, **kwargs)
+        launch_sum_partials(partial, (grad_b,), groups, n, wrap=wrap)

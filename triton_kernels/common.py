@@ -7,6 +7,7 @@ Pure ``@triton.jit`` code and plain-Python launch helpers; no torch.library here
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -42,21 +43,42 @@ def to_out(v, PTR, RTNE_BF16: tl.constexpr):
 
 
 @triton.jit
-def sum_partials_kernel(P, OUT, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr):
-    """OUT[j] = sum over g = 0 .. G-1 of P[g, j], in a fixed order (deterministic), cast to OUT's dtype.
+def sum_partials_kernel(
+    P,
+    OUT,
+    OUT2,
+    G,
+    N,
+    SLAB,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TWO: tl.constexpr,
+    RTNE_BF16: tl.constexpr,
+):
+    """OUT[j] = sum over g = 0 .. G-1 of P[g * N + j], in a fixed order (deterministic), cast to OUT's dtype; with
+    TWO also OUT2[j] from the (G, N) partial rows at P + SLAB (dgamma and dbeta share one launch).
 
-    Stage 2 of the column reductions: one program per BLOCK_N columns (many programs), each adding its columns
-    of BLOCK_G partial rows at a time element-wise into a [BLOCK_G, BLOCK_N] tile, reduced over rows once."""
+    Stage 2 of the column reductions: grid (column blocks, 1 or 2), each program adding its columns of BLOCK_G
+    partial rows at a time element-wise into a [BLOCK_G, BLOCK_N] tile, reduced over rows once."""
     col0 = tl.program_id(0) * BLOCK_N
+    which = tl.program_id(1)
     cols = col0 + tl.arange(0, BLOCK_N)
     cmask = cols < N
     gs = tl.arange(0, BLOCK_G)
+    src = P + which.to(tl.int64) * SLAB
     acc = tl.zeros([BLOCK_G, BLOCK_N], dtype=P.dtype.element_ty)
     for g0 in range(0, G, BLOCK_G):
         gg = (g0 + gs).to(tl.int64)
         m = (gg < G)[:, None] & cmask[None, :]
-        acc += tl.load(P + gg[:, None] * N + cols[None, :], mask=m, other=0.0)
-    tl.store(OUT + cols, to_out(tl.sum(acc, axis=0), OUT, RTNE_BF16), mask=cmask)
+        acc += tl.load(src + gg[:, None] * N + cols[None, :], mask=m, other=0.0)
+    total = tl.sum(acc, axis=0)
+    if TWO:
+        if which == 0:
+            tl.store(OUT + cols, to_out(total, OUT, RTNE_BF16), mask=cmask)
+        else:
+            tl.store(OUT2 + cols, to_out(total, OUT2, RTNE_BF16), mask=cmask)
+    else:
+        tl.store(OUT + cols, to_out(total, OUT, RTNE_BF16), mask=cmask)
 
 
 # ------------------------------------------------------------------------------------------- launch helpers
@@ -137,29 +159,84 @@ def device_guard(device: torch.device):
     return contextlib.nullcontext()
 
 
-def resident_programs_per_sm(num_warps: int, regs_per_thread: int) -> int:
-    """Blocks of num_warps warps at regs_per_thread registers that an sm_90 SM holds at once: 65536 registers
-    (allocated per thread in units of 8), 64 warps, 32 blocks per SM."""
-    regs = -(-regs_per_thread // 8) * 8
-    return max(1, min(32, 64 // num_warps, 65536 // (regs * 32 * num_warps)))
+@dataclass(frozen=True)
+class KernelFacts:
+    """What a compiled kernel uses per program: registers per thread, static shared memory (bytes), warps."""
+
+    regs: int
+    shared: int
+    num_warps: int
 
 
-# Register budget (per thread) the persistent grids are sized for. the Triton static gate compiles every
-# variant for sm_90 and checks that the real registers never need fewer programs per SM than this budget gives,
-# so the grid is one full wave: every program resident at once, no tail wave.
-# Measured (python -m tools.triton_resources, triton 3.6 and 3.8): 16-bit inputs at <= 8 elements per thread take
-# <= 73 registers (budget 80); fp32 inputs (up to 97) and 16 elements per thread (up to 128) are budgeted at 128.
-def persistent_regs(elems_per_thread: int, elem_bytes: int) -> int:
-    return 80 if elems_per_thread <= 8 and elem_bytes <= 2 else 128
+# One SM of sm_90 (H100/H200): 65536 registers allocated per warp in units of 256 (8 per thread), 64 warps,
+# 32 blocks, 228 KiB of shared memory with 1 KiB reserved per block, allocated in units of 128 B.
+# tools/triton_resources.py computes blocks/SM with tools.cuda_resources.occupancy and checks that it agrees.
+SM_REGS, SM_WARPS, SM_BLOCKS = 65536, 64, 32
+SM_SHARED, SM_SHARED_RESERVED, SM_SHARED_UNIT = 228 * 1024, 1024, 128
 
 
-def num_row_groups(num_tiles: int, device: torch.device, programs_per_sm: int = 2, sms: Optional[int] = None) -> int:
-    """Programs of a row-group reduction (one partial row each): SMs x programs_per_sm on CUDA and meta tensors
-    (sms defaults to device_sm_count(device)), INTERPRETER_ROW_GROUPS on the interpreter (CPU), at most num_tiles."""
+def resident_programs_per_sm(facts: KernelFacts) -> int:
+    """Programs of a kernel with these facts that one SM holds at once (at least 1)."""
+    regs = -(-max(1, facts.regs) // 8) * 8
+    shared = -(-(facts.shared + SM_SHARED_RESERVED) // SM_SHARED_UNIT) * SM_SHARED_UNIT
+    by_regs = SM_REGS // (regs * 32 * facts.num_warps)
+    return max(1, min(SM_BLOCKS, SM_WARPS // facts.num_warps, by_regs, SM_SHARED // shared))
+
+
+_FACTS: dict = {}
+
+
+def _spec(v):
+    """What of an argument the compiled code depends on: a tensor's dtype, an int's specialization (== 1,
+    divisible by 16, 32 or 64 bits), a float's type, a constexpr's value."""
+    if isinstance(v, torch.Tensor):
+        return v.dtype
+    if isinstance(v, bool) or not isinstance(v, int):
+        return v if not isinstance(v, float) else float
+    return (v == 1, v % 16 == 0, -(2**31) <= v < 2**31)
+
+
+def compiled_facts(kernel, device: torch.device, args, kwargs) -> Optional[KernelFacts]:
+    """The facts of `kernel` compiled for `device` as a launch with these arguments on fresh tensors compiles it
+    (every pointer 16-byte aligned): kernel.warmup(...) on the tensors' dtypes, then the loaded kernel's n_regs
+    and its metadata's shared memory. Cached per (kernel, device, specialization); fixed by the device and the
+    Triton version, never by timing or by the actual pointers. None where no compiled kernel can be asked
+    (meta or fake tensors without a GPU, the interpreter)."""
+    if INTERPRETED or device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    key = (kernel, idx, tuple(_spec(a) for a in args), tuple(sorted((k, _spec(v)) for k, v in kwargs.items())))
+    if key not in _FACTS:
+        dtypes = [a.dtype if isinstance(a, torch.Tensor) else a for a in args]  # warmup mocks dtypes as tensors
+        with torch.cuda.device(idx):
+            ck = kernel.warmup(*dtypes, grid=(1,), **kwargs)
+            ck._init_handles()
+        _FACTS[key] = KernelFacts(int(ck.n_regs), int(ck.metadata.shared), int(ck.metadata.num_warps))
+    return _FACTS[key]
+
+
+# Registers per thread assumed when no compiled kernel can be asked (meta or fake tensors without a GPU, e.g.
+# planning under torch.compile's tracing or the tests): nothing runs then, so only the printed grid depends on it.
+PLANNING_REGS = 128
+
+
+def programs_per_sm(kernel, device: torch.device, args, kwargs, facts=None) -> int:
+    """Resident programs per SM of a persistent kernel launched with (args, kwargs), from its compiled facts:
+    `facts(kernel, args, kwargs)` when given (tools/triton_resources.py passes the sm_90 compile), else
+    compiled_facts on x's device, else PLANNING_REGS registers and no shared memory."""
+    got = facts(kernel, args, kwargs) if facts is not None else compiled_facts(kernel, device, args, kwargs)
+    if got is None:
+        got = KernelFacts(PLANNING_REGS, 0, int(kwargs.get("num_warps", 4)))
+    return resident_programs_per_sm(got)
+
+
+def persistent_programs(num_tiles: int, device: torch.device, per_sm: int, sms: Optional[int] = None) -> int:
+    """Programs of a persistent grid: SMs x per_sm on CUDA and meta tensors (sms defaults to
+    device_sm_count(device)), INTERPRETER_ROW_GROUPS on the interpreter (CPU), at most num_tiles."""
     if device.type == "cpu":
         cap = INTERPRETER_ROW_GROUPS
     else:
-        cap = (sms if sms is not None else device_sm_count(device)) * programs_per_sm
+        cap = (sms if sms is not None else device_sm_count(device)) * per_sm
     return max(1, min(num_tiles, cap))
 
 
@@ -170,18 +247,37 @@ def launch_directly(kernel):
 
 
 def sum_partials_config(groups: int, n: int):
-    """Stage 2 tiling: BLOCK_N = 32 columns per program (cdiv(N, 32) programs: 24 at N = 768, 512 at 16384),
-    BLOCK_G = min(next_pow2(G), 64) partial rows per step, 4 warps. Fixed by (G, N): a fixed summation order."""
+    """Stage 2 tiling: BLOCK_N = 32 columns per program (cdiv(N, 32) programs per output: 24 at N = 768, 512 at
+    16384), BLOCK_G = min(next_pow2(G), 64) partial rows per step, 4 warps. Fixed by (G, N): a fixed summation
+    order."""
     block_n = min(32, triton.next_power_of_2(n))
     block_g = max(1, min(triton.next_power_of_2(groups), 64))
     return block_g, block_n, 4
 
 
-def launch_sum_partials(partial, out, groups: int, n: int, *, wrap=launch_directly) -> None:
-    """out[j] = sum over the G partial rows of partial[:, j] (fixed order), many programs over column blocks."""
+def partial_slab(groups: int, n: int) -> int:
+    """Elements between the (G, N) partial-row sets of one buffer: G x N rounded up to 4, so that every set
+    starts 16-byte aligned (the alignment the compiled kernels' facts assume)."""
+    return -(-(groups * n) // 4) * 4
+
+
+def launch_sum_partials(partial, outs, groups: int, n: int, *, wrap=launch_directly) -> None:
+    """outs[k][j] = sum over the G partial rows of set k of `partial` (sets partial_slab(G, N) elements apart) at
+    column j, in a fixed order, for the one or two outputs in `outs`: one launch, grid (column blocks,
+    len(outs))."""
     block_g, block_n, warps = sum_partials_config(groups, n)
-    grid = (triton.cdiv(n, block_n),)
-    with device_guard(out.device):
+    grid = (triton.cdiv(n, block_n), len(outs))
+    with device_guard(outs[0].device):
         wrap(sum_partials_kernel)[grid](
-            partial, out, groups, n, BLOCK_G=block_g, BLOCK_N=block_n, RTNE_BF16=INTERPRETED, num_warps=warps
+            partial,
+            outs[0],
+            outs[-1],
+            groups,
+            n,
+            partial_slab(groups, n),
+            BLOCK_G=block_g,
+            BLOCK_N=block_n,
+            TWO=len(outs) == 2,
+            RTNE_BF16=INTERPRETED,
+            num_warps=warps,
         )

@@ -24,29 +24,40 @@ gpuopt_ops/triton_ops.py). The math is that of csrc/fused_math.h, the dropout RN
 Tuning (chosen from N on the host; no autotune, which the interpreter would only slow down). The rule is a
 fixed number of elements per thread, num_warps = tile / (32 x per_thread) clamped to 1..16, with per_thread
 16 in the forward and 8 in the backward (halved for fp64). Checked with ptxas for sm_90 (compiled without a
-GPU with the specialization of a real launch: `python -m tools.triton_resources`,
-the static gate of the tests): no configuration spills, at most 128 registers per thread (backward N = 8192
-fp32: 16 warps, 128). Not yet timed on a GPU. Every launch runs under x's device (device_guard).
+GPU with the specialization of a real launch: `python -m tools.triton_resources`, the static gate of the
+tests): no configuration spills. Not yet timed on a GPU. Every launch runs under x's device (device_guard).
 
-- Forward, single-block path when N <= 8192 (4096 for fp64): BLOCK_N = next_power_of_2(N); several rows per
-  program, BLOCK_M = clamp(4096 // BLOCK_N, 1, 64), so a program moves >= 4096 elements (short rows do not
-  waste a program each). Statistics are exact two-pass (mean, then sum of squared deviations) on the rows
-  held in registers: x is read once.
+- Row chunks (single-block kernels): N = 3 x 2^k (768, 1536, 3072, 6144) is three chunks of N / 3 columns, so no
+  lane runs Philox and the math on padding (one padded BLOCK_N = 1024 at N = 768 wasted 25 %); BLOCK_M then grows
+  until every chunk still gives each thread a 4-element vector (2 for fp64). Other N: one chunk of
+  next_power_of_2(N).
+- Persistent grids: the single-block kernels and the backward chunk kernel run G = min(row tiles, SMs x resident
+  programs per SM) programs, program p taking row tiles p, p + G, ... The resident count comes from the compiled
+  kernel itself (common.programs_per_sm: on a GPU kernel.warmup for the device with 16-byte-aligned pointers, then
+  its n_regs, shared memory and warps; tools/triton_resources.py passes the same facts from its sm_90 compile), so
+  the grid is one full wave. 8 programs on the interpreter.
+- Forward, single-block path when N <= 8192 (4096 for fp64): BLOCK_M = clamp(4096 // next_power_of_2(N), 1, 64)
+  rows per tile. Per program: the dropout scale, 1/N and eps once; with several rows per tile (BLOCK_M > 1) the
+  weight and bias are loaded once and held across the loop (long rows load them per tile: holding them would
+  cost a resident program). Per tile: every chunk of x is loaded before the first reduction, statistics are
+  exact two-pass (mean, then sum of squared deviations) from registers: x is read once.
 - Forward, looped path for longer rows: one row per program, chunks of 4096 columns (2048 for fp64), 8 warps.
   Pass 1 merges the per-chunk (count, mean, M2) with Chan's formula (exact per chunk, no E[x^2] - E[x]^2
   cancellation); pass 2 re-reads x and writes the output: two reads of x.
-- Backward, single-block path when N <= 8192 (2048 for fp64): BLOCK_M = clamp(2048 // BLOCK_N, 1, 64) rows per
-  tile; G programs = SM count x resident programs per SM (backward_programs_per_sm: a fixed register budget per
-  (elements per thread, dtype size), checked against the compiled kernels; <= 8 on the interpreter), so the
-  grid is one wave; program p takes row tiles p, p + G, ...; per row it computes c1 = mean(dxhat * xhat),
-  c2 = mean(dxhat) and dx, and accumulates dgamma/dbeta element-wise in [BLOCK_M, BLOCK_N] register tiles,
-  reduced over rows once at the end into its partial row of a (G, N) buffer; ``sum_partials_kernel`` (one
-  program per 32 columns) reduces the G rows in a fixed order (deterministic: no float atomics; the bits
-  depend on (shape, dtype, SM count), never on autotuning). N = 16384 would need 32 elements per thread at 16
-  warps (> 128 registers: spills or less than one block per SM), so it stays on the looped path.
+- Backward, single-block path when N <= 8192 (2048 for fp64): BLOCK_M = clamp(2048 // next_power_of_2(N), 1,
+  64) rows per tile; per tile all loads (x, grad_out, mean, rstd, weight, bias of every chunk) are issued before
+  the reductions, xhat, dy and dxhat are computed once; c1 = mean(dxhat * xhat), c2 = mean(dxhat), dx; dgamma /
+  dbeta accumulate element-wise in [BLOCK_M, BLOCK_N] register tiles, reduced over rows once at the end into
+  the program's partial row. The weight and bias are reloaded per tile (L1 hits): held across the loop they
+  would cost ~10-20 registers, a second resident program at N = 4096. The seed is read per tile in both
+  directions: a loop-invariant seed lets ptxas hoist Philox's round keys and keep them live (~30 registers).
+  ``sum_partials_kernel`` reduces the G partial rows of dgamma and dbeta in one launch, in a fixed order
+  (deterministic: no float atomics; the bits depend on (shape, dtype, device, Triton version), never on
+  timing). N = 16384 would need 32 elements per thread at 16 warps (> 128 registers: spills or less than one
+  block per SM), so it stays on the looped path.
 - Backward, looped path: kernel A computes c1, c2 of one row per program (1024-column chunks, 4 warps);
   kernel B runs a (1024-column chunk x row group) grid, tiles of 2 rows, computing dx and the dgamma/dbeta
-  partials; then the same reduction. x and grad_out are read twice.
+  partials with its chunk's weight and bias loaded once; then the same reduction. x and grad_out are read twice.
 
 All indexing is int64 (row * N), grids are (tiles,) or (chunks, groups) with groups <= 65535, so M > 65535 and
 numel > 2^31 are fine.
@@ -69,10 +80,10 @@ from .common import (
     device_sm_count,
     launch_directly,
     launch_sum_partials,
-    num_row_groups,
     num_warps_for,
-    persistent_regs,
-    resident_programs_per_sm,
+    partial_slab,
+    persistent_programs,
+    programs_per_sm,
     to_acc,
     to_out,
 )
@@ -185,9 +196,20 @@ def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
 
 
 @triton.jit
-def _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FAST_RNG: tl.constexpr):
+def _load_seed(SEED, DROPOUT: tl.constexpr):
+    """The seed as uint64, read only when there is dropout (p = 0 never reads it). The persistent kernels read it
+    once per tile, not once per program: with a loop-invariant seed ptxas hoists Philox's ten round keys out of
+    the loop and keeps them live, about 30 registers more per thread (fewer programs per SM)."""
+    if DROPOUT:
+        seed = tl.load(SEED).to(tl.uint64, bitcast=True)
+    else:
+        seed = tl.full([], 0, tl.uint64)
+    return seed
+
+
+@triton.jit
+def _keep_tile(seed, base, col0, cols, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FAST_RNG: tl.constexpr):
     """Dropout keep bits of the [BLOCK_M, BLOCK_N] tile: rows start at linear index base, columns col0 + cols."""
-    seed = tl.load(SEED).to(tl.uint64, bitcast=True)
     if FAST_RNG:
         u = _lane_u16_fast(seed, base, col0, BLOCK_M, BLOCK_N)
     else:
@@ -197,36 +219,75 @@ def _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M: tl.constexpr, BLOCK_N
 
 
 @triton.jit
-def _fwd_output(
+def _load_param(P, col0, cols, cmask, HAS: tl.constexpr):
+    """Columns col0 + cols of a weight or bias in its storage dtype (half the registers of fp32 for 16-bit
+    parameters held across a persistent loop; converted where used). Zeros, never read, when absent."""
+    if HAS:
+        v = tl.load(P + col0 + cols, mask=cmask, other=0.0)
+    else:
+        v = tl.zeros(cols.shape, dtype=tl.float32)
+    return v
+
+
+@triton.jit
+def _load_param_tile(P, col0, cols, cmask, HAS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Columns col0 + cols of a weight or bias loaded for every row of a [BLOCK_M, BLOCK_N] tile, in the tile's own
+    layout: per-tile parameter loads (L1 hits) then need no layout conversion through shared memory and no
+    barrier, which a 1-D load broadcast over the rows costs on every tile."""
+    offs = col0 + cols[None, :] + tl.zeros([BLOCK_M, 1], dtype=tl.int32)
+    if HAS:
+        v = tl.load(P + offs, mask=cmask[None, :], other=0.0)
+    else:
+        v = tl.zeros(offs.shape, dtype=tl.float32)
+    return v
+
+
+@triton.jit
+def _load_params(
+    W, B, cols, cmask, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr
+):
+    """Weight and bias of each of a row's chunks (w0, b0, w1, b1, w2, b2; chunks 1 and 2 repeat chunk 0, unused,
+    when CHUNKS == 1)."""
+    w0 = _load_param(W, 0, cols, cmask, HAS_W)
+    b0 = _load_param(B, 0, cols, cmask, HAS_B)
+    if CHUNKS == 3:  # N == 3 * BLOCK_N: every chunk is full
+        w1 = _load_param(W, BLOCK_N, cols, cmask, HAS_W)
+        b1 = _load_param(B, BLOCK_N, cols, cmask, HAS_B)
+        w2 = _load_param(W, 2 * BLOCK_N, cols, cmask, HAS_W)
+        b2 = _load_param(B, 2 * BLOCK_N, cols, cmask, HAS_B)
+    else:
+        w1, b1, w2, b2 = w0, b0, w0, b0
+    return w0, b0, w1, b1, w2, b2
+
+
+@triton.jit
+def _fwd_chunk(
     y,
-    W,
-    B,
-    SEED,
+    w,
+    b,
+    seed,
     base,
     col0,
     cols,
-    cmask,
     threshold,
     scale,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     DROPOUT: tl.constexpr,
     FAST_RNG: tl.constexpr,
-    IS_FP64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """ldr_forward_element on a tile of normalized values y (rows from linear index base, columns col0 + cols):
-    affine, then keep ? (y <= 0 ? 0 : y * scale) : 0  (a NaN that survives dropout stays NaN)."""
+    """ldr_forward_element on a tile of normalized values y (rows from linear index base, columns col0 + cols) with
+    its weight and bias columns w, b already loaded ([1, BLOCK_N] or the tile's shape): affine, then
+    keep ? (y <= 0 ? 0 : y * scale) : 0 (a NaN that survives dropout stays NaN)."""
     if HAS_W:
-        w = to_acc(tl.load(W + col0 + cols, mask=cmask, other=0.0), IS_FP64)
-        y = y * w[None, :]
+        y = y * w.to(y.dtype)
     if HAS_B:
-        b = to_acc(tl.load(B + col0 + cols, mask=cmask, other=0.0), IS_FP64)
-        y = y + b[None, :]
+        y = y + b.to(y.dtype)
     out = tl.where(y <= 0.0, 0.0, y)
     if DROPOUT:
-        keep = _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
+        keep = _keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
         out = tl.where(keep, out * scale, 0.0)
     return out
 
@@ -253,46 +314,113 @@ def ldr_fwd_fused_kernel(
     IS_FP64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    HOIST_PARAMS: tl.constexpr,
     RTNE_BF16: tl.constexpr,
 ):
-    """Single-block forward: BLOCK_M whole rows (BLOCK_N >= N) per program."""
+    """Single-block forward, persistent: program p takes row tiles p, p + G, ... of BLOCK_M whole rows. A row is
+    one chunk of BLOCK_N >= N columns, or CHUNKS = 3 chunks of BLOCK_N = N / 3 (no padded lanes at N = 3 x 2^k).
+    The dropout scale, 1/N and eps are computed once per program; with HOIST_PARAMS (short rows, several per
+    tile) the weight and bias are loaded once per program too, otherwise once per tile."""
     scale = _dropout_scale(threshold, IS_FP64)
-    pid = tl.program_id(0)
-    rows = pid.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    row_mask = rows < M
-    col_mask = cols < N
-    mask = row_mask[:, None] & col_mask[None, :]
-    base = rows * N
-    offs = base[:, None] + cols[None, :]
-    x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
     inv_n = _inv_n(N, IS_FP64)
-    mean = tl.sum(x, axis=1) * inv_n
-    d = tl.where(mask, x - mean[:, None], 0.0)
-    var = tl.sum(d * d, axis=1) * inv_n
-    rstd = _rsqrt(var + _eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
-    tl.store(MEAN + rows, mean, mask=row_mask)
-    tl.store(RSTD + rows, rstd, mask=row_mask)
-    out = _fwd_output(
-        d * rstd[:, None],
-        W,
-        B,
-        SEED,
-        base,
-        0,
-        cols,
-        col_mask,
-        threshold,
-        scale,
-        HAS_W,
-        HAS_B,
-        DROPOUT,
-        FAST_RNG,
-        IS_FP64,
-        BLOCK_M,
-        BLOCK_N,
-    )
-    tl.store(OUT + offs, to_out(out, OUT, RTNE_BF16), mask=mask)
+    eps = _eps(eps_hi, eps_lo, IS_FP64)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    if HOIST_PARAMS:
+        w0, b0, w1, b1, w2, b2 = _load_params(W, B, cols, cmask, HAS_W, HAS_B, BLOCK_N, CHUNKS)
+        w0, b0, w1, b1, w2, b2 = w0[None, :], b0[None, :], w1[None, :], b1[None, :], w2[None, :], b2[None, :]
+    num_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
+        row_mask = rows < M
+        mask = row_mask[:, None] & cmask[None, :]
+        base = rows * N
+        seed = _load_seed(SEED, DROPOUT)  # per tile: a hoisted seed makes ptxas keep its key schedule live
+        offs = base[:, None] + cols[None, :]
+        # every load of the tile before its first reduction
+        x0 = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
+        if CHUNKS == 3:
+            x1 = to_acc(tl.load(X + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
+            x2 = to_acc(tl.load(X + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
+        # chunks added element-wise first: one cross-thread reduction per statistic, not one per chunk
+        if CHUNKS == 3:
+            mean = tl.sum(x0 + x1 + x2, axis=1) * inv_n
+        else:
+            mean = tl.sum(x0, axis=1) * inv_n
+        d0 = tl.where(mask, x0 - mean[:, None], 0.0)
+        if CHUNKS == 3:
+            d1 = tl.where(mask, x1 - mean[:, None], 0.0)
+            d2 = tl.where(mask, x2 - mean[:, None], 0.0)
+            q = tl.sum(d0 * d0 + d1 * d1 + d2 * d2, axis=1)
+        else:
+            q = tl.sum(d0 * d0, axis=1)
+        rstd = _rsqrt(q * inv_n + eps, IS_FP64)
+        if not HOIST_PARAMS:
+            w0 = _load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
+            b0 = _load_param_tile(B, 0, cols, cmask, HAS_B, BLOCK_M)
+            if CHUNKS == 3:
+                w1 = _load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+                b1 = _load_param_tile(B, BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+                w2 = _load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+                b2 = _load_param_tile(B, 2 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+        tl.store(MEAN + rows, mean, mask=row_mask)
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+        out = _fwd_chunk(
+            d0 * rstd[:, None],
+            w0,
+            b0,
+            seed,
+            base,
+            0,
+            cols,
+            threshold,
+            scale,
+            HAS_W,
+            HAS_B,
+            DROPOUT,
+            FAST_RNG,
+            BLOCK_M,
+            BLOCK_N,
+        )
+        tl.store(OUT + offs, to_out(out, OUT, RTNE_BF16), mask=mask)
+        if CHUNKS == 3:
+            out = _fwd_chunk(
+                d1 * rstd[:, None],
+                w1,
+                b1,
+                seed,
+                base,
+                BLOCK_N,
+                cols,
+                threshold,
+                scale,
+                HAS_W,
+                HAS_B,
+                DROPOUT,
+                FAST_RNG,
+                BLOCK_M,
+                BLOCK_N,
+            )
+            tl.store(OUT + offs + BLOCK_N, to_out(out, OUT, RTNE_BF16), mask=mask)
+            out = _fwd_chunk(
+                d2 * rstd[:, None],
+                w2,
+                b2,
+                seed,
+                base,
+                2 * BLOCK_N,
+                cols,
+                threshold,
+                scale,
+                HAS_W,
+                HAS_B,
+                DROPOUT,
+                FAST_RNG,
+                BLOCK_M,
+                BLOCK_N,
+            )
+            tl.store(OUT + offs + 2 * BLOCK_N, to_out(out, OUT, RTNE_BF16), mask=mask)
 
 
 @triton.jit
@@ -319,6 +447,7 @@ def ldr_fwd_looped_kernel(
 ):
     """Looped forward for long rows: one row per program, BLOCK_N-column chunks, two passes over x."""
     scale = _dropout_scale(threshold, IS_FP64)
+    seed = _load_seed(SEED, DROPOUT)
     row = tl.program_id(0).to(tl.int64)
     rows = row + tl.arange(0, 1).to(tl.int64)  # [1]: the tile helpers work on [rows, cols]
     base = rows * N
@@ -347,22 +476,22 @@ def ldr_fwd_looped_kernel(
         cmask = (col0 + cols) < N
         offs = base[:, None] + col0 + cols[None, :]
         x = to_acc(tl.load(X + offs, mask=cmask[None, :], other=0.0), IS_FP64)
-        out = _fwd_output(
+        w = _load_param_tile(W, col0, cols, cmask, HAS_W, 1)
+        b = _load_param_tile(B, col0, cols, cmask, HAS_B, 1)
+        out = _fwd_chunk(
             (x - mean[:, None]) * rstd[:, None],
-            W,
-            B,
-            SEED,
+            w,
+            b,
+            seed,
             base,
             col0,
             cols,
-            cmask,
             threshold,
             scale,
             HAS_W,
             HAS_B,
             DROPOUT,
             FAST_RNG,
-            IS_FP64,
             1,
             BLOCK_N,
         )
@@ -380,58 +509,48 @@ def _tile_offsets(rows, row_mask, col0, cols, cmask, N):
 
 
 @triton.jit
-def _ldr_bwd_tile(
-    DY,
-    X,
-    W,
-    B,
-    MEAN,
-    RSTD,
-    SEED,
-    rows,
-    row_mask,
+def _bwd_chunk(
+    x,
+    g,
+    mean,
+    rstd,
+    w,
+    b,
+    seed,
+    base,
     col0,
     cols,
-    cmask,
-    offs,
     mask,
-    N,
     threshold,
     scale,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     DROPOUT: tl.constexpr,
     FAST_RNG: tl.constexpr,
-    IS_FP64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Recomputes xhat, y, the keep and ReLU bits of a tile; returns (rstd, xhat, dy, dxhat) where dy is the
-    gradient with respect to the pre-dropout y (ldr_backward_element) and dxhat = dy * w."""
-    base = rows * N
-    x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
-    g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
-    mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
-    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+    """From a tile's loaded x and grad_out (accumulation dtype) and its rows' mean and rstd: xhat, the keep and
+    ReLU bits, and returns (xhat, dy, dxhat), each computed once, where dy is the gradient with respect to the
+    pre-dropout y (ldr_backward_element) and dxhat = dy * w (w, b: [1, BLOCK_N] or the tile's shape)."""
     xhat = (x - mean[:, None]) * rstd[:, None]
     y = xhat
     if HAS_W:
-        w = to_acc(tl.load(W + col0 + cols, mask=cmask, other=0.0), IS_FP64)
-        y = y * w[None, :]
+        wa = w.to(xhat.dtype)
+        y = y * wa
     if HAS_B:
-        b = to_acc(tl.load(B + col0 + cols, mask=cmask, other=0.0), IS_FP64)
-        y = y + b[None, :]
+        y = y + b.to(xhat.dtype)
     pass_grad = y > 0.0
     if DROPOUT:
-        keep = _keep_tile(SEED, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
+        keep = _keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
         pass_grad = pass_grad & keep
     dy = tl.where(pass_grad, g * scale, 0.0)
     dy = tl.where(mask, dy, 0.0)
     if HAS_W:
-        dxhat = dy * w[None, :]
+        dxhat = dy * wa
     else:
         dxhat = dy
-    return rstd, xhat, dy, dxhat
+    return xhat, dy, dxhat
 
 
 @triton.jit
@@ -456,62 +575,151 @@ def ldr_bwd_fused_kernel(
     IS_FP64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    CHUNKS: tl.constexpr,
     RTNE_BF16: tl.constexpr,
 ):
-    """Single-block backward: program p handles row tiles p, p + G, ...; dgamma/dbeta accumulate element-wise in
-    [BLOCK_M, BLOCK_N] register tiles, reduced over the tile's rows once at the end into its partial row."""
+    """Single-block backward, persistent: program p handles row tiles p, p + G, ...; rows are 1 chunk of
+    BLOCK_N >= N columns or 3 chunks of N / 3, as the forward. A tile's loads (x, grad_out, mean, rstd, weight
+    and bias of every chunk) are all issued before its reductions; xhat, dy and dxhat are computed once.
+    dgamma/dbeta accumulate element-wise in [BLOCK_M, BLOCK_N] register tiles per chunk, reduced over the rows
+    once at the end into the program's partial row."""
     scale = _dropout_scale(threshold, IS_FP64)
     inv_n = _inv_n(N, IS_FP64)
     pid = tl.program_id(0)
-    num_groups = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
-    dw_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-    db_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    dw0 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    db0 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    if CHUNKS == 3:  # N == 3 * BLOCK_N: every chunk is full
+        dw1 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+        db1 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+        dw2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+        db2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     num_tiles = tl.cdiv(M, BLOCK_M)
-    for tile in range(pid, num_tiles, num_groups):
+    for tile in range(pid, num_tiles, tl.num_programs(0)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         row_mask = rows < M
         offs, mask = _tile_offsets(rows, row_mask, 0, cols, cmask, N)
-        rstd, xhat, dy, dxhat = _ldr_bwd_tile(
-            DY,
-            X,
-            W,
-            B,
-            MEAN,
-            RSTD,
-            SEED,
-            rows,
-            row_mask,
+        base = rows * N
+        seed = _load_seed(SEED, DROPOUT)  # per tile: a hoisted seed makes ptxas keep its key schedule live
+        x0 = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
+        g0 = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
+        if CHUNKS == 3:
+            x1 = to_acc(tl.load(X + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
+            g1 = to_acc(tl.load(DY + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
+            x2 = to_acc(tl.load(X + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
+            g2 = to_acc(tl.load(DY + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
+        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        # weight and bias per tile (L1 hits): held across the loop they cost ~10-20 registers per thread, which
+        # at N = 4096 halves the resident programs (the dgamma/dbeta accumulators are live across it too)
+        w0 = _load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
+        b0 = _load_param_tile(B, 0, cols, cmask, HAS_B, BLOCK_M)
+        if CHUNKS == 3:
+            w1 = _load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+            b1 = _load_param_tile(B, BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+            w2 = _load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+            b2 = _load_param_tile(B, 2 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+        xhat0, dy0, dxhat0 = _bwd_chunk(
+            x0,
+            g0,
+            mean,
+            rstd,
+            w0,
+            b0,
+            seed,
+            base,
             0,
             cols,
-            cmask,
-            offs,
             mask,
-            N,
             threshold,
             scale,
             HAS_W,
             HAS_B,
             DROPOUT,
             FAST_RNG,
-            IS_FP64,
             BLOCK_M,
             BLOCK_N,
         )
-        c1 = tl.sum(dxhat * xhat, axis=1) * inv_n
-        c2 = tl.sum(dxhat, axis=1) * inv_n
-        dx = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
+        if CHUNKS == 1:
+            c1 = tl.sum(dxhat0 * xhat0, axis=1)
+            c2 = tl.sum(dxhat0, axis=1)
+        else:
+            xhat1, dy1, dxhat1 = _bwd_chunk(
+                x1,
+                g1,
+                mean,
+                rstd,
+                w1,
+                b1,
+                seed,
+                base,
+                BLOCK_N,
+                cols,
+                mask,
+                threshold,
+                scale,
+                HAS_W,
+                HAS_B,
+                DROPOUT,
+                FAST_RNG,
+                BLOCK_M,
+                BLOCK_N,
+            )
+            xhat2, dy2, dxhat2 = _bwd_chunk(
+                x2,
+                g2,
+                mean,
+                rstd,
+                w2,
+                b2,
+                seed,
+                base,
+                2 * BLOCK_N,
+                cols,
+                mask,
+                threshold,
+                scale,
+                HAS_W,
+                HAS_B,
+                DROPOUT,
+                FAST_RNG,
+                BLOCK_M,
+                BLOCK_N,
+            )
+            # chunks added element-wise first: one cross-thread reduction per coefficient
+            c1 = tl.sum(dxhat0 * xhat0 + dxhat1 * xhat1 + dxhat2 * xhat2, axis=1)
+            c2 = tl.sum(dxhat0 + dxhat1 + dxhat2, axis=1)
+        c1 = c1 * inv_n
+        c2 = c2 * inv_n
+        dx = rstd[:, None] * (dxhat0 - xhat0 * c1[:, None] - c2[:, None])
         tl.store(DX + offs, to_out(dx, DX, RTNE_BF16), mask=mask)
         if HAS_W:
-            dw_acc += dy * xhat
+            dw0 += dy0 * xhat0
         if HAS_B:
-            db_acc += dy
+            db0 += dy0
+        if CHUNKS == 3:
+            dx = rstd[:, None] * (dxhat1 - xhat1 * c1[:, None] - c2[:, None])
+            tl.store(DX + offs + BLOCK_N, to_out(dx, DX, RTNE_BF16), mask=mask)
+            dx = rstd[:, None] * (dxhat2 - xhat2 * c1[:, None] - c2[:, None])
+            tl.store(DX + offs + 2 * BLOCK_N, to_out(dx, DX, RTNE_BF16), mask=mask)
+            if HAS_W:
+                dw1 += dy1 * xhat1
+                dw2 += dy2 * xhat2
+            if HAS_B:
+                db1 += dy1
+                db2 += dy2
     prow = pid.to(tl.int64) * N
     if HAS_W:
-        tl.store(PDW + prow + cols, tl.sum(dw_acc, axis=0), mask=cmask)
+        tl.store(PDW + prow + cols, tl.sum(dw0, axis=0), mask=cmask)
+        if CHUNKS == 3:
+            tl.store(PDW + prow + BLOCK_N + cols, tl.sum(dw1, axis=0), mask=cmask)
+            tl.store(PDW + prow + 2 * BLOCK_N + cols, tl.sum(dw2, axis=0), mask=cmask)
     if HAS_B:
-        tl.store(PDB + prow + cols, tl.sum(db_acc, axis=0), mask=cmask)
+        tl.store(PDB + prow + cols, tl.sum(db0, axis=0), mask=cmask)
+        if CHUNKS == 3:
+            tl.store(PDB + prow + BLOCK_N + cols, tl.sum(db1, axis=0), mask=cmask)
+            tl.store(PDB + prow + 2 * BLOCK_N + cols, tl.sum(db2, axis=0), mask=cmask)
 
 
 @triton.jit
@@ -538,37 +746,40 @@ def ldr_bwd_row_coef_kernel(
 ):
     """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program."""
     scale = _dropout_scale(threshold, IS_FP64)
+    seed = _load_seed(SEED, DROPOUT)
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)
     row_mask = rows < M
+    base = rows * N
+    mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
     cols = tl.arange(0, BLOCK_N)
     s1 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
     s2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
     for col0 in range(0, N, BLOCK_N):
         cmask = (col0 + cols) < N
         offs, mask = _tile_offsets(rows, row_mask, col0, cols, cmask, N)
-        rstd, xhat, dy, dxhat = _ldr_bwd_tile(
-            DY,
-            X,
-            W,
-            B,
-            MEAN,
-            RSTD,
-            SEED,
-            rows,
-            row_mask,
+        x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
+        g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
+        w = _load_param_tile(W, col0, cols, cmask, HAS_W, 1)
+        b = _load_param_tile(B, col0, cols, cmask, HAS_B, 1)
+        xhat, dy, dxhat = _bwd_chunk(
+            x,
+            g,
+            mean,
+            rstd,
+            w,
+            b,
+            seed,
+            base,
             col0,
             cols,
-            cmask,
-            offs,
             mask,
-            N,
             threshold,
             scale,
             HAS_W,
             HAS_B,
             DROPOUT,
             FAST_RNG,
-            IS_FP64,
             1,
             BLOCK_N,
         )
@@ -605,48 +816,50 @@ def ldr_bwd_chunk_kernel(
     BLOCK_N: tl.constexpr,
     RTNE_BF16: tl.constexpr,
 ):
-    """Looped backward, kernel B: grid (column chunks, row groups); dx and the dgamma/dbeta partials."""
+    """Looped backward, kernel B: grid (column chunks, row groups); dx and the dgamma/dbeta partials. A program
+    keeps one column chunk, so its weight and bias columns are loaded once."""
     scale = _dropout_scale(threshold, IS_FP64)
     col0 = tl.program_id(0) * BLOCK_N
     pid = tl.program_id(1)
-    num_groups = tl.num_programs(1)
     cols = tl.arange(0, BLOCK_N)
     cmask = (col0 + cols) < N
+    w = _load_param(W, col0, cols, cmask, HAS_W)[None, :]
+    b = _load_param(B, col0, cols, cmask, HAS_B)[None, :]
     dw_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     db_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     num_tiles = tl.cdiv(M, BLOCK_M)
-    for tile in range(pid, num_tiles, num_groups):
+    for tile in range(pid, num_tiles, tl.num_programs(1)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         row_mask = rows < M
         offs, mask = _tile_offsets(rows, row_mask, col0, cols, cmask, N)
-        rstd, xhat, dy, dxhat = _ldr_bwd_tile(
-            DY,
-            X,
-            W,
-            B,
-            MEAN,
-            RSTD,
-            SEED,
-            rows,
-            row_mask,
+        seed = _load_seed(SEED, DROPOUT)  # per tile: a hoisted seed makes ptxas keep its key schedule live
+        x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
+        g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
+        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        c1 = tl.load(C1 + rows, mask=row_mask, other=0.0)
+        c2 = tl.load(C2 + rows, mask=row_mask, other=0.0)
+        xhat, dy, dxhat = _bwd_chunk(
+            x,
+            g,
+            mean,
+            rstd,
+            w,
+            b,
+            seed,
+            rows * N,
             col0,
             cols,
-            cmask,
-            offs,
             mask,
-            N,
             threshold,
             scale,
             HAS_W,
             HAS_B,
             DROPOUT,
             FAST_RNG,
-            IS_FP64,
             BLOCK_M,
             BLOCK_N,
         )
-        c1 = tl.load(C1 + rows, mask=row_mask, other=0.0)
-        c2 = tl.load(C2 + rows, mask=row_mask, other=0.0)
         dx = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
         tl.store(DX + offs, to_out(dx, DX, RTNE_BF16), mask=mask)
         if HAS_W:
@@ -679,13 +892,45 @@ def eps_pair(eps: float):
 class LdrConfig:
     fused: bool
     block_m: int
-    block_n: int
+    block_n: int  # columns of one chunk
     num_warps: int
     fast_rng: bool
+    chunks: int = 1  # chunks of block_n columns per row (single-block kernels): 1, or 3 when N = 3 x 2^k
 
     @property
     def elems_per_thread(self) -> int:
-        return max(1, self.block_m * self.block_n // (32 * self.num_warps))
+        return max(1, self.block_m * self.block_n * self.chunks // (32 * self.num_warps))
+
+
+def row_chunks(n: int) -> tuple[int, int]:
+    """(chunks, chunk width) of a single-block row: 3 chunks of N / 3 when that is a power of two >= 8 (N = 768,
+    1536, 3072, 6144: no padded lanes running Philox and the math for nothing), else one chunk of
+    next_power_of_2(N)."""
+    third = n // 3
+    if n % 3 == 0 and third >= 8 and third & (third - 1) == 0:
+        return 3, third
+    return 1, triton.next_power_of_2(n)
+
+
+def _fused_config(
+    n: int, fp64: bool, rows_elems: int, per_thread: int, chunk_per_thread: int, wide_chunk_per_thread: int
+) -> LdrConfig:
+    """The single-block tiling: BLOCK_M = clamp(rows_elems // next_pow2(N), 1, 64) rows and num_warps for
+    per_thread elements of the padded tile. 3-chunk rows keep BLOCK_M (while it fits 16 warps) and instead take
+    BLOCK_M x chunk / (32 x chunk_per_thread) warps: one warp per row at N = 768, so the row statistics need no
+    shared memory or barrier, and a thread's 8 elements are its own Philox group, so the lanes need no layout
+    conversion either. Chunks wider than 32 x chunk_per_thread span several warps anyway; they take
+    wide_chunk_per_thread (the backward halves it there: fewer registers)."""
+    padded = triton.next_power_of_2(n)
+    block_m = max(1, min(64, rows_elems // padded))
+    chunks, block_n = row_chunks(n)
+    if chunks == 1:
+        return LdrConfig(True, block_m, block_n, num_warps_for(block_m * padded, per_thread), n % 8 == 0)
+    if block_n > 32 * chunk_per_thread:
+        chunk_per_thread = wide_chunk_per_thread
+    block_m = max(1, min(block_m, 16 * 32 * chunk_per_thread // block_n))
+    warps = max(1, min(16, block_m * block_n // (32 * chunk_per_thread)))
+    return LdrConfig(True, block_m, block_n, warps, True, chunks)
 
 
 def forward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -> LdrConfig:
@@ -696,9 +941,7 @@ def forward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -
     if max_fused_n is None:
         max_fused_n = FWD_MAX_FUSED_N_FP64 if fp64 else FWD_MAX_FUSED_N
     if n <= max_fused_n:
-        block_n = triton.next_power_of_2(n)
-        block_m = max(1, min(64, 4096 // block_n))
-        return LdrConfig(True, block_m, block_n, num_warps_for(block_m * block_n, per_thread), n % 8 == 0)
+        return _fused_config(n, fp64, 4096, per_thread, 4 if fp64 else 8, 4 if fp64 else 8)
     block_n = 2048 if fp64 else 4096
     block_n = max(8, min(block_n, triton.next_power_of_2(max_fused_n)))  # tests shrink max_fused_n
     return LdrConfig(False, 1, block_n, num_warps_for(block_n, per_thread), n % 8 == 0)
@@ -712,19 +955,10 @@ def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) 
     if max_fused_n is None:
         max_fused_n = BWD_MAX_FUSED_N_FP64 if fp64 else BWD_MAX_FUSED_N
     if n <= max_fused_n:
-        block_n = triton.next_power_of_2(n)
-        block_m = max(1, min(64, 2048 // block_n))
-        return LdrConfig(True, block_m, block_n, num_warps_for(block_m * block_n, per_thread), n % 8 == 0)
+        return _fused_config(n, fp64, 2048, per_thread, 4 if fp64 else 8, 2 if fp64 else 4)
     block_n = max(8, min(1024, triton.next_power_of_2(max_fused_n)))
     block_m = max(1, min(16, 2048 // block_n))
     return LdrConfig(False, block_m, block_n, num_warps_for(block_m * block_n, per_thread), n % 8 == 0)
-
-
-def backward_programs_per_sm(cfg: LdrConfig, dtype: torch.dtype) -> int:
-    """Resident programs per SM of the persistent backward kernels (fused, or the chunk kernel of the looped
-    path), from the register budget of their elements per thread: the grid is SMs x this, one wave."""
-    elem_bytes = torch.empty((), dtype=dtype).element_size()
-    return resident_programs_per_sm(cfg.num_warps, persistent_regs(cfg.elems_per_thread, elem_bytes))
 
 
 def launch_forward(
@@ -741,11 +975,14 @@ def launch_forward(
     wrap=launch_directly,
     max_fused_n: int | None = None,
     sm_count: Optional[int] = None,
+    facts=None,
 ) -> None:
     """Runs the forward on contiguous x (M, N) view into the preallocated out, mean, rstd, under x's device.
 
-    `wrap` is applied to each kernel before launching (torch.library.wrap_triton inside a triton_op). sm_count
-    is unused (the forward grid is one program per row tile); accepted for a uniform launcher signature.
+    `wrap` is applied to each kernel before launching (torch.library.wrap_triton inside a triton_op). The
+    single-block kernel is persistent: SMs x the resident programs per SM of its compiled kernel
+    (common.programs_per_sm; sm_count: the device's, or DEFAULT_SM_COUNT for meta tensors; `facts` replaces the
+    compiled-kernel query, as tools/triton_resources.py does), 8 programs on the interpreter.
     """
     n = int(x.shape[-1])
     m = x.numel() // n
@@ -754,7 +991,7 @@ def launch_forward(
     t = dropout_threshold(p)
     eps_hi, eps_lo = eps_pair(eps)
     cfg = forward_config(n, x.dtype, max_fused_n)
-    common = dict(
+    kwargs = dict(
         HAS_W=weight is not None,
         HAS_B=bias is not None,
         DROPOUT=t != 0,
@@ -762,34 +999,22 @@ def launch_forward(
         IS_FP64=x.dtype == torch.float64,
         BLOCK_N=cfg.block_n,
         RTNE_BF16=INTERPRETED,
+        num_warps=cfg.num_warps,
     )
     w = weight if weight is not None else x  # never read when HAS_W is False
     b = bias if bias is not None else x
+    args = (x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t)
     with device_guard(x.device):
         if cfg.fused:
-            grid = (triton.cdiv(m, cfg.block_m),)
-            wrap(ldr_fwd_fused_kernel)[grid](
-                x,
-                w,
-                b,
-                seed,
-                out,
-                mean,
-                rstd,
-                m,
-                n,
-                eps_hi,
-                eps_lo,
-                t,
-                BLOCK_M=cfg.block_m,
-                num_warps=cfg.num_warps,
-                **common,
-            )
+            # weight and bias held across the persistent loop only for short rows (several per tile): there a tile's
+            # parameter loads and layout conversions are a large share of its work; long rows amortize them, and
+            # holding them would cost the registers of a second resident program (N = 8192: 2 -> 1 per SM)
+            kwargs.update(BLOCK_M=cfg.block_m, CHUNKS=cfg.chunks, HOIST_PARAMS=cfg.block_m > 1)
+            per_sm = programs_per_sm(ldr_fwd_fused_kernel, x.device, args, kwargs, facts)
+            grid = (persistent_programs(triton.cdiv(m, cfg.block_m), x.device, per_sm, sm_count),)
+            wrap(ldr_fwd_fused_kernel)[grid](*args, **kwargs)
         else:
-            grid = (m,)
-            wrap(ldr_fwd_looped_kernel)[grid](
-                x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t, num_warps=cfg.num_warps, **common
-            )
+            wrap(ldr_fwd_looped_kernel)[(m,)](*args, **kwargs)
 
 
 def launch_backward(
@@ -808,93 +1033,74 @@ def launch_backward(
     wrap=launch_directly,
     max_fused_n: int | None = None,
     sm_count: Optional[int] = None,
+    facts=None,
 ) -> None:
-    """Runs the backward on contiguous inputs into grad_x and (when weight/bias exist) grad_w/grad_b, under x's
-    device.
+    """Runs the backward on contiguous inputs into the uninitialised grad_x and (when weight/bias exist)
+    grad_w/grad_b, under x's device.
 
-    The dgamma/dbeta partials go to a (G, N) buffer in the accumulation dtype, reduced in a fixed order. G (and
-    with it the bits of dgamma/dbeta) is fixed by (shape, dtype, SM count): SMs x backward_programs_per_sm on a
-    GPU (sm_count: the device's, or DEFAULT_SM_COUNT for meta tensors; pass it to override), 8 on the interpreter.
+    The dgamma/dbeta partials go to one buffer of two (G, N) sets in the accumulation dtype, reduced in a fixed
+    order by one stage-2 launch. G (and with it the bits of dgamma/dbeta) is fixed by (shape, dtype, device): SMs x
+    the resident programs per SM of the compiled persistent kernel (common.programs_per_sm; sm_count: the
+    device's, or DEFAULT_SM_COUNT for meta tensors; `facts` replaces the compiled-kernel query), 8 on the
+    interpreter.
     """
     n = int(x.shape[-1])
     m = x.numel() // n
-    if m == 0:
+    has_w, has_b = weight is not None, bias is not None
+    if m == 0:  # sums over no rows
+        for g in (grad_w, grad_b):
+            if g is not None:
+                g.zero_()
         return
     t = dropout_threshold(p)
     is_fp64 = x.dtype == torch.float64
     acc = torch.float64 if is_fp64 else torch.float32
     cfg = backward_config(n, x.dtype, max_fused_n)
-    has_w, has_b = weight is not None, bias is not None
-    common = dict(
+    kwargs = dict(
         HAS_W=has_w,
         HAS_B=has_b,
         DROPOUT=t != 0,
         FAST_RNG=cfg.fast_rng,
         IS_FP64=is_fp64,
+        BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         RTNE_BF16=INTERPRETED,
+        num_warps=cfg.num_warps,
     )
     w = weight if has_w else x
     b = bias if has_b else x
     num_tiles = triton.cdiv(m, cfg.block_m)
+    sets = int(has_w) + int(has_b)
+    placeholder = torch.empty((1,), dtype=acc, device=x.device)  # the partial pointers' dtype, for the facts
     with device_guard(x.device):
         if cfg.fused:
-            groups = num_row_groups(num_tiles, x.device, backward_programs_per_sm(cfg, x.dtype), sm_count)
+            kernel = ldr_bwd_fused_kernel
+            kwargs["CHUNKS"] = cfg.chunks
+            args = [grad_out, x, w, b, mean, rstd, seed, grad_x, placeholder, placeholder, m, n, t]
+            groups = persistent_programs(
+                num_tiles, x.device, programs_per_sm(kernel, x.device, args, kwargs, facts), sm_count
+            )
+            grid = (groups,)
         else:  # the chunk kernel's grid is (column chunks, groups): spread the SMs' programs over the chunks
-            chunks = triton.cdiv(n, cfg.block_n)
-            sms = sm_count if sm_count is not None else device_sm_count(x.device)
-            groups = num_row_groups(
-                num_tiles, x.device, 1, max(1, sms * backward_programs_per_sm(cfg, x.dtype) // chunks)
-            )
-        pdw = torch.empty((groups, n) if has_w else (1,), dtype=acc, device=x.device)
-        pdb = torch.empty((groups, n) if has_b else (1,), dtype=acc, device=x.device)
-        if cfg.fused:
-            wrap(ldr_bwd_fused_kernel)[(groups,)](
-                grad_out,
-                x,
-                w,
-                b,
-                mean,
-                rstd,
-                seed,
-                grad_x,
-                pdw,
-                pdb,
-                m,
-                n,
-                t,
-                BLOCK_M=cfg.block_m,
-                num_warps=cfg.num_warps,
-                **common,
-            )
-        else:
+            kernel = ldr_bwd_chunk_kernel
             c1 = torch.empty((m,), dtype=acc, device=x.device)
             c2 = torch.empty((m,), dtype=acc, device=x.device)
-            wrap(ldr_bwd_row_coef_kernel)[(m,)](
-                grad_out, x, w, b, mean, rstd, seed, c1, c2, m, n, t, num_warps=num_warps_for(cfg.block_n, 8), **common
-            )
-            grid = (triton.cdiv(n, cfg.block_n), groups)
-            wrap(ldr_bwd_chunk_kernel)[grid](
-                grad_out,
-                x,
-                w,
-                b,
-                mean,
-                rstd,
-                seed,
-                c1,
-                c2,
-                grad_x,
-                pdw,
-                pdb,
-                m,
-                n,
-                t,
-                BLOCK_M=cfg.block_m,
-                num_warps=cfg.num_warps,
-                **common,
-            )
-        if has_w:
-            launch_sum_partials(pdw, grad_w, groups, n, wrap=wrap)
-        if has_b:
-            launch_sum_partials(pdb, grad_b, groups, n, wrap=wrap)
+            args = [grad_out, x, w, b, mean, rstd, seed, c1, c2, grad_x, placeholder, placeholder, m, n, t]
+            chunks = triton.cdiv(n, cfg.block_n)
+            sms = sm_count if sm_count is not None else device_sm_count(x.device)
+            resident = sms * programs_per_sm(kernel, x.device, args, kwargs, facts)
+            groups = persistent_programs(num_tiles, x.device, 1, max(1, resident // chunks))
+            grid = (chunks, groups)
+        slab = partial_slab(groups, n)
+        partial = torch.empty((max(1, sets) * slab,), dtype=acc, device=x.device)
+        pdw = partial[:slab] if has_w else placeholder
+        pdb = partial[(sets - 1) * slab :] if has_b else placeholder
+        args[-5], args[-4] = pdw, pdb  # the PDW, PDB arguments
+        if not cfg.fused:
+            coef_kwargs = {k: v for k, v in kwargs.items() if k != "BLOCK_M"}
+            coef_kwargs["num_warps"] = num_warps_for(cfg.block_n, 8)
+            wrap(ldr_bwd_row_coef_kernel)[(m,)](*args[:7], c1, c2, m, n, t, **coef_kwargs)
+        wrap(kernel)[grid](*args, **kwargs)
+        outs = [g for g, has in ((grad_w, has_w), (grad_b, has_b)) if has]
+        if outs:
+            launch_sum_partials(partial, outs, groups, n, wrap=wrap)
