@@ -213,6 +213,8 @@ def cuda_launches(
                         elements=mn,
                         bytes=4 * mn * e + 2 * m * ACC + 2 * n * e,  # x read three times
                         read_bytes=3 * mn * e + 2 * n * e,
+                        reread_bytes=2 * mn * e,  # the second and third passes over a block's row
+                        reuse_unit_bytes=n * e,
                         stride_units=m,
                         trips=structural_trips(m / g, _cdiv(_cdiv(n, GROUP), LOOPED_THREADS)),
                     )
@@ -325,15 +327,15 @@ TRITON_LOOPS = {
 }
 
 
-def _triton_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple[int, int]:
-    """(bytes, read bytes) each Triton kernel moves by its design."""
+def _triton_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
+    """(bytes, read bytes[, re-read bytes, reuse unit bytes]) each Triton kernel moves by its design."""
     mn = m * n
     params = n * e * (int(bool(a.get("HAS_W"))) + int(bool(a.get("HAS_B"))))
     sums = int(bool(a.get("HAS_W"))) + int(bool(a.get("HAS_B")))
     if kernel == "ldr_fwd_fused_kernel":
         return 2 * mn * e + 2 * m * ACC + params, mn * e + params
-    if kernel == "ldr_fwd_looped_kernel":  # x read twice
-        return 3 * mn * e + 2 * m * ACC + params, 2 * mn * e + params
+    if kernel == "ldr_fwd_looped_kernel":  # x read twice: the output pass re-reads the program's row
+        return 3 * mn * e + 2 * m * ACC + params, 2 * mn * e + params, mn * e, n * e
     if kernel in ("ldr_bwd_fused_kernel", "ldr_bwd_chunk_kernel"):
         groups = a["_grid"][0] if kernel == "ldr_bwd_fused_kernel" else a["_grid"][1]
         stats = 2 * m * ACC if kernel == "ldr_bwd_fused_kernel" else 4 * m * ACC
@@ -413,7 +415,8 @@ def _triton_launch(comp, launch, m: int, n: int, dtype: str) -> KernelLaunch:
     name = launch.kernel.__name__
     args = dict(launch.args)
     args["_grid"] = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
-    nbytes, read = _triton_bytes(name, args, m, n, ELEM[dtype])
+    nbytes, read, *reread = _triton_bytes(name, args, m, n, ELEM[dtype])
+    reread_bytes, unit = reread if reread else (0, 0)
     trips, units, axis = _triton_trips(name, args, args["_grid"], m, n)
     return KernelLaunch(
         v.cubin,
@@ -423,6 +426,8 @@ def _triton_launch(comp, launch, m: int, n: int, dtype: str) -> KernelLaunch:
         elements=0 if name == "sum_partials_kernel" else m * n,
         bytes=nbytes,
         read_bytes=read,
+        reread_bytes=reread_bytes,
+        reuse_unit_bytes=unit,
         trips=trips,
         stride_units=units,
         stride_axis=axis,
