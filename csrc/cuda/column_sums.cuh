@@ -53,7 +53,17 @@ __global__ void __launch_bounds__(cuda::kColumnSumTile* cuda::kColumnSumTile)
   const int64_t col = int64_t(blockIdx.x) * cuda::kColumnSumTile + tx;
   A s = A(0);
   if (col < p.N) {
-    for (int64_t g = ty; g < p.G; g += cuda::kColumnSumTile) s += partial[g * p.ldp + col];
+    // rows ty, ty + 32, ... in order; eight loads issued before their adds, so a thread has eight in flight
+    constexpr int kBatch = 8;
+    int64_t g = ty;
+    for (; g + (kBatch - 1) * cuda::kColumnSumTile < p.G; g += kBatch * cuda::kColumnSumTile) {
+      A v[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) v[k] = partial[(g + k * cuda::kColumnSumTile) * p.ldp + col];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) s += v[k];
+    }
+    for (; g < p.G; g += cuda::kColumnSumTile) s += partial[g * p.ldp + col];
   }
   sums[ty * (cuda::kColumnSumTile + 1) + tx] = s;
   __syncthreads();
