@@ -144,10 +144,11 @@ def structural_trips(
 ) -> Callable[[list], dict[int, float]]:
     """Trip counts by loop structure, for kernels whose data loops are a grid-stride (or persistent) outer loop,
     optionally with chunk loops inside it:
-      - a depth-0 loop that contains global memory operations runs `outer` times. When the compiler unrolled it
-        into a main loop and a remainder loop (two such loops, the main one with u times the remainder's loads),
-        the main loop runs outer / u times and the remainder (u - 1) / 2 on average (split_unrolled=False:
-        every depth-0 data loop runs `outer` times, e.g. two passes over a row's chunks);
+      - a depth-0 loop that contains global memory operations runs `outer` times. When the code unrolls it into
+        a main loop and remainder loops (several such loops, each doing as many original iterations per trip as
+        it has memory operations per the smallest one's), the iterations are handed out largest step first:
+        the main loop runs floor(outer / u) times, the next what is left of it, and the smallest the rest
+        (split_unrolled=False: every depth-0 data loop runs `outer` times, e.g. two passes over a row's chunks);
       - a depth-1 loop with global memory operations runs `inner` times per outer iteration;
       - a loop without global memory operations (a reduction over a few shared values, a slow path) runs once;
       - anything else raises: the caller must give the trips."""
@@ -158,13 +159,15 @@ def structural_trips(
         if len(data0) == 1 or (data0 and not split_unrolled):
             for lp in data0:
                 out[lp.index] = outer
-        elif len(data0) == 2:
-            a, b = sorted(data0, key=lambda lp: -_global_ops(lp.body))
-            u = max(1, round(_global_ops(a.body) / max(1, _global_ops(b.body))))
-            out[a.index] = outer / u
-            out[b.index] = min(outer, (u - 1) / 2)
-        elif len(data0) > 2:
-            raise ValueError(f"{len(data0)} outer data loops: give the trips explicitly")
+        elif data0:  # a main loop unrolled u times, and remainder loops for what is left
+            loops_by_size = sorted(data0, key=lambda lp: -_global_ops(lp.body))
+            unit = max(1, min(_global_ops(lp.body) for lp in loops_by_size))
+            left = float(outer)  # iterations of the original loop, handed out largest step first
+            for i, lp in enumerate(loops_by_size):
+                step = max(1, round(_global_ops(lp.body) / unit))
+                last = i == len(loops_by_size) - 1
+                out[lp.index] = left / step if last else float(math.floor(left / step))
+                left -= out[lp.index] * step
         for lp in lps:
             if lp.index in out:
                 continue
