@@ -673,6 +673,24 @@ def markdown(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def summary_markdown(rows: Sequence[Row]) -> str:
+    """One line per backend x op x direction x dtype, the estimate at each N (a row under its floor marked *)."""
+    ns = sorted({r.N for r in rows})
+    lines = ["| backend | op | dir | dtype | " + " | ".join(f"N={n}" for n in ns) + " |", "|" + "---|" * (4 + len(ns))]
+    keys: dict[tuple, dict[int, Row]] = {}
+    for r in rows:
+        keys.setdefault((r.backend, r.op, r.direction, r.dtype), {})[r.N] = r
+    for (backend, op, direction, dtype), by_n in keys.items():
+        cells = []
+        for n in ns:
+            r = by_n.get(n)
+            cells.append(
+                "" if r is None else f"{r.estimate:.2f}" + ("*" if r.estimate < FLOORS[(op, direction)] else "")
+            )
+        lines.append(f"| {backend} | {op} | {direction} | {dtype} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def calibration_markdown(cal: Sequence[dict], gpu: GPU = H100) -> str:
     lines = [
         f"Calibration on {gpu.name} ({gpu.peak_bw / 1e12:.2f} TB/s peak; the model assumes copy = "
@@ -697,6 +715,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--n", default=None, help="comma-separated row lengths (default: 768 ... 16384)")
     ap.add_argument("--op", default=None, help="layer_norm_dropout_relu and/or bias_relu")
     ap.add_argument("--json", action="store_true", help="print JSON instead of markdown")
+    ap.add_argument("--summary", action="store_true", help="one line per backend x op x direction x dtype")
     ap.add_argument("--no-calibration", action="store_true")
     ap.add_argument("--gate", action="store_true", help="exit 1 when a row or the calibration fails its gate")
     ap.add_argument("--jobs", type=int, default=max(1, min(8, os.cpu_count() or 1)))
@@ -732,7 +751,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"Estimated fraction of copy bandwidth on {H200.name} ({H200.sms} SMs, {H200.peak_bw / 1e12:.1f} TB/s "
             f"peak, copy = {H200.copy_fraction:.2f} x peak), M x N = 64M. Estimates, not measurements.\n"
         )
-        print(markdown(rows))
+        print(summary_markdown(rows) if a.summary else markdown(rows))
         if cal:
             print()
             print(calibration_markdown(cal))
