@@ -56,6 +56,38 @@ GPUOPT_HD Philox4x32 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32
   return Philox4x32{{c0, c1, c2, c3}};
 }
 
+// The key schedule of a seed: round r uses key (k0 + r * W0, k1 + r * W1) mod 2^32, exactly the keys
+// philox4x32_10 bumps to. A GPU thread computes it once and keeps it in registers, so each call is only its rounds.
+struct PhiloxKey {
+  uint32_t k0[10], k1[10];
+};
+
+GPUOPT_HD PhiloxKey philox_key_schedule(int64_t seed) {
+  const uint64_t s = static_cast<uint64_t>(seed);
+  PhiloxKey key;
+  uint32_t k0 = static_cast<uint32_t>(s), k1 = static_cast<uint32_t>(s >> 32);
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+  for (int round = 0; round < 10; ++round) {
+    key.k0[round] = k0;
+    key.k1[round] = k1;
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+  return key;
+}
+
+// philox4x32_10 on counter (c0, c1, 0, 0) with a precomputed key schedule: the same bits.
+GPUOPT_HD Philox4x32 philox4x32_10(uint32_t c0, uint32_t c1, const PhiloxKey& key) {
+  uint32_t c2 = 0u, c3 = 0u;
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+  for (int round = 0; round < 10; ++round) philox_round(c0, c1, c2, c3, key.k0[round], key.k1[round]);
+  return Philox4x32{{c0, c1, c2, c3}};
+}
+
 // The Philox call that serves the 8-element group g under the given seed.
 GPUOPT_HD Philox4x32 dropout_group_random(int64_t seed, int64_t group) {
   const uint64_t s = static_cast<uint64_t>(seed);

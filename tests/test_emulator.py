@@ -5,11 +5,13 @@ of csrc/cuda before any GPU runs them; it proves nothing about timing or the mem
 
 The shapes are chosen by the path they take (csrc/cuda/launch_config.h). On the emulated 4-SM device, with
 groups = ceil(N / 8):
-  forward   one warp a row (blockDim (32, 4)) while N <= 1024, VPT = 1, 2, 4 groups a lane (N <= 256, 512, 1024);
-            one block a row of ceil(groups / 4) threads (rounded to warps) up to 512 threads (N <= 16384; fp64: 128
-            threads, N <= 4096); else the looped kernel (512 threads, grid stride over the row's groups).
-  backward  one warp a row while N <= 512; one block a row of ceil(groups / 2) threads up to 512 (N <= 8192; fp64:
-            128, N <= 2048); else looped: the row-stats kernel and the tiled kernel (32 x 8 threads).
+  forward   one warp a row (blockDim (32, 4)) while N <= 1024, VPT = ceil(groups / 32) = 1 .. 4 groups a lane;
+            one block a row of ceil(groups / VPT) threads (rounded to warps) up to 512 threads, VPT 4 or 3 (fp32 x
+            or parameters: 2 first) (N <= 16384; fp64: 128 threads, N <= 4096); else the looped kernel (512
+            threads, grid stride over the row's groups).
+  backward  one warp a row while N <= 512; one block a row of ceil(groups / VPT) threads up to 256, VPT 4 or 2
+            (fp64 and the scalar path: 2) (N <= 8192; fp64: 128 threads, N <= 2048); else looped: the row-stats
+            kernel and the tiled kernel (32 x 8 threads).
   both      N % 8 == 0: one Philox call per group and, with 16-byte aligned pointers, 16-byte vectors; else one
             call per element and scalar access. dgamma / dbeta: partial rows, then column_sum_kernel.
   bias-ReLU the tiled kernels: TX = the power of two <= 32 covering the groups, TY = 256 / TX, N / (8 TX) column
@@ -147,11 +149,13 @@ LDR_N = [
     33,  # warp rows; 5 groups, the last partial
     256,  # warp rows, VPT 1: 32 groups, every lane one
     257,  # warp rows, VPT 2 both ways; N % 8 != 0
-    768,  # forward warp rows VPT 4 (3 groups a lane, the 4th absent); backward one block a row, 64 threads
+    600,  # forward warp rows VPT 3, the 3rd group on lanes 0..10 only; backward a block a row of 64 threads, VPT 2
+    768,  # forward warp rows VPT 3, exactly 3 groups a lane; backward a block a row of one warp, VPT 4 (4th absent)
     1000,  # forward warp rows VPT 4, the 4th group on lanes 0..28 only; backward a block a row; N % 8 == 0
-    1024,  # forward warp rows, all 4 groups of every lane (the longest warp row); backward 64 threads
+    1024,  # forward warp rows, all 4 groups of every lane (the longest warp row); backward one warp, all 4 groups
+    1096,  # one block a row both ways: bf16 forward VPT 3 (64 threads), fp32 forward VPT 2 (96), backward VPT 2 (96)
     4104,  # one block a row both ways, N % 8 == 0 but not a power of two: the last warp part-filled
-    8192,  # one block a row both ways, backward at its 512-thread bound (the longest backward row)
+    8192,  # one block a row both ways, backward at its 256-thread bound (the longest backward row)
     8200,  # forward a block a row (288 threads); backward looped (the shortest looped backward, N % 8 == 0)
     16384,  # forward a block a row at its 512-thread bound (the longest forward row); backward looped
     16392,  # looped both ways (the shortest looped forward, N % 8 == 0), a tail: 2049 groups over 512 threads
@@ -178,7 +182,8 @@ def test_ldr_every_n(small_device, n, dtype):
 
 # Every dtype x params (none, of x's dtype, fp32) x p (0: no RNG; 0.3; 1: every element dropped) at
 #   33    warp rows both ways; N % 8 != 0: scalar access, one Philox call per element
-#   768   forward warp rows (3 groups a lane), backward a block a row (64 threads); fp64 the same (128-thread bound)
+#   768   forward warp rows (3 groups a lane), backward a block a row (one warp, 4 groups a thread; fp64: 64
+#         threads, 2 groups)
 #   4104  a block a row both ways; fp64: looped both ways (past its 4096 / 2048 bounds)
 #   8200  forward a block a row, backward looped (row stats + tiled kernels), for fp32 / fp16 / bf16 (slow: the
 #         fast lane runs the looped backward at 8200, 16384 and 16392 in test_ldr_every_n and in fp64 at 4104)
@@ -253,12 +258,12 @@ def test_ldr_paths_taken(small_device):
     ]
     assert kernels(768) == [
         "ldr_forward_rows_kernel (32,4,1)",
-        "ldr_backward_rows_kernel (64,1,1)",
+        "ldr_backward_rows_kernel (32,1,1)",  # a block of one warp a row, 4 groups a thread
         "column_sum_kernel (32,32,1)",
     ]
     assert kernels(8192) == [
-        "ldr_forward_rows_kernel (256,1,1)",
-        "ldr_backward_rows_kernel (512,1,1)",
+        "ldr_forward_rows_kernel (512,1,1)",  # fp32: 2 groups a thread, so its fp32 weight and bias stay in registers
+        "ldr_backward_rows_kernel (256,1,1)",
         "column_sum_kernel (32,32,1)",
     ]
     assert kernels(8200)[1] == "ldr_backward_row_stats_kernel (512,1,1)"

@@ -18,27 +18,44 @@ struct BiasReluParams {
   const B* bias;
   S* out;
   int64_t M, N;
-  bool x_vec;  // N % 8 == 0, x and out 16-byte aligned
-  bool b_vec;  // N % 8 == 0, bias 16-byte aligned
 };
 
-template <typename S, typename B>
+// Rows a thread loads before it computes and stores any of them: U loads in flight per thread (predicated on
+// row < M), so a block of 256 threads keeps 256 x U x 16 bytes (or x 32 for fp32) of reads in flight.
+constexpr int kBiasReluRows = 4;
+
+// kVec (the launcher's choice: N % 8 == 0 and x, out, bias 16-byte aligned) makes every group 16-byte vectors
+// at compile time; otherwise element by element, with the row's last group partial.
+template <typename S, typename B, bool kVec>
 __global__ void __launch_bounds__(cuda::kTiledThreads) bias_relu_forward_kernel(BiasReluParams<S, B> p) {
   using A = acc_t_of<S>;
-  const int64_t N = p.N;
+  constexpr int U = kBiasReluRows;
+  const int64_t N = p.N, M = p.M;
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kGroup;
   if (c0 >= N) return;  // no barrier in this kernel
-  const int valid = group_size(N, c0);
+  const int valid = kVec ? kGroup : group_size(N, c0);
   A b[kGroup];
-  load_param_group(p.bias, c0, valid, p.b_vec, A(0), b);
-#pragma unroll 4  // several rows' loads in flight per thread
-  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.M;
-       row += int64_t(gridDim.y) * blockDim.y) {
-    A v[kGroup];
-    load_group(p.x + row * N + c0, valid, p.x_vec, v);
+  load_group(p.bias + c0, valid, kVec, b);
+  const int64_t stride = int64_t(gridDim.y) * blockDim.y;
+  const S* __restrict__ x = p.x + c0;
+  S* __restrict__ out = p.out + c0;
+  for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < M; row += U * stride) {
+    Group<S> v[U];
 #pragma unroll
-    for (int j = 0; j < kGroup; ++j) v[j] = bias_relu_forward_element<A>(v[j], b[j]);
-    store_group(p.out + row * N + c0, valid, p.x_vec, v);
+    for (int u = 0; u < U; ++u) {
+      const int64_t r = row + u * stride;
+      if (r < M) load_raw_group(x + r * N, valid, kVec, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t r = row + u * stride;
+      if (r < M) {
+        A o[kGroup];
+#pragma unroll
+        for (int j = 0; j < kGroup; ++j) o[j] = bias_relu_forward_element<A>(to_acc(v[u].v[j]), b[j]);
+        store_group(out + r * N, valid, kVec, o);
+      }
+    }
   }
 }
 
@@ -49,32 +66,47 @@ struct BiasReluBackwardParams {
   S* grad_x;
   acc_t_of<S>* partial;  // (G = gridDim.y, ldp) per-block column sums of grad_x
   int64_t M, N, ldp;
-  bool x_vec;  // N % 8 == 0, grad_out, out, grad_x 16-byte aligned
 };
 
-template <typename S>
+template <typename S, bool kVec>
 __global__ void __launch_bounds__(cuda::kTiledThreads) bias_relu_backward_kernel(BiasReluBackwardParams<S> p) {
   using A = acc_t_of<S>;
+  constexpr int U = kBiasReluRows;
   GPUOPT_SHARED_ARRAY(A, comb, cuda::kTiledThreads * kGroup);
-  const int64_t N = p.N;
+  const int64_t N = p.N, M = p.M;
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kGroup;
-  const int valid = c0 < N ? group_size(N, c0) : 0;
+  const int valid = c0 < N ? (kVec ? kGroup : group_size(N, c0)) : 0;
   A db[kGroup];
 #pragma unroll
   for (int j = 0; j < kGroup; ++j) db[j] = A(0);
   if (valid > 0) {
-#pragma unroll 4
-    for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.M;
-         row += int64_t(gridDim.y) * blockDim.y) {
-      A g[kGroup], o[kGroup];
-      load_group(p.grad_out + row * N + c0, valid, p.x_vec, g);
-      load_group(p.out + row * N + c0, valid, p.x_vec, o);
+    const int64_t stride = int64_t(gridDim.y) * blockDim.y;
+    const S* __restrict__ grad_out = p.grad_out + c0;
+    const S* __restrict__ out = p.out + c0;
+    S* __restrict__ grad_x = p.grad_x + c0;
+    for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < M; row += U * stride) {
+      Group<S> g[U], o[U];
 #pragma unroll
-      for (int j = 0; j < kGroup; ++j) {
-        g[j] = bias_relu_backward_element<A>(g[j], o[j]);
-        db[j] += g[j];
+      for (int u = 0; u < U; ++u) {
+        const int64_t r = row + u * stride;
+        if (r < M) {
+          load_raw_group(grad_out + r * N, valid, kVec, g[u]);
+          load_raw_group(out + r * N, valid, kVec, o[u]);
+        }
       }
-      store_group(p.grad_x + row * N + c0, valid, p.x_vec, g);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t r = row + u * stride;
+        if (r < M) {
+          A d[kGroup];
+#pragma unroll
+          for (int j = 0; j < kGroup; ++j) {
+            d[j] = bias_relu_backward_element<A>(to_acc(g[u].v[j]), to_acc(o[u].v[j]));
+            db[j] += d[j];
+          }
+          store_group(grad_x + r * N, valid, kVec, d);
+        }
+      }
     }
   }
   write_tile_partials(db, p.partial, p.ldp, N, comb);

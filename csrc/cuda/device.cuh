@@ -51,7 +51,15 @@ using bfloat16_t = __nv_bfloat16;
 __device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-__device__ __forceinline__ uint4 load16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+// A volatile asm load: the compiler keeps the kernels' 16-byte loads in program order (each kernel writes a row's
+// loads back to back before the math that uses them), where its scheduler would otherwise sink a load of a
+// register-hungry kernel below the first math to reuse registers (a second round trip a row). Only global
+// memory the kernel does not write is read this way.
+__device__ __forceinline__ uint4 load16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ void store16(void* p, const uint4& v) { *reinterpret_cast<uint4*>(p) = v; }
 
 }  // namespace dev

@@ -4,16 +4,17 @@
 #include <cstdint>
 
 #include "cuda/device.cuh"
+#include "cuda/launch_config.h"
 #include "fused_math.h"
 #include "philox.h"
 
 namespace gpuopt {
 namespace dev {
 
-constexpr int kGroup = 8;  // elements per group: one Philox call, one or more 16-byte vectors
-constexpr int kWarpSize = 32;
+using cuda::ceil_div;  // launch_config.h
+using cuda::kGroup;    // elements per group: one Philox call, one or more 16-byte vectors
+using cuda::kWarpSize;
 
-GPUOPT_HOST_DEV int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 GPUOPT_HOST_DEV int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // Elements of the group starting at column c0 < N of a row of N: 8, or fewer for the last group of a row.
@@ -99,10 +100,11 @@ GPUOPT_DEV A warp_sum(A v) {
 // row needs no shared memory; more warps (then blockDim.y == 1) meet in `shared`, >= 32 values per sum. The
 // caller alternates between two such buffers on consecutive calls, so no trailing barrier is needed: a buffer
 // is rewritten only after the barrier of the call in between, which every thread passes after reading it.
-template <typename A>
+// kWarpRow: the kernel is compiled for one warp a row, so the block part is not even compiled in.
+template <bool kWarpRow = false, typename A>
 GPUOPT_DEV A row_sum(A v, A* shared) {
   v = warp_sum(v);
-  if (blockDim.x == kWarpSize) return v;
+  if (kWarpRow || blockDim.x == kWarpSize) return v;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   if (lane == 0) shared[warp] = v;
   __syncthreads();
@@ -111,11 +113,11 @@ GPUOPT_DEV A row_sum(A v, A* shared) {
 }
 
 // Two sums at once (one barrier); `shared` holds >= 64 values per call, alternated like row_sum's.
-template <typename A>
+template <bool kWarpRow = false, typename A>
 GPUOPT_DEV void row_sum2(A& a, A& b, A* shared) {
   a = warp_sum(a);
   b = warp_sum(b);
-  if (blockDim.x == kWarpSize) return;
+  if (kWarpRow || blockDim.x == kWarpSize) return;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   if (lane == 0) {
     shared[warp] = a;
@@ -145,6 +147,60 @@ GPUOPT_DEV uint32_t keep_bits(int64_t seed, int64_t idx0, int valid, uint32_t th
   }
   return bits;
 }
+
+// Dropout of the 16-byte vector path (N % 8 == 0: a group is one Philox call), as keep_bits with one_call: the
+// keep test of each 16-bit lane is one compare of the output word. Without RNG (threshold 0 or 65536) the words
+// are taken as 0, which the thresholds turn into keep-all or drop-all.
+// kHoist: the key schedule is computed once a thread and its 20 keys stay live in registers, so a call is only
+// its rounds. Derived straight from the seed, the compiler would redo the key adds (one a key a round) on every
+// call; passed through a shuffle once, the keys are values it keeps instead. Without kHoist (kernels that need
+// those registers) each call adds its keys.
+template <bool kHoist>
+struct GroupDropout {
+  static constexpr int kKeys = kHoist ? 10 : 1;
+  uint32_t k0[kKeys], k1[kKeys];
+  uint32_t t_lo;  // even lane j = 2i: keep <=> (w_i & 0xffff) >= t_lo
+  uint32_t t_hi;  // odd lane j = 2i + 1: keep <=> (w_i >> 16) >= threshold <=> w_i >= t_hi
+  bool rng;       // 0 < threshold < 65536
+
+  // Called where all 32 lanes of the warp are active (the shuffles).
+  GPUOPT_DEV GroupDropout(int64_t seed, uint32_t threshold)
+      : t_lo(threshold),
+        t_hi(threshold == 0u ? 0u : (threshold >= 65536u ? 0xffffffffu : threshold << 16)),
+        rng(threshold != 0u && threshold < 65536u) {
+    const PhiloxKey key = philox_key_schedule(seed);
+#pragma unroll
+    for (int r = 0; r < kKeys; ++r) {
+      k0[r] = kHoist ? __shfl_sync(0xffffffffu, key.k0[r], 0) : key.k0[r];
+      k1[r] = kHoist ? __shfl_sync(0xffffffffu, key.k1[r], 0) : key.k1[r];
+    }
+  }
+
+  // keep[j] of the 8 elements of group `group` (linear index 8 * group + j).
+  GPUOPT_DEV void keep(int64_t group, bool (&out)[kGroup]) const {
+    Philox4x32 r{{0u, 0u, 0u, 0u}};
+    if (rng) {
+      const uint64_t g = static_cast<uint64_t>(group);
+      const uint32_t c0 = static_cast<uint32_t>(g), c1 = static_cast<uint32_t>(g >> 32);
+      if (kHoist) {
+        PhiloxKey key;
+#pragma unroll
+        for (int i = 0; i < 10; ++i) {
+          key.k0[i] = k0[kHoist ? i : 0];
+          key.k1[i] = k1[kHoist ? i : 0];
+        }
+        r = philox4x32_10(c0, c1, key);
+      } else {
+        r = philox4x32_10(c0, c1, 0u, 0u, k0[0], k1[0]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kGroup / 2; ++i) {
+      out[2 * i] = (r.w[i] & 0xffffu) >= t_lo;
+      out[2 * i + 1] = r.w[i] >= t_hi;
+    }
+  }
+};
 
 // The seed is read on the device (no host sync, so CUDA graphs capture the op), and only when the RNG runs.
 GPUOPT_DEV int64_t read_seed(const int64_t* __restrict__ seed, uint32_t threshold) {

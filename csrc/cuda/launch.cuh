@@ -60,7 +60,7 @@ void dispatch_ldr_dtypes(DType x, DType param, F&& f) {
 // The vectorization rule of every kernel: a row's groups move as 16-byte vectors when N % 8 == 0 (a group never
 // crosses a row) and every pointer involved is 16-byte aligned; an absent weight / bias (nullptr) does not count.
 inline bool vector_access(int64_t N, std::initializer_list<const void*> ptrs) {
-  if (N % kGroupSize != 0) return false;
+  if (N % kGroup != 0) return false;
   for (const void* p : ptrs)
     if (p != nullptr && !dev::is_aligned16(p)) return false;
   return true;
@@ -113,23 +113,50 @@ struct BiasReluBackwardBuffers {
   DType dtype;
 };
 
-// The kernel pointer of ldr_forward_rows_kernel / ldr_backward_rows_kernel for a runtime VPT.
-template <typename S, typename P, typename A>
-auto ldr_forward_rows(int vpt) -> void (*)(dev::LdrForwardParams<S, P, A>) {
-  switch (vpt) {
+// The kernel pointer of ldr_forward_rows_kernel / ldr_backward_rows_kernel for a plan and an access path.
+template <typename S, typename P, typename A, bool kVec>
+auto ldr_forward_rows(const RowsPlan& plan) -> void (*)(dev::LdrForwardParams<S, P, A>) {
+  static_assert(ldr_rows_max_vpt(false) == 4, "instantiate every VPT the plan can pick");
+  if (!plan.warp_row) {  // a block a row: 4 groups a thread, or 3; 2 with fp32 x or parameters (plan_ldr_rows)
+    if constexpr (sizeof(S) != 8 && (sizeof(S) == 4 || sizeof(P) == 4)) {
+      if (plan.vpt == 2) return dev::ldr_forward_rows_kernel<S, P, A, kVec, false, 2>;
+    }
+    return plan.vpt == 3 ? dev::ldr_forward_rows_kernel<S, P, A, kVec, false, 3>
+                         : dev::ldr_forward_rows_kernel<S, P, A, kVec, false, 4>;
+  }
+  switch (plan.vpt) {
     case 1:
-      return dev::ldr_forward_rows_kernel<S, P, A, 1>;
+      return dev::ldr_forward_rows_kernel<S, P, A, kVec, true, 1>;
     case 2:
-      return dev::ldr_forward_rows_kernel<S, P, A, 2>;
+      return dev::ldr_forward_rows_kernel<S, P, A, kVec, true, 2>;
+    case 3:
+      return dev::ldr_forward_rows_kernel<S, P, A, kVec, true, 3>;
     default:
-      return dev::ldr_forward_rows_kernel<S, P, A, 4>;
+      return dev::ldr_forward_rows_kernel<S, P, A, kVec, true, 4>;
   }
 }
 
 template <typename S, typename P, typename A>
-auto ldr_backward_rows(int vpt) -> void (*)(dev::LdrBackwardParams<S, P, A>) {
+auto ldr_forward_rows(const RowsPlan& plan, bool vec) -> void (*)(dev::LdrForwardParams<S, P, A>) {
+  return vec ? ldr_forward_rows<S, P, A, true>(plan) : ldr_forward_rows<S, P, A, false>(plan);
+}
+
+template <typename S, typename P, typename A, bool kVec>
+auto ldr_backward_rows(const RowsPlan& plan) -> void (*)(dev::LdrBackwardParams<S, P, A>) {
   static_assert(ldr_rows_max_vpt(true) == 2, "instantiate every VPT the plan can pick");
-  return vpt == 1 ? dev::ldr_backward_rows_kernel<S, P, A, 1> : dev::ldr_backward_rows_kernel<S, P, A, 2>;
+  if (!plan.warp_row) {  // a block a row: 4 groups a thread, or 2 (plan_ldr_rows; fp64 and the scalar path: 2)
+    if constexpr (kVec && sizeof(S) != 8) {
+      if (plan.vpt == 4) return dev::ldr_backward_rows_kernel<S, P, A, kVec, false, 4>;
+    }
+    return dev::ldr_backward_rows_kernel<S, P, A, kVec, false, 2>;
+  }
+  return plan.vpt == 1 ? dev::ldr_backward_rows_kernel<S, P, A, kVec, true, 1>
+                       : dev::ldr_backward_rows_kernel<S, P, A, kVec, true, 2>;
+}
+
+template <typename S, typename P, typename A>
+auto ldr_backward_rows(const RowsPlan& plan, bool vec) -> void (*)(dev::LdrBackwardParams<S, P, A>) {
+  return vec ? ldr_backward_rows<S, P, A, true>(plan) : ldr_backward_rows<S, P, A, false>(plan);
 }
 
 template <class Launcher>
@@ -153,9 +180,10 @@ void run_ldr_forward(const LdrForwardBuffers& b, Launcher& launcher) {
     p.threshold = b.dropout.threshold;
     p.x_vec = vector_access(b.N, {b.x, b.out});
     p.p_vec = vector_access(b.N, {b.weight, b.bias});
-    const RowsPlan plan = plan_ldr_rows(b.M, b.N, sizeof(S), /*backward=*/false);
+    const bool vec = p.x_vec && p.p_vec;
+    const RowsPlan plan = plan_ldr_rows(b.M, b.N, sizeof(S), sizeof(P), /*backward=*/false, vec);
     if (plan.rows) {
-      auto kernel = ldr_forward_rows<S, P, A>(plan.vpt);
+      auto kernel = ldr_forward_rows<S, P, A>(plan, vec);
       const dim3 block(plan.threads_x, plan.rows_per_block);
       const int per_sm = launcher.blocks_per_sm(kernel, plan.threads_x * plan.rows_per_block);
       const int64_t grid = persistent_grid(plan.blocks_needed, per_sm, launcher.sm_count());
@@ -221,14 +249,15 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
     p.x_vec = vector_access(b.N, {b.x, b.grad_out, b.grad_x});
     p.p_vec = vector_access(b.N, {b.weight, b.bias});
     const int sms = launcher.sm_count();
-    const RowsPlan plan = plan_ldr_rows(b.M, b.N, sizeof(S), /*backward=*/true);
+    const bool vec = p.x_vec && p.p_vec;
+    const RowsPlan plan = plan_ldr_rows(b.M, b.N, sizeof(S), sizeof(P), /*backward=*/true, vec);
     int64_t G = 0;
     auto alloc_partials = [&] {
       p.partial_w = b.grad_weight != nullptr ? launcher.template scratch<A>(G * p.ldp) : nullptr;
       p.partial_b = b.grad_bias != nullptr ? launcher.template scratch<A>(G * p.ldp) : nullptr;
     };
     if (plan.rows) {
-      auto kernel = ldr_backward_rows<S, P, A>(plan.vpt);
+      auto kernel = ldr_backward_rows<S, P, A>(plan, vec);
       const int per_sm = launcher.blocks_per_sm(kernel, plan.threads_x * plan.rows_per_block);
       G = persistent_grid(plan.blocks_needed, per_sm, sms);
       alloc_partials();
@@ -236,9 +265,10 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
                    dim3(plan.threads_x, plan.rows_per_block), plan.max_threads, p);
     } else {
       p.row_stats = launcher.template scratch<A>(2 * b.M);
-      auto stats = dev::ldr_backward_row_stats_kernel<S, P, A>;
+      auto stats =
+          vec ? dev::ldr_backward_row_stats_kernel<S, P, A, true> : dev::ldr_backward_row_stats_kernel<S, P, A, false>;
       const int64_t stats_grid = persistent_grid(b.M, launcher.blocks_per_sm(stats, kLoopedThreads), sms);
-      auto tiled = dev::ldr_backward_tiled_kernel<S, P, A>;
+      auto tiled = vec ? dev::ldr_backward_tiled_kernel<S, P, A, true> : dev::ldr_backward_tiled_kernel<S, P, A, false>;
       const TilePlan t = plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(tiled, kTiledThreads)) * sms);
       G = t.row_blocks;
       alloc_partials();
@@ -264,9 +294,8 @@ void run_bias_relu(const BiasReluBuffers& b, Launcher& launcher) {
     p.out = static_cast<S*>(b.out);
     p.M = b.M;
     p.N = b.N;
-    p.x_vec = vector_access(b.N, {b.x, b.out});
-    p.b_vec = vector_access(b.N, {b.bias});
-    auto kernel = dev::bias_relu_forward_kernel<S, B>;
+    auto kernel = vector_access(b.N, {b.x, b.out, b.bias}) ? dev::bias_relu_forward_kernel<S, B, true>
+                                                           : dev::bias_relu_forward_kernel<S, B, false>;
     const TilePlan t =
         plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
     launcher.run("bias_relu_forward_kernel", kernel,
@@ -287,8 +316,8 @@ void run_bias_relu_backward(const BiasReluBackwardBuffers& b, Launcher& launcher
     p.M = b.M;
     p.N = b.N;
     p.ldp = partial_stride(b.N);
-    p.x_vec = vector_access(b.N, {b.grad_out, b.out, b.grad_x});
-    auto kernel = dev::bias_relu_backward_kernel<S>;
+    auto kernel = vector_access(b.N, {b.grad_out, b.out, b.grad_x}) ? dev::bias_relu_backward_kernel<S, true>
+                                                                    : dev::bias_relu_backward_kernel<S, false>;
     const TilePlan t =
         plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
     p.partial = launcher.template scratch<A>(t.row_blocks * p.ldp);

@@ -6,9 +6,11 @@
 // vectors). Paths:
 //   rows    a row lives in registers as VPT groups per thread: one warp per row (blockDim (32, 4): four rows a
 //           block, no barrier) while 32 lanes x max VPT groups cover it (N <= 1024 forward, 512 backward), else
-//           one row a block of ceil(groups / max VPT) threads (forward: 4 groups a thread, N <= 16384;
-//           backward: 2, N <= 8192; fp64 less). The forward reads x once; the backward reads x and grad_out once
-//           and keeps its columns' dgamma / dbeta in registers across the rows of a persistent, one-wave grid.
+//           one row a block of ceil(groups / VPT) threads (forward: 4 groups a thread (3, or 2 for fp32 x or
+//           parameters, see plan_ldr_rows), N <= 16384; backward: 4 (or 2), N <= 8192; fp64 less). The forward
+//           reads x once; the backward reads x and grad_out once and keeps its columns' dgamma / dbeta in
+//           registers across the rows of a persistent, one-wave grid. Weight and bias are loaded once a thread
+//           where its registers hold them (hold_params, ldr_kernels.cuh). A row's loads all issue before its math.
 //   looped  longer rows: the forward reads x three times (sum, centred squares, output; the re-reads come
 //           mostly from L2); the backward runs a row kernel (the two row means of the grad_x formula) and a
 //           tiled kernel (grad_x and dgamma / dbeta partials).
@@ -25,26 +27,29 @@
 namespace gpuopt {
 namespace cuda {
 
-constexpr int kGroupSize = 8;
-constexpr int kWarp = 32;
+// The one definition of these, for the host and (constexpr, nvcc's --expt-relaxed-constexpr) the kernels.
+constexpr int kGroup = 8;  // elements per group: one Philox call, one or more 16-byte vectors
+constexpr int kWarpSize = 32;
 constexpr int kMaxGridY = 65535;
 
-inline int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
-inline int64_t round_up64(int64_t a, int64_t b) { return ceil_div64(a, b) * b; }
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // ------------------------------------------------------------------------------------------- per-kernel bounds
 // Max threads per block of each kernel: its __launch_bounds__, so ptxas keeps it within registers / thread =
 // 65536 / max threads (no spills: the static CUDA gate, tools/cuda_resources.py, checks the built binary), and
-// the launcher never asks for more. elem = sizeof(x's dtype).
-constexpr int ldr_rows_forward_max_threads(int vpt, int elem) { return vpt < 4 ? 128 : (elem <= 4 ? 512 : 128); }
-// The backward holds x, grad_out and its columns' dgamma / dbeta: two groups a thread at <= 128 registers (512
-// threads) is the most that fits without spilling; four groups need ~215 registers, one 8-warp block an SM.
-constexpr int ldr_rows_backward_max_threads(int vpt, int elem) { return vpt < 2 || elem == 8 ? 128 : 512; }
+// the launcher never asks for more. elem = sizeof(x's dtype). The rows kernels are compiled separately for one
+// warp a row (blockDim (32, 4): 128 threads, so up to 255 registers) and one block a row.
+constexpr int ldr_rows_forward_max_threads(bool warp_row, int elem) { return warp_row || elem > 4 ? 128 : 512; }
+// The backward holds its groups' xhat, dxhat (fp32) and dgamma / dbeta sums, 32 registers a group, plus the
+// weight, bias and the dropout key schedule: more than 128 registers a thread (512 threads) at two groups, so
+// one block a row has at most 256 threads (255 registers a thread).
+constexpr int ldr_rows_backward_max_threads(bool warp_row, int elem) { return warp_row || elem == 8 ? 128 : 256; }
 constexpr int kLoopedThreads = 512;  // ldr_forward_looped_kernel, ldr_backward_row_stats_kernel
 constexpr int kTiledThreads = 256;   // tiled kernels
 constexpr int kColumnSumTile = 32;   // column_sum_kernel: 32 x 32 threads
 
-// Largest VPT (groups a thread) of the rows path.
+// Largest VPT (groups a thread) of one warp a row.
 constexpr int ldr_rows_max_vpt(bool backward) { return backward ? 2 : 4; }
 
 // Device facts the plans need; the launcher caches them per device.
@@ -52,50 +57,76 @@ struct DeviceFacts {
   int sm_count = 1;
 };
 
-// One wave of a persistent grid: at most the blocks that fit on the device at once.
+// A grid-stride split of `steps` work units over at most `max_blocks` blocks that is even: every block takes
+// ceil(steps / blocks) or one unit fewer, and no block count above the fewest that need that many rounds.
+inline int64_t balanced_grid(int64_t steps, int64_t max_blocks) {
+  steps = std::max<int64_t>(steps, 1);
+  max_blocks = std::max<int64_t>(max_blocks, 1);
+  if (steps <= max_blocks) return steps;
+  return ceil_div(steps, ceil_div(steps, max_blocks));
+}
+
+// One wave of a persistent grid: at most the blocks that fit on the device at once, evened out (balanced_grid).
 inline int64_t persistent_grid(int64_t blocks_needed, int blocks_per_sm, int sm_count) {
   const int64_t resident = int64_t(std::max(blocks_per_sm, 1)) * std::max(sm_count, 1);
-  return std::max<int64_t>(1, std::min(blocks_needed, resident));
+  return balanced_grid(blocks_needed, resident);
 }
 
 // ------------------------------------------------------------------------------------ layer_norm_dropout_relu
 struct RowsPlan {
-  bool rows = false;  // false: looped path
-  int vpt = 0;        // groups per thread (1, 2 or 4)
-  int threads_x = 0;  // threads per row (32 .. max threads of vpt)
+  bool rows = false;      // false: looped path
+  bool warp_row = false;  // one warp a row (blockDim (32, 4)), else one block a row
+  int vpt = 0;            // groups per thread: 1 .. 4 (one warp a row: 1 or 2 in the backward)
+  int threads_x = 0;      // threads per row (32 .. the kernel's bound)
   int rows_per_block = 1;
   int max_threads = 0;        // the kernel's launch bound
   int64_t blocks_needed = 0;  // blocks covering every row once
 };
 
-// groups = ceil(N / 8). One warp a row while its 32 lanes x max VPT groups cover it; longer rows take max VPT
-// groups a thread and ceil(groups / max VPT) threads (rounded to warps), up to the kernel's bound.
-inline RowsPlan plan_ldr_rows(int64_t M, int64_t N, int elem, bool backward) {
+// groups = ceil(N / 8); thread t of a row takes groups t + k * T, k < VPT. One warp a row while its 32 lanes x
+// max VPT groups cover it, VPT = ceil(groups / 32) (so exactly 3 groups a lane at N = 768). Longer rows take one
+// block a row of T = ceil(groups / VPT) threads rounded to warps, up to the kernel's bound, with the first VPT of
+// a list that fits the bound and keeps (VPT - 1) x T <= groups:
+//   forward   4, else 3 (which always satisfies it there); with fp32 x or parameters (not fp64) 2 first, so a
+//             thread's fp32 weight and bias fit its 128 registers next to its row (hold_params).
+//   backward  4, else 2 (a 256-thread bound: 255 registers hold 4 groups' xhat, dxhat and dgamma / dbeta); fp64
+//             and the scalar path (whose registers do not hold 4 groups): 2 only.
+// Every plan keeps (VPT - 1) x T <= groups, so only a thread's last group can lie past the row (the kernels test
+// no other). elem / param_elem: sizeof of x's / the parameters' dtype; vec: the 16-byte vector path.
+inline RowsPlan plan_ldr_rows(int64_t M, int64_t N, int elem, int param_elem, bool backward, bool vec) {
   RowsPlan p;
-  const int64_t groups = ceil_div64(N, kGroupSize);
+  const int64_t groups = ceil_div(N, kGroup);
   const int max_vpt = ldr_rows_max_vpt(backward);
-  auto bound = [&](int vpt) {
-    return backward ? ldr_rows_backward_max_threads(vpt, elem) : ldr_rows_forward_max_threads(vpt, elem);
-  };
-  if (groups <= int64_t(kWarp) * max_vpt) {
-    const int64_t need = ceil_div64(groups, kWarp);
-    p.vpt = need <= 1 ? 1 : (need <= 2 ? 2 : 4);
-    p.threads_x = kWarp;
+  if (groups <= int64_t(kWarpSize) * max_vpt) {
+    p.vpt = static_cast<int>(ceil_div(groups, kWarpSize));
+    p.threads_x = kWarpSize;
     p.rows_per_block = 4;
+    p.warp_row = true;
   } else {
-    p.vpt = max_vpt;
-    p.threads_x = static_cast<int>(std::min<int64_t>(round_up64(ceil_div64(groups, max_vpt), kWarp), 1 << 20));
+    const int bound = backward ? ldr_rows_backward_max_threads(false, elem) : ldr_rows_forward_max_threads(false, elem);
+    static constexpr int kVpts[][3] = {{4, 3, 0}, {2, 4, 3}, {4, 2, 0}, {2, 0, 0}};
+    const int* vpts = kVpts[0];
+    if (!backward && elem != 8 && (elem == 4 || param_elem == 4)) vpts = kVpts[1];
+    if (backward) vpts = elem == 8 || !vec ? kVpts[3] : kVpts[2];
     p.rows_per_block = 1;
-    if (p.threads_x > bound(max_vpt)) return RowsPlan{};  // looped
+    for (int i = 0; i < 3 && vpts[i] != 0 && p.vpt == 0; ++i) {
+      const int64_t t = round_up(ceil_div(groups, vpts[i]), kWarpSize);
+      if (t <= bound && (vpts[i] - 1) * t <= groups) {
+        p.vpt = vpts[i];
+        p.threads_x = static_cast<int>(t);
+      }
+    }
+    if (p.vpt == 0) return RowsPlan{};  // looped
   }
   p.rows = true;
-  p.max_threads = bound(p.vpt);
-  p.blocks_needed = ceil_div64(M, p.rows_per_block);
+  p.max_threads =
+      backward ? ldr_rows_backward_max_threads(p.warp_row, elem) : ldr_rows_forward_max_threads(p.warp_row, elem);
+  p.blocks_needed = ceil_div(M, p.rows_per_block);
   return p;
 }
 
 // Row stride of the (G, N) partial-sum buffers: a multiple of 8, so every group of partials is 16-byte aligned.
-inline int64_t partial_stride(int64_t N) { return round_up64(N, kGroupSize); }
+inline int64_t partial_stride(int64_t N) { return round_up(N, kGroup); }
 
 // --------------------------------------------------------------------------------------------------- tiled
 struct TilePlan {
@@ -104,25 +135,26 @@ struct TilePlan {
   int64_t row_blocks = 0;  // gridDim.y: blocks down the rows (grid stride); also G of the column sums
 };
 
-// tx: a power of two <= 32 covering the row's groups; ty = 256 / tx. col_tiles x row_blocks ~ one wave of
-// `resident` blocks, row_blocks <= 65535 and <= the row steps.
+// tx: a power of two <= 32 covering the row's groups; ty = 256 / tx. col_tiles x row_blocks <= one wave of
+// `resident` blocks: row_blocks = resident / col_tiles rounded down (at least 1; rounding up would start a
+// second, nearly empty wave), <= 65535, then evened out over the row steps (balanced_grid).
 inline TilePlan plan_tiled(int64_t M, int64_t N, int64_t resident) {
   TilePlan t;
-  const int64_t groups = ceil_div64(N, kGroupSize);
+  const int64_t groups = ceil_div(N, kGroup);
   t.tx = 1;
-  while (t.tx < kWarp && t.tx < groups) t.tx *= 2;
+  while (t.tx < kWarpSize && t.tx < groups) t.tx *= 2;
   t.ty = kTiledThreads / t.tx;
-  t.col_tiles = ceil_div64(groups, t.tx);
+  t.col_tiles = ceil_div(groups, t.tx);
   if (t.col_tiles > 2147483647LL)
     throw std::runtime_error("gpuopt: N = " + std::to_string(N) + " is too large for the CUDA grid");
-  const int64_t steps = std::max<int64_t>(1, ceil_div64(M, t.ty));
-  t.row_blocks = std::max<int64_t>(
-      1, std::min<int64_t>({ceil_div64(std::max<int64_t>(resident, 1), t.col_tiles), steps, int64_t(kMaxGridY)}));
+  const int64_t steps = std::max<int64_t>(1, ceil_div(M, t.ty));
+  const int64_t per_wave = std::max<int64_t>(1, std::min<int64_t>(resident / t.col_tiles, int64_t(kMaxGridY)));
+  t.row_blocks = balanced_grid(steps, per_wave);
   return t;
 }
 
 // Stage 2: ceil(N / 32) x (number of sums) blocks of 32 x 32 threads.
-inline int64_t column_sum_blocks(int64_t N) { return ceil_div64(N, kColumnSumTile); }
+inline int64_t column_sum_blocks(int64_t N) { return ceil_div(N, kColumnSumTile); }
 
 }  // namespace cuda
 }  // namespace gpuopt

@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/column_sums.cuh"
 #include "cuda/kernel_utils.cuh"
@@ -71,69 +72,145 @@ struct RowConsts {
         inv_n(A(1) / static_cast<A>(p.N)) {}
 };
 
+// The keep bits of a group as booleans: the 16-byte vector path (kVec: N % 8 == 0) uses the precomputed key
+// schedule, the other path keep_bits (one Philox call a group when N % 8 == 0, else one an element).
+// idx0 = row * N + c0 is the group's first linear index, group0 + g = idx0 / 8 its Philox group when N % 8 == 0.
+template <bool kVec, bool kHoist, typename A>
+GPUOPT_DEV void group_keep(const GroupDropout<kHoist>& drop, const RowConsts<A>& rc, uint32_t threshold, int64_t group0,
+                           int64_t g, int64_t idx0, int valid, bool (&keep)[kGroup]) {
+  if (kVec) {
+    drop.keep(group0 + g, keep);
+  } else {
+    const uint32_t bits = keep_bits(rc.seed, idx0, valid, threshold, rc.one_call);
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) keep[j] = (bits >> j) & 1u;
+  }
+}
+
+// Whether a rows kernel holds its columns' weight and bias in registers across rows, and in which type: always
+// for one warp a row (up to 255 registers a thread; in fp32), and for one block a row on the 16-byte vector
+// path when they take at most 32 registers in their own type (converted on use): 16-bit parameters of 4 groups,
+// fp32 of 2. Otherwise (a block row's registers are full, or the scalar path) each row reloads them, from L1 / L2.
+template <bool kVec, bool kWarpRow, typename P, int VPT>
+constexpr bool hold_params() {
+  return kWarpRow || (kVec && VPT * kGroup * 2 * sizeof(P) <= 32 * 4);
+}
+template <typename A, typename P, bool kWarpRow>
+using param_reg_t = typename std::conditional<(kWarpRow && sizeof(A) == 4), A, P>::type;
+
+// The weight and bias of a thread's VPT groups (columns 8 * (tx + k * T)), absent ones as 1 / 0.
+template <bool kVec, typename P, typename R, int VPT>
+GPUOPT_DEV void load_row_params(const P* __restrict__ weight, const P* __restrict__ bias, int64_t N, int groups,
+                                R (&w)[VPT][kGroup], R (&b)[VPT][kGroup]) {
+  using A = acc_t_of<P>;
+  const int T = blockDim.x, tx = threadIdx.x;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int g = tx + k * T;
+    const int c0 = g * kGroup;
+    const int valid = g < groups ? (kVec ? kGroup : group_size(N, c0)) : 0;
+    A wa[kGroup], ba[kGroup];
+    load_param_group(valid > 0 ? weight : nullptr, c0, valid, kVec, A(1), wa);
+    load_param_group(valid > 0 ? bias : nullptr, c0, valid, kVec, A(0), ba);
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      w[k][j] = from_acc<R>(wa[j]);
+      b[k][j] = from_acc<R>(ba[j]);
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ forward, rows
 // blockDim (T, R): T threads per row (R rows a block when T == 32, else R == 1); VPT groups per thread, group
-// k of thread t at columns 8 * (t + k * T). The row stays in registers in its storage type.
-template <typename S, typename P, typename A, int VPT>
-__global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(VPT, sizeof(S)))
+// k of thread t at columns 8 * (t + k * T). kVec (the launcher's choice: N % 8 == 0, x, out, weight and bias
+// 16-byte aligned) makes every access a 16-byte vector and every group one Philox call at compile time.
+// Weight and bias are loaded once, before the row loop (a thread's columns are the same in every row); each row
+// issues all its loads, then converts x once to fp32 and keeps x - mean in registers for the output.
+template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
+__global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, sizeof(S)))
     ldr_forward_rows_kernel(LdrForwardParams<S, P, A> p) {
   GPUOPT_SHARED_ARRAY(A, red, 2 * kWarpSize);
   const RowConsts<A> rc(p);
-  const int64_t N = rc.N, groups = rc.groups;
-  const int T = blockDim.x, tx = threadIdx.x;
+  constexpr bool kHold = hold_params<kVec, kWarpRow, P, VPT>();
+  using R = param_reg_t<A, P, kWarpRow>;
+  // the key schedule's 20 registers fit next to a block row when it and its parameters are 16-bit
+  const GroupDropout<kWarpRow || (kHold && sizeof(S) == 2)> drop(rc.seed, p.threshold);
+  const int64_t N = rc.N;
+  const int groups = static_cast<int>(rc.groups);  // rows path: N <= 16384, so column offsets fit an int
+  const int T = kWarpRow ? kWarpSize : blockDim.x, tx = threadIdx.x;
+  constexpr int kHeld = kHold ? VPT : 1;
+  R w[kHeld][kGroup], b[kHeld][kGroup];
+  if (kHold) load_row_params<kVec>(p.weight, p.bias, N, groups, w, b);
+  // The plan makes VPT = ceil(groups / T) with groups >= (VPT - 1) * T: only a thread's last group can be absent.
+  auto has = [&](int k, int g) { return k < VPT - 1 || g < groups; };
 
   for (int64_t row0 = int64_t(blockIdx.x) * blockDim.y; row0 < p.M; row0 += int64_t(gridDim.x) * blockDim.y) {
     const int64_t row = row0 + threadIdx.y;
     if (row >= p.M) continue;  // only when R > 1, i.e. one warp a row: nothing below waits for the block
-    const S* xr = p.x + row * N;
-    Group<S> v[VPT];
+    const int64_t base = row * N;
+    const S* __restrict__ xr = p.x + base;
+    Group<S> raw[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {  // every load of the row first
+      const int g = tx + k * T;
+      if (has(k, g)) load_raw_group(xr + g * kGroup, kVec ? kGroup : group_size(N, g * kGroup), kVec, raw[k]);
+    }
+    A v[VPT][kGroup];
     A sum = A(0);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int64_t g = tx + int64_t(k) * T;
-      if (g < groups) {
-        const int valid = group_size(N, g * kGroup);
-        load_raw_group(xr + g * kGroup, valid, p.x_vec, v[k]);
+      const int g = tx + k * T;
 #pragma unroll
-        for (int j = 0; j < kGroup; ++j) sum += to_acc(v[k].v[j]);  // absent elements are 0
+      for (int j = 0; j < kGroup; ++j) {
+        v[k][j] = has(k, g) ? to_acc(raw[k].v[j]) : A(0);  // absent elements are 0
+        sum += v[k][j];
       }
     }
-    const A mu = row_sum(sum, red) * rc.inv_n;
+    const A mu = row_sum<kWarpRow>(sum, red) * rc.inv_n;
     A sq = A(0);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int64_t g = tx + int64_t(k) * T;
-      if (g < groups) {
-        const int valid = group_size(N, g * kGroup);
+      const int g = tx + k * T;
+      if (has(k, g)) {
+        const int valid = kVec ? kGroup : group_size(N, g * kGroup);
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) {
-          const A d = j < valid ? to_acc(v[k].v[j]) - mu : A(0);
-          sq += d * d;
+          v[k][j] = j < valid ? v[k][j] - mu : A(0);  // x - mean, kept for the output
+          sq += v[k][j] * v[k][j];
         }
       }
     }
-    const A var = row_sum(sq, red + kWarpSize) * rc.inv_n;
+    const A var = row_sum<kWarpRow>(sq, red + kWarpSize) * rc.inv_n;
     const A rs = A(1) / sqrt(var + p.eps);  // IEEE sqrt and division, as on the CPU
     if (tx == 0) {
       p.mean[row] = mu;
       p.rstd[row] = rs;
     }
+    S* __restrict__ outr = p.out + base;
+    const int64_t group0 = base / kGroup;  // used when N % 8 == 0
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int64_t g = tx + int64_t(k) * T;
-      if (g < groups) {
-        const int64_t c0 = g * kGroup;
-        const int valid = group_size(N, c0);
-        A w[kGroup], b[kGroup], o[kGroup];
-        load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
-        load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
-        const uint32_t keep = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
+      const int g = tx + k * T;
+      if (has(k, g)) {
+        const int c0 = g * kGroup;
+        const int valid = kVec ? kGroup : group_size(N, c0);
+        bool keep[kGroup];
+        group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
+        A wa[kGroup], ba[kGroup], o[kGroup];
+        if (kHold) {
 #pragma unroll
-        for (int j = 0; j < kGroup; ++j) {
-          const A y = affine((to_acc(v[k].v[j]) - mu) * rs, w[j], b[j]);
-          o[j] = ldr_forward_element<A>(y, (keep >> j) & 1u, p.scale);
+          for (int j = 0; j < kGroup; ++j) {
+            wa[j] = static_cast<A>(to_acc(w[kHold ? k : 0][j]));
+            ba[j] = static_cast<A>(to_acc(b[kHold ? k : 0][j]));
+          }
+        } else {
+          load_param_group(p.weight, c0, valid, kVec, A(1), wa);
+          load_param_group(p.bias, c0, valid, kVec, A(0), ba);
         }
-        store_group(p.out + row * N + c0, valid, p.x_vec, o);
+#pragma unroll
+        for (int j = 0; j < kGroup; ++j)
+          o[j] = ldr_forward_element<A>(affine(v[k][j] * rs, wa[j], ba[j]), keep[j], p.scale);
+        store_group(outr + c0, valid, kVec, o);
       }
     }
   }
@@ -190,39 +267,6 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_forward_looped_kerne
   }
 }
 
-// The backward of one group: xhat, the gradient dy of the pre-dropout value (ReLU bit from y, keep bit from the
-// seed) and dxhat = dy * w.
-template <typename A>
-GPUOPT_DEV void backward_group(const A (&x)[kGroup], const A (&g)[kGroup], const A (&w)[kGroup], const A (&b)[kGroup],
-                               uint32_t keep, int valid, A mu, A rs, A scale, A (&xhat)[kGroup], A (&dy)[kGroup],
-                               A (&dxhat)[kGroup]) {
-#pragma unroll
-  for (int j = 0; j < kGroup; ++j) {
-    const bool in = j < valid;
-    xhat[j] = in ? (x[j] - mu) * rs : A(0);
-    dy[j] = in ? ldr_backward_element<A>(g[j], affine(xhat[j], w[j], b[j]), (keep >> j) & 1u, scale) : A(0);
-    dxhat[j] = dy[j] * w[j];
-  }
-}
-
-// backward_group of a group held raw in registers (x and grad_out in their storage type), with its weight and
-// bias: the rows backward runs it before the row reduction and again after it, instead of keeping the fp32
-// xhat / dxhat of the whole row in registers.
-template <typename S, typename P, typename A>
-GPUOPT_DEV void backward_raw_group(const LdrBackwardParams<S, P, A>& p, const Group<S>& xs, const Group<S>& gs,
-                                   uint32_t keep, int64_t c0, int valid, A mu, A rs, A (&xhat)[kGroup], A (&dy)[kGroup],
-                                   A (&dxhat)[kGroup]) {
-  A xv[kGroup], gv[kGroup], w[kGroup], b[kGroup];
-#pragma unroll
-  for (int j = 0; j < kGroup; ++j) {
-    xv[j] = to_acc(xs.v[j]);
-    gv[j] = to_acc(gs.v[j]);
-  }
-  load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
-  load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
-  backward_group(xv, gv, w, b, keep, valid, mu, rs, p.scale, xhat, dy, dxhat);
-}
-
 // Adds a block's per-thread column sums acc (R rows of threads, blockDim (T, R)) over threadIdx.y in order and
 // writes them as row blockIdx.x of the partial buffer; `shared` holds R * T * 8 values.
 template <typename A, int VPT>
@@ -256,15 +300,30 @@ GPUOPT_DEV void write_row_partials(const A (&acc)[VPT][kGroup], A* __restrict__ 
 
 // ----------------------------------------------------------------------------------------------- backward, rows
 // Launch shape of ldr_forward_rows_kernel; grid = G blocks, each owning the rows (blockIdx.x + i * G) * R + ty.
-// A thread keeps x and grad_out of its groups in registers (storage type) plus the keep bits, recomputes xhat
-// and dy for grad_x after the row reduction, and accumulates its columns' dgamma / dbeta across its rows.
-template <typename S, typename P, typename A, int VPT>
-__global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(VPT, sizeof(S)))
+// Each row issues all its loads (mean, rstd, x and grad_out of the thread's groups; the weight and bias too when
+// they are not held) before any math, computes xhat and dxhat once into fp32 registers, and after the row
+// reduction only combines them into grad_x. A thread accumulates its columns' dgamma / dbeta across its rows.
+// Weight and bias are loaded once, before the row loop, where hold_params allows (as the forward).
+template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
+__global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, sizeof(S)))
     ldr_backward_rows_kernel(LdrBackwardParams<S, P, A> p) {
   GPUOPT_SHARED_ARRAY(A, red, 4 * kWarpSize);
   const RowConsts<A> rc(p);
-  const int64_t N = rc.N, groups = rc.groups;
-  const int T = blockDim.x, tx = threadIdx.x;
+  // fp64 (gradcheck's dtype) neither holds the parameters nor loads them with the row: its registers hold the
+  // row's xhat, dxhat and dgamma / dbeta at twice the size, so each group loads its own after the row's loads.
+  constexpr bool kHold = sizeof(A) == 4 && hold_params<kVec, kWarpRow, P, VPT>();
+  constexpr bool kBatchParams = !kHold && sizeof(A) == 4;  // reloaded parameters come with the row's loads
+  constexpr int kBatched = kBatchParams ? VPT : 1;
+  using R = param_reg_t<A, P, kWarpRow>;
+  const GroupDropout<kWarpRow || (kHold && sizeof(S) == 2)> drop(rc.seed, p.threshold);
+  const int64_t N = rc.N;
+  const int groups = static_cast<int>(rc.groups);  // rows path: N <= 8192
+  const int T = kWarpRow ? kWarpSize : blockDim.x, tx = threadIdx.x;
+  // The plan keeps (VPT - 1) * T <= groups: only a thread's last group can lie past the row.
+  auto has = [&](int k, int g) { return k < VPT - 1 || g < groups; };
+  constexpr int kHeld = kHold ? VPT : 1;
+  R w[kHeld][kGroup], b[kHeld][kGroup];
+  if (kHold) load_row_params<kVec>(p.weight, p.bias, N, groups, w, b);
   A dw[VPT][kGroup], db[VPT][kGroup];
 #pragma unroll
   for (int k = 0; k < VPT; ++k)
@@ -276,45 +335,72 @@ __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(VPT, sizeo
     const int64_t row = row0 + threadIdx.y;
     parity ^= 1;
     if (row >= p.M) continue;  // R > 1 only: one warp a row, no barrier below
+    const int64_t base = row * N;
     const A mu = p.mean[row], rs = p.rstd[row];
     Group<S> xs[VPT], gs[VPT];
-    uint32_t keep[VPT];
-    A c1 = A(0), c2 = A(0);
+    A wl[kBatched][kGroup], bl[kBatched][kGroup];  // reloaded parameters (kBatchParams)
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t g = tx + int64_t(k) * T;
-      keep[k] = 0;
-      if (g < groups) {
-        const int64_t c0 = g * kGroup;
-        const int valid = group_size(N, c0);
-        load_raw_group(p.x + row * N + c0, valid, p.x_vec, xs[k]);
-        load_raw_group(p.grad_out + row * N + c0, valid, p.x_vec, gs[k]);
-        keep[k] = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
-        A xhat[kGroup], dy[kGroup], dxhat[kGroup];
-        backward_raw_group(p, xs[k], gs[k], keep[k], c0, valid, mu, rs, xhat, dy, dxhat);
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j) {
-          dw[k][j] += dy[j] * xhat[j];
-          db[k][j] += dy[j];
-          c1 += dxhat[j] * xhat[j];
-          c2 += dxhat[j];
+    for (int k = 0; k < VPT; ++k) {  // every load of the row first, unconditionally: an absent last group
+      int g = tx + k * T;            // loads the row's first group instead, and is not used
+      g = has(k, g) ? g : 0;
+      {
+        const int c0 = g * kGroup;
+        const int valid = kVec ? kGroup : group_size(N, c0);
+        load_raw_group(p.x + base + c0, valid, kVec, xs[k]);
+        load_raw_group(p.grad_out + base + c0, valid, kVec, gs[k]);
+        if (kBatchParams) {
+          load_param_group(p.weight, c0, valid, kVec, A(1), wl[kBatchParams ? k : 0]);
+          load_param_group(p.bias, c0, valid, kVec, A(0), bl[kBatchParams ? k : 0]);
         }
       }
     }
-    row_sum2(c1, c2, red + parity * 2 * kWarpSize);
-    c1 *= rc.inv_n;
-    c2 *= rc.inv_n;
+    const int64_t group0 = base / kGroup;  // used when N % 8 == 0
+    A xhat[VPT][kGroup], dxhat[VPT][kGroup];
+    A c1 = A(0), c2 = A(0);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int64_t g = tx + int64_t(k) * T;
-      if (g < groups) {
-        const int64_t c0 = g * kGroup;
-        const int valid = group_size(N, c0);
-        A xhat[kGroup], dy[kGroup], dxhat[kGroup], o[kGroup];
-        backward_raw_group(p, xs[k], gs[k], keep[k], c0, valid, mu, rs, xhat, dy, dxhat);  // recomputed
+      const int g = tx + k * T;
+      if (has(k, g)) {
+        const int c0 = g * kGroup;
+        const int valid = kVec ? kGroup : group_size(N, c0);
+        bool keep[kGroup];
+        group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
+        A wg[kGroup], bg[kGroup];  // fp64: this group's parameters only
+        if (!kHold && !kBatchParams) {
+          load_param_group(p.weight, c0, valid, kVec, A(1), wg);
+          load_param_group(p.bias, c0, valid, kVec, A(0), bg);
+        }
 #pragma unroll
-        for (int j = 0; j < kGroup; ++j) o[j] = rs * (dxhat[j] - xhat[j] * c1 - c2);
-        store_group(p.grad_x + row * N + c0, valid, p.x_vec, o);
+        for (int j = 0; j < kGroup; ++j) {
+          const A wj = kHold ? static_cast<A>(to_acc(w[kHold ? k : 0][j]))
+                             : (kBatchParams ? wl[kBatchParams ? k : 0][j] : wg[j]);
+          const A bj = kHold ? static_cast<A>(to_acc(b[kHold ? k : 0][j]))
+                             : (kBatchParams ? bl[kBatchParams ? k : 0][j] : bg[j]);
+          const bool in = j < valid;
+          xhat[k][j] = in ? (to_acc(xs[k].v[j]) - mu) * rs : A(0);
+          const A dy =
+              in ? ldr_backward_element<A>(to_acc(gs[k].v[j]), affine(xhat[k][j], wj, bj), keep[j], p.scale) : A(0);
+          dxhat[k][j] = dy * wj;
+          dw[k][j] += dy * xhat[k][j];
+          db[k][j] += dy;
+          c1 += dxhat[k][j] * xhat[k][j];
+          c2 += dxhat[k][j];
+        }
+      }
+    }
+    row_sum2<kWarpRow>(c1, c2, red + parity * 2 * kWarpSize);
+    c1 *= rc.inv_n;
+    c2 *= rc.inv_n;
+    S* __restrict__ gxr = p.grad_x + base;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int g = tx + k * T;
+      if (has(k, g)) {
+        const int c0 = g * kGroup;
+        A o[kGroup];
+#pragma unroll
+        for (int j = 0; j < kGroup; ++j) o[j] = rs * (dxhat[k][j] - xhat[k][j] * c1 - c2);
+        store_group(gxr + c0, kVec ? kGroup : group_size(N, c0), kVec, o);
       }
     }
   }
@@ -326,30 +412,73 @@ __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(VPT, sizeo
 
 // ------------------------------------------------------------------------------------------ backward, looped
 // Step 1 (one row a block, like ldr_forward_looped_kernel): the row means c1, c2 of the grad_x formula.
-template <typename S, typename P, typename A>
+// A thread takes U of its groups (g, g + T, ...) at a time: all their loads first, then the math. U is what fits
+// its 128 registers: 4 with 16-bit x and parameters on the 16-byte vector path, 2 with 32-bit ones, else 1.
+// kVec: the 16-byte vector path and one Philox call a group (with its key schedule computed once).
+template <typename S, typename P, bool kVec>
+constexpr int ldr_stats_groups() {
+  return !kVec || sizeof(S) == 8 ? 1 : (sizeof(S) == 2 && sizeof(P) == 2 ? 4 : 2);
+}
+
+template <typename S, typename P, typename A, bool kVec>
 __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_kernel(LdrBackwardParams<S, P, A> p) {
+  constexpr int U = ldr_stats_groups<S, P, kVec>();
   GPUOPT_SHARED_ARRAY(A, red, 4 * kWarpSize);
   const RowConsts<A> rc(p);
+  const GroupDropout<kVec && sizeof(A) == 4> drop(rc.seed, p.threshold);  // every lane is active here
   const int64_t N = rc.N, groups = rc.groups;
+  const int T = blockDim.x;
+  const P one = from_acc<P>(acc_t_of<P>(1)), zero = from_acc<P>(acc_t_of<P>(0));
   int parity = 0;
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x) {
     parity ^= 1;
     const A mu = p.mean[row], rs = p.rstd[row];
     A c1 = A(0), c2 = A(0);
-    for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
-      const int64_t c0 = g * kGroup;
-      const int valid = group_size(N, c0);
-      A xv[kGroup], gv[kGroup], w[kGroup], b[kGroup], xhat[kGroup], dy[kGroup], dxhat[kGroup];
-      load_group(p.x + row * N + c0, valid, p.x_vec, xv);
-      load_group(p.grad_out + row * N + c0, valid, p.x_vec, gv);
-      load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
-      load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
-      const uint32_t keep = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
-      backward_group(xv, gv, w, b, keep, valid, mu, rs, p.scale, xhat, dy, dxhat);
+    for (int64_t g0 = threadIdx.x; g0 < groups; g0 += U * T) {
+      Group<S> xs[U], gs[U];
+      Group<P> ws[U], bs[U];
 #pragma unroll
-      for (int j = 0; j < kGroup; ++j) {
-        c1 += dxhat[j] * xhat[j];
-        c2 += dxhat[j];
+      for (int u = 0; u < U; ++u) {  // every load of the U groups first
+        const int64_t g = g0 + int64_t(u) * T;
+        if (g < groups) {
+          const int64_t c0 = g * kGroup;
+          const int valid = kVec ? kGroup : group_size(N, c0);
+          load_raw_group(p.x + row * N + c0, valid, kVec, xs[u]);
+          load_raw_group(p.grad_out + row * N + c0, valid, kVec, gs[u]);
+          if (p.weight != nullptr) {
+            load_raw_group(p.weight + c0, valid, kVec, ws[u]);
+          } else {
+#pragma unroll
+            for (int j = 0; j < kGroup; ++j) ws[u].v[j] = one;
+          }
+          if (p.bias != nullptr) {
+            load_raw_group(p.bias + c0, valid, kVec, bs[u]);
+          } else {
+#pragma unroll
+            for (int j = 0; j < kGroup; ++j) bs[u].v[j] = zero;
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t g = g0 + int64_t(u) * T;
+        if (g < groups) {
+          const int64_t c0 = g * kGroup;
+          const int valid = kVec ? kGroup : group_size(N, c0);
+          bool keep[kGroup];
+          group_keep<kVec>(drop, rc, p.threshold, (row * N) / kGroup, g, row * N + c0, valid, keep);
+#pragma unroll
+          for (int j = 0; j < kGroup; ++j) {
+            const bool in = j < valid;
+            const A wj = static_cast<A>(to_acc(ws[u].v[j])), bj = static_cast<A>(to_acc(bs[u].v[j]));
+            const A xhat = in ? (to_acc(xs[u].v[j]) - mu) * rs : A(0);
+            const A dy =
+                in ? ldr_backward_element<A>(to_acc(gs[u].v[j]), affine(xhat, wj, bj), keep[j], p.scale) : A(0);
+            const A dxhat = dy * wj;
+            c1 += dxhat * xhat;
+            c2 += dxhat;
+          }
+        }
       }
     }
     row_sum2(c1, c2, red + parity * 2 * kWarpSize);
@@ -363,35 +492,62 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_k
 // Step 2, tiled: blockDim (TX, TY), gridDim (column tiles, row blocks). Thread (tx, ty) of block (bx, by) takes
 // the group of columns 8 * (bx * TX + tx) in rows by * TY + ty, + gridDim.y * TY, ...: grad_x, and dgamma /
 // dbeta of its 8 columns over its rows in registers, summed over ty at the end into row by of the partials.
-template <typename S, typename P, typename A>
+// It takes kLdrTiledRows rows of its stride at a time: all their loads (predicated on row < M) first, then the
+// math. kVec: the 16-byte vector path and one Philox call a group (with its key schedule computed once).
+constexpr int kLdrTiledRows = 2;
+
+template <typename S, typename P, typename A, bool kVec>
 __global__ void __launch_bounds__(cuda::kTiledThreads) ldr_backward_tiled_kernel(LdrBackwardParams<S, P, A> p) {
+  constexpr int U = kLdrTiledRows;
   GPUOPT_SHARED_ARRAY(A, comb, cuda::kTiledThreads * kGroup);
   const RowConsts<A> rc(p);
-  const int64_t N = rc.N;
+  const GroupDropout<kVec> drop(rc.seed, p.threshold);  // every lane is active here
+  const int64_t N = rc.N, M = p.M;
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kGroup;
-  const int valid = c0 < N ? group_size(N, c0) : 0;
+  const int valid = c0 < N ? (kVec ? kGroup : group_size(N, c0)) : 0;
   A dw[kGroup], db[kGroup], w[kGroup], b[kGroup];
 #pragma unroll
   for (int j = 0; j < kGroup; ++j) dw[j] = db[j] = A(0);
   if (valid > 0) {
-    load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
-    load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
-    for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < p.M;
-         row += int64_t(gridDim.y) * blockDim.y) {
-      const A mu = p.mean[row], rs = p.rstd[row];
-      const A c1 = p.row_stats[2 * row], c2 = p.row_stats[2 * row + 1];
-      A xv[kGroup], gv[kGroup], xhat[kGroup], dy[kGroup], dxhat[kGroup], o[kGroup];
-      load_group(p.x + row * N + c0, valid, p.x_vec, xv);
-      load_group(p.grad_out + row * N + c0, valid, p.x_vec, gv);
-      const uint32_t keep = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
-      backward_group(xv, gv, w, b, keep, valid, mu, rs, p.scale, xhat, dy, dxhat);
+    load_param_group(p.weight, c0, valid, kVec, A(1), w);
+    load_param_group(p.bias, c0, valid, kVec, A(0), b);
+    const int64_t stride = int64_t(gridDim.y) * blockDim.y;
+    for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < M; row += U * stride) {
+      Group<S> xs[U], gs[U];
+      A mu[U], rs[U], c1[U], c2[U];
 #pragma unroll
-      for (int j = 0; j < kGroup; ++j) {
-        dw[j] += dy[j] * xhat[j];
-        db[j] += dy[j];
-        o[j] = rs * (dxhat[j] - xhat[j] * c1 - c2);
+      for (int u = 0; u < U; ++u) {  // every load of the U rows first
+        const int64_t r = row + u * stride;
+        if (r < M) {
+          load_raw_group(p.x + r * N + c0, valid, kVec, xs[u]);
+          load_raw_group(p.grad_out + r * N + c0, valid, kVec, gs[u]);
+          mu[u] = p.mean[r];
+          rs[u] = p.rstd[r];
+          c1[u] = p.row_stats[2 * r];
+          c2[u] = p.row_stats[2 * r + 1];
+        }
       }
-      store_group(p.grad_x + row * N + c0, valid, p.x_vec, o);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t r = row + u * stride;
+        if (r < M) {
+          bool keep[kGroup];
+          group_keep<kVec>(drop, rc, p.threshold, (r * N) / kGroup, c0 / kGroup, r * N + c0, valid, keep);
+          A o[kGroup];
+#pragma unroll
+          for (int j = 0; j < kGroup; ++j) {
+            const bool in = j < valid;
+            const A xhat = in ? (to_acc(xs[u].v[j]) - mu[u]) * rs[u] : A(0);
+            const A dy =
+                in ? ldr_backward_element<A>(to_acc(gs[u].v[j]), affine(xhat, w[j], b[j]), keep[j], p.scale) : A(0);
+            const A dxhat = dy * w[j];
+            dw[j] += dy * xhat;
+            db[j] += dy;
+            o[j] = rs[u] * (dxhat - xhat * c1[u] - c2[u]);
+          }
+          store_group(p.grad_x + r * N + c0, valid, kVec, o);
+        }
+      }
     }
   }
   if (p.partial_w != nullptr) write_tile_partials(dw, p.partial_w, p.ldp, N, comb);
