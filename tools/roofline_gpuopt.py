@@ -58,17 +58,18 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def ldr_rows_forward_max_threads(vpt: int, elem: int) -> int:
-    return 128 if vpt < 4 else (512 if elem <= 4 else 128)
+def ldr_rows_forward_max_threads(warp_row: bool, elem: int) -> int:
+    return 128 if warp_row or elem > 4 else 512
 
 
-def ldr_rows_backward_max_threads(vpt: int, elem: int) -> int:
-    return 128 if vpt < 2 or elem == 8 else 512
+def ldr_rows_backward_max_threads(warp_row: bool, elem: int) -> int:
+    return 128 if warp_row or elem == 8 else 256
 
 
 @dataclass
 class RowsPlan:
     rows: bool = False
+    warp_row: bool = False
     vpt: int = 0
     threads_x: int = 0
     rows_per_block: int = 1
@@ -76,33 +77,44 @@ class RowsPlan:
     blocks_needed: int = 0
 
 
-def plan_ldr_rows(m: int, n: int, elem: int, backward: bool) -> RowsPlan:
+def plan_ldr_rows(m: int, n: int, elem: int, param_elem: int, backward: bool, vec: bool) -> RowsPlan:
     groups = _cdiv(n, GROUP)
     max_vpt = 2 if backward else 4
-
-    def bound(vpt: int) -> int:
-        return ldr_rows_backward_max_threads(vpt, elem) if backward else ldr_rows_forward_max_threads(vpt, elem)
-
     p = RowsPlan()
     if groups <= WARP * max_vpt:
-        need = _cdiv(groups, WARP)
-        p.vpt = 1 if need <= 1 else (2 if need <= 2 else 4)
+        p.vpt = _cdiv(groups, WARP)
         p.threads_x = WARP
         p.rows_per_block = 4
+        p.warp_row = True
     else:
-        p.vpt = max_vpt
-        p.threads_x = min(_cdiv(_cdiv(groups, max_vpt), WARP) * WARP, 1 << 20)
-        p.rows_per_block = 1
-        if p.threads_x > bound(max_vpt):
+        bound = ldr_rows_backward_max_threads(False, elem) if backward else ldr_rows_forward_max_threads(False, elem)
+        vpts = (4, 3)
+        if not backward and elem != 8 and (elem == 4 or param_elem == 4):
+            vpts = (2, 4, 3)
+        if backward:
+            vpts = (2,) if elem == 8 or not vec else (4, 2)
+        for v in vpts:
+            t = _cdiv(_cdiv(groups, v), WARP) * WARP
+            if t <= bound and (v - 1) * t <= groups:
+                p.vpt, p.threads_x = v, t
+                break
+        if p.vpt == 0:
             return RowsPlan()
     p.rows = True
-    p.max_threads = bound(p.vpt)
+    p.max_threads = (
+        ldr_rows_backward_max_threads(p.warp_row, elem) if backward else ldr_rows_forward_max_threads(p.warp_row, elem)
+    )
     p.blocks_needed = _cdiv(m, p.rows_per_block)
     return p
 
 
+def balanced_grid(steps: int, max_blocks: int) -> int:
+    steps, max_blocks = max(steps, 1), max(max_blocks, 1)
+    return steps if steps <= max_blocks else _cdiv(steps, _cdiv(steps, max_blocks))
+
+
 def persistent_grid(blocks_needed: int, blocks_per_sm: int, sm_count: int) -> int:
-    return max(1, min(blocks_needed, max(blocks_per_sm, 1) * max(sm_count, 1)))
+    return balanced_grid(blocks_needed, max(blocks_per_sm, 1) * max(sm_count, 1))
 
 
 @dataclass
@@ -121,8 +133,8 @@ def plan_tiled(m: int, n: int, resident: int) -> TilePlan:
     ty = TILED_THREADS // tx
     col_tiles = _cdiv(groups, tx)
     steps = max(1, _cdiv(m, ty))
-    row_blocks = max(1, min(_cdiv(max(resident, 1), col_tiles), steps, MAX_GRID_Y))
-    return TilePlan(tx, ty, col_tiles, row_blocks)
+    per_wave = max(1, min(resident // col_tiles, MAX_GRID_Y))
+    return TilePlan(tx, ty, col_tiles, balanced_grid(steps, per_wave))
 
 
 def partial_stride(n: int) -> int:
@@ -184,10 +196,11 @@ def cuda_launches(
         )
 
     if op == "layer_norm_dropout_relu":
-        plan = plan_ldr_rows(m, n, e, backward=direction == "backward")
+        plan = plan_ldr_rows(m, n, e, e, backward=direction == "backward", vec=True)
+        flags = f"true, {'true' if plan.warp_row else 'false'}"  # the 16-byte path; one warp a row
         if direction == "forward":
             if plan.rows:
-                name = f"ldr_forward_rows_kernel<{s}, {s}, float, {plan.vpt}>"
+                name = f"ldr_forward_rows_kernel<{s}, {s}, float, {flags}, {plan.vpt}>"
                 threads = plan.threads_x * plan.rows_per_block
                 g = persistent_grid(plan.blocks_needed, code.blocks_per_sm(name, threads), sms)
                 out.append(
@@ -221,7 +234,7 @@ def cuda_launches(
                 )
             return out
         if plan.rows:
-            name = f"ldr_backward_rows_kernel<{s}, {s}, float, {plan.vpt}>"
+            name = f"ldr_backward_rows_kernel<{s}, {s}, float, {flags}, {plan.vpt}>"
             threads = plan.threads_x * plan.rows_per_block
             g = persistent_grid(plan.blocks_needed, code.blocks_per_sm(name, threads), sms)
             out.append(
@@ -237,9 +250,9 @@ def cuda_launches(
                 )
             )
         else:
-            stats = f"ldr_backward_row_stats_kernel<{s}, {s}, float>"
+            stats = f"ldr_backward_row_stats_kernel<{s}, {s}, float, true>"
             sg = persistent_grid(m, code.blocks_per_sm(stats, LOOPED_THREADS), sms)
-            tiled = f"ldr_backward_tiled_kernel<{s}, {s}, float>"
+            tiled = f"ldr_backward_tiled_kernel<{s}, {s}, float, true>"
             t = plan_tiled(m, n, code.blocks_per_sm(tiled, TILED_THREADS) * sms)
             g = t.row_blocks
             out.append(
@@ -273,7 +286,7 @@ def cuda_launches(
 
     # bias_relu
     if direction == "forward":
-        name = f"bias_relu_forward_kernel<{s}, {s}>"
+        name = f"bias_relu_forward_kernel<{s}, {s}, true>"
         t = plan_tiled(m, n, code.blocks_per_sm(name, TILED_THREADS) * sms)
         steps = max(1, _cdiv(m, t.ty))
         out.append(
@@ -290,7 +303,7 @@ def cuda_launches(
             )
         )
         return out
-    name = f"bias_relu_backward_kernel<{s}>"
+    name = f"bias_relu_backward_kernel<{s}, true>"
     t = plan_tiled(m, n, code.blocks_per_sm(name, TILED_THREADS) * sms)
     steps = max(1, _cdiv(m, t.ty))
     out.append(
