@@ -251,20 +251,22 @@ def test_ldr_paths_taken(small_device):
         run_ldr(small_device, *inputs(4, n, dtype), seed_tensor(1), 0.3, torch.ones(4, n, dtype=dtype))
         return [s.split(" ")[0] + " " + s.split("block=")[1] for s in small_device.take_launches()]
 
+    # stage 2 has one row of 32 threads per partial row up to 32 (G = the 4 rows' blocks here, 1 when one block
+    # holds them all)
     assert kernels(512) == [
         "ldr_forward_rows_kernel (32,4,1)",
         "ldr_backward_rows_kernel (32,4,1)",
-        "column_sum_kernel (32,32,1)",
+        "column_sum_kernel (32,1,1)",
     ]
     assert kernels(768) == [
         "ldr_forward_rows_kernel (32,4,1)",
-        "ldr_backward_rows_kernel (32,1,1)",  # a block of one warp a row, 4 groups a thread
-        "column_sum_kernel (32,32,1)",
+        "ldr_backward_rows_kernel (32,1,1)",  # a block of one warp a row, 3 groups a thread: none idle
+        "column_sum_kernel (32,4,1)",
     ]
     assert kernels(8192) == [
         "ldr_forward_rows_kernel (512,1,1)",  # fp32: 2 groups a thread, so its fp32 weight and bias stay in registers
         "ldr_backward_rows_kernel (256,1,1)",
-        "column_sum_kernel (32,32,1)",
+        "column_sum_kernel (32,4,1)",
     ]
     assert kernels(8200)[1] == "ldr_backward_row_stats_kernel (512,1,1)"
     assert kernels(16384, torch.bfloat16)[0] == "ldr_forward_rows_kernel (512,1,1)"
@@ -276,7 +278,7 @@ def test_ldr_paths_taken(small_device):
         "ldr_forward_looped_kernel (512,1,1)",
         "ldr_backward_row_stats_kernel (512,1,1)",
         "ldr_backward_tiled_kernel (32,8,1)",
-        "column_sum_kernel (32,32,1)",
+        "column_sum_kernel (32,1,1)",
     ]
 
 

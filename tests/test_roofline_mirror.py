@@ -79,3 +79,16 @@ def test_cuda_mirror_matches_the_launcher(emu, dtype, m, n):
     assert mirror[("layer_norm_dropout_relu", "backward")] == bwd
     assert mirror[("bias_relu", "forward")] == brf
     assert mirror[("bias_relu", "backward")] == brb
+
+
+def test_mirror_constants_match_the_kernels():
+    """Rows a thread takes per loop trip, as the kernels define them (the model's trip counts use them)."""
+    import re
+
+    src = (ROOT / "csrc" / "cuda" / "bias_relu_kernels.cuh").read_text()
+    assert int(re.search(r"constexpr int kBiasReluRows = (\d+);", src).group(1)) == G.BIAS_RELU_ROWS
+    src = (ROOT / "csrc" / "cuda" / "ldr_kernels.cuh").read_text()
+    assert int(re.search(r"constexpr int kLdrTiledRows = (\d+);", src).group(1)) == G.TILED_LDR_ROWS
+    stats = re.search(r"ldr_stats_groups\(\) \{\s*return (.*?);", src, re.S).group(1)
+    assert stats.split() == "!kVec || sizeof(S) == 8 ? 1 : (sizeof(S) == 2 && sizeof(P) == 2 ? 4 : 2)".split()
+    assert G.STATS_GROUPS == {2: 4, 4: 2}

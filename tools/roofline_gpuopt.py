@@ -12,6 +12,7 @@ once) and its element count.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -52,6 +53,10 @@ MAX_GRID_Y = 65535
 LOOPED_THREADS = 512
 TILED_THREADS = 256
 COLUMN_SUM_TILE = 32
+# rows (or groups) a thread takes per trip of its loop, all loads first (the kernels' constants)
+BIAS_RELU_ROWS = 4  # kBiasReluRows, bias_relu_kernels.cuh
+TILED_LDR_ROWS = 2  # kLdrTiledRows, ldr_kernels.cuh
+STATS_GROUPS = {2: 4, 4: 2}  # ldr_stats_groups: groups per trip by element size (16-bit: 4, 32-bit: 2)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -92,12 +97,12 @@ def plan_ldr_rows(m: int, n: int, elem: int, param_elem: int, backward: bool, ve
         if not backward and elem != 8 and (elem == 4 or param_elem == 4):
             vpts = (2, 4, 3)
         if backward:
-            vpts = (2,) if elem == 8 or not vec else (4, 2)
+            vpts = (2,) if elem == 8 or not vec else (4, 3, 2)
+        idle = 0
         for v in vpts:
             t = _cdiv(_cdiv(groups, v), WARP) * WARP
-            if t <= bound and (v - 1) * t <= groups:
-                p.vpt, p.threads_x = v, t
-                break
+            if t <= bound and (v - 1) * t <= groups and (p.vpt == 0 or (backward and t * v - groups < idle)):
+                p.vpt, p.threads_x, idle = v, t, t * v - groups
         if p.vpt == 0:
             return RowsPlan()
     p.rows = True
@@ -187,11 +192,11 @@ def cuda_launches(
             code.launch(
                 name,
                 (tiles, sums),
-                (COLUMN_SUM_TILE, COLUMN_SUM_TILE),
+                (COLUMN_SUM_TILE, max(1, min(g, COLUMN_SUM_TILE))),
                 elements=0,
                 bytes=sums * (g * ldp * ACC + n * out_elem),
                 read_bytes=sums * g * ldp * ACC,
-                trips=structural_trips(g / COLUMN_SUM_TILE),
+                trips=structural_trips(g / max(1, min(g, COLUMN_SUM_TILE))),
             )
         )
 
@@ -264,7 +269,7 @@ def cuda_launches(
                     bytes=2 * mn * e + 4 * m * ACC + 2 * n * e,
                     read_bytes=2 * mn * e + 2 * m * ACC + 2 * n * e,
                     stride_units=m,
-                    trips=structural_trips(m / sg, _cdiv(_cdiv(n, GROUP), LOOPED_THREADS)),
+                    trips=structural_trips(m / sg, _cdiv(_cdiv(n, GROUP), STATS_GROUPS[e] * LOOPED_THREADS)),
                 )
             )
             steps = max(1, _cdiv(m, t.ty))
@@ -278,7 +283,7 @@ def cuda_launches(
                     read_bytes=2 * mn * e + 4 * m * ACC + 2 * n * e,
                     stride_units=steps,
                     stride_axis=1,
-                    trips=structural_trips(steps / t.row_blocks),
+                    trips=structural_trips(math.ceil(steps / t.row_blocks / TILED_LDR_ROWS)),
                 )
             )
         column_sums(g, 2, e)
@@ -299,7 +304,7 @@ def cuda_launches(
                 read_bytes=mn * e + n * e,
                 stride_units=steps,
                 stride_axis=1,
-                trips=structural_trips(steps / t.row_blocks),
+                trips=structural_trips(math.ceil(steps / t.row_blocks / BIAS_RELU_ROWS)),
             )
         )
         return out
@@ -316,7 +321,7 @@ def cuda_launches(
             read_bytes=2 * mn * e,
             stride_units=steps,
             stride_axis=1,
-            trips=structural_trips(steps / t.row_blocks),
+            trips=structural_trips(math.ceil(steps / t.row_blocks / BIAS_RELU_ROWS)),
         )
     )
     column_sums(t.row_blocks, 1, ACC)

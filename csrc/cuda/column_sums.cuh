@@ -32,8 +32,8 @@ GPUOPT_DEV void write_tile_partials(const A (&acc)[kGroup], A* __restrict__ part
 
 // ------------------------------------------------------------------------------------------------- stage 2
 // out[c] = sum over g = 0 .. G-1 of partial[g * ldp + c], always in the same order: a 32 x 32 block takes 32
-// columns, thread (tx, ty) sums rows ty, ty + 32, ... of column tx (a warp reads 32 consecutive columns of a
-// partial row), then thread (tx, 0) adds the 32 results in ty order. blockIdx.y picks one of two sums.
+// columns, thread (tx, ty) sums rows ty, ty + TY, ... of column tx (a warp reads 32 consecutive columns of a
+// partial row; TY = blockDim.y = min(G, 32)), then thread (tx, 0) adds the TY results in ty order. blockIdx.y picks one of two sums.
 template <typename A, typename O>
 struct ColumnSumParams {
   const A* partial0;  // blockIdx.y == 0
@@ -50,27 +50,27 @@ __global__ void __launch_bounds__(cuda::kColumnSumTile* cuda::kColumnSumTile)
   const A* __restrict__ partial = blockIdx.y == 0 ? p.partial0 : p.partial1;
   O* __restrict__ out = blockIdx.y == 0 ? p.out0 : p.out1;
   const int tx = threadIdx.x, ty = threadIdx.y;
+  const int TY = blockDim.y;  // min(G, 32): no idle rows of threads when there are few partial rows
   const int64_t col = int64_t(blockIdx.x) * cuda::kColumnSumTile + tx;
   A s = A(0);
   if (col < p.N) {
-    // rows ty, ty + 32, ... in order; eight loads issued before their adds, so a thread has eight in flight
+    // rows ty, ty + TY, ... in order; eight loads issued before their adds, so a thread has eight in flight
     constexpr int kBatch = 8;
     int64_t g = ty;
-    for (; g + (kBatch - 1) * cuda::kColumnSumTile < p.G; g += kBatch * cuda::kColumnSumTile) {
+    for (; g + (kBatch - 1) * TY < p.G; g += kBatch * TY) {
       A v[kBatch];
 #pragma unroll
-      for (int k = 0; k < kBatch; ++k) v[k] = partial[(g + k * cuda::kColumnSumTile) * p.ldp + col];
+      for (int k = 0; k < kBatch; ++k) v[k] = partial[(g + k * TY) * p.ldp + col];
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) s += v[k];
     }
-    for (; g < p.G; g += cuda::kColumnSumTile) s += partial[g * p.ldp + col];
+    for (; g < p.G; g += TY) s += partial[g * p.ldp + col];
   }
   sums[ty * (cuda::kColumnSumTile + 1) + tx] = s;
   __syncthreads();
   if (ty == 0 && col < p.N) {
     A t = A(0);
-#pragma unroll
-    for (int k = 0; k < cuda::kColumnSumTile; ++k) t += sums[k * (cuda::kColumnSumTile + 1) + tx];
+    for (int k = 0; k < TY; ++k) t += sums[k * (cuda::kColumnSumTile + 1) + tx];
     out[col] = from_acc<O>(t);
   }
 }

@@ -144,9 +144,10 @@ auto ldr_forward_rows(const RowsPlan& plan, bool vec) -> void (*)(dev::LdrForwar
 template <typename S, typename P, typename A, bool kVec>
 auto ldr_backward_rows(const RowsPlan& plan) -> void (*)(dev::LdrBackwardParams<S, P, A>) {
   static_assert(ldr_rows_max_vpt(true) == 2, "instantiate every VPT the plan can pick");
-  if (!plan.warp_row) {  // a block a row: 4 groups a thread, or 2 (plan_ldr_rows; fp64 and the scalar path: 2)
+  if (!plan.warp_row) {  // a block a row: 4, 3 or 2 groups a thread (plan_ldr_rows; fp64 and the scalar path: 2)
     if constexpr (kVec && sizeof(S) != 8) {
       if (plan.vpt == 4) return dev::ldr_backward_rows_kernel<S, P, A, kVec, false, 4>;
+      if (plan.vpt == 3) return dev::ldr_backward_rows_kernel<S, P, A, kVec, false, 3>;
     }
     return dev::ldr_backward_rows_kernel<S, P, A, kVec, false, 2>;
   }
@@ -222,7 +223,7 @@ void run_column_sums(const A* partial0, O* out0, const A* partial1, O* out1, int
   if (tiles > 2147483647LL)
     throw std::runtime_error("gpuopt: N = " + std::to_string(N) + " is too large for the CUDA grid");
   launcher.run("column_sum_kernel", dev::column_sum_kernel<A, O>, dim3(static_cast<unsigned>(tiles), sums),
-               dim3(kColumnSumTile, kColumnSumTile), kColumnSumTile * kColumnSumTile, p);
+               dim3(kColumnSumTile, column_sum_rows(G)), kColumnSumTile * kColumnSumTile, p);
 }
 
 template <class Launcher>

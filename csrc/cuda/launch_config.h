@@ -89,8 +89,10 @@ struct RowsPlan {
 // a list that fits the bound and keeps (VPT - 1) x T <= groups:
 //   forward   4, else 3 (which always satisfies it there); with fp32 x or parameters (not fp64) 2 first, so a
 //             thread's fp32 weight and bias fit its 128 registers next to its row (hold_params).
-//   backward  4, else 2 (a 256-thread bound: 255 registers hold 4 groups' xhat, dxhat and dgamma / dbeta); fp64
-//             and the scalar path (whose registers do not hold 4 groups): 2 only.
+//   backward  of 4, 3 and 2 the one that leaves the fewest idle group slots (t x VPT - groups; ties: the
+//             earlier), e.g. 3 at N = 768 (32 threads x 3 groups, none idle); a 256-thread bound: 255 registers
+//             hold 4 groups' xhat, dxhat and dgamma / dbeta; fp64 and the scalar path (whose registers do not
+//             hold 4 groups): 2 only.
 // Every plan keeps (VPT - 1) x T <= groups, so only a thread's last group can lie past the row (the kernels test
 // no other). elem / param_elem: sizeof of x's / the parameters' dtype; vec: the 16-byte vector path.
 inline RowsPlan plan_ldr_rows(int64_t M, int64_t N, int elem, int param_elem, bool backward, bool vec) {
@@ -104,16 +106,18 @@ inline RowsPlan plan_ldr_rows(int64_t M, int64_t N, int elem, int param_elem, bo
     p.warp_row = true;
   } else {
     const int bound = backward ? ldr_rows_backward_max_threads(false, elem) : ldr_rows_forward_max_threads(false, elem);
-    static constexpr int kVpts[][3] = {{4, 3, 0}, {2, 4, 3}, {4, 2, 0}, {2, 0, 0}};
+    static constexpr int kVpts[][3] = {{4, 3, 0}, {2, 4, 3}, {4, 3, 2}, {2, 0, 0}};
     const int* vpts = kVpts[0];
     if (!backward && elem != 8 && (elem == 4 || param_elem == 4)) vpts = kVpts[1];
     if (backward) vpts = elem == 8 || !vec ? kVpts[3] : kVpts[2];
     p.rows_per_block = 1;
-    for (int i = 0; i < 3 && vpts[i] != 0 && p.vpt == 0; ++i) {
+    int64_t idle = 0;  // the backward takes the VPT that leaves the fewest idle group slots (t x VPT - groups)
+    for (int i = 0; i < 3 && vpts[i] != 0; ++i) {
       const int64_t t = round_up(ceil_div(groups, vpts[i]), kWarpSize);
-      if (t <= bound && (vpts[i] - 1) * t <= groups) {
+      if (t <= bound && (vpts[i] - 1) * t <= groups && (p.vpt == 0 || (backward && t * vpts[i] - groups < idle))) {
         p.vpt = vpts[i];
         p.threads_x = static_cast<int>(t);
+        idle = t * vpts[i] - groups;
       }
     }
     if (p.vpt == 0) return RowsPlan{};  // looped
@@ -153,8 +157,11 @@ inline TilePlan plan_tiled(int64_t M, int64_t N, int64_t resident) {
   return t;
 }
 
-// Stage 2: ceil(N / 32) x (number of sums) blocks of 32 x 32 threads.
+// Stage 2: ceil(N / 32) x (number of sums) blocks of 32 x min(G, 32) threads.
 inline int64_t column_sum_blocks(int64_t N) { return ceil_div(N, kColumnSumTile); }
+inline unsigned column_sum_rows(int64_t G) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(G, kColumnSumTile)));
+}
 
 }  // namespace cuda
 }  // namespace gpuopt
