@@ -492,7 +492,8 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
         )
         # without a compiled kernel to ask (meta tensors, no hook): the planning rule, PLANNING_REGS registers
         assert per_sm == common.resident_programs_per_sm(common.KernelFacts(64 if hook else 128, 1024, 16))
-        assert launched == [("ldr_bwd_fused_kernel", (sms * per_sm,)), ("sum_partials_kernel", (8192 // 32, 2))]
+        block_n = common.sum_partials_config(sms * per_sm, 8192, 2)[1]  # stage 2: <= 264 programs
+        assert launched == [("ldr_bwd_fused_kernel", (sms * per_sm,)), ("sum_partials_kernel", (8192 // block_n, 2))]
     assert asked == [("ldr_bwd_fused_kernel", 16)]
 
 

@@ -332,7 +332,7 @@ def cuda_launches(
 # Triton: the real launchers on meta tensors, each launch compiled for sm_90
 # Per kernel: how its loops run. "rows": a persistent loop over row tiles (program axis `axis`), with chunk
 # loops of BLOCK_N columns inside it when BLOCK_N < N; "chunks": passes over one row's BLOCK_N-column chunks;
-# "partials": a loop over the G partial rows in BLOCK_G steps.
+# "partials": a loop over the whole BLOCK_G steps of the G partial rows (then the partial last step, once).
 TRITON_LOOPS = {
     "ldr_fwd_fused_kernel": ("rows", 0),
     "ldr_fwd_looped_kernel": ("chunks", 0),
@@ -383,8 +383,8 @@ def _triton_trips(kernel: str, a: dict, grid: tuple, m: int, n: int):
         return structural_trips(outer, chunks, split_unrolled=False), (tiles if grid[axis] < tiles else None), axis
     if kind == "chunks":
         return structural_trips(float(_cdiv(n, block_n)), split_unrolled=False), None, 0
-    g = int(a["G"])
-    return structural_trips(float(_cdiv(g, int(a["BLOCK_G"]))), split_unrolled=False), None, 0
+    g = int(a["G"])  # the loop takes the whole BLOCK_G steps; a partial last step runs once after it
+    return structural_trips(float(g // int(a["BLOCK_G"])), split_unrolled=False), None, 0
 
 
 _TRITON_OP = {

@@ -502,7 +502,7 @@ UNHINTED_CASES = [
     ),
     ("generic RNG (N % 8 != 0), no weight / bias", dict(m=8, n=37, dtype=torch.float16, affine=False)),
     (
-        "largest single-block forward; looped backward (the fused N = 8192 backward spills unhinted)",
+        "single-block forward of 4 chunks; looped backward (the fused N = 8192 backward spills unhinted)",
         dict(m=2, n=8192, dtype=torch.float32, bwd_max_fused_n=4096),
     ),
     ("fp64, looped, generic RNG", dict(m=2, n=65533, dtype=torch.float64)),

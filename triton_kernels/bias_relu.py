@@ -29,6 +29,7 @@ import triton.language as tl
 
 from .common import (
     INTERPRETED,
+    column_groups,
     device_guard,
     device_sm_count,
     launch_directly,
@@ -120,9 +121,10 @@ def launch_backward(
     grad_out, out, grad_x, grad_b, *, wrap=launch_directly, sm_count: Optional[int] = None, facts=None
 ) -> None:
     """grad_x = grad_out * [out > 0] and grad_b = its column sums (grad_b in the accumulation dtype), contiguous
-    inputs into uninitialised outputs, under out's device. The grid (column tiles x G row groups) holds SMs x the
-    resident programs per SM of the compiled kernel (common.programs_per_sm; sm_count: the device's,
-    DEFAULT_SM_COUNT for meta tensors), so G, and the bits of grad_b, are fixed by (shape, dtype, device)."""
+    inputs into uninitialised outputs, under out's device. The grid (column tiles x G row groups) holds at most SMs x
+    the resident programs per SM of the compiled kernel (common.programs_per_sm; sm_count: the device's,
+    DEFAULT_SM_COUNT for meta tensors), G chosen by common.column_groups so that the grid fills whole waves, so
+    G, and the bits of grad_b, are fixed by (shape, dtype, device)."""
     n = int(out.shape[-1])
     m = out.numel() // n
     if m == 0:
@@ -137,7 +139,7 @@ def launch_backward(
         args = [grad_out, out, grad_x, partial, m, n]
         kwargs = dict(IS_FP64=is_fp64, BLOCK_M=block_m, BLOCK_N=block_n, RTNE_BF16=INTERPRETED, num_warps=warps)
         resident = sms * programs_per_sm(bias_relu_bwd_kernel, out.device, args, kwargs, facts)
-        groups = persistent_programs(triton.cdiv(m, block_m), out.device, 1, max(1, resident // col_tiles))
+        groups = persistent_programs(triton.cdiv(m, block_m), out.device, 1, column_groups(col_tiles, resident, sms))
         args[3] = partial = torch.empty((groups, n), dtype=partial.dtype, device=out.device)
         wrap(bias_relu_bwd_kernel)[(col_tiles, groups)](*args, **kwargs)
         launch_sum_partials(partial, (grad_b,), groups, n, wrap=wrap)

@@ -53,24 +53,35 @@ def sum_partials_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TWO: tl.constexpr,
+    EVEN_N: tl.constexpr,
     RTNE_BF16: tl.constexpr,
 ):
     """OUT[j] = sum over g = 0 .. G-1 of P[g * N + j], in a fixed order (deterministic), cast to OUT's dtype; with
     TWO also OUT2[j] from the (G, N) partial rows at P + SLAB (dgamma and dbeta share one launch).
 
     Stage 2 of the column reductions: grid (column blocks, 1 or 2), each program adding its columns of BLOCK_G
-    partial rows at a time element-wise into a [BLOCK_G, BLOCK_N] tile, reduced over rows once."""
+    partial rows at a time element-wise into a [BLOCK_G, BLOCK_N] tile (every load of a step issued before its
+    adds), reduced over rows once: the order depends only on G and BLOCK_G (sum_partials_config)."""
     col0 = tl.program_id(0) * BLOCK_N
     which = tl.program_id(1)
     cols = col0 + tl.arange(0, BLOCK_N)
     cmask = cols < N
     gs = tl.arange(0, BLOCK_G)
     src = P + which.to(tl.int64) * SLAB
+    ptrs = src + gs[:, None].to(tl.int64) * N + cols[None, :]
+    step = BLOCK_G * N.to(tl.int64)
     acc = tl.zeros([BLOCK_G, BLOCK_N], dtype=P.dtype.element_ty)
-    for g0 in range(0, G, BLOCK_G):
-        gg = (g0 + gs).to(tl.int64)
-        m = (gg < G)[:, None] & cmask[None, :]
-        acc += tl.load(src + gg[:, None] * N + cols[None, :], mask=m, other=0.0)
+    # whole steps without a row mask (and without a column mask when BLOCK_N divides N): no zero-filled registers,
+    # so every load of a step is issued before its adds; then the last, partial step
+    full = G - G % BLOCK_G
+    for _ in range(0, full, BLOCK_G):
+        if EVEN_N:
+            acc += tl.load(ptrs)
+        else:
+            acc += tl.load(ptrs, mask=cmask[None, :], other=0.0)
+        ptrs += step
+    if full < G:
+        acc += tl.load(ptrs, mask=((full + gs) < G)[:, None] & cmask[None, :], other=0.0)
     total = tl.sum(acc, axis=0)
     if TWO:
         if which == 0:
@@ -240,19 +251,40 @@ def persistent_programs(num_tiles: int, device: torch.device, per_sm: int, sms: 
     return max(1, min(num_tiles, cap))
 
 
+def column_groups(col_tiles: int, resident: int, sms: int) -> int:
+    """Row groups of a (column tiles x groups) grid that holds at most `resident` programs (SMs x resident per
+    SM): the most groups whose grid fills its waves over `sms` SMs to >= 97 % (col_tiles x groups close to a
+    multiple of the SMs: no SM left with one program fewer than the others), else resident // col_tiles."""
+    top = max(1, resident // col_tiles)
+    for g in range(top, 0, -1):
+        total = col_tiles * g
+        if total / (-(-total // sms) * sms) >= 0.97:
+            return g
+    return top
+
+
 def launch_directly(kernel):
     """The default `wrap` of the launchers: launch the kernel itself (torch.library.wrap_triton inside a
     triton_op instead)."""
     return kernel
 
 
-def sum_partials_config(groups: int, n: int):
-    """Stage 2 tiling: BLOCK_N = 32 columns per program (cdiv(N, 32) programs per output: 24 at N = 768, 512 at
-    16384), BLOCK_G = min(next_pow2(G), 64) partial rows per step, 4 warps. Fixed by (G, N): a fixed summation
-    order."""
-    block_n = min(32, triton.next_power_of_2(n))
-    block_g = max(1, min(triton.next_power_of_2(groups), 64))
-    return block_g, block_n, 4
+# Stage 2 spreads its columns over at most this many programs (two per SM of an H100 / H200: whole waves), and
+# each step of a program loads a [BLOCK_G, BLOCK_N] tile of this many bytes.
+SUM_PARTIALS_PROGRAMS = 264
+SUM_PARTIALS_TILE_BYTES = 32 * 1024
+
+
+def sum_partials_config(groups: int, n: int, sets: int = 1, elem_bytes: int = 4):
+    """Stage 2 tiling: BLOCK_N = max(16, next_pow2(cdiv(sets x N, SUM_PARTIALS_PROGRAMS))) columns per program
+    (sets x cdiv(N, BLOCK_N) <= 264 programs: 96 at N = 768, 128 at 1024, 256 at 2048 .. 16384, both outputs), and
+    BLOCK_G = min(next_pow2(G), 32 KB / (BLOCK_N x element bytes)) partial rows per step, 8 warps: every thread
+    issues its 32 loads (16 for fp64) before adding them, so each SM keeps 32 KB in flight. Fixed by (G, N,
+    sets, dtype), never by the device: a fixed summation order."""
+    block_n = max(16, triton.next_power_of_2(-(-(sets * n) // SUM_PARTIALS_PROGRAMS)))
+    block_n = min(block_n, triton.next_power_of_2(n))
+    block_g = max(1, min(triton.next_power_of_2(groups), SUM_PARTIALS_TILE_BYTES // (block_n * elem_bytes)))
+    return block_g, block_n, 8
 
 
 def partial_slab(groups: int, n: int) -> int:
@@ -265,7 +297,7 @@ def launch_sum_partials(partial, outs, groups: int, n: int, *, wrap=launch_direc
     """outs[k][j] = sum over the G partial rows of set k of `partial` (sets partial_slab(G, N) elements apart) at
     column j, in a fixed order, for the one or two outputs in `outs`: one launch, grid (column blocks,
     len(outs))."""
-    block_g, block_n, warps = sum_partials_config(groups, n)
+    block_g, block_n, warps = sum_partials_config(groups, n, len(outs), partial.element_size())
     grid = (triton.cdiv(n, block_n), len(outs))
     with device_guard(outs[0].device):
         wrap(sum_partials_kernel)[grid](
@@ -278,6 +310,7 @@ def launch_sum_partials(partial, outs, groups: int, n: int, *, wrap=launch_direc
             BLOCK_G=block_g,
             BLOCK_N=block_n,
             TWO=len(outs) == 2,
+            EVEN_N=n % block_n == 0,
             RTNE_BF16=INTERPRETED,
             num_warps=warps,
         )

@@ -11,7 +11,10 @@ gpuopt_ops/triton_ops.py). The math is that of csrc/fused_math.h, the dropout RN
   host, kept values scaled by 65536 / (65536 - t) (computed in the kernel, in the accumulation dtype);
   t = 65536 gives exact zeros through a select.
 - Fast RNG path (N % 8 == 0, so a tile's groups never straddle rows): one Philox call per 8 elements, lanes
-  interleaved with tl.join + tl.reshape into element order. Generic path (any N): one call per element, the
+  interleaved with tl.join + tl.reshape into element order. Its Philox is _philox: tl.philox's rounds and
+  constants, bit for bit, with each 32 x 32 -> 64-bit product from one widening multiply. The persistent kernels
+  load the seed once per program and derive each tile's from it (_tile_seed), so that ptxas neither keeps the
+  round keys live across the loop nor waits for a seed load per tile. Generic path (any N): one call per element, the
   lane picked with selects. DROPOUT=False (p = 0) does no RNG work at all.
 - Statistics and accumulation in fp32 (fp64 for fp64 x). eps is passed as an fp32 pair (hi + lo) so the fp64
   kernels see eps to ~48 bits instead of fp32's 24 (Triton passes Python floats as fp32).
@@ -29,28 +32,35 @@ tests): no configuration spills. Not yet timed on a GPU. Every launch runs under
 
 - Row chunks (single-block kernels): N = 3 x 2^k (768, 1536, 3072, 6144) is three chunks of N / 3 columns, so no
   lane runs Philox and the math on padding (one padded BLOCK_N = 1024 at N = 768 wasted 25 %); BLOCK_M then grows
-  until every chunk still gives each thread a 4-element vector (2 for fp64). Other N: one chunk of
-  next_power_of_2(N).
+  until every chunk still gives each thread a 4-element vector (2 for fp64); 12288 is three chunks of 4096. In the
+  forward, N = 2^k >= 1024 (not fp64) is four chunks of N / 4. Other N: one chunk of next_power_of_2(N).
 - Persistent grids: the single-block kernels and the backward chunk kernel run G = min(row tiles, SMs x resident
   programs per SM) programs, program p taking row tiles p, p + G, ... The resident count comes from the compiled
   kernel itself (common.programs_per_sm: on a GPU kernel.warmup for the device with 16-byte-aligned pointers, then
   its n_regs, shared memory and warps; tools/triton_resources.py passes the same facts from its sm_90 compile), so
   the grid is one full wave. 8 programs on the interpreter.
-- Forward, single-block path when N <= 8192 (4096 for fp64): BLOCK_M = clamp(4096 // next_power_of_2(N), 1, 64)
-  rows per tile. Per program: the dropout scale, 1/N and eps once; with several rows per tile (BLOCK_M > 1) the
-  weight and bias are loaded once and held across the loop (long rows load them per tile: holding them would
-  cost a resident program). Per tile: every chunk of x is loaded before the first reduction, statistics are
-  exact two-pass (mean, then sum of squared deviations) from registers: x is read once.
-- Forward, looped path for longer rows: one row per program, chunks of 4096 columns (2048 for fp64), 8 warps.
-  Pass 1 merges the per-chunk (count, mean, M2) with Chan's formula (exact per chunk, no E[x^2] - E[x]^2
-  cancellation); pass 2 re-reads x and writes the output: two reads of x.
+- Forward, single-block path when N <= 8192, or N <= 16384 split into whole chunks (12288 = 3 x 4096, 16384 =
+  4 x 4096; fp64: N <= 4096): BLOCK_M = clamp(4096 // next_power_of_2(N), 1, 64) rows per tile. Rows of
+  N = 2^k >= 1024 (not fp64) are four chunks of N / 4, so the tile's warps lie along the rows (one warp per row
+  at N = 1024) and each thread holds 32 elements of its row: the row's reductions and the per-tile work are
+  spread over more elements. Without padded columns (EVEN_N) the column mask is constant and the deviations
+  need no select. Per program: the dropout scale, 1/N and eps once; with several rows per tile (BLOCK_M > 1) or
+  16 warps (one resident program per SM anyway) the weight and bias are loaded and converted once and held
+  across the loop (other long rows load them per tile: holding them would cost a resident program). Per tile:
+  every chunk of x is loaded before the first reduction, statistics are exact two-pass (mean, then sum of
+  squared deviations) from registers: x is read once.
+- Forward, looped path for other rows (and fp64 past 4096): one row per program, chunks of 4096 columns (2048
+  for fp64), 8 warps. Pass 1 merges the per-chunk (count, mean, M2) with Chan's formula (exact per chunk, no
+  E[x^2] - E[x]^2 cancellation); pass 2 re-reads x and writes the output: two reads of x.
 - Backward, single-block path when N <= 8192 (2048 for fp64): BLOCK_M = clamp(2048 // next_power_of_2(N), 1,
-  64) rows per tile; per tile all loads (x, grad_out, mean, rstd, weight, bias of every chunk) are issued before
+  64) rows per tile (N = 2^k >= 1024, not fp64: one row per tile at 16 elements per thread, N / 512 warps);
+  per tile all loads (x, grad_out, mean, rstd, weight, bias of every chunk) are issued before
   the reductions, xhat, dy and dxhat are computed once; c1 = mean(dxhat * xhat), c2 = mean(dxhat), dx; dgamma /
   dbeta accumulate element-wise in [BLOCK_M, BLOCK_N] register tiles, reduced over rows once at the end into
   the program's partial row. The weight and bias are reloaded per tile (L1 hits): held across the loop they
-  would cost ~10-20 registers, a second resident program at N = 4096. The seed is read per tile in both
-  directions: a loop-invariant seed lets ptxas hoist Philox's round keys and keep them live (~30 registers).
+  would cost ~10-20 registers, a second resident program at N = 4096. The seed is read once per program and
+  each tile's derived from it (_tile_seed): a loop-invariant seed lets ptxas hoist Philox's round keys and keep
+  them live (~30 registers).
   ``sum_partials_kernel`` reduces the G partial rows of dgamma and dbeta in one launch, in a fixed order
   (deterministic: no float atomics; the bits depend on (shape, dtype, device, Triton version), never on
   timing). N = 16384 would need 32 elements per thread at 16 warps (> 128 registers: spills or less than one
@@ -76,6 +86,7 @@ import triton.language as tl
 
 from .common import (
     INTERPRETED,
+    column_groups,
     device_guard,
     device_sm_count,
     launch_directly,
@@ -89,7 +100,10 @@ from .common import (
 )
 
 # Longest rows of the single-block kernels: 16 warps x 32 threads x (elements per thread, see _warps_for).
-FWD_MAX_FUSED_N = 8192
+FWD_MAX_FUSED_N = 16384
+# Past this, a row takes the single-block forward only when it splits into whole chunks (N = 3 x 2^k or 2^k, e.g.
+# 12288 and 16384): a padded chunk of next_power_of_2(N) would waste up to half the lanes and registers.
+FWD_MAX_PADDED_N = 8192
 FWD_MAX_FUSED_N_FP64 = 4096
 BWD_MAX_FUSED_N = 8192
 BWD_MAX_FUSED_N_FP64 = 2048
@@ -171,6 +185,27 @@ def _lane_u16_generic(seed, idx):
 
 
 @triton.jit
+def _philox(seed, c0, c1):
+    """Philox4x32-10 of the counter (c0, c1, 0, 0) under the key (seed lo32, seed hi32): tl.philox's rounds and
+    constants (bit-identical), with each 32 x 32 -> 64-bit product taken from one widening multiply (one
+    IMAD.WIDE.U32 for both halves, where tl.philox's umulhi and mul are two instructions)."""
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = (seed >> 32).to(tl.uint32)
+    c2 = tl.zeros(c0.shape, dtype=tl.uint32)
+    c3 = tl.zeros(c0.shape, dtype=tl.uint32)
+    for _ in tl.static_range(10):
+        pa = c0.to(tl.uint64) * 0xD2511F53
+        pb = c2.to(tl.uint64) * 0xCD9E8D57
+        c0 = (pb >> 32).to(tl.uint32) ^ c1 ^ k0
+        c2 = (pa >> 32).to(tl.uint32) ^ c3 ^ k1
+        c1 = pb.to(tl.uint32)
+        c3 = pa.to(tl.uint32)
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    return c0, c1, c2, c3
+
+
+@triton.jit
 def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Lanes u for the [BLOCK_M, BLOCK_N] tile of rows starting at linear index base (int64 [BLOCK_M], each a
     multiple of 8) and columns col0 + 0..BLOCK_N-1 (col0 a multiple of 8): one Philox call per 8 elements."""
@@ -179,8 +214,7 @@ def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
     g = ((base[:, None] + col0) >> 3) + gcols[None, :]  # [BLOCK_M, GROUPS]
     c0 = g.to(tl.uint32)
     c1 = (g >> 32).to(tl.uint32)
-    z = tl.zeros([BLOCK_M, GROUPS], dtype=tl.uint32)
-    w0, w1, w2, w3 = tl.philox(seed, c0, c1, z, z)
+    w0, w1, w2, w3 = _philox(seed, c0, c1)
     lo0 = w0 & 0xFFFF
     lo1 = w1 & 0xFFFF
     lo2 = w2 & 0xFFFF
@@ -198,13 +232,23 @@ def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
 @triton.jit
 def _load_seed(SEED, DROPOUT: tl.constexpr):
     """The seed as uint64, read only when there is dropout (p = 0 never reads it). The persistent kernels read it
-    once per tile, not once per program: with a loop-invariant seed ptxas hoists Philox's ten round keys out of
-    the loop and keeps them live, about 30 registers more per thread (fewer programs per SM)."""
+    once per program and derive each tile's seed with _tile_seed: with a loop-invariant seed ptxas would hoist
+    Philox's round keys out of the loop and keep them live, about 30 registers more per thread (fewer programs
+    per SM)."""
     if DROPOUT:
         seed = tl.load(SEED).to(tl.uint64, bitcast=True)
     else:
         seed = tl.full([], 0, tl.uint64)
     return seed
+
+
+@triton.jit
+def _tile_seed(seed, tile, threshold):
+    """The seed for one tile of a persistent loop, from the seed loaded once per program: the seed itself, since
+    0 <= threshold <= 65536 makes threshold >> 17 zero, but written as depending on the tile, so that ptxas neither
+    hoists Philox's round keys out of the loop and keeps them live (~20 registers) nor needs a load per tile (a
+    uniform seed loaded inside the loop is moved to uniform registers at once: a wait of its own)."""
+    return seed + (tile & (threshold >> 17)).to(tl.uint64)
 
 
 @triton.jit
@@ -220,8 +264,7 @@ def _keep_tile(seed, base, col0, cols, threshold, BLOCK_M: tl.constexpr, BLOCK_N
 
 @triton.jit
 def _load_param(P, col0, cols, cmask, HAS: tl.constexpr):
-    """Columns col0 + cols of a weight or bias in its storage dtype (half the registers of fp32 for 16-bit
-    parameters held across a persistent loop; converted where used). Zeros, never read, when absent."""
+    """Columns col0 + cols of a weight or bias in its storage dtype. Zeros, never read, when absent."""
     if HAS:
         v = tl.load(P + col0 + cols, mask=cmask, other=0.0)
     else:
@@ -240,24 +283,6 @@ def _load_param_tile(P, col0, cols, cmask, HAS: tl.constexpr, BLOCK_M: tl.conste
     else:
         v = tl.zeros(offs.shape, dtype=tl.float32)
     return v
-
-
-@triton.jit
-def _load_params(
-    W, B, cols, cmask, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr
-):
-    """Weight and bias of each of a row's chunks (w0, b0, w1, b1, w2, b2; chunks 1 and 2 repeat chunk 0, unused,
-    when CHUNKS == 1)."""
-    w0 = _load_param(W, 0, cols, cmask, HAS_W)
-    b0 = _load_param(B, 0, cols, cmask, HAS_B)
-    if CHUNKS == 3:  # N == 3 * BLOCK_N: every chunk is full
-        w1 = _load_param(W, BLOCK_N, cols, cmask, HAS_W)
-        b1 = _load_param(B, BLOCK_N, cols, cmask, HAS_B)
-        w2 = _load_param(W, 2 * BLOCK_N, cols, cmask, HAS_W)
-        b2 = _load_param(B, 2 * BLOCK_N, cols, cmask, HAS_B)
-    else:
-        w1, b1, w2, b2 = w0, b0, w0, b0
-    return w0, b0, w1, b1, w2, b2
 
 
 @triton.jit
@@ -285,10 +310,14 @@ def _fwd_chunk(
         y = y * w.to(y.dtype)
     if HAS_B:
         y = y + b.to(y.dtype)
-    out = tl.where(y <= 0.0, 0.0, y)
     if DROPOUT:
+        # dropped -> y = 0 -> out 0 (also for a NaN or inf y), kept -> relu(y) * scale: the select on fp32 before
+        # the multiply, which the compiler cannot sink past the final conversion onto 16-bit halves
         keep = _keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
-        out = tl.where(keep, out * scale, 0.0)
+        y = tl.where(keep, y, 0.0)
+        out = tl.where(y <= 0.0, 0.0, y) * scale
+    else:
+        out = tl.where(y <= 0.0, 0.0, y)
     return out
 
 
@@ -316,42 +345,68 @@ def ldr_fwd_fused_kernel(
     BLOCK_N: tl.constexpr,
     CHUNKS: tl.constexpr,
     HOIST_PARAMS: tl.constexpr,
+    EVEN_N: tl.constexpr,
     RTNE_BF16: tl.constexpr,
 ):
     """Single-block forward, persistent: program p takes row tiles p, p + G, ... of BLOCK_M whole rows. A row is
-    one chunk of BLOCK_N >= N columns, or CHUNKS = 3 chunks of BLOCK_N = N / 3 (no padded lanes at N = 3 x 2^k).
-    The dropout scale, 1/N and eps are computed once per program; with HOIST_PARAMS (short rows, several per
-    tile) the weight and bias are loaded once per program too, otherwise once per tile."""
+    one chunk of BLOCK_N >= N columns, or CHUNKS = 3 or 4 chunks of BLOCK_N = N / CHUNKS (no padded lanes at
+    N = 3 x 2^k; a chunk as wide as one warp's vectors at N = 4 x 2^k, so that the rows lie along the warps and
+    each thread holds more of a row). The dropout scale, 1/N and eps are computed once per program; with
+    HOIST_PARAMS the weight and bias are loaded (and converted to the accumulation dtype) once per program too,
+    otherwise once per tile."""
     scale = _dropout_scale(threshold, IS_FP64)
     inv_n = _inv_n(N, IS_FP64)
     eps = _eps(eps_hi, eps_lo, IS_FP64)
     cols = tl.arange(0, BLOCK_N)
-    cmask = cols < N
+    if EVEN_N:  # N == CHUNKS x BLOCK_N: no padded columns, a constant-true column mask
+        cmask = cols < BLOCK_N
+    else:
+        cmask = cols < N
+    seed0 = _load_seed(SEED, DROPOUT)
     if HOIST_PARAMS:
-        w0, b0, w1, b1, w2, b2 = _load_params(W, B, cols, cmask, HAS_W, HAS_B, BLOCK_N, CHUNKS)
-        w0, b0, w1, b1, w2, b2 = w0[None, :], b0[None, :], w1[None, :], b1[None, :], w2[None, :], b2[None, :]
+        w0 = to_acc(_load_param(W, 0, cols, cmask, HAS_W), IS_FP64)[None, :]
+        b0 = to_acc(_load_param(B, 0, cols, cmask, HAS_B), IS_FP64)[None, :]
+        if CHUNKS > 1:  # N == CHUNKS * BLOCK_N: every chunk is full
+            w1 = to_acc(_load_param(W, BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
+            b1 = to_acc(_load_param(B, BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
+            w2 = to_acc(_load_param(W, 2 * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
+            b2 = to_acc(_load_param(B, 2 * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
+        if CHUNKS > 3:
+            w3 = to_acc(_load_param(W, 3 * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
+            b3 = to_acc(_load_param(B, 3 * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         row_mask = rows < M
         mask = row_mask[:, None] & cmask[None, :]
         base = rows * N
-        seed = _load_seed(SEED, DROPOUT)  # per tile: a hoisted seed makes ptxas keep its key schedule live
+        seed = _tile_seed(seed0, tile, threshold)
         offs = base[:, None] + cols[None, :]
         # every load of the tile before its first reduction
         x0 = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
-        if CHUNKS == 3:
+        if CHUNKS > 1:
             x1 = to_acc(tl.load(X + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
             x2 = to_acc(tl.load(X + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
+        if CHUNKS > 3:
+            x3 = to_acc(tl.load(X + offs + 3 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
         # chunks added element-wise first: one cross-thread reduction per statistic, not one per chunk
-        if CHUNKS == 3:
+        if CHUNKS == 4:
+            mean = tl.sum(x0 + x1 + x2 + x3, axis=1) * inv_n
+        elif CHUNKS == 3:
             mean = tl.sum(x0 + x1 + x2, axis=1) * inv_n
         else:
             mean = tl.sum(x0, axis=1) * inv_n
-        d0 = tl.where(mask, x0 - mean[:, None], 0.0)
-        if CHUNKS == 3:
-            d1 = tl.where(mask, x1 - mean[:, None], 0.0)
-            d2 = tl.where(mask, x2 - mean[:, None], 0.0)
+        if EVEN_N:  # masked rows load zeros and have mean 0: their deviations are 0 without a select
+            d0 = x0 - mean[:, None]
+        else:
+            d0 = tl.where(mask, x0 - mean[:, None], 0.0)
+        if CHUNKS > 1:  # every chunk full (EVEN_N)
+            d1 = x1 - mean[:, None]
+            d2 = x2 - mean[:, None]
+        if CHUNKS == 4:
+            d3 = x3 - mean[:, None]
+            q = tl.sum(d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3, axis=1)
+        elif CHUNKS == 3:
             q = tl.sum(d0 * d0 + d1 * d1 + d2 * d2, axis=1)
         else:
             q = tl.sum(d0 * d0, axis=1)
@@ -359,68 +414,48 @@ def ldr_fwd_fused_kernel(
         if not HOIST_PARAMS:
             w0 = _load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
             b0 = _load_param_tile(B, 0, cols, cmask, HAS_B, BLOCK_M)
-            if CHUNKS == 3:
+            if CHUNKS > 1:
                 w1 = _load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
                 b1 = _load_param_tile(B, BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
                 w2 = _load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
                 b2 = _load_param_tile(B, 2 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+            if CHUNKS > 3:
+                w3 = _load_param_tile(W, 3 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+                b3 = _load_param_tile(B, 3 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
         tl.store(MEAN + rows, mean, mask=row_mask)
         tl.store(RSTD + rows, rstd, mask=row_mask)
-        out = _fwd_chunk(
-            d0 * rstd[:, None],
-            w0,
-            b0,
-            seed,
-            base,
-            0,
-            cols,
-            threshold,
-            scale,
-            HAS_W,
-            HAS_B,
-            DROPOUT,
-            FAST_RNG,
-            BLOCK_M,
-            BLOCK_N,
-        )
-        tl.store(OUT + offs, to_out(out, OUT, RTNE_BF16), mask=mask)
-        if CHUNKS == 3:
-            out = _fwd_chunk(
-                d1 * rstd[:, None],
-                w1,
-                b1,
-                seed,
-                base,
-                BLOCK_N,
-                cols,
-                threshold,
-                scale,
-                HAS_W,
-                HAS_B,
-                DROPOUT,
-                FAST_RNG,
-                BLOCK_M,
-                BLOCK_N,
-            )
-            tl.store(OUT + offs + BLOCK_N, to_out(out, OUT, RTNE_BF16), mask=mask)
-            out = _fwd_chunk(
-                d2 * rstd[:, None],
-                w2,
-                b2,
-                seed,
-                base,
-                2 * BLOCK_N,
-                cols,
-                threshold,
-                scale,
-                HAS_W,
-                HAS_B,
-                DROPOUT,
-                FAST_RNG,
-                BLOCK_M,
-                BLOCK_N,
-            )
-            tl.store(OUT + offs + 2 * BLOCK_N, to_out(out, OUT, RTNE_BF16), mask=mask)
+        _fwd_store_chunk(
+            OUT, offs, mask, d0, rstd, w0, b0, seed, base, 0, cols, threshold, scale,
+            HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16,
+        )  # fmt: skip
+        if CHUNKS > 1:
+            _fwd_store_chunk(
+                OUT, offs, mask, d1, rstd, w1, b1, seed, base, BLOCK_N, cols, threshold, scale,
+                HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16,
+            )  # fmt: skip
+            _fwd_store_chunk(
+                OUT, offs, mask, d2, rstd, w2, b2, seed, base, 2 * BLOCK_N, cols, threshold, scale,
+                HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16,
+            )  # fmt: skip
+        if CHUNKS > 3:
+            _fwd_store_chunk(
+                OUT, offs, mask, d3, rstd, w3, b3, seed, base, 3 * BLOCK_N, cols, threshold, scale,
+                HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16,
+            )  # fmt: skip
+
+
+@triton.jit
+def _fwd_store_chunk(
+    OUT, offs, mask, d, rstd, w, b, seed, base, col0, cols, threshold, scale,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr,
+):  # fmt: skip
+    """The output of one chunk of a single-block forward tile (deviations d from the mean) at OUT + offs + col0."""
+    out = _fwd_chunk(
+        d * rstd[:, None], w, b, seed, base, col0, cols, threshold, scale,
+        HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N,
+    )  # fmt: skip
+    tl.store(OUT + offs + col0, to_out(out, OUT, RTNE_BF16), mask=mask)
 
 
 @triton.jit
@@ -595,13 +630,14 @@ def ldr_bwd_fused_kernel(
         db1 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
         dw2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
         db2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    seed0 = _load_seed(SEED, DROPOUT)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         row_mask = rows < M
         offs, mask = _tile_offsets(rows, row_mask, 0, cols, cmask, N)
         base = rows * N
-        seed = _load_seed(SEED, DROPOUT)  # per tile: a hoisted seed makes ptxas keep its key schedule live
+        seed = _tile_seed(seed0, tile, threshold)
         x0 = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
         g0 = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
         if CHUNKS == 3:
@@ -827,12 +863,13 @@ def ldr_bwd_chunk_kernel(
     b = _load_param(B, col0, cols, cmask, HAS_B)[None, :]
     dw_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     db_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    seed0 = _load_seed(SEED, DROPOUT)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, tl.num_programs(1)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         row_mask = rows < M
         offs, mask = _tile_offsets(rows, row_mask, col0, cols, cmask, N)
-        seed = _load_seed(SEED, DROPOUT)  # per tile: a hoisted seed makes ptxas keep its key schedule live
+        seed = _tile_seed(seed0, tile, threshold)
         x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
         g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
         mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
@@ -913,7 +950,13 @@ def row_chunks(n: int) -> tuple[int, int]:
 
 
 def _fused_config(
-    n: int, fp64: bool, rows_elems: int, per_thread: int, chunk_per_thread: int, wide_chunk_per_thread: int
+    n: int,
+    fp64: bool,
+    rows_elems: int,
+    per_thread: int,
+    chunk_per_thread: int,
+    wide_chunk_per_thread: int,
+    quarters: bool = False,
 ) -> LdrConfig:
     """The single-block tiling: BLOCK_M = clamp(rows_elems // next_pow2(N), 1, 64) rows and num_warps for
     per_thread elements of the padded tile. 3-chunk rows keep BLOCK_M (while it fits 16 warps) and instead take
@@ -924,6 +967,8 @@ def _fused_config(
     padded = triton.next_power_of_2(n)
     block_m = max(1, min(64, rows_elems // padded))
     chunks, block_n = row_chunks(n)
+    if quarters and chunks == 1 and n == padded and n >= 128 * chunk_per_thread:
+        chunks, block_n = 4, n // 4
     if chunks == 1:
         return LdrConfig(True, block_m, block_n, num_warps_for(block_m * padded, per_thread), n % 8 == 0)
     if block_n > 32 * chunk_per_thread:
@@ -940,21 +985,28 @@ def forward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -
     per_thread = 8 if fp64 or n % 8 != 0 else 16
     if max_fused_n is None:
         max_fused_n = FWD_MAX_FUSED_N_FP64 if fp64 else FWD_MAX_FUSED_N
-    if n <= max_fused_n:
-        return _fused_config(n, fp64, 4096, per_thread, 4 if fp64 else 8, 4 if fp64 else 8)
+    padded_ok = n <= FWD_MAX_PADDED_N or n == triton.next_power_of_2(n) or row_chunks(n)[0] == 3
+    if n <= max_fused_n and padded_ok:
+        quarters = not fp64
+        return _fused_config(n, fp64, 4096, per_thread, 4 if fp64 else 8, 4 if fp64 else 8, quarters)
     block_n = 2048 if fp64 else 4096
     block_n = max(8, min(block_n, triton.next_power_of_2(max_fused_n)))  # tests shrink max_fused_n
     return LdrConfig(False, 1, block_n, num_warps_for(block_n, per_thread), n % 8 == 0)
 
 
 def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -> LdrConfig:
-    """Backward tiling: 8 elements per thread (4 for fp64) up to 16 warps, so 16 per thread at N = 8192: x,
-    grad_out, xhat, dy, dxhat and the dgamma/dbeta accumulator tiles are live together."""
+    """Backward tiling: 8 elements per thread (4 for fp64) up to 16 warps: x, grad_out, xhat, dy, dxhat and the
+    dgamma/dbeta accumulator tiles are live together. Rows of N = 2^k >= 1024 (not fp64) take one row per tile
+    at 16 elements per thread (N / 512 warps: 2 at 1024 .. 16 at 8192), so that a thread holds 16 elements of
+    its row and the row's reductions, address math and Philox keys are spread over twice as many elements (more
+    programs, so more partial rows G, which stage 2 reads back)."""
     fp64 = dtype == torch.float64
     per_thread = 4 if fp64 else 8
     if max_fused_n is None:
         max_fused_n = BWD_MAX_FUSED_N_FP64 if fp64 else BWD_MAX_FUSED_N
     if n <= max_fused_n:
+        if not fp64 and n >= 1024 and n == triton.next_power_of_2(n):
+            return LdrConfig(True, 1, n, num_warps_for(n, 16), True)
         return _fused_config(n, fp64, 2048, per_thread, 4 if fp64 else 8, 2 if fp64 else 4)
     block_n = max(8, min(1024, triton.next_power_of_2(max_fused_n)))
     block_m = max(1, min(16, 2048 // block_n))
@@ -1006,10 +1058,16 @@ def launch_forward(
     args = (x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t)
     with device_guard(x.device):
         if cfg.fused:
-            # weight and bias held across the persistent loop only for short rows (several per tile): there a tile's
-            # parameter loads and layout conversions are a large share of its work; long rows amortize them, and
-            # holding them would cost the registers of a second resident program (N = 8192: 2 -> 1 per SM)
-            kwargs.update(BLOCK_M=cfg.block_m, CHUNKS=cfg.chunks, HOIST_PARAMS=cfg.block_m > 1)
+            # weight and bias held across the persistent loop (converted to the accumulation dtype once) for short
+            # rows (several per tile): there a tile's parameter loads, conversions and layout conversions are a
+            # large share of its work; and at 16 warps (N > 8192), where one program per SM is resident anyway.
+            # Other long rows amortize them, and holding them would cost the registers of a resident program.
+            kwargs.update(
+                BLOCK_M=cfg.block_m,
+                CHUNKS=cfg.chunks,
+                HOIST_PARAMS=cfg.block_m > 1 or cfg.num_warps == 16,
+                EVEN_N=cfg.chunks * cfg.block_n == n,
+            )
             per_sm = programs_per_sm(ldr_fwd_fused_kernel, x.device, args, kwargs, facts)
             grid = (persistent_programs(triton.cdiv(m, cfg.block_m), x.device, per_sm, sm_count),)
             wrap(ldr_fwd_fused_kernel)[grid](*args, **kwargs)
@@ -1089,7 +1147,7 @@ def launch_backward(
             chunks = triton.cdiv(n, cfg.block_n)
             sms = sm_count if sm_count is not None else device_sm_count(x.device)
             resident = sms * programs_per_sm(kernel, x.device, args, kwargs, facts)
-            groups = persistent_programs(num_tiles, x.device, 1, max(1, resident // chunks))
+            groups = persistent_programs(num_tiles, x.device, 1, column_groups(chunks, resident, sms))
             grid = (chunks, groups)
         slab = partial_slab(groups, n)
         partial = torch.empty((max(1, sets) * slab,), dtype=acc, device=x.device)
