@@ -7,6 +7,7 @@ Pure ``@triton.jit`` code and plain-Python launch helpers; no torch.library here
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -219,10 +220,20 @@ def compiled_facts(kernel, device: torch.device, args, kwargs) -> Optional[Kerne
     key = (kernel, idx, tuple(_spec(a) for a in args), tuple(sorted((k, _spec(v)) for k, v in kwargs.items())))
     if key not in _FACTS:
         dtypes = [a.dtype if isinstance(a, torch.Tensor) else a for a in args]  # warmup mocks dtypes as tensors
-        with torch.cuda.device(idx):
-            ck = kernel.warmup(*dtypes, grid=(1,), **kwargs)
-            ck._init_handles()
-        _FACTS[key] = KernelFacts(int(ck.n_regs), int(ck.metadata.shared), int(ck.metadata.num_warps))
+        try:
+            with torch.cuda.device(idx):
+                ck = kernel.warmup(*dtypes, grid=(1,), **kwargs)
+                ck._init_handles()
+            _FACTS[key] = KernelFacts(int(ck.n_regs), int(ck.metadata.shared), int(ck.metadata.num_warps))
+        except Exception as err:  # noqa: BLE001  (a Triton without these hooks: plan as without a GPU)
+            warnings.warn(
+                f"gpuopt: could not read the compiled facts of {getattr(kernel, '__name__', kernel)} "
+                f"({type(err).__name__}: {err}); its persistent grid is planned for {PLANNING_REGS} registers a "
+                "thread instead (results are the same; the grid may not be one full wave)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            _FACTS[key] = None
     return _FACTS[key]
 
 
