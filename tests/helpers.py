@@ -156,3 +156,19 @@ class BiasReluLdrBlock(torch.nn.Module):
     def forward(self, x, seed):
         y = self.bias_relu_op(x, self.lin_b)
         return self.ldr_op(y, self.w, self.b, seed, self.p, self.eps)[0]
+
+
+def load_emulated_ops():
+    """The CUDA backend's source compiled for the CPU emulator (tools/cuda_emu), as torch.ops.gpuopt_emu; built once
+    and cached. Hidden visibility, as setup.py builds _C: torch::stable's types are hidden."""
+    from pathlib import Path
+
+    from tools.cuda_emu.build import load_extension
+
+    root = Path(__file__).resolve().parent.parent
+    load_extension(
+        "gpuopt_cuda_emulated",
+        [root / "tools" / "cuda_emu" / "emulated_ops.cpp", root / "csrc" / "checks.cpp"],
+        extra_cflags=["-fvisibility=hidden"],
+    )
+    return torch.ops.gpuopt_emu

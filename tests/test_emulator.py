@@ -20,13 +20,10 @@ The fast lane (`-m "not slow"`) runs every path at least once; `slow` marks poin
 lane in another dtype, or the longest rows.
 """
 
-from pathlib import Path
-
 import pytest
 import torch
 
 import gpuopt_ops  # noqa: F401
-from tools.cuda_emu.build import load_extension
 
 from helpers import (
     FLOORS,
@@ -34,12 +31,12 @@ from helpers import (
     check_bias_relu_against_reference,
     check_fp64_dropout_precision,
     ldr_reference_and_grads,
+    load_emulated_ops,
     seed_tensor,
 )
 
 pytestmark = pytest.mark.cuda_emulated
 
-ROOT = Path(__file__).resolve().parent.parent
 cpu = torch.ops.gpuopt
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -48,13 +45,7 @@ slow = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def emu():
-    # hidden visibility, as setup.py builds _C: torch::stable's types are hidden
-    load_extension(
-        "gpuopt_cuda_emulated",
-        [ROOT / "tools" / "cuda_emu" / "emulated_ops.cpp", ROOT / "csrc" / "checks.cpp"],
-        extra_cflags=["-fvisibility=hidden"],
-    )
-    ops = torch.ops.gpuopt_emu
+    ops = load_emulated_ops()
     ops.take_launches()
     return ops
 

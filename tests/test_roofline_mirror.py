@@ -9,7 +9,8 @@ import torch
 
 import gpuopt_ops  # noqa: F401
 from tools import roofline_gpuopt as G
-from tools.cuda_emu.build import load_extension
+
+from helpers import load_emulated_ops
 
 pytestmark = pytest.mark.cuda_emulated
 
@@ -19,12 +20,7 @@ SMS, MAX_BLOCKS = 4, 2  # the emulated device of these tests
 
 @pytest.fixture(scope="module")
 def emu():
-    load_extension(
-        "gpuopt_cuda_emulated",
-        [ROOT / "tools" / "cuda_emu" / "emulated_ops.cpp", ROOT / "csrc" / "checks.cpp"],
-        extra_cflags=["-fvisibility=hidden"],
-    )
-    ops = torch.ops.gpuopt_emu
+    ops = load_emulated_ops()
     old = ops.configure(SMS, MAX_BLOCKS)
     ops.take_launches()
     yield ops

@@ -203,23 +203,29 @@ def cuda_launches(
     if op == "layer_norm_dropout_relu":
         plan = plan_ldr_rows(m, n, e, e, backward=direction == "backward", vec=True)
         flags = f"true, {'true' if plan.warp_row else 'false'}"  # the 16-byte path; one warp a row
+
+        def rows_kernel(which: str, nbytes: int, read: int, partials: int = 0) -> int:
+            """The rows kernel's persistent launch (`partials` partial-row buffers of G rows); returns G."""
+            name = f"ldr_{which}_rows_kernel<{s}, {s}, float, {flags}, {plan.vpt}>"
+            threads = plan.threads_x * plan.rows_per_block
+            g = persistent_grid(plan.blocks_needed, code.blocks_per_sm(name, threads), sms)
+            out.append(
+                code.launch(
+                    name,
+                    (g,),
+                    (plan.threads_x, plan.rows_per_block),
+                    elements=mn,
+                    bytes=nbytes + partials * g * ldp * ACC,
+                    read_bytes=read,
+                    stride_units=plan.blocks_needed,
+                    trips=structural_trips(plan.blocks_needed / g),
+                )
+            )
+            return g
+
         if direction == "forward":
             if plan.rows:
-                name = f"ldr_forward_rows_kernel<{s}, {s}, float, {flags}, {plan.vpt}>"
-                threads = plan.threads_x * plan.rows_per_block
-                g = persistent_grid(plan.blocks_needed, code.blocks_per_sm(name, threads), sms)
-                out.append(
-                    code.launch(
-                        name,
-                        (g,),
-                        (plan.threads_x, plan.rows_per_block),
-                        elements=mn,
-                        bytes=2 * mn * e + 2 * m * ACC + 2 * n * e,
-                        read_bytes=mn * e + 2 * n * e,
-                        stride_units=plan.blocks_needed,
-                        trips=structural_trips(plan.blocks_needed / g),
-                    )
-                )
+                rows_kernel("forward", 2 * mn * e + 2 * m * ACC + 2 * n * e, mn * e + 2 * n * e)
             else:
                 name = f"ldr_forward_looped_kernel<{s}, {s}, float>"
                 g = persistent_grid(m, code.blocks_per_sm(name, LOOPED_THREADS), sms)
@@ -238,22 +244,8 @@ def cuda_launches(
                     )
                 )
             return out
-        if plan.rows:
-            name = f"ldr_backward_rows_kernel<{s}, {s}, float, {flags}, {plan.vpt}>"
-            threads = plan.threads_x * plan.rows_per_block
-            g = persistent_grid(plan.blocks_needed, code.blocks_per_sm(name, threads), sms)
-            out.append(
-                code.launch(
-                    name,
-                    (g,),
-                    (plan.threads_x, plan.rows_per_block),
-                    elements=mn,
-                    bytes=3 * mn * e + 2 * m * ACC + 2 * n * e + 2 * g * ldp * ACC,
-                    read_bytes=2 * mn * e + 2 * m * ACC + 2 * n * e,
-                    stride_units=plan.blocks_needed,
-                    trips=structural_trips(plan.blocks_needed / g),
-                )
-            )
+        if plan.rows:  # + the dgamma / dbeta partial rows, G of each
+            g = rows_kernel("backward", 3 * mn * e + 2 * m * ACC + 2 * n * e, 2 * mn * e + 2 * m * ACC + 2 * n * e, 2)
         else:
             stats = f"ldr_backward_row_stats_kernel<{s}, {s}, float, true>"
             sg = persistent_grid(m, code.blocks_per_sm(stats, LOOPED_THREADS), sms)
