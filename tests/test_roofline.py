@@ -177,6 +177,13 @@ KNOWN_SHORT: dict[tuple, str] = {
         for dt in ("bf16", "fp16", "fp32")
         for n in (12288, 16384)
     },
+    **{
+        ("triton", "layer_norm_dropout_relu", "forward", dt, 16384): (
+            "one pass over four 4096-column chunks holds 32 elements a thread at 16 warps and spills on triton 3.6; "
+            "the looped forward reads x twice"
+        )
+        for dt in ("bf16", "fp16", "fp32")
+    },
     ("cuda", "bias_relu", "backward", "fp32", 12288): (
         "48 column tiles x 5 row blocks = 240 blocks on 264 slots (98 registers: 2 blocks a SM)"
     ),

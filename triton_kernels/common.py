@@ -51,6 +51,7 @@ def sum_partials_kernel(
     G,
     N,
     SLAB,
+    STEP,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TWO: tl.constexpr,
@@ -70,7 +71,6 @@ def sum_partials_kernel(
     gs = tl.arange(0, BLOCK_G)
     src = P + which.to(tl.int64) * SLAB
     ptrs = src + gs[:, None].to(tl.int64) * N + cols[None, :]
-    step = BLOCK_G * N.to(tl.int64)
     acc = tl.zeros([BLOCK_G, BLOCK_N], dtype=P.dtype.element_ty)
     # whole steps without a row mask (and without a column mask when BLOCK_N divides N): no zero-filled registers,
     # so every load of a step is issued before its adds; then the last, partial step
@@ -80,17 +80,15 @@ def sum_partials_kernel(
             acc += tl.load(ptrs)
         else:
             acc += tl.load(ptrs, mask=cmask[None, :], other=0.0)
-        ptrs += step
+        ptrs += STEP  # BLOCK_G * N, from the host (an int64 argument when it needs one)
     if full < G:
         acc += tl.load(ptrs, mask=((full + gs) < G)[:, None] & cmask[None, :], other=0.0)
     total = tl.sum(acc, axis=0)
+    # two masked stores rather than a branch on `which`: a branch hides from torch.compile's analysis which
+    # pointers are written (it then copies P before each launch)
+    tl.store(OUT + cols, to_out(total, OUT, RTNE_BF16), mask=cmask & (which == 0))
     if TWO:
-        if which == 0:
-            tl.store(OUT + cols, to_out(total, OUT, RTNE_BF16), mask=cmask)
-        else:
-            tl.store(OUT2 + cols, to_out(total, OUT2, RTNE_BF16), mask=cmask)
-    else:
-        tl.store(OUT + cols, to_out(total, OUT, RTNE_BF16), mask=cmask)
+        tl.store(OUT2 + cols, to_out(total, OUT2, RTNE_BF16), mask=cmask & (which == 1))
 
 
 # ------------------------------------------------------------------------------------------- launch helpers
@@ -318,6 +316,7 @@ def launch_sum_partials(partial, outs, groups: int, n: int, *, wrap=launch_direc
             groups,
             n,
             partial_slab(groups, n),
+            block_g * n,
             BLOCK_G=block_g,
             BLOCK_N=block_n,
             TWO=len(outs) == 2,

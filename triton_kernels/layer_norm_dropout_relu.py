@@ -986,7 +986,10 @@ def forward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -
     if max_fused_n is None:
         max_fused_n = FWD_MAX_FUSED_N_FP64 if fp64 else FWD_MAX_FUSED_N
     padded_ok = n <= FWD_MAX_PADDED_N or n == triton.next_power_of_2(n) or row_chunks(n)[0] == 3
-    if n <= max_fused_n and padded_ok:
+    # past 8192 only rows of three chunks (12288): four 4096-column chunks (16384) hold 32 elements a thread at
+    # 16 warps, which spills on triton 3.6 (and 32 warps cap it at 64 registers: more spills)
+    wide_ok = n <= 8192 or row_chunks(n)[0] == 3
+    if n <= max_fused_n and padded_ok and wide_ok:
         quarters = not fp64
         return _fused_config(n, fp64, 4096, per_thread, 4 if fp64 else 8, 4 if fp64 else 8, quarters)
     block_n = 2048 if fp64 else 4096
