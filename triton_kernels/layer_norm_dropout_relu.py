@@ -39,9 +39,10 @@ tests): no configuration spills. Not yet timed on a GPU. Every launch runs under
   kernel itself (common.programs_per_sm: on a GPU kernel.warmup for the device with 16-byte-aligned pointers, then
   its n_regs, shared memory and warps; tools/triton_resources.py passes the same facts from its sm_90 compile), so
   the grid is one full wave. 8 programs on the interpreter.
-- Forward, single-block path when N <= 8192, or N <= 16384 split into whole chunks (12288 = 3 x 4096, 16384 =
-  4 x 4096; fp64: N <= 4096): BLOCK_M = clamp(4096 // next_power_of_2(N), 1, 64) rows per tile. Rows of
-  N = 2^k >= 1024 (not fp64) are four chunks of N / 4, so the tile's warps lie along the rows (one warp per row
+- Forward, single-block path when N <= 8192, or N = 12288 (three chunks of 4096; four chunks at 16384 hold 32
+  elements a thread at 16 warps and spill on triton 3.6, so 16384 is looped; fp64: N <= 4096):
+  BLOCK_M = clamp(4096 // next_power_of_2(N), 1, 64) rows per tile. Rows of N = 2^k >= 1024 (not fp64) are four
+  chunks of N / 4, so the tile's warps lie along the rows (one warp per row
   at N = 1024) and each thread holds 32 elements of its row: the row's reductions and the per-tile work are
   spread over more elements. Without padded columns (EVEN_N) the column mask is constant and the deviations
   need no select. Per program: the dropout scale, 1/N and eps once; with several rows per tile (BLOCK_M > 1) or
@@ -101,8 +102,9 @@ from .common import (
 
 # Longest rows of the single-block kernels: 16 warps x 32 threads x (elements per thread, see _warps_for).
 FWD_MAX_FUSED_N = 16384
-# Past this, a row takes the single-block forward only when it splits into whole chunks (N = 3 x 2^k or 2^k, e.g.
-# 12288 and 16384): a padded chunk of next_power_of_2(N) would waste up to half the lanes and registers.
+# Past this, a row takes the single-block forward only when it splits into whole chunks (N = 3 x 2^k or 2^k): a
+# padded chunk of next_power_of_2(N) would waste up to half the lanes and registers. Past 8192, forward_config
+# also requires three chunks (12288).
 FWD_MAX_PADDED_N = 8192
 FWD_MAX_FUSED_N_FP64 = 4096
 BWD_MAX_FUSED_N = 8192
