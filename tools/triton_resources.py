@@ -41,12 +41,14 @@ imported the kernels interpreted cannot use this module).
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import json
 import multiprocessing
 import os
 import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -55,7 +57,11 @@ from typing import Optional
 
 os.environ.pop("TRITON_INTERPRET", None)
 # A private cache: a cache hit would skip ptxas, and its -v log is where registers and spills come from.
-os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="gpuopt-triton-resources-"))
+# The process that makes it removes it at exit (worker processes inherit the variable and make none).
+if "TRITON_CACHE_DIR" not in os.environ:
+    _PRIVATE_CACHE = tempfile.mkdtemp(prefix="gpuopt-triton-resources-")
+    os.environ["TRITON_CACHE_DIR"] = _PRIVATE_CACHE
+    atexit.register(shutil.rmtree, _PRIVATE_CACHE, ignore_errors=True)
 
 import torch  # noqa: E402
 import triton  # noqa: E402
