@@ -13,6 +13,9 @@ constexpr const char* kLdrBackwardSchema =
 constexpr const char* kBiasReluSchema = "bias_relu(Tensor x, Tensor bias) -> Tensor";
 constexpr const char* kBiasReluBackwardSchema =
     "bias_relu_backward(Tensor grad_out, Tensor out) -> (Tensor grad_x, Tensor grad_bias)";
+constexpr const char* kBiasActSchema = "bias_act(Tensor x, Tensor bias, int act) -> Tensor";
+constexpr const char* kBiasActBackwardSchema =
+    "bias_act_backward(Tensor grad_out, Tensor saved, Tensor bias, int act) -> (Tensor grad_x, Tensor grad_bias)";
 
 // Library: anything with def(const char* schema), e.g. the stable ABI's StableLibrary.
 template <class Library>
@@ -21,6 +24,8 @@ void define_schemas(Library& m) {
   m.def(kLdrBackwardSchema);
   m.def(kBiasReluSchema);
   m.def(kBiasReluBackwardSchema);
+  m.def(kBiasActSchema);
+  m.def(kBiasActBackwardSchema);
 }
 
 }  // namespace gpuopt

@@ -4,6 +4,8 @@
 // scalar. Same operations in the same order, same NaN behaviour (the CPU kernel tests check it).
 #include "cpu/row_kernels.h"
 
+#include "fused_math.h"
+
 #include <cmath>
 #include <cstring>
 
@@ -164,6 +166,52 @@ GPUOPT_CLONES void bias_relu_backward_row(const float* GPUOPT_RESTRICT g, const 
     const float d = out[j] > 0.0f ? gj : 0.0f;
     dx[j] = d;
     pb[j] += d;
+  }
+}
+
+namespace {
+
+template <int kAct>
+void bias_act_row_impl(const float* GPUOPT_RESTRICT x, const float* GPUOPT_RESTRICT b, float* GPUOPT_RESTRICT y,
+                       int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = act_forward<kAct, float>(x[j] + b[j]);
+}
+
+template <int kAct>
+void bias_act_backward_row_impl(const float* GPUOPT_RESTRICT g, const float* GPUOPT_RESTRICT x,
+                                const float* GPUOPT_RESTRICT b, float* GPUOPT_RESTRICT dx, float* GPUOPT_RESTRICT pb,
+                                int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float d = g[j] * act_derivative<kAct, float>(x[j] + b[j]);
+    dx[j] = d;
+    pb[j] += d;
+  }
+}
+
+}  // namespace
+
+GPUOPT_CLONES void bias_act_row(int act, const float* GPUOPT_RESTRICT x, const float* GPUOPT_RESTRICT b,
+                                float* GPUOPT_RESTRICT y, int64_t n) {
+  switch (act) {
+    case kActGelu:
+      return bias_act_row_impl<kActGelu>(x, b, y, n);
+    case kActGeluTanh:
+      return bias_act_row_impl<kActGeluTanh>(x, b, y, n);
+    default:
+      return bias_act_row_impl<kActSilu>(x, b, y, n);
+  }
+}
+
+GPUOPT_CLONES void bias_act_backward_row(int act, const float* GPUOPT_RESTRICT g, const float* GPUOPT_RESTRICT x,
+                                         const float* GPUOPT_RESTRICT b, float* GPUOPT_RESTRICT dx,
+                                         float* GPUOPT_RESTRICT pb, int64_t n) {
+  switch (act) {
+    case kActGelu:
+      return bias_act_backward_row_impl<kActGelu>(g, x, b, dx, pb, n);
+    case kActGeluTanh:
+      return bias_act_backward_row_impl<kActGeluTanh>(g, x, b, dx, pb, n);
+    default:
+      return bias_act_backward_row_impl<kActSilu>(g, x, b, dx, pb, n);
   }
 }
 
