@@ -321,7 +321,7 @@ void run_bias_relu(const BiasReluBuffers& b, Launcher& launcher) {
                                                              : dev::bias_act_forward_kernel<S, B, false, kAct>;
       const TilePlan t =
           plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
-      launcher.run(kAct == kActRelu ? "bias_relu_forward_kernel" : "bias_act_forward_kernel", kernel,
+      launcher.run("bias_act_forward_kernel", kernel,
                    dim3(static_cast<unsigned>(t.col_tiles), static_cast<unsigned>(t.row_blocks)), dim3(t.tx, t.ty),
                    kTiledThreads, p);
     });
@@ -344,7 +344,7 @@ void run_bias_act_backward_typed(const BiasReluBackwardBuffers& b, Launcher& lau
                     : dev::bias_act_backward_kernel<S, B, false, kAct>;
   const TilePlan t = plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
   p.partial = launcher.template scratch<A>(t.row_blocks * p.ldp);
-  launcher.run(kAct == kActRelu ? "bias_relu_backward_kernel" : "bias_act_backward_kernel", kernel,
+  launcher.run("bias_act_backward_kernel", kernel,
                dim3(static_cast<unsigned>(t.col_tiles), static_cast<unsigned>(t.row_blocks)), dim3(t.tx, t.ty),
                kTiledThreads, p);
   run_column_sums<A, A>(p.partial, static_cast<A*>(b.grad_bias), nullptr, nullptr, t.row_blocks, b.N, p.ldp, launcher);
