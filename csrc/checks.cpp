@@ -145,6 +145,10 @@ LdrArgs check_ldr_common(const char* op, const Tensor& x, const std::optional<Te
   return a;
 }
 
+void check_act(const char* op, int64_t act) {
+  GPUOPT_CHECK(valid_act(act), "gpuopt.", op, ": act must be 0 (relu), 1 (gelu), 2 (gelu_tanh) or 3 (silu), got ", act);
+}
+
 }  // namespace
 
 LdrArgs check_ldr_forward(const Tensor& x, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
@@ -282,6 +286,38 @@ DanBackwardArgs check_dropout_add_norm_backward(const Tensor& grad_out, const st
   b.mean = as_contiguous(mean);
   b.rstd = as_contiguous(rstd);
   return b;
+}
+
+BiasActArgs check_bias_act(const Tensor& x, const Tensor& bias, int64_t act) {
+  const char* op = "bias_act";
+  check_act(op, act);
+  check_input(op, "x", x);
+  BiasActArgs a;
+  a.N = last_dim(x);
+  a.M = rows_of(x, a.N);
+  a.act = static_cast<int>(act);
+  check_param(op, "bias", bias, x, a.N);
+  a.x = as_contiguous(x);
+  a.bias = as_contiguous(bias);
+  return a;
+}
+
+BiasActBackwardArgs check_bias_act_backward(const Tensor& grad_out, const Tensor& saved, const Tensor& bias,
+                                            int64_t act) {
+  const char* op = "bias_act_backward";
+  check_act(op, act);
+  check_input(op, "saved", saved);
+  check_same(op, "grad_out", grad_out, "saved", saved);
+  BiasActBackwardArgs a;
+  a.N = last_dim(saved);
+  a.M = rows_of(saved, a.N);
+  a.act = static_cast<int>(act);
+  a.acc_dtype = acc_dtype_of(saved.scalar_type());
+  check_param(op, "bias", bias, saved, a.N);
+  a.grad_out = as_contiguous(grad_out);
+  a.saved = as_contiguous(saved);
+  a.bias = as_contiguous(bias);
+  return a;
 }
 
 }  // namespace gpuopt

@@ -95,6 +95,25 @@ DanBackwardArgs check_dropout_add_norm_backward(const Tensor& grad_out, const st
                                                 const Tensor& rstd, const Tensor& seed, double p, bool rms,
                                                 bool has_residual);
 
+// bias_act: bias_relu's checks plus the activation code (0 relu, 1 gelu, 2 gelu_tanh, 3 silu).
+struct BiasActArgs {
+  Tensor x, bias;  // contiguous
+  int64_t M = 0, N = 0;
+  int act = 0;
+};
+
+BiasActArgs check_bias_act(const Tensor& x, const Tensor& bias, int64_t act);
+
+struct BiasActBackwardArgs {
+  Tensor grad_out, saved, bias;  // contiguous; saved: the output for relu, x otherwise
+  int64_t M = 0, N = 0;
+  int act = 0;
+  ScalarType acc_dtype = kFloat;  // dtype of grad_bias: the unrounded sum
+};
+
+BiasActBackwardArgs check_bias_act_backward(const Tensor& grad_out, const Tensor& saved, const Tensor& bias,
+                                            int64_t act);
+
 // Accumulation dtype of inputs of dtype t: fp64 for fp64, fp32 otherwise.
 inline ScalarType acc_dtype_of(ScalarType t) { return t == kDouble ? kDouble : kFloat; }
 

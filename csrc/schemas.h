@@ -13,6 +13,9 @@ constexpr const char* kLdrBackwardSchema =
 constexpr const char* kBiasReluSchema = "bias_relu(Tensor x, Tensor bias) -> Tensor";
 constexpr const char* kBiasReluBackwardSchema =
     "bias_relu_backward(Tensor grad_out, Tensor out) -> (Tensor grad_x, Tensor grad_bias)";
+constexpr const char* kBiasActSchema = "bias_act(Tensor x, Tensor bias, int act) -> Tensor";
+constexpr const char* kBiasActBackwardSchema =
+    "bias_act_backward(Tensor grad_out, Tensor saved, Tensor bias, int act) -> (Tensor grad_x, Tensor grad_bias)";
 constexpr const char* kDanForwardSchema =
     "dropout_add_norm(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, Tensor seed, float p, float eps,"
     " bool rms, bool residual_in_fp32) -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)";
@@ -21,6 +24,8 @@ constexpr const char* kDanBackwardSchema =
     " Tensor mean, Tensor rstd, Tensor seed, float p, bool rms, bool has_residual)"
     " -> (Tensor grad_x, Tensor grad_residual, Tensor grad_weight, Tensor grad_bias)";
 
+  m.def(kBiasActSchema);
+  m.def(kBiasActBackwardSchema);
 // Library: anything with def(const char* schema), e.g. the stable ABI's StableLibrary.
 template <class Library>
 void define_schemas(Library& m) {

@@ -128,6 +128,30 @@ def check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p: float):
     return m, n, param_dtype
 
 
+def check_act(op: str, act: int) -> None:
+    if not (0 <= act <= 3):
+        _fail(op, f"act must be 0 (relu), 1 (gelu), 2 (gelu_tanh) or 3 (silu), got {act}")
+
+
+def check_bias_act(x, bias, act: int):
+    op = "bias_act"
+    check_act(op, act)
+    check_input(op, "x", x)
+    n = x.shape[-1]
+    check_param(op, "bias", bias, x, n)
+    return x.numel() // n, n
+
+
+def check_bias_act_backward(grad_out, saved, bias, act: int):
+    op = "bias_act_backward"
+    check_act(op, act)
+    check_input(op, "saved", saved)
+    check_same(op, "grad_out", grad_out, "saved", saved)
+    n = saved.shape[-1]
+    check_param(op, "bias", bias, saved, n)
+    return saved.numel() // n, n
+
+
 def check_bias_relu(x, bias):
     op = "bias_relu"
     check_input(op, "x", x)

@@ -78,6 +78,20 @@ def _dan_backward_fake(grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, 
     )
 
 
+@torch.library.register_fake("gpuopt::bias_act")
+def _bias_act_fake(x, bias, act):
+    V.check_bias_act(x, bias, act)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("gpuopt::bias_act_backward")
+def _bias_act_backward_fake(grad_out, saved, bias, act):
+    _, n = V.check_bias_act_backward(grad_out, saved, bias, act)
+    return torch.empty_like(saved, memory_format=torch.contiguous_format), saved.new_empty(
+        (n,), dtype=V.acc_dtype(saved.dtype)
+    )
+
+
 # ---------------------------------------------------------------------------------------------- autograd
 def register_ldr_autograd(forward_op, backward_op) -> None:
     """Autograd of a layer_norm_dropout_relu op (C++ or Triton): backward is the `_backward` op.
@@ -181,9 +195,31 @@ def register_dropout_add_norm_autograd(forward_op, backward_op) -> None:
     _forbid_double_backward(f"{forward_op}_backward")
 
 
+def register_bias_act_autograd(forward_op, backward_op) -> None:
+    """Autograd of a bias_act op: relu (act 0) saves the output (mask out > 0), the other activations save x (the
+    backward recomputes z = x + bias); the bias is saved for every act (its values are unused for relu).
+
+    The backward op returns grad_bias in the accumulation dtype; it is cast once to the bias's dtype.
+    """
+
+    def setup_context(ctx, inputs, output):
+        x, bias, act = inputs
+        ctx.save_for_backward(output if act == 0 else x, bias)
+        ctx.act = act
+
+    def backward(ctx, grad_out):
+        saved, bias = ctx.saved_tensors
+        grad_x, grad_b = backward_op(grad_out, saved, bias, ctx.act)
+        return grad_x, grad_b.to(bias.dtype), None
+
+    torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
+    _forbid_double_backward(f"{forward_op}_backward")
+
+
 register_ldr_autograd("gpuopt::layer_norm_dropout_relu", _ops.layer_norm_dropout_relu_backward)
 register_dropout_add_norm_autograd("gpuopt::dropout_add_norm", _ops.dropout_add_norm_backward)
 register_bias_relu_autograd("gpuopt::bias_relu", _ops.bias_relu_backward)
+register_bias_act_autograd("gpuopt::bias_act", _ops.bias_act_backward)
 
 
 # ---------------------------------------------------------------------------------------------- public API
@@ -292,3 +328,17 @@ def dropout_add_norm(
     op = _triton_ops().triton_dropout_add_norm if backend == "triton" else _ops.dropout_add_norm
     out, s, _, _ = op(x, residual, weight, bias, seed, p_eff, float(eps), norm == "rms", bool(residual_in_fp32))
     return (out, s) if prenorm else out
+
+
+ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}  # bias_act's act codes (DESIGN.md)
+
+
+def bias_act(x: torch.Tensor, bias: torch.Tensor, act: str = "gelu", backend: str = "auto") -> torch.Tensor:
+    """act(x + bias), bias of shape (x.shape[-1],) broadcast over the rows; act is "relu", "gelu" (erf form, as
+    F.gelu), "gelu_tanh" (as F.gelu(approximate="tanh")) or "silu". Backward fuses the dbias sum."""
+    code = ACTIVATIONS.get(act) if isinstance(act, str) else None
+    if code is None:
+        raise ValueError(f"gpuopt.bias_act: act must be one of {', '.join(map(repr, ACTIVATIONS))}, got {act!r}")
+    backend = resolve_backend(backend, x.device, "bias_act")
+    op = _triton_ops().triton_bias_act if backend == "triton" else _ops.bias_act
+    return op(x, bias, code)

@@ -180,6 +180,23 @@ def bias_relu(x: torch.Tensor, bias: torch.Tensor, compute_dtype: Optional[torch
     return torch.relu(x.to(dt) + bias.to(dt))
 
 
+def bias_act(
+    x: torch.Tensor, bias: torch.Tensor, act: int, compute_dtype: Optional[torch.dtype] = None
+) -> torch.Tensor:
+    """act(x + bias) with torch's own activations (act codes of bias_act: 0 relu, 1 gelu, 2 gelu_tanh, 3 silu)."""
+    dt = compute_dtype or x.dtype
+    z = x.to(dt) + bias.to(dt)
+    if act == 0:
+        return torch.relu(z)
+    if act == 1:
+        return torch.nn.functional.gelu(z)
+    if act == 2:
+        return torch.nn.functional.gelu(z, approximate="tanh")
+    if act == 3:
+        return torch.nn.functional.silu(z)
+    raise ValueError(f"unknown act {act}")
+
+
 def eager_layer_norm_dropout_relu(x, weight, bias, p: float, training: bool = True, eps: float = 1e-5):
     """What a user writes without gpuopt (the benchmarks' `eager` provider); torch's own dropout RNG."""
     y = torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)

@@ -4,9 +4,12 @@
     torch.ops.gpuopt.triton_layer_norm_dropout_relu_backward(grad_out, x, weight, bias, mean, rstd, seed, p)
     torch.ops.gpuopt.triton_bias_relu(x, bias) -> out
     torch.ops.gpuopt.triton_bias_relu_backward(grad_out, out) -> (grad_x, grad_bias)
+    torch.ops.gpuopt.triton_bias_act(x, bias, act) -> out
+    torch.ops.gpuopt.triton_bias_act_backward(grad_out, saved, bias, act) -> (grad_x, grad_bias)
 
 Same schemas, input checks (gpuopt_ops/checks.py: the C++ messages word for word), outputs and dropout
-bits as the C++ ops; autograd is that of the C++ ops (ops.register_ldr_autograd / register_bias_relu_autograd).
+bits as the C++ ops; autograd is that of the C++ ops (ops.register_ldr_autograd / register_bias_relu_autograd /
+register_bias_act_autograd).
 The kernels are in triton_kernels/ (repository root), installed as gpuopt_ops.triton_kernels.
 
 On a GPU the ops run compiled Triton kernels, and torch.compile decomposes them into the kernels (Inductor sees
@@ -68,7 +71,7 @@ from gpuopt_ops.triton_kernels import common as _COMMON  # noqa: E402
 from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as _LDR  # noqa: E402
 
 from . import checks as V  # noqa: E402
-from .ops import register_bias_relu_autograd, register_ldr_autograd  # noqa: E402
+from .ops import register_bias_act_autograd, register_bias_relu_autograd, register_ldr_autograd  # noqa: E402
 
 # Whether the kernels were decorated under TRITON_INTERPRET=1 (tests patch this name to simulate the other case).
 INTERPRETED = _COMMON.INTERPRETED
@@ -102,6 +105,8 @@ _KERNELS = {
     ],
     "gpuopt::triton_bias_relu": [_BR.bias_relu_fwd_kernel],
     "gpuopt::triton_bias_relu_backward": [_BR.bias_relu_bwd_kernel, _COMMON.sum_partials_kernel],
+    "gpuopt::triton_bias_act": [_BR.bias_relu_fwd_kernel],
+    "gpuopt::triton_bias_act_backward": [_BR.bias_relu_bwd_kernel, _COMMON.sum_partials_kernel],
 }
 
 SCHEMAS = {
@@ -115,6 +120,10 @@ SCHEMAS = {
     ),
     "gpuopt::triton_bias_relu": "(Tensor x, Tensor bias) -> Tensor",
     "gpuopt::triton_bias_relu_backward": "(Tensor grad_out, Tensor out) -> (Tensor grad_x, Tensor grad_bias)",
+    "gpuopt::triton_bias_act": "(Tensor x, Tensor bias, int act) -> Tensor",
+    "gpuopt::triton_bias_act_backward": (
+        "(Tensor grad_out, Tensor saved, Tensor bias, int act) -> (Tensor grad_x, Tensor grad_bias)"
+    ),
 }
 
 
@@ -223,7 +232,30 @@ def _bias_relu_backward(grad_out: torch.Tensor, out: torch.Tensor) -> tuple[torc
     return grad_x, grad_b
 
 
-_OPDEFS = (_ldr_forward, _ldr_backward, _bias_relu, _bias_relu_backward)
+@_triton_op("gpuopt::triton_bias_act")
+def _bias_act(x: torch.Tensor, bias: torch.Tensor, act: int) -> torch.Tensor:
+    V.check_bias_act(x, bias, act)
+    x = x.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if not _skip_launch(x, "bias_act"):
+        _BR.launch_forward(x, bias.contiguous(), out, act=act, wrap=_WRAP)
+    return out
+
+
+@_triton_op("gpuopt::triton_bias_act_backward")
+def _bias_act_backward(
+    grad_out: torch.Tensor, saved: torch.Tensor, bias: torch.Tensor, act: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _, n = V.check_bias_act_backward(grad_out, saved, bias, act)
+    saved = saved.contiguous()
+    grad_x = torch.empty(saved.shape, dtype=saved.dtype, device=saved.device)
+    grad_b = torch.empty((n,), dtype=V.acc_dtype(saved.dtype), device=saved.device)
+    if not _skip_launch(saved, "bias_act_backward"):
+        _BR.launch_backward(grad_out.contiguous(), saved, grad_x, grad_b, bias=bias.contiguous(), act=act, wrap=_WRAP)
+    return grad_x, grad_b
+
+
+_OPDEFS = (_ldr_forward, _ldr_backward, _bias_relu, _bias_relu_backward, _bias_act, _bias_act_backward)
 
 
 def _register_kernels_for_cache_keys() -> None:
@@ -253,14 +285,19 @@ triton_layer_norm_dropout_relu = torch.ops.gpuopt.triton_layer_norm_dropout_relu
 triton_layer_norm_dropout_relu_backward = torch.ops.gpuopt.triton_layer_norm_dropout_relu_backward
 triton_bias_relu = torch.ops.gpuopt.triton_bias_relu
 triton_bias_relu_backward = torch.ops.gpuopt.triton_bias_relu_backward
+triton_bias_act = torch.ops.gpuopt.triton_bias_act
+triton_bias_act_backward = torch.ops.gpuopt.triton_bias_act_backward
 
 register_ldr_autograd("gpuopt::triton_layer_norm_dropout_relu", triton_layer_norm_dropout_relu_backward)
 register_bias_relu_autograd("gpuopt::triton_bias_relu", triton_bias_relu_backward)
+register_bias_act_autograd("gpuopt::triton_bias_act", triton_bias_act_backward)
 
 __all__ = [
     "triton_layer_norm_dropout_relu",
     "triton_layer_norm_dropout_relu_backward",
     "triton_bias_relu",
     "triton_bias_relu_backward",
+    "triton_bias_act",
+    "triton_bias_act_backward",
     "INTERPRETED",
 ]

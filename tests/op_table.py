@@ -348,7 +348,71 @@ DROPOUT_ADD_NORM = OpSpec(
     extra_backends=("cuda-emulated",),
 )
 
-OPS = [LAYER_NORM_DROPOUT_RELU, BIAS_RELU, DROPOUT_ADD_NORM]
+
+# ---------------------------------------------------------------------------------------------- bias-activation
+def bias_act_sample(prefix, n, dtype, device, *, act=1, bias_dtype=None, data_seed=0):
+    s = bias_relu_sample(prefix, n, dtype, device, bias_dtype=bias_dtype, data_seed=data_seed)
+    s.args["act"] = act
+    return s
+
+
+def bias_act_run(backend, s: Sample):
+    x, bias, act = s.args["x"], s.args["bias"], s.args["act"]
+    out = backend.op("bias_act")(x, bias, act)
+    # what autograd saves: the output for relu (mask out > 0), x for the others
+    gx, gb = backend.op("bias_act_backward")(s.grad_out, out if act == 0 else x, bias, act)
+    res = dict(out=out, grad_x=gx, grad_bias=gb)
+    if act == 0:  # relu is bias_relu, bit for bit, on the same backend
+        res["bias_relu"] = backend.op("bias_relu")(x, bias)
+        res["bias_relu_grad_x"], res["bias_relu_grad_bias"] = backend.op("bias_relu_backward")(s.grad_out, out)
+    return res
+
+
+def bias_act_reference(s: Sample, dtype, low_precision_params=False):
+    x = s.args["x"].detach().to(dtype).requires_grad_()
+    b = s.args["bias"].detach().to(dtype).requires_grad_()
+    out = R.bias_act(x, b, s.args["act"])
+    out.backward(s.grad_out.to(dtype))
+    return dict(out=out.detach(), grad_x=x.grad, grad_bias=b.grad)
+
+
+def bias_act_check(s: Sample, ours, ref64, low):
+    x, act = s.args["x"], s.args["act"]
+    dtype = x.dtype
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    assert ours["out"].dtype == dtype and ours["out"].shape == x.shape and ours["out"].is_contiguous()
+    assert ours["grad_x"].dtype == dtype and ours["grad_x"].shape == x.shape
+    assert ours["grad_bias"].dtype == acc and ours["grad_bias"].shape == (x.shape[-1],), "the accumulation dtype"
+    fl = FLOORS[dtype]
+    assert_close_to_reference("out", ours["out"].cpu(), ref64["out"].cpu(), low["out"].cpu(), fl)
+    assert_close_to_reference("grad_x", ours["grad_x"].cpu(), ref64["grad_x"].cpu(), low["grad_x"].cpu(), fl)
+    assert_close_to_reference(
+        "grad_bias", ours["grad_bias"].cpu(), ref64["grad_bias"].cpu(), low["grad_bias"].cpu(), fl * max(1, s.m)
+    )
+    if act == 0:  # act 0 is bias_relu: the same bits (grad_x is grad_out where out > 0)
+        assert torch.equal(ours["out"].cpu(), ours["bias_relu"].cpu()), "act 0: bias_relu's output bits"
+        assert torch.equal(ours["grad_x"].cpu(), ours["bias_relu_grad_x"].cpu())
+        assert torch.equal(ours["grad_bias"].cpu(), ours["bias_relu_grad_bias"].cpu()), "the same sums in one order"
+        expect = torch.where(ours["out"].cpu() > 0, s.grad_out.cpu(), torch.zeros((), dtype=dtype))
+        assert torch.equal(ours["grad_x"].cpu(), expect)
+
+
+BIAS_ACT = OpSpec(
+    name="bias_act",
+    variants=(
+        Variant("relu", dict(act=0)),
+        Variant("gelu", dict(act=1)),
+        Variant("gelu_tanh", dict(act=2)),
+        Variant("silu", dict(act=3)),
+        Variant("gelu-amp-fp32-bias", dict(act=1, bias_dtype=torch.float32), dtypes=(torch.float16, torch.bfloat16)),
+    ),
+    sample=bias_act_sample,
+    run=bias_act_run,
+    reference=bias_act_reference,
+    check=bias_act_check,
+)
+
+OPS = [LAYER_NORM_DROPOUT_RELU, BIAS_RELU, DROPOUT_ADD_NORM, BIAS_ACT]
 OPS_BY_NAME = {op.name: op for op in OPS}
 
 

@@ -34,6 +34,7 @@ from helpers import (
     load_emulated_ops,
     seed_tensor,
 )
+from op_table import BIAS_ACT, check_against_reference
 
 pytestmark = pytest.mark.cuda_emulated
 
@@ -125,7 +126,14 @@ def check_ldr(ops, m, n, dtype, params, p, *, x_unaligned=False, params_unaligne
 
 
 def test_schemas_are_the_real_ones(emu):
-    for name in ["layer_norm_dropout_relu", "layer_norm_dropout_relu_backward", "bias_relu", "bias_relu_backward"]:
+    for name in [
+        "layer_norm_dropout_relu",
+        "layer_norm_dropout_relu_backward",
+        "bias_relu",
+        "bias_relu_backward",
+        "bias_act",
+        "bias_act_backward",
+    ]:
         real = str(getattr(cpu, name).default._schema).replace("gpuopt::", "")
         ours = str(getattr(emu, name).default._schema).replace("gpuopt_emu::", "")
         assert ours == real
@@ -368,6 +376,64 @@ def check_bias_relu(ops, m, n, dtype, bias_dtype, aligned=True):
     check_bias_relu_against_reference(x, b, g, out, gx, gb)
     gx2, gb2 = ops.bias_relu_backward(g, out)
     assert torch.equal(gb, gb2), "dbias is deterministic"
+
+
+# ---------------------------------------------------------------------------------------------------- bias_act
+class EmulatedBackend:
+    """tests/op_table.py's backend interface on the emulated CUDA ops (torch.ops.gpuopt_emu)."""
+
+    name, device = "cuda-emulated", "cpu"
+
+    def __init__(self, ops):
+        self.ops = ops
+
+    def op(self, name):
+        return getattr(self.ops, name)
+
+
+def _bias_act_variant_dtypes():
+    for variant in BIAS_ACT.variants:
+        for dtype in variant.dtypes or DTYPES:
+            yield pytest.param(variant, dtype, id=f"{variant.name}-{str(dtype)[6:]}")
+
+
+# The op table's bias_act entry (every activation, dtype and the AMP fp32 bias) on the CUDA source: 37 columns
+# (TX 8, a partial last group: scalar), 1000 (4 column tiles, the last part-filled: 16-byte vectors) and 8200
+# (33 tiles, the last with one group; one row block).
+@pytest.mark.parametrize("variant,dtype", list(_bias_act_variant_dtypes()))
+@pytest.mark.parametrize("prefix,n", [((5,), 37), ((8,), 1000), ((3,), 8200)], ids=["5x37", "8x1000", "3x8200"])
+def test_bias_act_table(small_device, variant, dtype, prefix, n):
+    sample = BIAS_ACT.sample(prefix, n, dtype, "cpu", **variant.options)
+    ours = check_against_reference(BIAS_ACT, EmulatedBackend(small_device), sample)
+    for name, t in ours.items():
+        assert not t.isnan().any(), f"{name} has NaN: a poisoned (never written) element or an out-of-bounds read"
+    if variant.options["act"] == 0:  # act 0: the CPU op's bits (bias_relu's, element-wise)
+        assert torch.equal(ours["out"], cpu.bias_act(sample.args["x"], sample.args["bias"], 0))
+
+
+@pytest.mark.parametrize("act", [1, 2, 3])
+def test_bias_act_unaligned_and_deterministic(small_device, act):
+    """Unaligned views take the scalar path; the column sums are deterministic; names the launches."""
+    m, n = 37, 768
+    g0 = torch.Generator().manual_seed(act)
+    x = torch.randn(m, n, generator=g0, dtype=torch.float64).to(torch.bfloat16)
+    b = torch.randn(n, generator=g0, dtype=torch.float64).to(torch.float32)
+    g = torch.randn(m, n, generator=g0, dtype=torch.float64).to(torch.bfloat16)
+    small_device.take_launches()
+    out = small_device.bias_act(unaligned(x), unaligned(b), act)
+    gx, gb = small_device.bias_act_backward(unaligned(g), unaligned(x), unaligned(b), act)
+    launches = small_device.take_launches()
+    assert [entry.split()[0] for entry in launches] == [
+        "bias_act_forward_kernel",
+        "bias_act_backward_kernel",
+        "column_sum_kernel",
+    ]
+    out2 = small_device.bias_act(x, b, act)
+    gx2, gb2 = small_device.bias_act_backward(g, x, b, act)
+    torch.testing.assert_close(out, out2, rtol=0, atol=0)  # scalar and vector paths: the same per-element math
+    torch.testing.assert_close(gx, gx2, rtol=0, atol=0)
+    gx3, gb3 = small_device.bias_act_backward(g, x, b, act)
+    assert torch.equal(gb2, gb3), "dbias is deterministic"
 
 
 # ------------------------------------------------------------------------------------------------------ errors

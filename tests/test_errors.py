@@ -176,6 +176,69 @@ def test_bias_relu_backward_bad_input(backend):
         )
 
 
+ACT_MESSAGE = r"act must be 0 \(relu\), 1 \(gelu\), 2 \(gelu_tanh\) or 3 \(silu\), got "
+
+BIAS_ACT_CASES = [
+    *[(dict(change, act=1), message) for change, message in BIAS_CASES],
+    (dict(act=7), ACT_MESSAGE + "7"),
+    (dict(act=-1), ACT_MESSAGE + "-1"),
+    (dict(act=4), ACT_MESSAGE + "4"),
+]
+
+
+def _emulated():
+    from helpers import load_emulated_ops
+
+    return load_emulated_ops()
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("change,message", BIAS_ACT_CASES)
+def test_bias_act_bad_input(backend, change, message):
+    kw = dict(x=torch.randn(3, 5), bias=torch.randn(5), act=0)
+    kw.update(change)
+    op = backend.op("bias_act")
+    args = list(_on(kw, backend.device).values())
+    with pytest.raises(RuntimeError, match=r"gpuopt\.(triton_)?bias_act: " + message):
+        op(*args)
+    assert _raise_first_line(op, *args) == _raise_first_line(_fake(ops.bias_act), *kw.values())
+
+
+BIAS_ACT_BWD_CASES = [
+    (dict(grad_out=torch.randn(3, 4)), r"grad_out must have shape \(3, 5\) like saved"),
+    (dict(grad_out=torch.randn(3, 5, dtype=torch.float64)), "grad_out must have dtype torch.float32 like saved"),
+    (dict(saved=torch.randint(0, 2, (3, 5)), grad_out=torch.randint(0, 2, (3, 5))), "saved must be float32"),
+    (dict(bias=torch.randn(4)), r"bias must have shape \(5,\)"),
+    (dict(bias=torch.randn(5, dtype=torch.float16)), "bias must have dtype torch.float32"),
+    (dict(act=7), ACT_MESSAGE + "7"),
+    (dict(act=-3), ACT_MESSAGE + "-3"),
+]
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("change,message", BIAS_ACT_BWD_CASES)
+def test_bias_act_backward_bad_input(backend, change, message):
+    kw = dict(grad_out=torch.randn(3, 5), saved=torch.randn(3, 5), bias=torch.randn(5), act=2)
+    kw.update(change)
+    op = backend.op("bias_act_backward")
+    args = list(_on(kw, backend.device).values())
+    with pytest.raises(RuntimeError, match=r"gpuopt\.(triton_)?bias_act_backward: " + message):
+        op(*args)
+    assert _raise_first_line(op, *args) == _raise_first_line(_fake(ops.bias_act_backward), *kw.values())
+
+
+@pytest.mark.cuda_emulated
+def test_bias_act_bad_act_on_the_emulator():
+    """The CUDA backend's glue (ops_glue.h) rejects a bad act code with the same message, before any launch."""
+    emu = _emulated()
+    x, b = torch.randn(3, 5), torch.randn(5)
+    for op, args in (("bias_act", (x, b, 7)), ("bias_act_backward", (x, x, b, 7))):
+        with pytest.raises(RuntimeError) as e:
+            getattr(emu, op)(*args)
+        assert str(e.value).splitlines()[0] == _raise_first_line(getattr(ops, op), *args)
+        assert f"gpuopt.{op}: act must be 0 (relu), 1 (gelu), 2 (gelu_tanh) or 3 (silu), got 7" in str(e.value)
+
+
 @pytest.mark.parametrize("backend", backend_params("cuda", "triton"))
 @pytest.mark.parametrize("which", ["weight", "bias", "seed"])
 def test_arguments_on_another_device(backend, which):
@@ -196,6 +259,10 @@ def test_public_api_errors():
         gpuopt_ops.bias_relu(x, torch.randn(8), backend="cuda")
     with pytest.raises(ValueError, match="normalized_shape"):
         gpuopt_ops.layer_norm_dropout_relu(x, (3,))
+    with pytest.raises(
+        ValueError, match="gpuopt.bias_act: act must be one of 'relu', 'gelu', 'gelu_tanh', 'silu', got 'tanh'"
+    ):
+        gpuopt_ops.bias_act(x, torch.randn(8), act="tanh")
 
 
 def test_resolve_backend_is_the_one_check():

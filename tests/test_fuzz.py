@@ -1,4 +1,4 @@
-"""Correctness, property-based: both ops on every backend against the fp64 reference, on drawn dtypes, shapes,
+"""Correctness, property-based: every op on every backend against the fp64 reference, on drawn dtypes, shapes,
 layouts (transposed, sliced, expanded), parameters (none, weight only, fp32 under AMP), p (0, 1, any), seeds and
 badly conditioned rows. Every example checks the output, all gradients and, bit for bit, the dropout keep mask.
 
@@ -153,6 +153,43 @@ def check_bias_relu(be, case):
     assert_close_to_reference("grad_bias", gb.cpu(), ref_gb, low_gb, FLOORS[dt] * max(1, m))
 
 
+@st.composite
+def bias_act_case(draw, interpreted=False):
+    return dict(draw(ldr_case(interpreted)), act=draw(st.sampled_from([0, 1, 2, 3])))
+
+
+def check_bias_act(be, case):
+    dev, dt, act = be.device, case["dtype"], case["act"]
+    x = make_x(case, dev)
+    _, b = make_params(dict(case, affine="both"), dev)
+    out = be.op("bias_act")(x, b, act)
+    assert out.shape == x.shape and out.dtype == dt and out.is_contiguous()
+    grad_out = (
+        torch.randn(x.shape, generator=torch.Generator().manual_seed(case["data_seed"] + 3), dtype=torch.float64)
+        .to(dt)
+        .to(dev)
+    )
+    gx, gb = be.op("bias_act_backward")(grad_out, out if act == 0 else x, b, act)
+    m = x.numel() // case["n"]
+    assert gx.shape == x.shape and gx.dtype == dt and gb.shape == (case["n"],)
+
+    def ref(dtype):  # autograd through torch's activations in dtype (the bias rounded to it, as plain PyTorch)
+        xr = x.detach().cpu().to(dtype).requires_grad_()
+        br = b.detach().cpu().to(dtype).requires_grad_()
+        o = R.bias_act(xr, br, act)
+        o.backward(grad_out.cpu().to(dtype))
+        return o.detach(), xr.grad, br.grad
+
+    r64, low = ref(torch.float64), ref(dt)
+    fl = FLOORS[dt] * max(1.0, case["scale"])
+    assert_close_to_reference("out", out.cpu(), r64[0], low[0], fl)
+    assert_close_to_reference("grad_x", gx.cpu(), r64[1], low[1], fl)
+    assert_close_to_reference("grad_bias", gb.cpu(), r64[2], low[2], fl * max(1, m))
+    if act == 0:  # bias_relu's bits
+        assert torch.equal(out.cpu(), be.op("bias_relu")(x, b).cpu())
+        assert torch.equal(gx.cpu(), be.op("bias_relu_backward")(grad_out, out)[0].cpu())
+
+
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
 
@@ -161,9 +198,9 @@ def _examples(backend):
     return max(10, n // 20) if backend.interpreted else n
 
 
-def _fuzz(check, backend):
+def _fuzz(check, backend, strategy=ldr_case):
     @settings(max_examples=_examples(backend), deadline=None, suppress_health_check=_HEALTH)
-    @given(case=ldr_case(interpreted=backend.interpreted))
+    @given(case=strategy(interpreted=backend.interpreted))
     def inner(case):
         check(backend, case)
 
@@ -178,6 +215,11 @@ def test_fuzz_layer_norm_dropout_relu(backend):
 @pytest.mark.parametrize("backend", backend_params())
 def test_fuzz_bias_relu(backend):
     _fuzz(check_bias_relu, backend)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_fuzz_bias_act(backend):
+    _fuzz(check_bias_act, backend, bias_act_case)
 
 
 # shrunk failures found by the fuzzer, kept as regular tests

@@ -486,6 +486,11 @@ FLOORS = {  # (op, direction) -> the estimate every row must reach
     ("layer_norm_dropout_relu", "backward"): 0.82,
     ("bias_relu", "forward"): 0.88,
     ("bias_relu", "backward"): 0.88,
+    **{
+        (f"bias_act_{act}", d): f
+        for act in ("gelu", "gelu_tanh", "silu")
+        for d, f in (("forward", 0.88), ("backward", 0.82))
+    },
 }
 INSTR_SHARE = 0.85  # instructions per element must stay within this share of the issue budget
 MIN_WAVE_EFFICIENCY = 0.95

@@ -19,7 +19,9 @@ from typing import Optional
 from tools import cuda_resources as CR
 from tools.roofline import KernelLaunch, structural_trips
 
-OPS = ("layer_norm_dropout_relu", "bias_relu")
+OPS = ("layer_norm_dropout_relu", "bias_relu", "bias_act_gelu", "bias_act_gelu_tanh", "bias_act_silu")
+# bias_act's rows: acts 1-3 (act 0, relu, is the bias_relu row: the same kernels)
+ACT_CODE = {"bias_relu": 0, "bias_act_gelu": 1, "bias_act_gelu_tanh": 2, "bias_act_silu": 3}
 DIRECTIONS = ("forward", "backward")
 DTYPES = ("bf16", "fp16", "fp32")
 NS = (768, 1024, 2048, 4096, 8192, 12288, 16384)
@@ -42,7 +44,9 @@ def ideal_bytes(op: str, direction: str, dtype: str, n: int, m: Optional[int] = 
         return 3 * m * n * e + 2 * m * ACC + 4 * n * e  # dy, x in, dx out, mean, rstd in, w, b in, dw, db out
     if direction == "forward":
         return 2 * m * n * e + n * e
-    return 3 * m * n * e + n * ACC  # dy, out in, dx out, dbias out
+    if op == "bias_relu":
+        return 3 * m * n * e + n * ACC  # dy, out in, dx out, dbias out
+    return 3 * m * n * e + n * e + n * ACC  # dy, x in, dx out, bias in, dbias out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -281,9 +285,11 @@ def cuda_launches(
         column_sums(g, 2, e)
         return out
 
-    # bias_relu
+    # bias_relu = bias_act with act 0; bias_act's backward reads the bias (acts 1-3)
+    act = ACT_CODE[op]
+    bias_bytes = n * e if act else 0
     if direction == "forward":
-        name = f"bias_relu_forward_kernel<{s}, {s}, true>"
+        name = f"bias_act_forward_kernel<{s}, {s}, true, {act}>"
         t = plan_tiled(m, n, code.blocks_per_sm(name, TILED_THREADS) * sms)
         steps = max(1, _cdiv(m, t.ty))
         out.append(
@@ -300,7 +306,7 @@ def cuda_launches(
             )
         )
         return out
-    name = f"bias_relu_backward_kernel<{s}, true>"
+    name = f"bias_act_backward_kernel<{s}, {s}, true, {act}>"
     t = plan_tiled(m, n, code.blocks_per_sm(name, TILED_THREADS) * sms)
     steps = max(1, _cdiv(m, t.ty))
     out.append(
@@ -309,8 +315,8 @@ def cuda_launches(
             (t.col_tiles, t.row_blocks),
             (t.tx, t.ty),
             elements=mn,
-            bytes=3 * mn * e + t.row_blocks * ldp * ACC,
-            read_bytes=2 * mn * e,
+            bytes=3 * mn * e + bias_bytes + t.row_blocks * ldp * ACC,
+            read_bytes=2 * mn * e + bias_bytes,
             stride_units=steps,
             stride_axis=1,
             trips=structural_trips(math.ceil(steps / t.row_blocks / BIAS_RELU_ROWS)),
@@ -358,8 +364,9 @@ def _triton_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
         return sets * (g * n * ACC + n * int(a["OUT"].element_size())), sets * g * n * ACC
     if kernel == "bias_relu_fwd_kernel":
         return 2 * mn * e + n * e, mn * e + n * e
-    if kernel == "bias_relu_bwd_kernel":
-        return 3 * mn * e + a["_grid"][1] * n * ACC, 2 * mn * e
+    if kernel == "bias_relu_bwd_kernel":  # acts 1-3 read the bias too
+        bias = n * e if a.get("ACT", 0) else 0
+        return 3 * mn * e + bias + a["_grid"][1] * n * ACC, 2 * mn * e + bias
     raise KeyError(f"tools.roofline_gpuopt: no byte declaration for the Triton kernel {kernel}; add one")
 
 
@@ -384,6 +391,7 @@ _TRITON_OP = {
     ("layer_norm_dropout_relu", "backward"): "ldr_bwd",
     ("bias_relu", "forward"): "bias_relu_fwd",
     ("bias_relu", "backward"): "bias_relu_bwd",
+    **{(op, d): f"bias_act{code}_{d[:3]}" for op, code in ACT_CODE.items() if code for d in ("forward", "backward")},
 }
 
 

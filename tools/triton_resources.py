@@ -377,7 +377,8 @@ def launches(
             **fused,
             **hook,
         )
-    elif op == "bias_relu_fwd":
+    elif op == "bias_relu_fwd" or (op.startswith("bias_act") and op.endswith("_fwd")):
+        act = {} if op == "bias_relu_fwd" else {"act": int(op[len("bias_act")])}
         _call_launcher(
             BR.launch_forward,
             x,
@@ -385,9 +386,11 @@ def launches(
             _meta((m, n), dtype),
             wrap=compiler.wrap,
             _sm_count=sm_count,
+            **act,
             **hook,
         )
-    elif op == "bias_relu_bwd":
+    elif op == "bias_relu_bwd" or (op.startswith("bias_act") and op.endswith("_bwd")):
+        act = {} if op == "bias_relu_bwd" else {"act": int(op[len("bias_act")]), "bias": _meta((n,), pd)}
         _call_launcher(
             BR.launch_backward,
             _meta((m, n), dtype),
@@ -396,6 +399,7 @@ def launches(
             _meta((n,), acc),
             wrap=compiler.wrap,
             _sm_count=sm_count,
+            **act,
             **hook,
         )
     else:
@@ -403,7 +407,9 @@ def launches(
     return compiler.launches[start:]
 
 
-OPS = ("ldr_fwd", "ldr_bwd", "bias_relu_fwd", "bias_relu_bwd")
+# bias_act{1,2,3}: bias_act with gelu, gelu_tanh, silu (the bias-ReLU kernels with ACT = 1, 2, 3)
+BIAS_ACT_OPS = tuple(f"bias_act{act}_{d}" for act in (1, 2, 3) for d in ("fwd", "bwd"))
+OPS = ("ldr_fwd", "ldr_bwd", "bias_relu_fwd", "bias_relu_bwd", *BIAS_ACT_OPS)
 
 
 def record_table(
@@ -522,6 +528,17 @@ UNHINTED_BIAS_RELU = [
         dict(m=8, n=300, dtype=torch.bfloat16, param_dtype=torch.float32),
     ),
     ("bias-ReLU backward, fp32", "bias_relu_bwd", dict(m=8, n=300, dtype=torch.float32)),
+    (
+        "bias-GELU forward, fp64",
+        "bias_act1_fwd",
+        dict(m=8, n=300, dtype=torch.float64),
+    ),
+    (
+        "bias-GELU-tanh backward, bf16 x, fp32 bias",
+        "bias_act2_bwd",
+        dict(m=8, n=300, dtype=torch.bfloat16, param_dtype=torch.float32),
+    ),
+    ("bias-SiLU backward, fp16", "bias_act3_bwd", dict(m=8, n=300, dtype=torch.float16)),
 ]
 
 # What each kernel may write (its output pointers); anything else written makes torch.compile clone that input.
@@ -596,7 +613,7 @@ def analysis_launches(sm_count: int = DEFAULT_SM_COUNT) -> list[Launch]:
     for fused in (None, 16):
         for op in ("ldr_fwd", "ldr_bwd"):
             launches(rec, op, torch.float32, 1000, sm_count, 64, max_fused_n=fused)
-    for op in ("bias_relu_fwd", "bias_relu_bwd"):
+    for op in ("bias_relu_fwd", "bias_relu_bwd", "bias_act1_fwd", "bias_act1_bwd"):
         launches(rec, op, torch.float32, 1000, sm_count, 64)
     return rec.launches
 

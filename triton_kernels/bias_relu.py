@@ -1,9 +1,14 @@
-"""Triton kernels of bias-add -> ReLU (forward, and backward with the dbias reduction fused) + launch helpers.
+"""Triton kernels of bias-add -> activation (bias_act; bias_relu is its act 0), forward, and backward with the
+dbias reduction fused, + launch helpers.
 
-Pure ``@triton.jit`` code; the torch.library registrations are in gpuopt_ops/triton_ops.py. Math of
-csrc/fused_math.h: out = (x + b <= 0) ? 0 : x + b in fp32 (fp64 for fp64 x), so a NaN propagates as in
-torch.relu; grad_x = grad_out * [out > 0]; grad_bias = sum over rows of grad_x, returned in the accumulation
-dtype (fp32, fp64 for fp64): AMP's fp32 bias gets the unrounded sum.
+Pure ``@triton.jit`` code; the torch.library registrations are in gpuopt_ops/triton_ops.py. The activation is
+the constexpr ACT (csrc/fused_math.h's codes: 0 relu, 1 gelu, 2 gelu_tanh, 3 silu), with fused_math.h's math
+in fp32 (fp64 for fp64 x): z = x + b; relu: out = (z <= 0) ? 0 : z, so a NaN propagates as in torch.relu, and
+grad_x = grad_out * [out > 0] from the saved output; the others recompute z from the saved x and bias:
+gelu = z * (0.5 + 0.5 erf(z / sqrt 2)), gelu_tanh = z * sigmoid(2u) (= 0.5 z (1 + tanh u)), silu =
+z * sigmoid(z), sigmoid(v) = 1 / (1 + exp(-v)) (fp32: the hardware exponential and division, within a few ulp),
+grad_x = grad_out * act'(z). grad_bias = sum over rows of grad_x, returned in the accumulation dtype (fp32, fp64
+for fp64): AMP's fp32 bias gets the unrounded sum.
 
 Tuning (from N on the host, no autotune):
 
@@ -41,10 +46,73 @@ from .common import (
     to_out,
 )
 
+ACT_RELU, ACT_GELU, ACT_GELU_TANH, ACT_SILU = 0, 1, 2, 3
+
+
+@triton.jit
+def _const(value, IS_FP64: tl.constexpr):
+    """value in the accumulation dtype, exact in fp64 (a Python float literal would be an fp32 constant)."""
+    return to_acc(tl.full([], value, tl.float64), IS_FP64)
+
+
+@triton.jit
+def _sigmoid(v):
+    return 1.0 / (1.0 + tl.exp(-v))
+
+
+@triton.jit
+def _phi(z, IS_FP64: tl.constexpr):
+    """The normal CDF, 0.5 + 0.5 erf(z / sqrt 2)."""
+    return 0.5 + 0.5 * tl.math.erf(z * _const(0.70710678118654752440, IS_FP64))
+
+
+@triton.jit
+def _gelu_tanh_arg(z, IS_FP64: tl.constexpr):
+    """2u = 2 sqrt(2/pi) (z + 0.044715 z^3): 0.5 (1 + tanh u) = sigmoid(2u)."""
+    return _const(1.5957691216057307118, IS_FP64) * (z + _const(0.044715, IS_FP64) * z * z * z)
+
+
+@triton.jit
+def act_forward(z, ACT: tl.constexpr, IS_FP64: tl.constexpr):
+    if ACT == 0:
+        r = tl.where(z <= 0.0, 0.0, z)
+    elif ACT == 1:
+        r = z * _phi(z, IS_FP64)
+    elif ACT == 2:
+        r = z * _sigmoid(_gelu_tanh_arg(z, IS_FP64))
+    else:
+        r = z * _sigmoid(z)
+    return r
+
+
+@triton.jit
+def act_derivative(z, ACT: tl.constexpr, IS_FP64: tl.constexpr):
+    """act'(z) for ACT 1-3 (relu's backward reads the output's mask)."""
+    if ACT == 1:
+        pdf = _const(0.39894228040143267794, IS_FP64) * tl.exp(-0.5 * z * z)
+        r = _phi(z, IS_FP64) + z * pdf
+    elif ACT == 2:
+        s = _sigmoid(_gelu_tanh_arg(z, IS_FP64))
+        du = _const(1.5957691216057307118, IS_FP64) * (1.0 + _const(0.134145, IS_FP64) * z * z)
+        r = s + z * s * (1.0 - s) * du
+    else:
+        s = _sigmoid(z)
+        r = s * (1.0 + z * (1.0 - s))
+    return r
+
 
 @triton.jit
 def bias_relu_fwd_kernel(
-    X, B, OUT, M, N, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr
+    X,
+    B,
+    OUT,
+    M,
+    N,
+    IS_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RTNE_BF16: tl.constexpr,
+    ACT: tl.constexpr = 0,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -53,19 +121,32 @@ def bias_relu_fwd_kernel(
     offs = rows[:, None] * N + cols[None, :]
     x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
     b = to_acc(tl.load(B + cols, mask=cmask, other=0.0), IS_FP64)
-    y = x + b[None, :]
-    out = tl.where(y <= 0.0, 0.0, y)
+    out = act_forward(x + b[None, :], ACT, IS_FP64)
     tl.store(OUT + offs, to_out(out, OUT, RTNE_BF16), mask=mask)
 
 
 @triton.jit
 def bias_relu_bwd_kernel(
-    DY, OUT, DX, PDB, M, N, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr
+    DY,
+    OUT,
+    DX,
+    PDB,
+    M,
+    N,
+    IS_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RTNE_BF16: tl.constexpr,
+    B=None,
+    ACT: tl.constexpr = 0,
 ):
+    """OUT: the saved tensor, the output for ACT 0 (B unused), x for the others (B: the bias)."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     pid = tl.program_id(1)
     num_groups = tl.num_programs(1)
     cmask = cols < N
+    if ACT != 0:
+        b = to_acc(tl.load(B + cols, mask=cmask, other=0.0), IS_FP64)
     acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, num_groups):
@@ -74,7 +155,10 @@ def bias_relu_bwd_kernel(
         offs = rows[:, None] * N + cols[None, :]
         g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
         o = tl.load(OUT + offs, mask=mask, other=0.0)
-        d = tl.where(o > 0.0, g, 0.0)
+        if ACT == 0:
+            d = tl.where(o > 0.0, g, 0.0)
+        else:
+            d = g * act_derivative(to_acc(o, IS_FP64) + b[None, :], ACT, IS_FP64)
         tl.store(DX + offs, to_out(d, DX, RTNE_BF16), mask=mask)
         acc += d  # element-wise: one reduction over the tile's rows at the end, not one per tile
     tl.store(PDB + pid.to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=cmask)
@@ -86,9 +170,11 @@ def _tile(n: int):
     return block_m, block_n
 
 
-def launch_forward(x, bias, out, *, wrap=launch_directly, sm_count: Optional[int] = None, facts=None) -> None:
-    """out = relu(x + bias) for contiguous x viewed as (M, N), under x's device (sm_count and facts unused: one
-    program per tile)."""
+def launch_forward(
+    x, bias, out, *, act: int = 0, wrap=launch_directly, sm_count: Optional[int] = None, facts=None
+) -> None:
+    """out = act(x + bias) (act 0: relu) for contiguous x viewed as (M, N), under x's device (sm_count and facts
+    unused: one program per tile)."""
     n = int(x.shape[-1])
     m = x.numel() // n
     if m == 0:
@@ -106,6 +192,7 @@ def launch_forward(x, bias, out, *, wrap=launch_directly, sm_count: Optional[int
             BLOCK_M=block_m,
             BLOCK_N=block_n,
             RTNE_BF16=INTERPRETED,
+            ACT=act,
             num_warps=num_warps_for(block_m * block_n),
         )
 
@@ -118,9 +205,19 @@ def backward_tile(n: int):
 
 
 def launch_backward(
-    grad_out, out, grad_x, grad_b, *, wrap=launch_directly, sm_count: Optional[int] = None, facts=None
+    grad_out,
+    out,
+    grad_x,
+    grad_b,
+    *,
+    bias=None,
+    act: int = 0,
+    wrap=launch_directly,
+    sm_count: Optional[int] = None,
+    facts=None,
 ) -> None:
-    """grad_x = grad_out * [out > 0] and grad_b = its column sums (grad_b in the accumulation dtype), contiguous
+    """grad_x = grad_out * [out > 0] (act 0; `out` the saved output) or grad_out * act'(out + bias) (act 1-3;
+    `out` the saved x) and grad_b = its column sums (grad_b in the accumulation dtype), contiguous
     inputs into uninitialised outputs, under out's device. The grid (column tiles x G row groups) holds at most SMs x
     the resident programs per SM of the compiled kernel (common.programs_per_sm; sm_count: the device's,
     DEFAULT_SM_COUNT for meta tensors), G chosen by common.column_groups so that the grid fills whole waves, so
@@ -138,6 +235,8 @@ def launch_backward(
         partial = torch.empty((n,), dtype=torch.float64 if is_fp64 else torch.float32, device=out.device)
         args = [grad_out, out, grad_x, partial, m, n]
         kwargs = dict(IS_FP64=is_fp64, BLOCK_M=block_m, BLOCK_N=block_n, RTNE_BF16=INTERPRETED, num_warps=warps)
+        if act != 0:  # relu's launch stays that of bias_relu: no bias argument
+            kwargs.update(B=bias, ACT=act)
         resident = sms * programs_per_sm(bias_relu_bwd_kernel, out.device, args, kwargs, facts)
         groups = persistent_programs(triton.cdiv(m, block_m), out.device, 1, column_groups(col_tiles, resident, sms))
         args[3] = partial = torch.empty((groups, n), dtype=partial.dtype, device=out.device)

@@ -1,5 +1,6 @@
-// C++ CPU kernels of bias_relu and its backward (dbias fused into the same pass, deterministic; returned in the
-// accumulation dtype, so AMP's fp32 bias gets the unrounded sum: autograd casts it to the bias's dtype).
+// C++ CPU kernels of bias_relu / bias_act and their backwards (dbias fused into the same pass, deterministic;
+// returned in the accumulation dtype, so AMP's fp32 bias gets the unrounded sum: autograd casts it to the bias's
+// dtype). One template on the activation (fused_math.h's act codes): bias_relu is bias_act with act 0.
 
 #include <algorithm>
 #include <tuple>
@@ -26,16 +27,15 @@ const float* as_float_row(const T* src, float* buf, int64_t n) {
   }
 }
 
-template <typename scalar_t, typename bias_t>
-void bias_relu_kernel(const BiasReluArgs& a, Tensor& out) {
+template <int kAct, typename scalar_t, typename bias_t>
+void bias_act_kernel(const Tensor& xt, const Tensor& bias, int64_t M, int64_t N, Tensor& out) {
   using acc_t = acc_type_t<scalar_t>;
   constexpr bool kFp32 = std::is_same_v<acc_t, float>;
   constexpr bool kDirect = std::is_same_v<scalar_t, float>;
-  const int64_t M = a.M, N = a.N;
-  const scalar_t* x = data_as<scalar_t>(a.x);
+  const scalar_t* x = data_as<scalar_t>(xt);
   scalar_t* y = data_as<scalar_t>(out);
   std::vector<acc_t> b(N);
-  const bias_t* bp = data_as<bias_t>(a.bias);
+  const bias_t* bp = data_as<bias_t>(bias);
   for (int64_t j = 0; j < N; ++j) b[j] = static_cast<acc_t>(bp[j]);
   const int64_t tile = std::max<int64_t>(1, 16384 / N);  // rows per scheduling tile
   parallel_tiles((M + tile - 1) / tile, [&](const auto& take) {
@@ -47,15 +47,16 @@ void bias_relu_kernel(const BiasReluArgs& a, Tensor& out) {
         scalar_t* yr = y + r * N;
         if constexpr (kFp32) {
           const float* xf = as_float_row(xr, xbuf.data(), N);
-          if constexpr (kDirect) {
-            cpu::bias_relu_row(xf, b.data(), yr, N);
+          float* yf = kDirect ? reinterpret_cast<float*>(yr) : ybuf.data();
+          if constexpr (kAct == kActRelu) {
+            cpu::bias_relu_row(xf, b.data(), yf, N);
           } else {
-            cpu::bias_relu_row(xf, b.data(), ybuf.data(), N);
-            cpu::from_float(ybuf.data(), yr, N);
+            cpu::bias_act_row(kAct, xf, b.data(), yf, N);
           }
+          if constexpr (!kDirect) cpu::from_float(ybuf.data(), yr, N);
         } else {
           for (int64_t j = 0; j < N; ++j) {
-            yr[j] = static_cast<scalar_t>(bias_relu_forward_element<acc_t>(static_cast<acc_t>(xr[j]), b[j]));
+            yr[j] = static_cast<scalar_t>(act_forward<kAct, acc_t>(static_cast<acc_t>(xr[j]) + b[j]));
           }
         }
       }
@@ -63,15 +64,21 @@ void bias_relu_kernel(const BiasReluArgs& a, Tensor& out) {
   });
 }
 
-template <typename scalar_t>
-void bias_relu_backward_kernel(const BiasReluBackwardArgs& a, Tensor& grad_x, Tensor& grad_b) {
+// saved: the output for relu (mask out > 0; bias unused), x for the others (z = x + bias recomputed).
+template <int kAct, typename scalar_t, typename bias_t>
+void bias_act_backward_kernel(const Tensor& grad_out, const Tensor& saved, const Tensor& bias, int64_t M, int64_t N,
+                              Tensor& grad_x, Tensor& grad_b) {
   using acc_t = acc_type_t<scalar_t>;
   constexpr bool kFp32 = std::is_same_v<acc_t, float>;
   constexpr bool kDirect = std::is_same_v<scalar_t, float>;
-  const int64_t M = a.M, N = a.N;
-  const scalar_t* g = data_as<scalar_t>(a.grad_out);
-  const scalar_t* o = data_as<scalar_t>(a.out);
+  const scalar_t* g = data_as<scalar_t>(grad_out);
+  const scalar_t* o = data_as<scalar_t>(saved);
   scalar_t* dx = data_as<scalar_t>(grad_x);
+  std::vector<acc_t> b(kAct == kActRelu ? 0 : N);
+  if constexpr (kAct != kActRelu) {
+    const bias_t* bp = data_as<bias_t>(bias);
+    for (int64_t j = 0; j < N; ++j) b[j] = static_cast<acc_t>(bp[j]);
+  }
   // deterministic dbias: fixed row blocks (a function of M only), partials summed in block order
   const RowBlocks rb(M);
   const int64_t blocks = rb.blocks;
@@ -88,15 +95,17 @@ void bias_relu_backward_kernel(const BiasReluBackwardArgs& a, Tensor& grad_x, Te
         if constexpr (kFp32) {
           const float* gf = as_float_row(gr, gbuf.data(), N);
           const float* of = as_float_row(orow, obuf.data(), N);
-          if constexpr (kDirect) {
-            cpu::bias_relu_backward_row(gf, of, dxr, pb, N);
+          float* df = kDirect ? reinterpret_cast<float*>(dxr) : dbuf.data();
+          if constexpr (kAct == kActRelu) {
+            cpu::bias_relu_backward_row(gf, of, df, pb, N);
           } else {
-            cpu::bias_relu_backward_row(gf, of, dbuf.data(), pb, N);
-            cpu::from_float(dbuf.data(), dxr, N);
+            cpu::bias_act_backward_row(kAct, gf, of, b.data(), df, pb, N);
           }
+          if constexpr (!kDirect) cpu::from_float(dbuf.data(), dxr, N);
         } else {
           for (int64_t j = 0; j < N; ++j) {
-            const acc_t d = bias_relu_backward_element<acc_t>(static_cast<acc_t>(gr[j]), static_cast<acc_t>(orow[j]));
+            const acc_t d = act_backward_element<kAct, acc_t>(static_cast<acc_t>(gr[j]), static_cast<acc_t>(orow[j]),
+                                                              kAct == kActRelu ? acc_t(0) : b[j]);
             dxr[j] = static_cast<scalar_t>(d);
             pb[j] += d;
           }
@@ -107,29 +116,83 @@ void bias_relu_backward_kernel(const BiasReluBackwardArgs& a, Tensor& grad_x, Te
   sum_partials(partial, blocks, N, data_as<acc_t>(grad_b));
 }
 
-Tensor bias_relu_cpu(const Tensor& x, const Tensor& bias) {
-  BiasReluArgs a = check_bias_relu(x, bias);
-  Tensor out = empty_on(a.x, x.sizes(), x.scalar_type());
-  if (a.M == 0) return out;
-  dispatch_floating(a.x.scalar_type(), "bias_relu_cpu", [&](auto st) {
+// Calls body(std::integral_constant<int, kAct>) for the activation code (checked by the caller).
+template <typename Body>
+void dispatch_act(int act, Body&& body) {
+  switch (act) {
+    case kActGelu:
+      return body(std::integral_constant<int, kActGelu>{});
+    case kActGeluTanh:
+      return body(std::integral_constant<int, kActGeluTanh>{});
+    case kActSilu:
+      return body(std::integral_constant<int, kActSilu>{});
+    default:
+      return body(std::integral_constant<int, kActRelu>{});
+  }
+}
+
+// x of dtype scalar_t, bias of x's dtype or fp32.
+template <typename Body>
+void dispatch_bias(ScalarType x_dtype, ScalarType bias_dtype, const char* name, Body&& body) {
+  dispatch_floating(x_dtype, name, [&](auto st) {
     using scalar_t = typename decltype(st)::type;
-    if (a.bias.scalar_type() == kFloat) {
-      bias_relu_kernel<scalar_t, float>(a, out);
+    if (bias_dtype == kFloat) {
+      body(TypeTag<scalar_t>{}, TypeTag<float>{});
     } else {
-      bias_relu_kernel<scalar_t, scalar_t>(a, out);
+      body(TypeTag<scalar_t>{}, TypeTag<scalar_t>{});
     }
+  });
+}
+
+Tensor bias_act_forward(const Tensor& x, const Tensor& bias, int64_t M, int64_t N, int act, const char* name) {
+  Tensor out = empty_on(x, x.sizes(), x.scalar_type());
+  if (M == 0) return out;
+  dispatch_act(act, [&](auto ac) {
+    dispatch_bias(x.scalar_type(), bias.scalar_type(), name, [&](auto st, auto bt) {
+      bias_act_kernel<decltype(ac)::value, typename decltype(st)::type, typename decltype(bt)::type>(x, bias, M, N,
+                                                                                                     out);
+    });
   });
   return out;
 }
 
+std::tuple<Tensor, Tensor> bias_act_backward_impl(const Tensor& grad_out, const Tensor& saved, const Tensor& bias,
+                                                  int64_t M, int64_t N, int act, ScalarType acc_dtype,
+                                                  const char* name) {
+  Tensor grad_x = empty_on(saved, saved.sizes(), saved.scalar_type());
+  Tensor grad_b = zeros_on(saved, {N}, acc_dtype);
+  if (M == 0) return {grad_x, grad_b};
+  dispatch_act(act, [&](auto ac) {
+    constexpr int kAct = decltype(ac)::value;
+    // relu reads no bias: one instantiation (bias_t = scalar_t), whatever the bias's dtype
+    const ScalarType bias_dtype = kAct == kActRelu || !bias.defined() ? saved.scalar_type() : bias.scalar_type();
+    dispatch_bias(saved.scalar_type(), bias_dtype, name, [&](auto st, auto bt) {
+      bias_act_backward_kernel<kAct, typename decltype(st)::type, typename decltype(bt)::type>(grad_out, saved, bias, M,
+                                                                                               N, grad_x, grad_b);
+    });
+  });
+  return {grad_x, grad_b};
+}
+
+Tensor bias_relu_cpu(const Tensor& x, const Tensor& bias) {
+  BiasReluArgs a = check_bias_relu(x, bias);
+  return bias_act_forward(a.x, a.bias, a.M, a.N, kActRelu, "bias_relu_cpu");
+}
+
 std::tuple<Tensor, Tensor> bias_relu_backward_cpu(const Tensor& grad_out, const Tensor& out) {
   BiasReluBackwardArgs a = check_bias_relu_backward(grad_out, out);
-  Tensor grad_x = empty_on(a.out, out.sizes(), out.scalar_type());
-  Tensor grad_b = zeros_on(a.out, {a.N}, a.acc_dtype);
-  if (a.M == 0) return {grad_x, grad_b};
-  dispatch_floating(a.out.scalar_type(), "bias_relu_backward_cpu",
-                    [&](auto st) { bias_relu_backward_kernel<typename decltype(st)::type>(a, grad_x, grad_b); });
-  return {grad_x, grad_b};
+  return bias_act_backward_impl(a.grad_out, a.out, Tensor(), a.M, a.N, kActRelu, a.acc_dtype, "bias_relu_backward_cpu");
+}
+
+Tensor bias_act_cpu(const Tensor& x, const Tensor& bias, int64_t act) {
+  BiasActArgs a = check_bias_act(x, bias, act);
+  return bias_act_forward(a.x, a.bias, a.M, a.N, a.act, "bias_act_cpu");
+}
+
+std::tuple<Tensor, Tensor> bias_act_backward_cpu(const Tensor& grad_out, const Tensor& saved, const Tensor& bias,
+                                                 int64_t act) {
+  BiasActBackwardArgs a = check_bias_act_backward(grad_out, saved, bias, act);
+  return bias_act_backward_impl(a.grad_out, a.saved, a.bias, a.M, a.N, a.act, a.acc_dtype, "bias_act_backward_cpu");
 }
 
 }  // namespace
@@ -137,6 +200,8 @@ std::tuple<Tensor, Tensor> bias_relu_backward_cpu(const Tensor& grad_out, const 
 STABLE_TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {
   m.impl("bias_relu", TORCH_BOX(&bias_relu_cpu));
   m.impl("bias_relu_backward", TORCH_BOX(&bias_relu_backward_cpu));
+  m.impl("bias_act", TORCH_BOX(&bias_act_cpu));
+  m.impl("bias_act_backward", TORCH_BOX(&bias_act_backward_cpu));
 }
 
 }  // namespace gpuopt

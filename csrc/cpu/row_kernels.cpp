@@ -33,6 +33,10 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 
+// After the pragma, so bias_act's activations (inlined into the loops below) are compiled under it too: GCC
+// does not vectorize a loop through functions compiled with other FP options.
+#include "fused_math.h"  // NOLINT(build/include_order)
+
 namespace gpuopt {
 namespace cpu {
 namespace {
@@ -229,6 +233,69 @@ GPUOPT_CLONES void bias_relu_backward_row(const float* GPUOPT_RESTRICT g, const 
     pb[j] += d;
   }
 }
+
+namespace {
+
+// The fp32 primitives of the activations for the row loops (fused_math.h's ActMath interface): selects,
+// arithmetic and bit moves only, so GCC vectorizes the loops that call them (the C library's exp2f keeps loops
+// scalar).
+struct RowMath {
+  // 2^x = 2^n e^r, n = round(x), r = (x - n) ln 2 (x - n exact, |r| <= ln 2 / 2), e^r by its Taylor series to r^7
+  // (truncation < 6e-9 relative); x clamped to [-126, 127] so 2^n stays a normal float (a NaN x gives a finite
+  // value: every activation multiplies it by z, which restores the NaN).
+  static float exp2(float x) {
+    x = !(x >= -126.0f) ? -126.0f : (x > 127.0f ? 127.0f : x);
+    const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+    const float n = (x + shifter) - shifter;
+    const float r = (x - n) * 0.693147180559945309f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+    return p * __builtin_bit_cast(float, bits);
+  }
+  static float rcp(float v) { return 1.0f / v; }
+};
+
+}  // namespace
+
+// One loop per activation, written out in the cloned functions themselves (a helper template called from a clone
+// is not vectorized for the clone's ISA).
+#define GPUOPT_ACT_LOOP(kAct, body)       \
+  case kAct:                              \
+    for (int64_t j = 0; j < n; ++j) body; \
+    return;
+
+GPUOPT_CLONES void bias_act_row(int act, const float* GPUOPT_RESTRICT x, const float* GPUOPT_RESTRICT b,
+                                float* GPUOPT_RESTRICT y, int64_t n) {
+  switch (act) {
+    GPUOPT_ACT_LOOP(kActGelu, y[j] = (act_forward<kActGelu, float, RowMath>(x[j] + b[j])))
+    GPUOPT_ACT_LOOP(kActGeluTanh, y[j] = (act_forward<kActGeluTanh, float, RowMath>(x[j] + b[j])))
+    GPUOPT_ACT_LOOP(kActSilu, y[j] = (act_forward<kActSilu, float, RowMath>(x[j] + b[j])))
+    default:
+      return;
+  }
+}
+
+GPUOPT_CLONES void bias_act_backward_row(int act, const float* GPUOPT_RESTRICT g, const float* GPUOPT_RESTRICT x,
+                                         const float* GPUOPT_RESTRICT b, float* GPUOPT_RESTRICT dx,
+                                         float* GPUOPT_RESTRICT pb, int64_t n) {
+  switch (act) {
+    GPUOPT_ACT_LOOP(kActGelu, (dx[j] = g[j] * act_derivative<kActGelu, float, RowMath>(x[j] + b[j]), pb[j] += dx[j]))
+    GPUOPT_ACT_LOOP(kActGeluTanh,
+                    (dx[j] = g[j] * act_derivative<kActGeluTanh, float, RowMath>(x[j] + b[j]), pb[j] += dx[j]))
+    GPUOPT_ACT_LOOP(kActSilu, (dx[j] = g[j] * act_derivative<kActSilu, float, RowMath>(x[j] + b[j]), pb[j] += dx[j]))
+    default:
+      return;
+  }
+}
+
+#undef GPUOPT_ACT_LOOP
 
 GPUOPT_CLONES void to_float(const torch::headeronly::BFloat16* GPUOPT_RESTRICT src, float* GPUOPT_RESTRICT dst,
                             int64_t n) {

@@ -55,6 +55,11 @@ void bias_relu_row(const float* x, const float* b, float* y, int64_t n);
 // dx = out > 0 ? g : 0; pb += dx
 void bias_relu_backward_row(const float* g, const float* out, float* dx, float* pb, int64_t n);
 
+// bias_act (act 1 gelu, 2 gelu_tanh, 3 silu; relu is bias_relu_row): y = act(x + b)
+void bias_act_row(int act, const float* x, const float* b, float* y, int64_t n);
+// dx = g * act'(x + b); pb += dx
+void bias_act_backward_row(int act, const float* g, const float* x, const float* b, float* dx, float* pb, int64_t n);
+
 // Conversions of a row to / from fp32 (round to nearest even, as c10's own conversions).
 void to_float(const torch::headeronly::BFloat16* src, float* dst, int64_t n);
 void to_float(const torch::headeronly::Half* src, float* dst, int64_t n);

@@ -1,6 +1,7 @@
-// CUDA kernels of gpuopt::bias_relu and its backward: the tiled launch shape of launch_config.h, thread (tx, ty)
-// of block (bx, by) owns the group of 8 columns 8 * (bx * TX + tx) in rows by * TY + ty, + gridDim.y * TY, ...
-// so its bias values (forward) or dbias sums (backward) stay in registers across every row it visits.
+// CUDA kernels of gpuopt::bias_act and its backward, and of bias_relu (= bias_act with act 0, kActRelu): the tiled
+// launch shape of launch_config.h, thread (tx, ty) of block (bx, by) owns the group of 8 columns
+// 8 * (bx * TX + tx) in rows by * TY + ty, + gridDim.y * TY, ... so its bias values and dbias sums stay in
+// registers across every row it visits. The activation is a template parameter (fused_math.h's act codes).
 #pragma once
 #include <cstdint>
 
@@ -26,8 +27,8 @@ constexpr int kBiasReluRows = 4;
 
 // kVec (the launcher's choice: N % 8 == 0 and x, out, bias 16-byte aligned) makes every group 16-byte vectors
 // at compile time; otherwise element by element, with the row's last group partial.
-template <typename S, typename B, bool kVec>
-__global__ void __launch_bounds__(cuda::kTiledThreads) bias_relu_forward_kernel(BiasReluParams<S, B> p) {
+template <typename S, typename B, bool kVec, int kAct>
+__global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_forward_kernel(BiasReluParams<S, B> p) {
   using A = acc_t_of<S>;
   constexpr int U = kBiasReluRows;
   const int64_t N = p.N, M = p.M;
@@ -52,24 +53,26 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) bias_relu_forward_kernel(
       if (r < M) {
         A o[kGroup];
 #pragma unroll
-        for (int j = 0; j < kGroup; ++j) o[j] = bias_relu_forward_element<A>(to_acc(v[u].v[j]), b[j]);
+        for (int j = 0; j < kGroup; ++j) o[j] = act_forward<kAct, A>(to_acc(v[u].v[j]) + b[j]);
         store_group(out + r * N, valid, kVec, o);
       }
     }
   }
 }
 
-template <typename S>
+// saved: the output for relu (mask out > 0; bias unused, may be nullptr), x for the other activations.
+template <typename S, typename B>
 struct BiasReluBackwardParams {
   const S* grad_out;
-  const S* out;
+  const S* saved;
+  const B* bias;
   S* grad_x;
   acc_t_of<S>* partial;  // (G = gridDim.y, ldp) per-block column sums of grad_x
   int64_t M, N, ldp;
 };
 
-template <typename S, bool kVec>
-__global__ void __launch_bounds__(cuda::kTiledThreads) bias_relu_backward_kernel(BiasReluBackwardParams<S> p) {
+template <typename S, typename B, bool kVec, int kAct>
+__global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_backward_kernel(BiasReluBackwardParams<S, B> p) {
   using A = acc_t_of<S>;
   constexpr int U = kBiasReluRows;
   GPUOPT_SHARED_ARRAY(A, comb, cuda::kTiledThreads * kGroup);
@@ -80,9 +83,16 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) bias_relu_backward_kernel
 #pragma unroll
   for (int j = 0; j < kGroup; ++j) db[j] = A(0);
   if (valid > 0) {
+    A b[kGroup];
+    if constexpr (kAct != kActRelu) {
+      load_group(p.bias + c0, valid, kVec, b);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) b[j] = A(0);
+    }
     const int64_t stride = int64_t(gridDim.y) * blockDim.y;
     const S* __restrict__ grad_out = p.grad_out + c0;
-    const S* __restrict__ out = p.out + c0;
+    const S* __restrict__ out = p.saved + c0;
     S* __restrict__ grad_x = p.grad_x + c0;
     for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < M; row += U * stride) {
       Group<S> g[U], o[U];
@@ -101,7 +111,7 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) bias_relu_backward_kernel
           A d[kGroup];
 #pragma unroll
           for (int j = 0; j < kGroup; ++j) {
-            d[j] = bias_relu_backward_element<A>(to_acc(g[u].v[j]), to_acc(o[u].v[j]));
+            d[j] = act_backward_element<kAct, A>(to_acc(g[u].v[j]), to_acc(o[u].v[j]), b[j]);
             db[j] += d[j];
           }
           store_group(grad_x + r * N, valid, kVec, d);

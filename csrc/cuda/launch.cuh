@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cuda/bias_relu_kernels.cuh"
 #include "cuda/column_sums.cuh"
@@ -102,16 +103,35 @@ struct BiasReluBuffers {
   void* out;
   int64_t M, N;
   DType x_dtype, bias_dtype;  // bias: x's dtype or fp32
+  int act;                    // fused_math.h's act code (bias_relu: kActRelu)
 };
 
 struct BiasReluBackwardBuffers {
   const void* grad_out;
-  const void* out;
+  const void* saved;  // the output for relu, x for the other activations
+  const void* bias;   // read for act != relu; nullptr allowed for relu
   void* grad_x;
   void* grad_bias;  // accumulation dtype (N,)
   int64_t M, N;     // M > 0
-  DType dtype;
+  DType dtype, bias_dtype;
+  int act;
 };
+
+// Calls f(std::integral_constant<int, kAct>) for an activation code (checked by the op).
+template <typename F>
+void dispatch_act(int act, F&& f) {
+  switch (act) {
+    case kActRelu:
+      return f(std::integral_constant<int, kActRelu>{});
+    case kActGelu:
+      return f(std::integral_constant<int, kActGelu>{});
+    case kActGeluTanh:
+      return f(std::integral_constant<int, kActGeluTanh>{});
+    case kActSilu:
+      return f(std::integral_constant<int, kActSilu>{});
+  }
+  throw std::runtime_error("gpuopt: internal error: unknown activation " + std::to_string(act));
+}
 
 // The kernel pointer of ldr_forward_rows_kernel / ldr_backward_rows_kernel for a plan and an access path.
 template <typename S, typename P, typename A, bool kVec>
@@ -286,47 +306,64 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
 
 template <class Launcher>
 void run_bias_relu(const BiasReluBuffers& b, Launcher& launcher) {
-  dispatch_ldr_dtypes(b.x_dtype, b.bias_dtype, [&](auto st, auto bt) {
-    using S = typename decltype(st)::type;
-    using B = typename decltype(bt)::type;
-    dev::BiasReluParams<S, B> p;
-    p.x = static_cast<const S*>(b.x);
-    p.bias = static_cast<const B*>(b.bias);
-    p.out = static_cast<S*>(b.out);
-    p.M = b.M;
-    p.N = b.N;
-    auto kernel = vector_access(b.N, {b.x, b.out, b.bias}) ? dev::bias_relu_forward_kernel<S, B, true>
-                                                           : dev::bias_relu_forward_kernel<S, B, false>;
-    const TilePlan t =
-        plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
-    launcher.run("bias_relu_forward_kernel", kernel,
-                 dim3(static_cast<unsigned>(t.col_tiles), static_cast<unsigned>(t.row_blocks)), dim3(t.tx, t.ty),
-                 kTiledThreads, p);
+  dispatch_act(b.act, [&](auto ac) {
+    constexpr int kAct = decltype(ac)::value;
+    dispatch_ldr_dtypes(b.x_dtype, b.bias_dtype, [&](auto st, auto bt) {
+      using S = typename decltype(st)::type;
+      using B = typename decltype(bt)::type;
+      dev::BiasReluParams<S, B> p;
+      p.x = static_cast<const S*>(b.x);
+      p.bias = static_cast<const B*>(b.bias);
+      p.out = static_cast<S*>(b.out);
+      p.M = b.M;
+      p.N = b.N;
+      auto kernel = vector_access(b.N, {b.x, b.out, b.bias}) ? dev::bias_act_forward_kernel<S, B, true, kAct>
+                                                             : dev::bias_act_forward_kernel<S, B, false, kAct>;
+      const TilePlan t =
+          plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
+      launcher.run("bias_act_forward_kernel", kernel,
+                   dim3(static_cast<unsigned>(t.col_tiles), static_cast<unsigned>(t.row_blocks)), dim3(t.tx, t.ty),
+                   kTiledThreads, p);
+    });
   });
+}
+
+template <int kAct, typename S, typename B, class Launcher>
+void run_bias_act_backward_typed(const BiasReluBackwardBuffers& b, Launcher& launcher) {
+  using A = dev::acc_t_of<S>;
+  dev::BiasReluBackwardParams<S, B> p;
+  p.grad_out = static_cast<const S*>(b.grad_out);
+  p.saved = static_cast<const S*>(b.saved);
+  p.bias = kAct == kActRelu ? nullptr : static_cast<const B*>(b.bias);
+  p.grad_x = static_cast<S*>(b.grad_x);
+  p.M = b.M;
+  p.N = b.N;
+  p.ldp = partial_stride(b.N);
+  auto kernel = vector_access(b.N, {b.grad_out, b.saved, b.grad_x, p.bias})
+                    ? dev::bias_act_backward_kernel<S, B, true, kAct>
+                    : dev::bias_act_backward_kernel<S, B, false, kAct>;
+  const TilePlan t = plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
+  p.partial = launcher.template scratch<A>(t.row_blocks * p.ldp);
+  launcher.run("bias_act_backward_kernel", kernel,
+               dim3(static_cast<unsigned>(t.col_tiles), static_cast<unsigned>(t.row_blocks)), dim3(t.tx, t.ty),
+               kTiledThreads, p);
+  run_column_sums<A, A>(p.partial, static_cast<A*>(b.grad_bias), nullptr, nullptr, t.row_blocks, b.N, p.ldp, launcher);
 }
 
 template <class Launcher>
 void run_bias_relu_backward(const BiasReluBackwardBuffers& b, Launcher& launcher) {
-  dispatch_dtype(b.dtype, [&](auto st) {
-    using S = typename decltype(st)::type;
-    using A = dev::acc_t_of<S>;
-    dev::BiasReluBackwardParams<S> p;
-    p.grad_out = static_cast<const S*>(b.grad_out);
-    p.out = static_cast<const S*>(b.out);
-    p.grad_x = static_cast<S*>(b.grad_x);
-    p.M = b.M;
-    p.N = b.N;
-    p.ldp = partial_stride(b.N);
-    auto kernel = vector_access(b.N, {b.grad_out, b.out, b.grad_x}) ? dev::bias_relu_backward_kernel<S, true>
-                                                                    : dev::bias_relu_backward_kernel<S, false>;
-    const TilePlan t =
-        plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
-    p.partial = launcher.template scratch<A>(t.row_blocks * p.ldp);
-    launcher.run("bias_relu_backward_kernel", kernel,
-                 dim3(static_cast<unsigned>(t.col_tiles), static_cast<unsigned>(t.row_blocks)), dim3(t.tx, t.ty),
-                 kTiledThreads, p);
-    run_column_sums<A, A>(p.partial, static_cast<A*>(b.grad_bias), nullptr, nullptr, t.row_blocks, b.N, p.ldp,
-                          launcher);
+  dispatch_act(b.act, [&](auto ac) {
+    constexpr int kAct = decltype(ac)::value;
+    if constexpr (kAct == kActRelu) {  // no bias read: one instantiation a dtype
+      dispatch_dtype(b.dtype, [&](auto st) {
+        using S = typename decltype(st)::type;
+        run_bias_act_backward_typed<kAct, S, S>(b, launcher);
+      });
+    } else {
+      dispatch_ldr_dtypes(b.dtype, b.bias_dtype, [&](auto st, auto bt) {
+        run_bias_act_backward_typed<kAct, typename decltype(st)::type, typename decltype(bt)::type>(b, launcher);
+      });
+    }
   });
 }
 

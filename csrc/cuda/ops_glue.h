@@ -110,7 +110,8 @@ Tensor bias_relu_op(const Tensor& x, const Tensor& bias) {
                           a.M,
                           a.N,
                           dtype_of(a.x.scalar_type()),
-                          dtype_of(a.bias.scalar_type())};
+                          dtype_of(a.bias.scalar_type()),
+                          kActRelu};
   cuda::run_bias_relu(b, be.launcher());
   be.finish();
   return out;
@@ -126,11 +127,56 @@ std::tuple<Tensor, Tensor> bias_relu_backward_op(const Tensor& grad_out, const T
   Tensor grad_b = empty_on(a.out, {a.N}, a.acc_dtype);
   cuda::BiasReluBackwardBuffers b{be.in("grad_out", a.grad_out),
                                   be.in("out", a.out),
+                                  nullptr,
                                   be.out("grad_x", grad_x),
                                   be.out("grad_bias", grad_b),
                                   a.M,
                                   a.N,
-                                  dtype_of(a.out.scalar_type())};
+                                  dtype_of(a.out.scalar_type()),
+                                  dtype_of(a.out.scalar_type()),
+                                  kActRelu};
+  cuda::run_bias_relu_backward(b, be.launcher());
+  be.finish();
+  return {grad_x, grad_b};
+}
+
+template <class Backend>
+Tensor bias_act_op(const Tensor& x, const Tensor& bias, int64_t act) {
+  BiasActArgs a = check_bias_act(x, bias, act);
+  Backend be(a.x);
+  Tensor out = empty_on(a.x, x.sizes(), x.scalar_type());
+  if (a.M == 0) return out;
+  cuda::BiasReluBuffers b{be.in("x", a.x),
+                          be.in("bias", a.bias),
+                          be.out("out", out),
+                          a.M,
+                          a.N,
+                          dtype_of(a.x.scalar_type()),
+                          dtype_of(a.bias.scalar_type()),
+                          a.act};
+  cuda::run_bias_relu(b, be.launcher());
+  be.finish();
+  return out;
+}
+
+template <class Backend>
+std::tuple<Tensor, Tensor> bias_act_backward_op(const Tensor& grad_out, const Tensor& saved, const Tensor& bias,
+                                                int64_t act) {
+  BiasActBackwardArgs a = check_bias_act_backward(grad_out, saved, bias, act);
+  Backend be(a.saved);
+  Tensor grad_x = empty_on(a.saved, saved.sizes(), saved.scalar_type());
+  if (a.M == 0) return {grad_x, zeros_on(a.saved, {a.N}, a.acc_dtype)};
+  Tensor grad_b = empty_on(a.saved, {a.N}, a.acc_dtype);
+  cuda::BiasReluBackwardBuffers b{be.in("grad_out", a.grad_out),
+                                  be.in("saved", a.saved),
+                                  a.act == kActRelu ? nullptr : be.in("bias", a.bias),
+                                  be.out("grad_x", grad_x),
+                                  be.out("grad_bias", grad_b),
+                                  a.M,
+                                  a.N,
+                                  dtype_of(a.saved.scalar_type()),
+                                  dtype_of(a.bias.scalar_type()),
+                                  a.act};
   cuda::run_bias_relu_backward(b, be.launcher());
   be.finish();
   return {grad_x, grad_b};
