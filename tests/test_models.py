@@ -39,44 +39,10 @@ MODELS = list(EXPECTED)
 
 
 def _model(name: str, dropout: float):
-    """(model, inputs) for a small random-weight configuration."""
-    torch.manual_seed(0)
-    if name == "vit":
-        model = timm.create_model(
-            "vit_tiny_patch16_224",
-            pretrained=False,
-            depth=LAYERS,
-            img_size=32,
-            drop_rate=dropout,
-            proj_drop_rate=dropout,
-            attn_drop_rate=0.0,
-            drop_path_rate=0.0,
-        )
-        return model, {"x": torch.randn(3, 3, 32, 32)}
-    common = {"vocab_size": 101, "num_hidden_layers": LAYERS, "num_attention_heads": 4}
-    if name == "bert":
-        config = transformers.BertConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            max_position_embeddings=32,
-            hidden_dropout_prob=dropout,
-            attention_probs_dropout_prob=0.0,
-            **common,
-        )
-        model = transformers.BertModel(config, add_pooling_layer=False)
-    elif name == "gpt2":
-        config = transformers.GPT2Config(
-            n_embd=64, n_layer=LAYERS, n_head=4, n_positions=32, vocab_size=101, resid_pdrop=dropout,
-            embd_pdrop=dropout, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-        )  # fmt: skip
-        model = transformers.GPT2Model(config)
-    else:
-        config = transformers.LlamaConfig(
-            hidden_size=64, intermediate_size=128, num_key_value_heads=2, max_position_embeddings=32, **common
-        )
-        model = transformers.LlamaModel(config)
-    model.config._attn_implementation = "sdpa"
-    return model, {"input_ids": torch.randint(0, 101, (3, 12))}
+    """(model, inputs): a small random-weight configuration (benchmarks.model.transformer_model)."""
+    from benchmarks.model import transformer_model
+
+    return transformer_model(name, width=64, depth=LAYERS, dropout=dropout, batch=3, seq=12)
 
 
 def _output(result) -> torch.Tensor:
