@@ -1,8 +1,20 @@
-"""A training step of a stock MLP against the same MLP after `gpuopt_ops.fuse`, side by side in one run.
+"""Training steps side by side in one run: a stock MLP against the same MLP after `gpuopt_ops.fuse`, and
+transformer models (BERT, GPT-2, LLaMA, ViT) in eager mode, under torch.compile's Inductor and under the "gpuopt"
+backend.
 
-    python -m benchmarks.model                          # GPU if there is one, else CPU
+    python -m benchmarks.model                          # the MLP; GPU if there is one, else CPU
     python -m benchmarks.model --device cpu --batch 4096 --width 1024 --depth 4 --p 0.1
     python -m benchmarks.model --quick                  # tiny shapes, seconds (the CI smoke test)
+    python -m benchmarks.model --models bert,gpt2,llama,vit [--width 256 --depth 2 --batch 8 --seq 128]
+
+Transformer models (`--models`): small random-weight configurations of HF transformers' BertModel, GPT2Model,
+LlamaModel and timm's vit_tiny_patch16_224 layout (`transformer_model`, shared with tests/test_models.py): width
+--width, --depth layers, dropout --p, --batch sequences of --seq tokens (ViT: --batch images whose patch count is
+about --seq). Each step is a forward in train mode, a mean-square loss and backward, for eager, Inductor
+(`backend="inductor"`) and `backend="gpuopt"` (our rewrites, then Inductor). Printed per model: the three step
+times, the ratios, and the share of the gpuopt step spent inside gpuopt ops (torch.profiler, self CPU time of
+the gpuopt::* ops over the step) - at small widths on the CPU the step is matmul-bound and that share bounds what
+fusion can gain.
 
 The model is torchvision.ops.MLP's layout written with stock modules: depth × [Linear → LayerNorm → ReLU →
 Dropout(p)] and a Linear head. The fused copy is `gpuopt_ops.fuse(stock)`: the same weights (the state dicts are
@@ -42,6 +54,134 @@ def make_step(model: nn.Module, x: torch.Tensor):
     return step
 
 
+def transformer_model(name: str, width: int = 64, depth: int = 2, dropout: float = 0.1, batch: int = 3, seq: int = 12):
+    """(model, inputs) of a small random-weight configuration: "bert", "gpt2", "llama" (HF transformers) or "vit"
+    (timm). Width must be a multiple of 4 (4 heads); no download."""
+    import timm
+    import transformers
+
+    torch.manual_seed(0)
+    if name == "vit":
+        side = max(1, round(seq**0.5)) * 16
+        model = timm.create_model(
+            "vit_tiny_patch16_224",
+            pretrained=False,
+            depth=depth,
+            img_size=side,
+            embed_dim=width,
+            num_heads=4,
+            drop_rate=dropout,
+            proj_drop_rate=dropout,
+            attn_drop_rate=0.0,
+            drop_path_rate=0.0,
+        )
+        return model, {"x": torch.randn(batch, 3, side, side)}
+    vocab, heads = 101, 4
+    if name == "bert":
+        config = transformers.BertConfig(
+            vocab_size=vocab,
+            hidden_size=width,
+            num_hidden_layers=depth,
+            num_attention_heads=heads,
+            intermediate_size=4 * width,
+            max_position_embeddings=max(32, seq),
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=0.0,
+        )
+        model = transformers.BertModel(config, add_pooling_layer=False)
+    elif name == "gpt2":
+        config = transformers.GPT2Config(
+            vocab_size=vocab,
+            n_embd=width,
+            n_layer=depth,
+            n_head=heads,
+            n_positions=max(32, seq),
+            resid_pdrop=dropout,
+            embd_pdrop=dropout,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        model = transformers.GPT2Model(config)
+    elif name == "llama":
+        config = transformers.LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=width,
+            num_hidden_layers=depth,
+            num_attention_heads=heads,
+            num_key_value_heads=2,
+            intermediate_size=2 * width,
+            max_position_embeddings=max(32, seq),
+        )
+        model = transformers.LlamaModel(config)
+    else:
+        raise ValueError(f"unknown model {name!r}: choose from bert, gpt2, llama, vit")
+    model.config._attn_implementation = "sdpa"
+    return model, {"input_ids": torch.randint(0, vocab, (batch, seq))}
+
+
+def _first(result) -> torch.Tensor:
+    return result if isinstance(result, torch.Tensor) else result[0]
+
+
+def _train_step(model, fn, inputs):
+    def step():
+        model.zero_grad(set_to_none=True)
+        _first(fn(**inputs)).float().square().mean().backward()
+
+    return step
+
+
+def run_transformers(args) -> dict[str, dict[str, float]]:
+    import gpuopt_ops  # noqa: F401  (registers the "gpuopt" backend)
+
+    meta = metadata(args.device)
+    print(
+        f"benchmarks.model: training steps, width {args.width}, {args.depth} layers, batch {args.batch} x "
+        f"{args.seq}, dropout {args.p}, fp32, {meta['device']}, torch {meta['torch']}"
+    )
+    results: dict[str, dict[str, float]] = {}
+    for name in args.models:
+        model, inputs = transformer_model(name, args.width, args.depth, args.p, args.batch, args.seq)
+        model = model.to(args.device).train()
+        inputs = {k: v.to(args.device) for k, v in inputs.items()}
+        torch._dynamo.reset()
+        runs = {
+            "eager": model,
+            "inductor": torch.compile(model, backend="inductor"),
+            "gpuopt": torch.compile(model, backend="gpuopt"),
+        }
+
+        steps = {k: _train_step(model, fn, inputs) for k, fn in runs.items()}
+        for fn in steps.values():  # compile and warm up
+            fn()
+            fn()
+        _sync(args.device)
+        samples: dict[str, list[float]] = {k: [] for k in steps}
+        if args.device == "cuda":
+            for k, fn in steps.items():
+                med, p20, p80 = time_gpu(fn, warmup_ms=25, rep_ms=200)
+                samples[k] = [p20[0], med[0], p80[0]]
+        else:
+            for _ in range(args.rounds):
+                for k, fn in steps.items():
+                    samples[k] += time_cpu(fn, args.min_run_time)
+        with torch.profiler.profile() as prof:
+            steps["gpuopt"]()
+            _sync(args.device)
+        ours = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key.startswith("gpuopt::")) / 1e3
+        total = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1e3
+        med = {k: _percentile(v, 0.5) for k, v in samples.items()}
+        res = {**med, "gpuopt_share": ours / total if total else 0.0}
+        results[name] = res
+        print(
+            f"  {name:5s}  eager {med['eager']:8.2f} ms  inductor {med['inductor']:8.2f} ms  gpuopt "
+            f"{med['gpuopt']:8.2f} ms   eager/gpuopt {med['eager'] / med['gpuopt']:.2f}x   inductor/gpuopt "
+            f"{med['inductor'] / med['gpuopt']:.2f}x   gpuopt ops {100 * res['gpuopt_share']:.1f} % of the step"
+        )
+    return results
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m benchmarks.model", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -53,9 +193,18 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per model (CPU)")
     ap.add_argument("--min-run-time", type=float, default=1.0, help="seconds per model and round (CPU)")
     ap.add_argument("--quick", action="store_true", help="batch 256, width 128, depth 2, one short round")
+    ap.add_argument("--models", default=None, help="comma list of bert,gpt2,llama,vit: the transformer steps")
+    ap.add_argument("--seq", type=int, default=128, help="tokens per sequence (--models)")
     args = ap.parse_args(argv)
+    if args.models is not None:
+        args.models = [m for m in args.models.split(",") if m]
+        for flag, default in (("batch", 4096), ("width", 1024)):  # the MLP's defaults: transformer defaults
+            if getattr(args, flag) == default:
+                setattr(args, flag, {"batch": 8, "width": 256}[flag])
     if args.quick:
         args.batch, args.width, args.depth, args.rounds, args.min_run_time = 256, 128, 2, 1, 0.2
+        if args.models is not None:
+            args.batch, args.width, args.seq = 2, 64, 16
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     return args
@@ -104,7 +253,8 @@ def run(args) -> dict[str, object]:
 
 
 def main(argv=None) -> int:
-    run(parse_args(argv))
+    args = parse_args(argv)
+    run_transformers(args) if args.models is not None else run(args)
     return 0
 
 

@@ -34,6 +34,14 @@ of a fp32 statistic. Every provider of a case is charged the same bytes, so GB/s
                   write grad_x (M*N*e) + dgamma, dbeta (2*N*pe)
     bias_relu fwd read x (M*N*e) + bias (N*pe); write out (M*N*e)
     bias_relu bwd read grad_out, out (2*M*N*e); write grad_x (M*N*e) + dbias (N*pe)
+    dan_ln   fwd  dropout(x) + residual → LayerNorm, the sum also returned (prenorm): read x, residual
+                  (2*M*N*e) + weight, bias (2*N*pe); write out, sum (2*M*N*e) + mean, rstd (2*M*a)
+    dan_ln   bwd  read grad_out, sum (2*M*N*e) + weight, bias + mean, rstd; write grad_x, grad_residual
+                  (2*M*N*e) + dgamma, dbeta (2*N*pe)
+    add_rms  fwd  x + residual → RMSNorm (no dropout, no bias), the sum returned: as dan_ln with one parameter
+                  and one statistic
+    bias_gelu fwd read x (M*N*e) + bias (N*pe); write out (M*N*e)
+    bias_gelu bwd read grad_out, x (2*M*N*e) + bias (N*pe); write grad_x (M*N*e) + dbias (N*pe)
     fwd+bwd       the sum of fwd and bwd
     copy          read x + write y (2*M*N*e)
 ratio_copy = GB/s / GB/s of the copy measured in the same case; speedup_vs_eager = eager ms / ms,
@@ -61,7 +69,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-OPS = ("ldr", "bias_relu")
+OPS = ("ldr", "bias_relu", "dan_ln", "add_rms", "bias_gelu")
+BLOCK_OPS = ("dan_ln", "add_rms", "bias_gelu")  # the transformer blocks: gpuopt's own op, eager and compile only
 MODES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GPU_NS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -102,6 +111,13 @@ def bytes_moved(op: str, mode: str, m: int, n: int, dtype: torch.dtype) -> int:
     elif op == "bias_relu":
         fwd = 2 * m * n * e + n * pe
         bwd = 3 * m * n * e + n * pe
+    elif op in ("dan_ln", "add_rms"):
+        k = 2 if op == "dan_ln" else 1  # parameters and statistics
+        fwd = 4 * m * n * e + k * n * pe + k * m * a
+        bwd = 4 * m * n * e + 2 * k * n * pe + k * m * a
+    elif op == "bias_gelu":
+        fwd = 2 * m * n * e + n * pe
+        bwd = 3 * m * n * e + 2 * n * pe
     else:
         raise ValueError(op)
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
@@ -207,7 +223,7 @@ def forward_fn(provider: str, op: str, device: str, p: float) -> Callable:
         if device != "cuda":
             raise Skip("liger runs on GPU only")
         if op != "ldr":
-            raise Skip("liger has no bias_relu")
+            raise Skip(f"liger has no {op}")
         try:
             from liger_kernel.ops.layer_norm import LigerLayerNormFunction
         except Exception as err:  # noqa: BLE001
@@ -222,7 +238,7 @@ def _quack_runner(op: str, mode: str, device: str, x, w, b, g) -> Callable[[], o
     if device != "cuda":
         raise Skip("quack runs on GPU only")
     if op != "ldr":
-        raise Skip("quack has no bias_relu")
+        raise Skip(f"quack has no {op}")
     try:
         from quack.rmsnorm import layernorm_bwd, layernorm_fwd
     except Exception as err:  # noqa: BLE001
@@ -242,15 +258,70 @@ def _quack_runner(op: str, mode: str, device: str, x, w, b, g) -> Callable[[], o
     return run
 
 
-def make_runner(provider: str, op: str, mode: str, device: str, p: float, x, w, b, g) -> Callable[[], object]:
+def _block_eager(op: str, p: float) -> Callable:
+    """The unfused PyTorch code of a transformer block op, (x, w, b, r) -> output(s)."""
+    if op == "dan_ln":
+
+        def dan_ln(x, w, b, r):
+            s = F.dropout(x, p, True) + r
+            return F.layer_norm(s, (x.shape[-1],), w, b, EPS), s
+
+        return dan_ln
+    if op == "add_rms":
+
+        def add_rms(x, w, b, r):
+            s = x + r
+            return F.rms_norm(s, (x.shape[-1],), w, EPS), s
+
+        return add_rms
+    return lambda x, w, b, r: F.gelu(x + b)
+
+
+def block_forward_fn(provider: str, op: str, device: str, p: float) -> Callable:
+    """The callable (x, w, b, r) -> output(s) of a provider for a transformer block op."""
+    if provider in ("cuda", "cpu", "triton"):
+        if (provider == "cpu") == (device == "cuda"):
+            raise Skip(f"provider {provider} does not run on device {device}")
+        g = _import_gpuopt()
+        if provider == "triton":
+            _triton_available()
+        if op == "dan_ln":
+            return lambda x, w, b, r: g.dropout_add_norm(x, r, w, b, p=p, prenorm=True, backend=provider)
+        if op == "add_rms":
+            return lambda x, w, b, r: g.dropout_add_norm(
+                x, r, w, None, norm="rms", eps=EPS, prenorm=True, backend=provider
+            )
+        return lambda x, w, b, r: g.bias_act(x, b, act="gelu", backend=provider)
+    if provider == "eager":
+        return _block_eager(op, p)
+    if provider == "compile":
+        key = ("block", op, device)
+        if key not in _COMPILED:
+            _compiled("ldr", device)  # lifts the recompile limits once
+            kwargs = {"mode": "max-autotune"} if device == "cuda" else {}
+            _COMPILED[key] = torch.compile(_block_eager(op, p), dynamic=False, **kwargs)
+        return _COMPILED[key]
+    raise Skip(f"{provider} has no {op}")
+
+
+def make_runner(provider: str, op: str, mode: str, device: str, p: float, x, w, b, g, r=None) -> Callable[[], object]:
     """A no-argument callable that runs one timed iteration of (provider, op, mode) on the given inputs."""
     if provider == "copy":
         y = torch.empty_like(x)
         return lambda: y.copy_(x)
     if provider == "quack":
         return _quack_runner(op, mode, device, x, w, b, g)
-    f = forward_fn(provider, op, device, p)
-    inputs = (x, w, b) if op == "ldr" else (x, b)
+    if op in BLOCK_OPS:
+        fb = block_forward_fn(provider, op, device, p)
+        inputs = {"dan_ln": (x, r, w, b), "add_rms": (x, r, w), "bias_gelu": (x, b)}[op]
+
+        def f(x, w, b):
+            y = fb(x, w, b, r)
+            return y[0] if isinstance(y, tuple) else y  # the sum's gradient: none (as a last block)
+
+    else:
+        f = forward_fn(provider, op, device, p)
+        inputs = (x, w, b) if op == "ldr" else (x, b)
     if mode == "fwd":
 
         def run():
@@ -460,12 +531,13 @@ def run(args) -> str:
                 w = (1 + 0.1 * torch.randn(n, device=device, generator=gen)).to(dtype).requires_grad_(True)
                 b = (0.1 * torch.randn(n, device=device, generator=gen)).to(dtype).requires_grad_(True)
                 g = torch.randn(m, n, device=device, dtype=dtype, generator=gen)
-                inputs_key, inputs = (dt_name, n, m), (x, w, b, g)
-            x, w, b, g = inputs
+                r = torch.randn(m, n, device=device, dtype=dtype, generator=gen).requires_grad_(True)
+                inputs_key, inputs = (dt_name, n, m), (x, w, b, g, r)
+            x, w, b, g, r = inputs
             runners: dict[str, Callable] = {}
             for prov in args.providers:
                 try:
-                    runners[prov] = make_runner(prov, op, mode, device, args.p, x, w, b, g)
+                    runners[prov] = make_runner(prov, op, mode, device, args.p, x, w, b, g, r)
                     runners[prov]()  # warm-up (and compilation)
                     runners[prov]()
                     _sync(device)

@@ -4,27 +4,39 @@ Registered on `import gpuopt_ops`. In the FX graph Dynamo captures it rewrites
 
 - layer_norm → dropout → relu, layer_norm → relu → dropout and layer_norm → relu into one call of
   `gpuopt_ops.layer_norm_dropout_relu` (dropout's p and `training` flag kept: training=False fuses with p = 0);
-- linear (with bias) → relu into a bias-free linear and `gpuopt_ops.bias_relu`,
+- linear (with bias) → relu into a bias-free linear and `gpuopt_ops.bias_relu`;
+- the residual blocks of transformers into one call of `gpuopt_ops.dropout_add_norm`: a norm whose input is
+  `dropout(h) + residual` (either operand order), `h + residual` or `dropout(h)`. The norm is `F.layer_norm`
+  over the last dimension, `F.rms_norm` / `nn.RMSNorm`, or RMSNorm written out as
+  `w * (h * rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)` with h = x or x.to(float32). When the
+  sum has other users (the next residual of a pre-norm block), they take the op's `sum` output (prenorm);
+- linear / addmm with a bias (addmm optionally through one view) → an activation into a bias-free matmul and
+  `gpuopt_ops.bias_act`: `F.gelu` (both approximations), the tanh GELU written out as
+  `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`, and `F.silu`,
 
 then compiles the graph with Inductor (forward and backward; AOTAutograd traces through the public functions, so
 each training call draws a fresh dropout seed from torch's generator on x's device, as in eager mode).
 
 relu is any of F.relu / torch.relu / Tensor.relu (and their in-place forms). A match requires every intermediate
-value to have no other user, constant p / training / eps / normalized_shape, and dtypes and devices our ops take;
-anything else is left to Inductor as it is. Print the rewrites with
-`torch.compile(m, backend="gpuopt", options={"verbose": True})`; any other option goes to Inductor as a config
-patch.
+value to have no other user (except the sum of a pre-norm block), constant p / training / eps / normalized_shape,
+dtypes and devices our ops take, a residual of the same shape and dtype as h, and a result of x's shape and dtype
+(so the rewrite computes the same function); anything else is left to Inductor as it is. Print the rewrites with
+`torch.compile(m, backend="gpuopt", options={"verbose": True})`. `options={"inductor": False}` runs the rewritten
+graph as it is (eager kernels, no Inductor compile: quick, and handy to debug); any other option goes to Inductor
+as a config patch.
 """
 
 from __future__ import annotations
 
+import math
+import operator
 from typing import Any, Optional
 
 import torch
 import torch.fx
 import torch.nn.functional as F
 
-from .ops import bias_relu, layer_norm_dropout_relu
+from .ops import bias_act, bias_relu, dropout_add_norm, layer_norm_dropout_relu
 
 _LAYER_NORM = {F.layer_norm, torch.layer_norm}
 _DROPOUT = {F.dropout, torch.dropout}
@@ -32,6 +44,16 @@ _RELU_FUNCTIONS = {F.relu, torch.relu, torch.relu_, F.relu_}
 _RELU_METHODS = {"relu", "relu_"}
 _LINEAR = {F.linear, torch._C._nn.linear}
 _DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64}
+_ADD = {operator.add, torch.add}
+_MUL = {operator.mul, torch.mul}
+_RMS_NORM = {F.rms_norm, torch.rms_norm}
+_GELU = {F.gelu, torch._C._nn.gelu}
+_SILU = {F.silu, torch._C._nn.silu}
+_TANH = {torch.tanh, F.tanh}
+_POW = {torch.pow, operator.pow}
+_RSQRT = {torch.rsqrt}
+_ADDMM = {torch.addmm}
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 def _ldr(x, normalized_shape, weight, bias, p, training, eps):
@@ -40,6 +62,20 @@ def _ldr(x, normalized_shape, weight, bias, p, training, eps):
 
 def _linear_bias_relu(x, weight, bias):
     return bias_relu(F.linear(x, weight), bias)
+
+
+def _dropout_add_norm(x, residual, weight, bias, rms, p, training, eps, prenorm):
+    norm = "rms" if rms else "layer"
+    return dropout_add_norm(x, residual, weight, bias, norm=norm, p=p, training=training, eps=eps, prenorm=prenorm)
+
+
+def _linear_bias_act(x, weight, bias, act):
+    return bias_act(F.linear(x, weight), bias, act=act)
+
+
+def _addmm_bias_act(bias, a, w, shape, act):
+    y = torch.mm(a, w)
+    return bias_act(y if shape is None else y.view(shape), bias, act=act)
 
 
 # ---------------------------------------------------------------------------------------------- matching
@@ -182,10 +218,369 @@ def _rewrite(gm: torch.fx.GraphModule, log: list[str]) -> int:
     return count
 
 
+# ---------------------------------------------------------------------------------------------- transformer blocks
+def _calls(node: Any, functions, methods=()) -> bool:
+    if not isinstance(node, torch.fx.Node):
+        return False
+    if node.op == "call_function":
+        return node.target in functions
+    return node.op == "call_method" and node.target in methods
+
+
+def _const(v: Any) -> Optional[float]:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _operands(node: torch.fx.Node, functions, method: str):
+    """The two operands of a binary add / mul node (function or method form, no other arguments), else None."""
+    if not _calls(node, functions, (method,)) or len(node.args) != 2 or node.kwargs:
+        return None
+    return node.args[0], node.args[1]
+
+
+def _node_and_const(node: torch.fx.Node, functions, method: str, const: float, rel: float = 1e-9):
+    """The tensor operand of `t op const` / `const op t` when the constant is `const`, else None."""
+    ops = _operands(node, functions, method)
+    if ops is None:
+        return None
+    for a, b in (ops, ops[::-1]):
+        c = _const(b)
+        if isinstance(a, torch.fx.Node) and c is not None and abs(c - const) <= rel * abs(const):
+            return a
+    return None
+
+
+def _users(node: torch.fx.Node) -> set:
+    return set(node.users)
+
+
+def _same_like(node: Any, ref: torch.Tensor) -> bool:
+    v = _value(node)
+    return v is not None and v.dtype == ref.dtype and v.device == ref.device and tuple(v.shape) == tuple(ref.shape)
+
+
+def _param_ok(node: Any, xv: torch.Tensor) -> bool:
+    if node is None:
+        return True
+    pv = _value(node)
+    return (
+        pv is not None
+        and pv.dim() == 1
+        and pv.shape[0] == xv.shape[-1]
+        and pv.device == xv.device
+        and pv.dtype in (xv.dtype, torch.float32)
+    )
+
+
+class _Norm:
+    """A matched norm: its input node, parameters, the nodes it consists of and the node giving its result."""
+
+    def __init__(self, source, weight, bias, eps, rms, nodes, result, kind):
+        self.source, self.weight, self.bias, self.eps, self.rms = source, weight, bias, eps, rms
+        self.nodes, self.result, self.kind = nodes, result, kind
+
+
+def _match_layer_norm(node: torch.fx.Node) -> Optional[_Norm]:
+    if not _calls(node, _LAYER_NORM):
+        return None
+    shape = _arg(node, 1, "normalized_shape", None)
+    shape = (shape,) if isinstance(shape, int) else shape
+    weight, bias, eps = _arg(node, 2, "weight", None), _arg(node, 3, "bias", None), _arg(node, 4, "eps", 1e-5)
+    xv = _value(node.args[0])
+    if xv is None or not isinstance(shape, (tuple, list)) or len(shape) != 1 or type(shape[0]) is not int:
+        return None
+    if _const(eps) is None or eps <= 0 or xv.dim() < 1 or xv.shape[-1] != shape[0]:
+        return None
+    return _Norm(node.args[0], weight, bias, float(eps), False, [node], node, "layer_norm")
+
+
+def _match_rms_norm(node: torch.fx.Node) -> Optional[_Norm]:
+    if not _calls(node, _RMS_NORM):
+        return None
+    shape = _arg(node, 1, "normalized_shape", None)
+    shape = (shape,) if isinstance(shape, int) else shape
+    weight, eps = _arg(node, 2, "weight", None), _arg(node, 3, "eps", None)
+    xv = _value(node.args[0])
+    if xv is None or not isinstance(shape, (tuple, list)) or len(shape) != 1 or type(shape[0]) is not int:
+        return None
+    if xv.dim() < 1 or xv.shape[-1] != shape[0] or xv.dtype not in _DTYPES:
+        return None
+    eps = torch.finfo(xv.dtype).eps if eps is None else eps  # F.rms_norm's default
+    if _const(eps) is None or eps <= 0:
+        return None
+    return _Norm(node.args[0], weight, None, float(eps), True, [node], node, "rms_norm")
+
+
+def _is_to_float32(node: Any) -> bool:
+    """x.to(torch.float32) / x.float() / x.to(dtype=torch.float32) with nothing else."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_method":
+        return False
+    if node.target == "float":
+        return len(node.args) == 1 and not node.kwargs
+    if node.target != "to":
+        return False
+    dtypes = [a for a in node.args[1:]] + ([node.kwargs["dtype"]] if "dtype" in node.kwargs else [])
+    return dtypes == [torch.float32] and set(node.kwargs) <= {"dtype"}
+
+
+def _match_written_rms_norm(rsqrt: torch.fx.Node) -> Optional[_Norm]:
+    """w * (h * rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype), h = x or x.to(float32); rooted at rsqrt."""
+    if not _calls(rsqrt, _RSQRT, ("rsqrt",)) or len(rsqrt.args) != 1 or rsqrt.kwargs:
+        return None
+    add_eps = rsqrt.args[0]
+    ops = _operands(add_eps, _ADD, "add")
+    if ops is None:
+        return None
+    var, eps = (ops[0], _const(ops[1])) if _const(ops[1]) is not None else (ops[1], _const(ops[0]))
+    if eps is None or eps <= 0 or not _calls(var, {torch.mean}, ("mean",)):
+        return None
+    dim = _arg(var, 1, "dim", None)
+    if _arg(var, 2, "keepdim", False) is not True or dim not in (-1, (-1,), [-1]) or len(var.args) > 3:
+        return None
+    sq = var.args[0]
+    if _calls(sq, _POW, ("pow",)) and len(sq.args) == 2 and _const(sq.args[1]) == 2.0:
+        h = sq.args[0]
+    elif _operands(sq, _MUL, "mul") is not None and sq.args[0] is sq.args[1]:
+        h = sq.args[0]
+    else:
+        return None
+    normed = next(iter(rsqrt.users)) if len(rsqrt.users) == 1 else None
+    ops = _operands(normed, _MUL, "mul") if normed is not None else None
+    if ops is None or set(ops) != {h, rsqrt} or not _users(h) >= {sq, normed}:
+        return None
+    if any(len(n.users) != 1 for n in (sq, var, add_eps)):
+        return None
+    if _is_to_float32(h) and _users(h) != {sq, normed}:
+        return None
+    x = h.args[0] if _is_to_float32(h) else h
+    nodes = ([h] if x is not h else []) + [sq, var, add_eps, rsqrt, normed]
+    result = normed
+    xv = _value(x)
+    if xv is None or xv.dtype not in _DTYPES or (x is not h and xv.dtype == torch.float64):
+        return None
+    nxt = next(iter(result.users)) if len(result.users) == 1 else None
+    if nxt is not None and nxt.op == "call_method" and nxt.target in ("to", "type_as") and len(nxt.args) == 2:
+        if not nxt.kwargs:
+            nodes.append(nxt)
+            result = nxt
+            nxt = next(iter(result.users)) if len(result.users) == 1 else None
+    weight = None
+    ops = _operands(nxt, _MUL, "mul") if nxt is not None else None
+    if ops is not None:
+        other = ops[1] if ops[0] is result else ops[0]
+        if isinstance(other, torch.fx.Node) and other is not result and _param_ok(other, xv):
+            weight = other
+            nodes.append(nxt)
+            result = nxt
+    return _Norm(x, weight, None, float(eps), True, nodes, result, "written-out RMSNorm")
+
+
+def _match_norm(node: torch.fx.Node) -> Optional[_Norm]:
+    return _match_layer_norm(node) or _match_rms_norm(node) or _match_written_rms_norm(node)
+
+
+def _dropout_only_into(node: Any, user: torch.fx.Node):
+    """(input, p, training) when node is a constant-parameter dropout whose only user is `user`."""
+    if not isinstance(node, torch.fx.Node) or _users(node) != {user}:
+        return None
+    params = _dropout_params(node)
+    if params is None or node.args[0] is None or node.kwargs.get("inplace", False) or _arg(node, 3, "inplace", False):
+        return None
+    return (node.args[0], *params)
+
+
+def _rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
+    norm = _match_norm(node)
+    if norm is None:
+        return False
+    s = norm.source
+    if not isinstance(s, torch.fx.Node):
+        return False
+    head, residual, p, training, consumed = None, None, 0.0, False, []
+    ops = _operands(s, _ADD, "add")
+    if ops is not None and all(isinstance(o, torch.fx.Node) for o in ops):
+        for a, b in (ops, ops[::-1]):
+            d = _dropout_only_into(a, s)
+            if d is not None:
+                head, p, training = d
+                residual, consumed = b, [a, s]
+                pattern = "dropout → add → "
+                break
+        else:
+            head, residual, consumed = ops[0], ops[1], [s]
+            pattern = "add → "
+    elif _calls(s, _DROPOUT):
+        params = _dropout_params(s)
+        if params is None or s.kwargs.get("inplace", False) or _arg(s, 3, "inplace", False):
+            return False
+        head, (p, training), consumed = s.args[0], params, [s]
+        pattern = "dropout → "
+    if head is None or not isinstance(head, torch.fx.Node):
+        return False
+    xv = _value(head)
+    if xv is None or xv.dtype not in _DTYPES or xv.device.type not in ("cpu", "cuda") or xv.dim() < 1:
+        return False
+    if residual is not None and not _same_like(residual, xv):
+        return False
+    if not (_same_like(s, xv) and _same_like(norm.result, xv)):
+        return False  # broadcasting, type promotion or a result in another dtype: not the same function
+    if not (_param_ok(norm.weight, xv) and _param_ok(norm.bias, xv)):
+        return False
+    if norm.weight is not None and norm.bias is not None and _value(norm.weight).dtype != _value(norm.bias).dtype:
+        return False
+    others = [u for u in s.users if u not in norm.nodes]
+    prenorm = bool(others)
+    # the op goes where the sum was: every input must exist by then
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    inputs = [n for n in (head, residual, norm.weight, norm.bias) if isinstance(n, torch.fx.Node)]
+    if any(order[n] >= order[s] for n in inputs):
+        return False
+    anchor = s
+    args = (head, residual, norm.weight, norm.bias, norm.rms, p, training, norm.eps, prenorm)
+    with graph.inserting_before(anchor):
+        new = graph.call_function(_dropout_add_norm, args)
+        if prenorm:
+            out = graph.call_function(operator.getitem, (new, 0))
+            total = graph.call_function(operator.getitem, (new, 1))
+            total.meta.update(s.meta)
+        else:
+            out = new
+    out.meta.update(norm.result.meta)
+    norm.result.replace_all_uses_with(out)
+    if prenorm:
+        for u in others:
+            u.replace_input_with(s, total)
+    for dead in sorted(set(consumed) | set(norm.nodes), key=order.__getitem__, reverse=True):
+        graph.erase_node(dead)
+    kind = "rms_norm" if norm.rms else "layer_norm"
+    log.append(
+        f"{pattern}{norm.kind} ({norm.result.name}, p={p}, training={training}"
+        f"{', prenorm' if prenorm else ''}) -> gpuopt::dropout_add_norm ({kind})"
+    )
+    return True
+
+
+def _match_activation(node: torch.fx.Node):
+    """(act name, last node of the activation) when node is the activation's input and it has no other user."""
+    users = list(node.users)
+    if len(users) == 1:
+        u = users[0]
+        if _calls(u, _GELU) and len(u.args) == 1 and set(u.kwargs) <= {"approximate"}:
+            approx = u.kwargs.get("approximate", "none")
+            if approx in ("none", "tanh"):
+                return ("gelu" if approx == "none" else "gelu_tanh"), u
+        if _calls(u, _SILU) and len(u.args) == 1 and not u.kwargs.get("inplace", False):
+            if set(u.kwargs) <= {"inplace"}:
+                return "silu", u
+        return None
+    if len(users) != 3:
+        return None
+    # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))
+    half = cube = inner = None
+    for u in users:
+        if _node_and_const(u, _MUL, "mul", 0.5) is node:
+            half = u
+        elif _calls(u, _POW, ("pow",)) and len(u.args) == 2 and u.args[0] is node and _const(u.args[1]) == 3.0:
+            cube = u
+        elif _operands(u, _ADD, "add") is not None and node in u.args:
+            inner = u
+    if half is None or cube is None or inner is None or len(cube.users) != 1 or len(inner.users) != 1:
+        return None
+    scaled_cube = next(iter(cube.users))
+    if _node_and_const(scaled_cube, _MUL, "mul", 0.044715) is not cube or set(inner.args) != {node, scaled_cube}:
+        return None
+    scaled = next(iter(inner.users))
+    if _node_and_const(scaled, _MUL, "mul", _SQRT_2_OVER_PI, rel=1e-6) is not inner or len(scaled.users) != 1:
+        return None
+    th = next(iter(scaled.users))
+    if not _calls(th, _TANH, ("tanh",)) or th.args != (scaled,) or th.kwargs or len(th.users) != 1:
+        return None
+    one_plus = next(iter(th.users))
+    if _node_and_const(one_plus, _ADD, "add", 1.0) is not th or len(one_plus.users) != 1 or len(half.users) != 1:
+        return None
+    last = next(iter(one_plus.users))
+    ops = _operands(last, _MUL, "mul")
+    if ops is None or set(ops) != {half, one_plus}:
+        return None
+    return "gelu_tanh", last
+
+
+def _rewrite_bias_act_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
+    if _calls(node, _LINEAR):
+        x, weight, bias = node.args[0], _arg(node, 1, "weight", None), _arg(node, 2, "bias", None)
+        if bias is None or not isinstance(weight, torch.fx.Node) or not _tensor_ok(x, [weight, bias]):
+            return False
+        if _value(bias).dim() != 1:
+            return False
+        src, view, shape = node, None, None
+    elif _calls(node, _ADDMM) and len(node.args) == 3 and not node.kwargs:
+        bias, a, w = node.args
+        if not all(isinstance(n, torch.fx.Node) for n in (bias, a, w)) or not _tensor_ok(a, [w, bias]):
+            return False
+        bv = _value(bias)
+        if bv.dim() != 1:
+            return False
+        src, view, shape = node, None, None
+        if len(node.users) == 1:
+            u = next(iter(node.users))
+            if u.op == "call_method" and u.target in ("view", "reshape") and u.args[0] is node and not u.kwargs:
+                shp = u.args[1] if len(u.args) == 2 and isinstance(u.args[1], (tuple, list)) else u.args[1:]
+                if all(type(d) is int for d in shp):
+                    src, view, shape = u, u, tuple(shp)
+    else:
+        return False
+    found = _match_activation(src)
+    if found is None:
+        return False
+    act, last = found
+    yv, lv = _value(src), _value(last)
+    if yv is None or lv is None or not _same_like(last, yv):
+        return False
+    # the nodes from src to last are the activation; collect them to erase
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    dead, stack = set(), [last]
+    while stack:
+        n = stack.pop()
+        if n in dead or n is src:
+            continue
+        dead.add(n)
+        stack.extend(a for a in n.all_input_nodes if order[a] > order[src])
+    with graph.inserting_before(last):
+        if node.target in _ADDMM:
+            new = graph.call_function(_addmm_bias_act, (bias, a, w, shape, act))
+        else:
+            new = graph.call_function(_linear_bias_act, (x, weight, bias, act))
+    new.meta.update(last.meta)
+    last.replace_all_uses_with(new)
+    for n in sorted(dead | {src, node}, key=order.__getitem__, reverse=True):
+        graph.erase_node(n)
+    if node.target in _ADDMM:
+        what, into = "addmm" + (" → view" if view is not None else ""), "mm"
+    else:
+        what, into = "linear", "linear"
+    log.append(f"{what} → {act} ({node.name}) -> {into} + gpuopt::bias_act ({act})")
+    return True
+
+
+def _rewrite_blocks(gm: torch.fx.GraphModule, log: list[str]) -> int:
+    graph = gm.graph
+    count = 0
+    for node in list(graph.nodes):
+        if node.graph is not graph or node.op not in ("call_function", "call_method"):
+            continue
+        if _rewrite_norm_site(graph, node, log) or _rewrite_bias_act_site(graph, node, log):
+            count += 1
+    if count:
+        graph.lint()
+        gm.recompile()
+    return count
+
+
 def rewrite_graph(gm: torch.fx.GraphModule, verbose: bool = False) -> list[str]:
     """Rewrites the patterns in gm in place; returns one line per rewrite (printed when verbose)."""
     log: list[str] = []
     _rewrite(gm, log)
+    _rewrite_blocks(gm, log)
     if verbose:
         for line in log:
             print(f"gpuopt backend: {line}")
@@ -200,7 +595,10 @@ def gpuopt_backend(
 
     options = dict(options or {})
     verbose = bool(options.pop("verbose", False))
+    inductor = bool(options.pop("inductor", True))
     rewrite_graph(gm, verbose)
+    if not inductor:
+        return gm.forward
     if mode not in (None, "default"):
         from torch._inductor import list_mode_options
 

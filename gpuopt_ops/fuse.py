@@ -4,13 +4,14 @@ Inside every nn.Sequential (nested too, subclasses such as torchvision.ops.MLP i
 
 - LayerNorm → Dropout → ReLU, LayerNorm → ReLU → Dropout, LayerNorm → ReLU  ⇒  FusedLayerNormDropoutReLU
   (ReLU then dropout equals dropout then ReLU with the same mask, because the dropout scale is positive);
-- Linear (with bias) → ReLU  ⇒  LinearBiasReLU.
+- Linear (with bias) → ReLU  ⇒  LinearBiasReLU;
+- Linear (with bias) → GELU (either approximation) / SiLU  ⇒  LinearBiasAct.
 
 The LayerNorm / Linear slot gets the fused module, which takes over the *same* Parameter objects (so an optimizer
-built on the model still holds them), and each consumed Dropout / ReLU slot gets an nn.Identity: state_dict keys
-and values are unchanged. Only exact nn.LayerNorm / nn.Linear / nn.Dropout / nn.ReLU instances match (a subclass
-may override forward), and a module object that occurs more than once in the model (a ReLU reused elsewhere) is
-never consumed. Forward hooks registered on the replaced modules are not carried over.
+built on the model still holds them), and each consumed Dropout / activation slot gets an nn.Identity: state_dict
+keys and values are unchanged. Only exact nn.LayerNorm / nn.Linear / nn.Dropout / nn.ReLU / nn.GELU / nn.SiLU
+instances match (a subclass may override forward), and a module object that occurs more than once in the model (a
+ReLU reused elsewhere) is never consumed. Forward hooks registered on the replaced modules are not carried over.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Optional
 from torch import nn
 
 from .backends import resolve_backend
-from .modules import FusedLayerNormDropoutReLU, LinearBiasReLU
+from .modules import FusedLayerNormDropoutReLU, LinearBiasAct, LinearBiasReLU
 
 # the attribute on a fused module that records what fuse() replaced, for unfuse()
 _RECORD = "_gpuopt_fused_from"
@@ -50,9 +51,20 @@ def _match(children: list[tuple[str, nn.Module]], i: int, uses: Counter):
             if single(i + 2, nn.Dropout) is not None:
                 return "LayerNorm → ReLU → Dropout", children[i + 1 : i + 3]
             return "LayerNorm → ReLU", children[i + 1 : i + 2]
-    if type(head) is nn.Linear and head.bias is not None and single(i + 1, nn.ReLU) is not None:
-        return "Linear → ReLU", children[i + 1 : i + 2]
+    if type(head) is nn.Linear and head.bias is not None:
+        if single(i + 1, nn.ReLU) is not None:
+            return "Linear → ReLU", children[i + 1 : i + 2]
+        if single(i + 1, nn.GELU) is not None and children[i + 1][1].approximate in ("none", "tanh"):
+            return "Linear → GELU", children[i + 1 : i + 2]
+        if single(i + 1, nn.SiLU) is not None:
+            return "Linear → SiLU", children[i + 1 : i + 2]
     return None
+
+
+def _activation_name(module: nn.Module) -> str:
+    if isinstance(module, nn.GELU):
+        return "gelu" if module.approximate == "none" else "gelu_tanh"
+    return "silu"
 
 
 def _fused_module(head: nn.Module, consumed, backend: str) -> nn.Module:
@@ -69,8 +81,12 @@ def _fused_module(head: nn.Module, consumed, backend: str) -> nn.Module:
             device="meta",
         )
         training = dropouts[0].training if dropouts else head.training
-    else:
+    elif isinstance(consumed[0][1], nn.ReLU):
         fused = LinearBiasReLU(head.in_features, head.out_features, backend=backend, device="meta")
+        training = head.training
+    else:
+        act = _activation_name(consumed[0][1])
+        fused = LinearBiasAct(head.in_features, head.out_features, act=act, backend=backend, device="meta")
         training = head.training
     fused.weight = head.weight
     fused.bias = head.bias

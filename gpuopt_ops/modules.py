@@ -5,6 +5,9 @@ Parameter names, shapes and initialisation match the unfused PyTorch modules, so
 - `FusedLayerNormDropoutReLU`  ≙ nn.LayerNorm → nn.Dropout → nn.ReLU   (parameters `weight`, `bias`)
 - `FusedBiasReLU`              ≙ x + bias → nn.ReLU                    (parameter `bias`)
 - `LinearBiasReLU`             ≙ nn.Linear → nn.ReLU                   (parameters `weight`, `bias`)
+- `LinearBiasAct`              ≙ nn.Linear → nn.GELU / nn.GELU("tanh") / nn.SiLU / nn.ReLU
+- `FusedDropoutAddLayerNorm`   ≙ nn.LayerNorm(dropout(x) + residual)   (parameters `weight`, `bias`)
+- `FusedDropoutAddRMSNorm`     ≙ nn.RMSNorm(dropout(x) + residual)     (parameter `weight`)
 
 `backend` is "auto" (CUDA kernels on CUDA tensors, C++ on CPU), "cuda", "cpu" or "triton" (see backends.py).
 """
@@ -21,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .backends import resolve_backend
-from .ops import bias_relu, layer_norm_dropout_relu
+from .ops import ACTIVATIONS, bias_act, bias_relu, dropout_add_norm, layer_norm_dropout_relu
 
 _ShapeT = Union[int, Sequence[int]]
 
@@ -140,6 +143,163 @@ class LinearBiasReLU(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, backend={self.backend!r}"
+
+
+class LinearBiasAct(nn.Module):
+    """act(x @ weight.T + bias): a bias-free matmul, then the fused bias-add + activation (gpuopt_ops.bias_act).
+
+    act is "gelu" (erf), "gelu_tanh", "silu" or "relu". Same parameters and initialisation as
+    nn.Linear(in_features, out_features), so nn.Linear state dicts load unchanged.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, act: str = "gelu", backend: str = "auto", device=None, dtype=None
+    ) -> None:
+        super().__init__()
+        if act not in ACTIVATIONS:
+            raise ValueError(f"LinearBiasAct: act must be one of {', '.join(map(repr, ACTIVATIONS))}, got {act!r}")
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.act = act
+        self.backend = resolve_backend(backend)
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(self.out_features, self.in_features, **factory))
+        self.bias = nn.Parameter(torch.empty(self.out_features, **factory))
+        self.reset_parameters()
+
+    reset_parameters = LinearBiasReLU.reset_parameters
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return bias_act(F.linear(x, self.weight), self.bias, act=self.act, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, act={self.act!r}, "
+            f"backend={self.backend!r}"
+        )
+
+
+class _FusedDropoutAddNorm(nn.Module):
+    """norm(dropout(x) + residual) in one kernel (gpuopt_ops.dropout_add_norm); forward(x, residual=None).
+
+    Returns the normalized output, or (output, sum) with prenorm=True, the sum being the next block's residual
+    (kept in fp32 for fp16/bf16 x with residual_in_fp32=True). Dropout is drawn from torch's generator on x's
+    device in training and is off in eval(); p = 0 and no residual is the plain norm.
+    """
+
+    _norm = "layer"
+
+    def _setup(self, normalized_shape, p, eps, prenorm, residual_in_fp32, backend) -> None:
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (int(normalized_shape),)
+        self.normalized_shape = tuple(int(s) for s in normalized_shape)
+        if len(self.normalized_shape) != 1:
+            raise ValueError(
+                f"{type(self).__name__}: normalized_shape must be one dimension (the last of x), "
+                f"got {self.normalized_shape}"
+            )
+        if not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = float(p)
+        self.eps = eps
+        self.prenorm = bool(prenorm)
+        self.residual_in_fp32 = bool(residual_in_fp32)
+        self.backend = resolve_backend(backend)
+
+    def _eps(self, x: torch.Tensor) -> float:
+        return float(self.eps)
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        return dropout_add_norm(
+            x,
+            residual,
+            self.weight,
+            getattr(self, "bias", None),
+            norm=self._norm,
+            p=self.p,
+            training=self.training,
+            eps=self._eps(x),
+            prenorm=self.prenorm,
+            residual_in_fp32=self.residual_in_fp32,
+            backend=self.backend,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.normalized_shape}, p={self.p}, eps={self.eps}, elementwise_affine={self.weight is not None}, "
+            f"prenorm={self.prenorm}, residual_in_fp32={self.residual_in_fp32}, backend={self.backend!r}"
+        )
+
+
+class FusedDropoutAddLayerNorm(_FusedDropoutAddNorm):
+    """LayerNorm(dropout(x) + residual); nn.LayerNorm's parameters (`weight`, `bias`) and initialisation."""
+
+    def __init__(
+        self,
+        normalized_shape: _ShapeT,
+        p: float = 0.0,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        prenorm: bool = False,
+        residual_in_fp32: bool = False,
+        backend: str = "auto",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self._setup(normalized_shape, p, float(eps), prenorm, residual_in_fp32, backend)
+        factory = {"device": device, "dtype": dtype}
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory))
+            if bias:
+                self.bias = nn.Parameter(torch.empty(self.normalized_shape, **factory))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+
+class FusedDropoutAddRMSNorm(_FusedDropoutAddNorm):
+    """RMSNorm(dropout(x) + residual); nn.RMSNorm's parameter (`weight`), initialisation and eps default (None:
+    torch.finfo(x.dtype).eps)."""
+
+    _norm = "rms"
+
+    def __init__(
+        self,
+        normalized_shape: _ShapeT,
+        p: float = 0.0,
+        eps: Optional[float] = None,
+        elementwise_affine: bool = True,
+        prenorm: bool = False,
+        residual_in_fp32: bool = False,
+        backend: str = "auto",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self._setup(normalized_shape, p, None if eps is None else float(eps), prenorm, residual_in_fp32, backend)
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+
+    def _eps(self, x: torch.Tensor) -> float:
+        return torch.finfo(x.dtype).eps if self.eps is None else float(self.eps)
 
 
 # ---------------------------------------------------------------------------------------------- unfused twins

@@ -9,7 +9,7 @@ from torch import nn
 
 import gpuopt_ops
 from gpuopt_ops.compile_backend import gpuopt_backend, rewrite_graph
-from gpuopt_ops.modules import FusedLayerNormDropoutReLU, LinearBiasReLU
+from gpuopt_ops.modules import FusedLayerNormDropoutReLU, LinearBiasAct, LinearBiasReLU
 
 from backends import backend_params
 
@@ -143,6 +143,9 @@ PATTERNS = {
     ),
     "linear-relu": (lambda: [nn.Linear(16, 16), nn.ReLU()], LinearBiasReLU, None),
     "linear-relu-inplace": (lambda: [nn.Linear(16, 16), nn.ReLU(inplace=True)], LinearBiasReLU, None),
+    "linear-gelu": (lambda: [nn.Linear(16, 16), nn.GELU()], LinearBiasAct, None),
+    "linear-gelu-tanh": (lambda: [nn.Linear(16, 16), nn.GELU(approximate="tanh")], LinearBiasAct, None),
+    "linear-silu": (lambda: [nn.Linear(16, 16), nn.SiLU()], LinearBiasAct, None),
 }
 
 
@@ -366,6 +369,70 @@ def test_dynamic_batch_sizes_recompile_at_most_once(capsys):
     printed = capsys.readouterr().out  # every compiled graph, the dynamic-shape one too, got all five rewrites
     assert printed.count("-> gpuopt::layer_norm_dropout_relu") == 3 * len(compiles), printed
     assert printed.count("-> linear + gpuopt::bias_relu") == 2 * len(compiles), printed
+
+
+# ---------------------------------------------------------------------------------------------- transformer blocks
+class Blocks(nn.Module):
+    """Each site kind the compile backend fuses in transformers, written as the libraries write them."""
+
+    def __init__(self, n=32):
+        super().__init__()
+        self.ln = nn.LayerNorm(n)
+        self.rms = nn.RMSNorm(n, eps=1e-6)
+        self.w = nn.Parameter(torch.randn(n))
+        self.fc = nn.Linear(n, n)
+        self.fc_bias, self.fc_weight = nn.Parameter(torch.randn(n)), nn.Parameter(torch.randn(n, n) / 8)
+
+    def forward(self, x, r):
+        a = self.ln(F.dropout(x, 0.1, self.training) + r)  # post-norm: dropout → add → LayerNorm
+        s = r + F.dropout(a, 0.1, self.training)  # the sum is reused below: prenorm
+        b = self.rms(s)  # dropout → add → nn.RMSNorm (F.rms_norm)
+        t = b + x
+        h = t.to(torch.float32)  # add → RMSNorm written out, as LLaMA writes it; t has another user: prenorm
+        c = self.w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+        d = F.gelu(self.fc(t * 2), approximate="tanh")  # linear → gelu(tanh)
+        y = torch.addmm(self.fc_bias, c.view(-1, c.shape[-1]), self.fc_weight).view(c.shape)
+        e = 0.5 * y * (1.0 + torch.tanh(0.7978845608028654 * (y + 0.044715 * torch.pow(y, 3.0))))  # gelu_new
+        return a + s + c + d + e + F.silu(self.fc(a))
+
+
+def test_transformer_block_sites_are_rewritten_and_match_eager():
+    torch.manual_seed(0)
+    model = _randomize(Blocks()).eval()
+    x, r = torch.randn(3, 5, 32), torch.randn(3, 5, 32)
+    log = []
+    torch._dynamo.reset()
+    got = torch.compile(model, backend=_capture(log))(x, r)
+    kinds = sorted(line.split(" (")[0] for line in log)
+    assert kinds == sorted(
+        [
+            "dropout → add → layer_norm",
+            "dropout → add → rms_norm",
+            "add → written-out RMSNorm",
+            "linear → gelu_tanh",
+            "addmm → view → gelu_tanh",
+            "linear → silu",
+        ]
+    ), log
+    assert sum("prenorm" in line for line in log) == 2, log  # the other uses of s and t take the op's sum output
+    torch.testing.assert_close(got, model(x, r), atol=1e-5, rtol=1e-5)
+
+
+def test_block_patterns_that_must_not_be_rewritten():
+    def f(x, r, rb, w):
+        a = F.layer_norm(F.dropout(x, 0.1, False) + r[:1], (16,))  # broadcast residual: another function
+        b = F.layer_norm(x + rb, (16,))  # bf16 + fp32 promotes: the result is not in x's dtype
+        c = F.layer_norm((x + r).view(4, 2, 8), (2, 8))  # normalized over two dimensions
+        d = F.layer_norm(x + r, (16,), eps=0.0)  # eps = 0: the op requires eps > 0
+        e = F.gelu(F.linear(x, w), approximate="tanh")  # no bias
+        g = F.layer_norm(x, (16,))  # a plain norm: nothing to fuse
+        return a, b, c, d, e, g
+
+    log = []
+    torch._dynamo.reset()
+    x, r = torch.randn(4, 16), torch.randn(4, 16)
+    out = torch.compile(f, backend=_capture(log))(x, r, r.to(torch.bfloat16), torch.randn(16, 16))
+    assert log == [] and len(out) == 6
 
 
 # ---------------------------------------------------------------------------------------------- benchmark smoke test

@@ -1,0 +1,140 @@
+"""The compile backend on unmodified library models: HF transformers' BERT, GPT-2 and LLaMA, and timm's ViT.
+
+Small random-weight configurations (2 layers, no download). For each model the test counts the gpuopt ops that
+actually run (torch.profiler) against the fusable sites the architecture has, per layer, and checks the outputs
+(eval) and the gradients (training with dropout off) against eager PyTorch. The graphs run with
+options={"inductor": False}: the rewritten graph as it is, so the test measures our rewrite, not Inductor's compile
+time; one test also goes through Inductor.
+
+Fusable sites, L = number of layers:
+- BERT (post-norm): LayerNorm(dropout(dense(h)) + residual) twice per layer; dense → GELU (erf) once per layer.
+  The embeddings' add of the position embeddings broadcasts over the batch (not the same function: left alone).
+- GPT-2 (pre-norm): dropout(embeddings) → ln_1 (the dropout output is the first residual), then per layer
+  residual + dropout(attn) → ln_2 and residual + dropout(mlp) → next ln_1 / ln_f, the sums reused as residuals;
+  addmm → view → gelu_new (the tanh GELU written out) once per layer.
+- LLaMA: residual + h → RMSNorm (written out in Python) twice per layer, the sums reused; the first layer's
+  input norm has no add before it and the MLP's projections have no bias, so neither is a site.
+- ViT (timm): dropout(x + pos_embed) → norm1, then per block x + dropout(proj(attn)) → norm2 and
+  x + dropout(fc2(mlp)) → next norm1 / final norm; fc1 → GELU once per block.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gpuopt_ops  # noqa: F401  (registers the "gpuopt" backend)
+
+transformers = pytest.importorskip("transformers")
+timm = pytest.importorskip("timm")
+
+LAYERS = 2
+EXPECTED = {  # forward gpuopt ops per model (each runs its _backward once in a training step)
+    "bert": {"dropout_add_norm": 2 * LAYERS, "bias_act": LAYERS},
+    "gpt2": {"dropout_add_norm": 2 * LAYERS + 1, "bias_act": LAYERS},
+    "llama": {"dropout_add_norm": 2 * LAYERS, "bias_act": 0},
+    "vit": {"dropout_add_norm": 2 * LAYERS + 1, "bias_act": LAYERS},
+}
+MODELS = list(EXPECTED)
+
+
+def _model(name: str, dropout: float):
+    """(model, inputs): a small random-weight configuration (benchmarks.model.transformer_model)."""
+    from benchmarks.model import transformer_model
+
+    return transformer_model(name, width=64, depth=LAYERS, dropout=dropout, batch=3, seq=12)
+
+
+def _output(result) -> torch.Tensor:
+    return result if isinstance(result, torch.Tensor) else result[0]
+
+
+def _count(events, names) -> dict:
+    counts = dict.fromkeys(names, 0)
+    for e in events:
+        for n in names:
+            if e.name == f"gpuopt::{n}":
+                counts[n] += 1
+    return counts
+
+
+def _compiled(model, **options):
+    torch._dynamo.reset()
+    return torch.compile(model, backend="gpuopt", options={"inductor": False, **options})
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_site_runs_fused_and_eval_outputs_match(name, capsys):
+    model, inputs = _model(name, dropout=0.1)
+    model.eval()
+    with torch.no_grad():
+        expected = _output(model(**inputs))
+        compiled = _compiled(model, verbose=True)
+        compiled(**inputs)  # compile outside the profiled run
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got = _output(compiled(**inputs))
+    counts = _count(prof.events(), EXPECTED[name])
+    assert counts == EXPECTED[name], f"{name}: ran {counts}, the architecture has {EXPECTED[name]}"
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("gpuopt backend:")]
+    assert len(lines) == sum(EXPECTED[name].values()), lines
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_training_gradients_match_eager_with_dropout_off(name):
+    model, inputs = _model(name, dropout=0.0)
+    model.train()
+    eager = _output(model(**inputs))
+    eager.square().mean().backward()
+    expected = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    compiled = _compiled(model)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = _output(compiled(**inputs))
+        got.square().mean().backward()
+    torch.testing.assert_close(got, eager, atol=2e-5, rtol=1e-4)
+    names = [*EXPECTED[name], *(f"{n}_backward" for n in EXPECTED[name])]
+    counts = _count(prof.events(), names)
+    want = {**EXPECTED[name], **{f"{n}_backward": c for n, c in EXPECTED[name].items()}}
+    assert counts == want, f"{name}: ran {counts}, expected {want}"
+    grads = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
+    assert grads.keys() == expected.keys()
+    for k in expected:
+        torch.testing.assert_close(grads[k], expected[k], atol=1e-5, rtol=1e-3, msg=k)
+
+
+def test_training_with_dropout_fuses_and_draws_masks():
+    """GPT-2 in training with dropout on: every site still runs fused (dropout inside the op), the masks come from
+    torch's generator (same seed, same result; another seed, another result) and the loss backpropagates."""
+    model, inputs = _model("gpt2", dropout=0.25)
+    model.train()
+    compiled = _compiled(model)
+    torch.manual_seed(1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        first = _output(compiled(**inputs))
+    torch.manual_seed(1)
+    again = _output(compiled(**inputs))
+    torch.manual_seed(2)
+    other = _output(compiled(**inputs))
+    assert _count(prof.events(), EXPECTED["gpt2"]) == EXPECTED["gpt2"]
+    torch.testing.assert_close(again, first, atol=0, rtol=0)
+    assert not torch.equal(other, first)
+    first.square().mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.slow
+def test_inductor_compiles_the_rewritten_gpt2():
+    """The default path: the rewritten graph compiled by Inductor (forward and backward) matches eager."""
+    model, inputs = _model("gpt2", dropout=0.0)
+    model.train()
+    eager = _output(model(**inputs))
+    eager.square().mean().backward()
+    expected = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    got = _output(torch.compile(model, backend="gpuopt")(**inputs))
+    got.square().mean().backward()
+    torch.testing.assert_close(got, eager, atol=2e-5, rtol=1e-4)
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[k], atol=1e-5, rtol=1e-3, msg=k)
