@@ -10,7 +10,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # torchvision (tests/test_fuse.py) must match torch: 0.29.1 <-> torch 2.14.1 (the default), 0.26.0 <-> torch 2.11.0
 TV="${GPUOPT_TORCHVISION:-torchvision==0.29.1}"
-GPUOPT_EXTRA_PIP="pytest hypothesis expecttest scikit-learn tqdm matplotlib nvidia-cuda-cuobjdump liger-kernel==0.6.1 $TV" \
+GPUOPT_EXTRA_PIP="pytest hypothesis expecttest scikit-learn tqdm matplotlib nvidia-cuda-cuobjdump liger-kernel==0.6.1 transformers==5.23.0 timm==1.0.31 $TV" \
   source "$ROOT/scripts/setup_env.sh"
 TREE="$ROOT/build/test-tree"
 # the emulator's compiled test extensions (tools/cuda_emu/build.py), kept between runs; keyed by torch + Python
