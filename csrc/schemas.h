@@ -24,8 +24,6 @@ constexpr const char* kDanBackwardSchema =
     " Tensor mean, Tensor rstd, Tensor seed, float p, bool rms, bool has_residual)"
     " -> (Tensor grad_x, Tensor grad_residual, Tensor grad_weight, Tensor grad_bias)";
 
-  m.def(kBiasActSchema);
-  m.def(kBiasActBackwardSchema);
 // Library: anything with def(const char* schema), e.g. the stable ABI's StableLibrary.
 template <class Library>
 void define_schemas(Library& m) {
@@ -35,6 +33,8 @@ void define_schemas(Library& m) {
   m.def(kBiasReluBackwardSchema);
   m.def(kDanForwardSchema);
   m.def(kDanBackwardSchema);
+  m.def(kBiasActSchema);
+  m.def(kBiasActBackwardSchema);
 }
 
 }  // namespace gpuopt
