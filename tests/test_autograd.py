@@ -113,3 +113,36 @@ def test_same_inputs_same_bits_including_the_column_sums(backend):
     for a, c in zip(r1, r2):
         assert torch.equal(a, c)
     assert not torch.equal(r1[0], run(12)[0])
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_bias_act_autograd(backend):
+    """gradcheck in fp64 for every activation (relu away from its kink), opcheck of the op pair, what autograd
+    saves (relu: the output; the others: x and the bias), the AMP cast of grad_bias to an fp32 bias, and the
+    public function's names."""
+    dev = backend.device
+    op, op_bwd = backend.op("bias_act"), backend.op("bias_act_backward")
+    g = torch.Generator().manual_seed(3)
+    for act in (0, 1, 2, 3):
+        x = (torch.randn(3, 5, generator=g, dtype=torch.float64) * 2).to(dev).requires_grad_()
+        b = torch.randn(5, generator=g, dtype=torch.float64).to(dev).requires_grad_()
+        assert torch.autograd.gradcheck(lambda x, b, act=act: op(x, b, act), (x, b), eps=1e-6, atol=1e-6)
+        # autograd equals the backward op called on what the contract says is saved
+        out = op(x, b, act)
+        go = torch.randn_like(out)
+        gx, gb = torch.autograd.grad(out, (x, b), go)
+        ex, eb = op_bwd(go, (out if act == 0 else x).detach(), b.detach(), act)
+        assert torch.equal(gx, ex) and torch.equal(gb, eb)
+        torch.library.opcheck(op, (x, b, act))
+    # AMP: bf16 x, fp32 bias: grad_bias arrives in the bias's dtype, summed in fp32
+    xh = torch.randn(4, 8, generator=g).to(torch.bfloat16).to(dev).requires_grad_()
+    bh = torch.randn(8, generator=g).to(dev).requires_grad_()
+    out = gpuopt_ops.bias_act(xh, bh, act="silu", backend=backend.api)
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and xh.grad.dtype == torch.bfloat16 and bh.grad.dtype == torch.float32
+    ex, eb = op_bwd(torch.ones_like(out), xh.detach(), bh.detach(), 3)
+    assert torch.equal(bh.grad, eb)
+    with pytest.raises(RuntimeError, match="double backward"):
+        y = op(x, b, 1)
+        gx, _ = torch.autograd.grad(y.sum(), (x, b), create_graph=True)
+        gx.sum().backward()

@@ -187,6 +187,14 @@ KNOWN_SHORT: dict[tuple, str] = {
     ("cuda", "bias_relu", "backward", "fp32", 12288): (
         "48 column tiles x 5 row blocks = 240 blocks on 264 slots (98 registers: 2 blocks a SM)"
     ),
+    # bias_act's backward (acts 1-3) on the same tiled kernel: its fp32 rows keep the same grid (estimate 0.877,
+    # above the 0.82 floor, but a wave efficiency of 0.906)
+    **{
+        ("cuda", op, "backward", "fp32", 12288): (
+            "48 column tiles x 5 row blocks = 240 blocks on 264 slots (more than 85 registers: 2 blocks a SM)"
+        )
+        for op in ("bias_act_gelu", "bias_act_gelu_tanh", "bias_act_silu")
+    },
 }
 
 
@@ -207,7 +215,7 @@ def test_model_covers_every_case(model):
     want = {
         (b, op, d, dt, n)
         for b in ("cuda", "triton")
-        for op in ("layer_norm_dropout_relu", "bias_relu")
+        for op in ("layer_norm_dropout_relu", "bias_relu", "bias_act_gelu", "bias_act_gelu_tanh", "bias_act_silu")
         for d in ("forward", "backward")
         for dt in ("bf16", "fp16", "fp32")
         for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)
@@ -221,7 +229,8 @@ def test_model_covers_every_case(model):
 # ids other than the bare backend names: conftest skips any test keyed `cuda` on a machine without a GPU
 @pytest.mark.parametrize("backend", ["cuda", "triton"], ids=["cuda-kernels", "triton-kernels"])
 def test_gate(model, backend):
-    """Every row: the floor (LayerNorm-dropout-ReLU forward 0.88, backward 0.82; bias-ReLU 0.88), no partial
+    """Every row: the floor (LayerNorm-dropout-ReLU forward 0.88, backward 0.82; bias-ReLU 0.88; bias_act with
+    gelu, gelu_tanh, silu forward 0.88, backward 0.82), no partial
     second wave (wave efficiency >= 0.95), instructions per element <= 0.85 x the issue budget, bytes in flight >=
     what the floor needs; except the rows of KNOWN_SHORT, which must still miss (or leave the list)."""
     failing = _failing(model, backend)

@@ -69,12 +69,18 @@ def test_cuda_mirror_matches_the_launcher(emu, dtype, m, n):
     brf = recorded(emu)
     emu.bias_relu_backward(torch.randn(m, n).to(dt), y)
     brb = recorded(emu)
+    emu.bias_act(x, b, 1)
+    baf = recorded(emu)
+    emu.bias_act_backward(torch.randn(m, n).to(dt), x, b, 1)
+    bab = recorded(emu)
     occ = EmulatedOccupancy()
     mirror = {(op, d): G.cuda_launches(occ, op, d, dtype, n, sms=SMS, m=m) for op in G.OPS for d in G.DIRECTIONS}
     assert mirror[("layer_norm_dropout_relu", "forward")] == fwd
     assert mirror[("layer_norm_dropout_relu", "backward")] == bwd
     assert mirror[("bias_relu", "forward")] == brf
     assert mirror[("bias_relu", "backward")] == brb
+    assert mirror[("bias_act_gelu", "forward")] == baf
+    assert mirror[("bias_act_gelu", "backward")] == bab
 
 
 def test_mirror_constants_match_the_kernels():

@@ -64,7 +64,8 @@ def gate():
 def test_table_covers_every_op_dtype_and_n(gate):
     rows = gate[0]["rows"]
     seen = {(r["op"], r["dtype"], r["n"]) for r in rows}
-    for op in ("ldr_fwd", "ldr_bwd", "bias_relu_fwd", "bias_relu_bwd"):
+    ops = ("ldr_fwd", "ldr_bwd", "bias_relu_fwd", "bias_relu_bwd")
+    for op in ops + tuple(f"bias_act{act}_{d}" for act in (1, 2, 3) for d in ("fwd", "bwd")):
         for dtype in ("fp16", "bf16", "fp32"):
             for n in (768, 1024, 2048, 4096, 8192, 16384):
                 assert (op, dtype, n) in seen, (op, dtype, n)

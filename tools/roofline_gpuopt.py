@@ -391,7 +391,12 @@ _TRITON_OP = {
     ("layer_norm_dropout_relu", "backward"): "ldr_bwd",
     ("bias_relu", "forward"): "bias_relu_fwd",
     ("bias_relu", "backward"): "bias_relu_bwd",
-    **{(op, d): f"bias_act{code}_{d[:3]}" for op, code in ACT_CODE.items() if code for d in ("forward", "backward")},
+    **{
+        (op, d): f"bias_act{code}_{short}"
+        for op, code in ACT_CODE.items()
+        if code
+        for d, short in (("forward", "fwd"), ("backward", "bwd"))
+    },
 }
 
 

@@ -6,7 +6,8 @@ the constexpr ACT (csrc/fused_math.h's codes: 0 relu, 1 gelu, 2 gelu_tanh, 3 sil
 in fp32 (fp64 for fp64 x): z = x + b; relu: out = (z <= 0) ? 0 : z, so a NaN propagates as in torch.relu, and
 grad_x = grad_out * [out > 0] from the saved output; the others recompute z from the saved x and bias:
 gelu = z * (0.5 + 0.5 erf(z / sqrt 2)), gelu_tanh = z * sigmoid(2u) (= 0.5 z (1 + tanh u)), silu =
-z * sigmoid(z), sigmoid(v) = 1 / (1 + exp(-v)) (fp32: the hardware exponential and division, within a few ulp),
+z * sigmoid(z), sigmoid(v) = 1 / (1 + exp(-v)) (fp32: the hardware's 2^x and division, within a few ulp; the
+normal cdf from fused_math.h's fitted erfc form, one exponential shared with the pdf),
 grad_x = grad_out * act'(z). grad_bias = sum over rows of grad_x, returned in the accumulation dtype (fp32, fp64
 for fp64): AMP's fp32 bias gets the unrounded sum.
 
@@ -56,14 +57,36 @@ def _const(value, IS_FP64: tl.constexpr):
 
 
 @triton.jit
-def _sigmoid(v):
-    return 1.0 / (1.0 + tl.exp(-v))
+def _sigmoid(v, IS_FP64: tl.constexpr):
+    """1 / (1 + exp(-v)); fp32 through the hardware's 2^x (tl.exp2)."""
+    if IS_FP64:
+        r = 1.0 / (1.0 + tl.exp(-v))
+    else:
+        r = 1.0 / (1.0 + tl.exp2(v * -1.4426950408889634))
+    return r
 
 
 @triton.jit
-def _phi(z, IS_FP64: tl.constexpr):
-    """The normal CDF, 0.5 + 0.5 erf(z / sqrt 2)."""
-    return 0.5 + 0.5 * tl.math.erf(z * _const(0.70710678118654752440, IS_FP64))
+def _normal(z, IS_FP64: tl.constexpr):
+    """(cdf, pdf) of the standard normal distribution at z: csrc/fused_math.h's act_normal. fp64: erf and exp;
+    fp32: erfc(a) = t exp(-a^2) Q(t), a = |z| / sqrt 2, t = 1 / (1 + 0.3895 a) (the fitted Q of fused_math.h),
+    the exponential shared with the pdf."""
+    if IS_FP64:
+        cdf = 0.5 + 0.5 * tl.math.erf(z * _const(0.70710678118654752440, IS_FP64))
+        pdf = _const(0.39894228040143267794, IS_FP64) * tl.exp(-0.5 * z * z)
+    else:
+        w = tl.abs(z) * 0.84932180028801907  # a sqrt(log2 e): exp(-a^2) = 2^(-w^2)
+        t = 1.0 / (1.0 + w * 0.32428002104592329)
+        e = tl.exp2(-(w * w))
+        q = -1.144559701e-01 * t + 4.480553714e-01
+        q = q * t - 3.249990437e-01
+        q = q * t + 3.299435548e-01
+        q = q * t + 4.366446383e-02
+        q = q * t + 1.177916199e-01
+        half_erfc = q * t * e
+        cdf = tl.where(z < 0.0, half_erfc, 1.0 - half_erfc)
+        pdf = 0.39894228040143267794 * e
+    return cdf, pdf
 
 
 @triton.jit
@@ -77,11 +100,12 @@ def act_forward(z, ACT: tl.constexpr, IS_FP64: tl.constexpr):
     if ACT == 0:
         r = tl.where(z <= 0.0, 0.0, z)
     elif ACT == 1:
-        r = z * _phi(z, IS_FP64)
+        cdf, _ = _normal(z, IS_FP64)
+        r = z * cdf
     elif ACT == 2:
-        r = z * _sigmoid(_gelu_tanh_arg(z, IS_FP64))
+        r = z * _sigmoid(_gelu_tanh_arg(z, IS_FP64), IS_FP64)
     else:
-        r = z * _sigmoid(z)
+        r = z * _sigmoid(z, IS_FP64)
     return r
 
 
@@ -89,14 +113,14 @@ def act_forward(z, ACT: tl.constexpr, IS_FP64: tl.constexpr):
 def act_derivative(z, ACT: tl.constexpr, IS_FP64: tl.constexpr):
     """act'(z) for ACT 1-3 (relu's backward reads the output's mask)."""
     if ACT == 1:
-        pdf = _const(0.39894228040143267794, IS_FP64) * tl.exp(-0.5 * z * z)
-        r = _phi(z, IS_FP64) + z * pdf
+        cdf, pdf = _normal(z, IS_FP64)
+        r = cdf + z * pdf
     elif ACT == 2:
-        s = _sigmoid(_gelu_tanh_arg(z, IS_FP64))
+        s = _sigmoid(_gelu_tanh_arg(z, IS_FP64), IS_FP64)
         du = _const(1.5957691216057307118, IS_FP64) * (1.0 + _const(0.134145, IS_FP64) * z * z)
         r = s + z * s * (1.0 - s) * du
     else:
-        s = _sigmoid(z)
+        s = _sigmoid(z, IS_FP64)
         r = s * (1.0 + z * (1.0 - s))
     return r
 
