@@ -466,7 +466,8 @@ def test_cuda_unaligned_views_take_the_scalar_path_and_agree(n):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m,n", [(1000, 512), (5000, 3), (70, 4099)])  # many short rows, N % 8 != 0, long rows
 def test_cpu_results_do_not_depend_on_the_thread_count(dtype, m, n):
-    """The CPU backend splits rows into blocks by M alone: 1, 2 or 3 threads give the same bits, column sums too."""
+    """The CPU backend splits rows into blocks by M alone: 1, 2 or 3 threads give the same bits, column sums too
+    (dropout_add_norm: residual go, grad_sum x, both norms)."""
     ops = CPU.op
     g = torch.Generator().manual_seed(m + n)
     x, w, b, go = (torch.randn(*s, generator=g).to(dtype) for s in ((m, n), (n,), (n,), (m, n)))
@@ -479,7 +480,10 @@ def test_cpu_results_do_not_depend_on_the_thread_count(dtype, m, n):
             out, mean, rstd = ops("layer_norm_dropout_relu")(x, w, b, seed, 0.2, EPS)
             grads = ops("layer_norm_dropout_relu_backward")(go, x, w, b, mean, rstd, seed, 0.2)
             bo = ops("bias_relu")(x, b)
-            results.append([out, mean, rstd, *grads, bo, *ops("bias_relu_backward")(go, bo)])
+            rms = n % 2 == 1  # RMSNorm for the odd rows, LayerNorm for N = 512
+            dan = ops("dropout_add_norm")(x, go, w, b, seed, 0.2, EPS, rms, False)
+            dan_grads = ops("dropout_add_norm_backward")(go, x, dan[1], w, b, *dan[2:], seed, 0.2, rms, True)
+            results.append([out, mean, rstd, *grads, bo, *ops("bias_relu_backward")(go, bo), *dan, *dan_grads])
     finally:
         torch.set_num_threads(before)
     for other in results[1:]:
