@@ -175,10 +175,13 @@ def register_dropout_add_norm_autograd(forward_op, backward_op) -> None:
         s, weight, bias, mean, rstd, seed = ctx.saved_tensors
         if grad_out is None:
             grad_out = torch.zeros_like(s, dtype=ctx.x_dtype)
+        need_x, need_r, need_w, need_b = ctx.needs_input_grad[:4]
+        # grad_x and grad_residual are separate tensors even where they hold the same values (p = 0, S = x's
+        # dtype): one tensor given to two leaves makes autograd copy it for the second .grad, which costs more
+        # than the op writing both.
         grad_x, grad_res, grad_w, grad_b = backward_op(
             grad_out, grad_sum, s, weight, bias, mean, rstd, seed, ctx.p, ctx.rms, ctx.has_residual
         )
-        need_x, need_r, need_w, need_b = ctx.needs_input_grad[:4]
         return (
             grad_x if need_x else None,
             grad_res if ctx.has_residual and need_r else None,

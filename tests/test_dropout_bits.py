@@ -16,7 +16,7 @@ import torch
 import gpuopt_ops
 from gpuopt_ops import reference as R
 
-from backends import BY_NAME, backend_params
+from backends import BY_NAME, DEFAULT, backend_params, require_op
 from helpers import seed_tensor
 
 CPU = BY_NAME["cpu"]
@@ -191,6 +191,31 @@ def test_triton_keep_mask_3d_and_looped(triton_looped, backend):
     x = torch.randn(2, 3, 40)
     seed = 2**33 + 17
     assert torch.equal(keep_bits(backend, x, seed, 0.4), reference_bits(seed, 6, 40, 0.4))
+
+
+@pytest.mark.parametrize("backend", backend_params(*DEFAULT, "cuda-emulated"))
+@pytest.mark.parametrize("m,n", [(3, 7), (5, 37), (16, 123), (6, 40), (2, 1000)])
+def test_dropout_add_norm_mask_is_layer_norm_dropout_relus(backend, m, n):
+    """dropout_add_norm keeps the element of linear index idx exactly when layer_norm_dropout_relu does at the same
+    seed (one Philox definition), forward (read from `sum` with no residual: x * scale where kept, 0 where dropped)
+    and backward (grad_out 0, grad_sum 1: grad_x = scale where kept), as integers."""
+    require_op(backend, "dropout_add_norm")
+    dev = backend.device
+    dan, dan_bwd = backend.op("dropout_add_norm"), backend.op("dropout_add_norm_backward")
+    for seed in (0, -5, 2**40 + 3):
+        for p in (0.1, 0.6):
+            x = torch.randn(m, n) + 10  # never 0: a zero in `sum` means dropped
+            s_ = seed_tensor(seed, dev)
+            _, s, mean, rstd = dan(x.to(dev), None, None, None, s_, p, EPS, False, False)
+            fwd = (s.cpu() != 0).to(torch.int32)
+            g0, g1 = torch.zeros(m, n, device=dev), torch.ones(m, n, device=dev)
+            gx = dan_bwd(g0, g1, s, None, None, mean, rstd, s_, p, False, False)[0]
+            bwd = (gx.cpu() != 0).to(torch.int32)
+            ldr = keep_bits(CPU, x, seed, p)
+            assert torch.equal(fwd, ldr) and torch.equal(bwd, ldr), (seed, p)
+            assert torch.equal(ldr, reference_bits(seed, m, n, p))
+            kept = gx[gx != 0].cpu()
+            assert torch.equal(kept, torch.full_like(kept, R.dropout_scale(p)))
 
 
 # ---------------------------------------------------------------------------------------------- at GPU scale
