@@ -199,10 +199,20 @@ GPUOPT_DEV auto grad_residual_of(const Params& p) {
   }
 }
 
-// dropout_add_norm's dropout of one element: the kept value times the scale, or an exact 0 (a select).
+// dropout_add_norm's dropout of one element: the kept value times the scale, or an exact 0 (a select). The
+// product is rounded on its own, never contracted with the residual's add into an FMA, so the stored sum has the
+// CPU backend's bits.
 template <typename A>
 GPUOPT_DEV A dan_dropout(A v, bool keep, A scale) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(A) == 4) {
+    return keep ? __fmul_rn(v, scale) : A(0);
+  } else {
+    return keep ? __dmul_rn(v, scale) : A(0);
+  }
+#else
   return keep ? v * scale : A(0);
+#endif
 }
 
 // ------------------------------------------------------------------------------------------------ forward, rows
@@ -517,11 +527,14 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
   const RowConsts<A> rc(p);
   // fp64 (gradcheck's dtype) neither holds the parameters nor loads them with the row: its registers hold the
   // row's xhat, dxhat and dgamma / dbeta at twice the size, so each group loads its own after the row's loads.
-  constexpr bool kHold = sizeof(A) == 4 && hold_params<kVec, kWarpRow, P, VPT>();
+  // DanKind with an fp32 sum: its block rows' registers hold the fp32 sum and grad_sum groups instead
+  constexpr bool kHold =
+      sizeof(A) == 4 && hold_params<kVec, kWarpRow, P, VPT>() && (kWarpRow || !K::kDropPre || sizeof(U) == 2);
   constexpr bool kBatchParams = !kHold && sizeof(A) == 4;  // reloaded parameters come with the row's loads
   constexpr int kBatched = kBatchParams ? VPT : 1;
   using R = param_reg_t<A, P, kWarpRow>;
-  const GroupDropout<kWarpRow || (kHold && sizeof(S) == 2 && sizeof(U) == 2)> drop(rc.seed, p.threshold);
+  // (DanKind needs the keep bits only after the row sum: no key schedule held through the row's math)
+  const GroupDropout<kWarpRow || (!K::kDropPre && kHold && sizeof(S) == 2)> drop(rc.seed, p.threshold);
   const int64_t N = rc.N;
   const int groups = static_cast<int>(rc.groups);  // rows path: N <= 8192
   [[maybe_unused]] const bool has_gs = K::kDropPre && grad_sum_of<K>(p) != nullptr;
@@ -549,7 +562,8 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
     const A mu = rms ? A(0) : p.mean[row], rs = p.rstd[row];
     Group<U> xs[VPT];
     Group<S> gs[VPT];
-    A wl[kBatched][kGroup], bl[kBatched][kGroup];  // reloaded parameters (kBatchParams)
+    [[maybe_unused]] Group<U> gsum[K::kDropPre ? VPT : 1];  // DanKind: grad_sum
+    A wl[kBatched][kGroup], bl[kBatched][kGroup];           // reloaded parameters (kBatchParams)
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {  // every load of the row first, unconditionally: an absent last group
       int g = tx + k * T;            // loads the row's first group instead, and is not used
@@ -559,6 +573,9 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
         const int valid = kVec ? kGroup : group_size(N, c0);
         load_raw_group(p.x + base + c0, valid, kVec, xs[k]);
         load_raw_group(p.grad_out + base + c0, valid, kVec, gs[k]);
+        if constexpr (K::kDropPre) {
+          if (has_gs) load_raw_group(grad_sum_of<K>(p) + base + c0, valid, kVec, gsum[K::kDropPre ? k : 0]);
+        }
         if (kBatchParams) {
           load_param_group(p.weight, c0, valid, kVec, A(1), wl[kBatchParams ? k : 0]);
           load_param_group(bias, c0, valid, kVec, A(0), bl[kBatchParams ? k : 0]);
@@ -601,6 +618,12 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
           db[k][j] += dy;
           c1 += dxhat[k][j] * xhat[k][j];
           c2 += dxhat[k][j];
+          if constexpr (K::kDropPre) {
+            // dS = rs * dxhat + grad_sum - rs * (xhat * c1 + c2): the first two terms now, so grad_sum is read
+            // with the row's other loads (one wait a row) and is not held across the row sum
+            dxhat[k][j] *= rs;
+            if (has_gs) dxhat[k][j] += static_cast<A>(to_acc(gsum[K::kDropPre ? k : 0].v[j]));
+          }
         }
       }
     }
@@ -621,41 +644,24 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
         }
       }
     } else {
-      // the grad_sum groups are loaded kBatch at a time, each batch's loads together: all of the row's with a
-      // 16-bit sum, two at a time with an fp32 one (whose VPT groups would not fit next to xhat and dxhat)
-      constexpr int kBatch = sizeof(U) == 2 || VPT < 4 ? VPT : 2;
 #pragma unroll
-      for (int k0 = 0; k0 < VPT; k0 += kBatch) {
-        Group<U> gsum[kBatch];
-        if (has_gs) {
+      for (int k = 0; k < VPT; ++k) {
+        const int g = tx + k * T;
+        if (has(k, g)) {
+          const int c0 = g * kGroup;
+          const int valid = kVec ? kGroup : group_size(N, c0);
+          bool keep[kGroup];
+          group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
+          A ds[kGroup], o[kGroup];
 #pragma unroll
-          for (int i = 0; i < kBatch; ++i) {
-            const int k = k0 + i;
-            int g = tx + k * T;
-            g = k < VPT && has(k, g) ? g : 0;  // an absent group loads the row's first group, unused
-            load_raw_group(grad_sum_of<K>(p) + base + g * kGroup, kVec ? kGroup : group_size(N, g * kGroup), kVec,
-                           gsum[i]);
+          for (int j = 0; j < kGroup; ++j) {
+            // a block row takes xhat again from the sum's raw group (16-bit: half the registers of holding it)
+            const A xh = kWarpRow ? xhat[k][j] : (j < valid ? (static_cast<A>(to_acc(xs[k].v[j])) - mu) * rs : A(0));
+            ds[j] = dxhat[k][j] - rs * (xh * c1 + c2);
+            o[j] = dan_dropout<A>(ds[j], keep[j], p.scale);
           }
-        }
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          const int k = k0 + i;
-          const int g = tx + k * T;
-          if (k < VPT && has(k, g)) {
-            const int c0 = g * kGroup;
-            const int valid = kVec ? kGroup : group_size(N, c0);
-            bool keep[kGroup];
-            group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
-            A ds[kGroup], o[kGroup];
-#pragma unroll
-            for (int j = 0; j < kGroup; ++j) {
-              ds[j] = rs * (dxhat[k][j] - xhat[k][j] * c1 - c2);
-              if (has_gs) ds[j] += static_cast<A>(to_acc(gsum[i].v[j]));
-              o[j] = dan_dropout<A>(ds[j], keep[j], p.scale);
-            }
-            if (grad_residual_of<K>(p) != nullptr) store_group(grad_residual_of<K>(p) + base + c0, valid, kVec, ds);
-            store_group(gxr + c0, valid, kVec, o);
-          }
+          if (grad_residual_of<K>(p) != nullptr) store_group(grad_residual_of<K>(p) + base + c0, valid, kVec, ds);
+          store_group(gxr + c0, valid, kVec, o);
         }
       }
     }

@@ -1,4 +1,4 @@
-// The four gpuopt ops, with their real schemas under the namespace gpuopt_emu, running the CUDA backend's own
+// The gpuopt ops of the CUDA backend, with their real schemas under the namespace gpuopt_emu, running the CUDA backend's own
 // glue (csrc/cuda/ops_glue.h), launch sequence (launch.cuh) and kernel headers on the CPU under the
 // emulation of the CUDA execution model. Outputs and scratch start poisoned (0xFF: NaN), and the guards of every
 // buffer are checked after every launch. Built only by the emulator tests.
@@ -124,6 +124,8 @@ STABLE_TORCH_LIBRARY_IMPL(gpuopt_emu, CPU, m) {
   m.impl("layer_norm_dropout_relu_backward", TORCH_BOX(&gpuopt::ldr_backward_op<gpuopt::EmuBackend>));
   m.impl("bias_relu", TORCH_BOX(&gpuopt::bias_relu_op<gpuopt::EmuBackend>));
   m.impl("bias_relu_backward", TORCH_BOX(&gpuopt::bias_relu_backward_op<gpuopt::EmuBackend>));
+  m.impl("dropout_add_norm", TORCH_BOX(&gpuopt::dan_forward_op<gpuopt::EmuBackend>));
+  m.impl("dropout_add_norm_backward", TORCH_BOX(&gpuopt::dan_backward_op<gpuopt::EmuBackend>));
 }
 
 // Ops without tensor arguments dispatch to CompositeExplicitAutograd (no dispatch key comes from their inputs).
