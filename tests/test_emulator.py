@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import gpuopt_ops  # noqa: F401
+from gpuopt_ops import reference as R
 
 from helpers import (
     FLOORS,
@@ -34,7 +35,10 @@ from helpers import (
     load_emulated_ops,
     seed_tensor,
 )
-from op_table import BIAS_ACT, check_against_reference
+from op_table import DTYPES as OP_TABLE_DTYPES
+from op_table import OPS as OP_TABLE
+from op_table import SHAPES as OP_TABLE_SHAPES
+from op_table import check_against_reference
 
 pytestmark = pytest.mark.cuda_emulated
 
@@ -126,14 +130,8 @@ def check_ldr(ops, m, n, dtype, params, p, *, x_unaligned=False, params_unaligne
 
 
 def test_schemas_are_the_real_ones(emu):
-    for name in [
-        "layer_norm_dropout_relu",
-        "layer_norm_dropout_relu_backward",
-        "bias_relu",
-        "bias_relu_backward",
-        "bias_act",
-        "bias_act_backward",
-    ]:
+    names = ["layer_norm_dropout_relu", "bias_relu", "bias_act", "dropout_add_norm"]
+    for name in names + [f"{n}_backward" for n in names]:
         real = str(getattr(cpu, name).default._schema).replace("gpuopt::", "")
         ours = str(getattr(emu, name).default._schema).replace("gpuopt_emu::", "")
         assert ours == real
@@ -322,6 +320,149 @@ def test_ldr_empty_rows(emu):
     assert out.shape == (0, 64) and mean.shape == (0,) and torch.equal(gw, torch.zeros(64))
 
 
+# ------------------------------------------------------------------------------------------- dropout_add_norm
+def run_dan(ops, x, r, w, b, seed, p, rms, r32, g, gs):
+    out, sm, mean, rstd = ops.dropout_add_norm(x, r, w, b, seed, p, 1e-5, rms, r32)
+    gx, gr, gw, gb = ops.dropout_add_norm_backward(g, gs, sm, w, b, mean, rstd, seed, p, rms, r is not None)
+    return dict(out=out, sum=sm, mean=mean, rstd=rstd, grad_x=gx, grad_residual=gr, grad_weight=gw, grad_bias=gb)
+
+
+def dan_reference_and_grads(x, r, w, b, seed, p, rms, r32, g, gs, dtype):
+    """(out, [grad_x, grad_residual, grad_weight, grad_bias]) of the unfused reference computed in `dtype`."""
+    leaves = [t.detach().clone().requires_grad_(True) if t is not None else None for t in (x, r, w, b)]
+    out, stored, _, _ = R.dropout_add_norm(*leaves, seed, p, 1e-5, rms, r32, compute_dtype=dtype)
+    outs, grads = [out], [g.to(dtype)]
+    if gs is not None:
+        outs.append(stored)
+        grads.append(gs.to(stored.dtype))
+    torch.autograd.backward(outs, grads)
+    return out.detach(), [t.grad if t is not None else None for t in leaves]
+
+
+def check_dan(ops, m, n, dtype, *, rms=False, r32=False, params="x", p=0.3, residual=True, grad_sum=True,
+              unaligned_rows=False):  # fmt: skip
+    """The emulated CUDA op against the CPU op (the sum, hence the dropout mask and the add, bit for bit; grad_x
+    exactly 0 where dropped) and against the fp64 reference (every output and gradient)."""
+    x, w, b = inputs(m, n, dtype, params, seed=n % 89)
+    sdt = torch.float32 if r32 and dtype in (torch.float16, torch.bfloat16) else dtype
+    gen = torch.Generator().manual_seed(11)
+    r = torch.randn(m, n, generator=gen, dtype=torch.float64).to(sdt) if residual else None
+    g = torch.randn(m, n, generator=gen, dtype=torch.float64).to(dtype)
+    gs = torch.randn(m, n, generator=gen, dtype=torch.float64).to(sdt) if grad_sum else None
+    if unaligned_rows:
+        x, g = unaligned(x), unaligned(g)
+        r = unaligned(r) if r is not None else None
+    s = seed_tensor(1234)
+    ours = run_dan(ops, x, r, w, b, s, p, rms, r32, g, gs)
+    theirs = run_dan(cpu, x, r, w, b, s, p, rms, r32, g, gs)
+    for name, t in ours.items():
+        assert not t.isnan().any(), f"{name} has NaN: a poisoned (never written) element or an out-of-bounds read"
+        assert t.dtype == theirs[name].dtype and t.shape == theirs[name].shape, name
+    assert ours["sum"].dtype == sdt and torch.equal(ours["sum"], theirs["sum"]), "sum differs from the CPU op's"
+    keep = R.dropout_keep_mask(1234, m, n, p)
+    assert torch.equal(ours["grad_x"][~keep], torch.zeros_like(ours["grad_x"][~keep])), "grad_x where dropped"
+    assert ours["mean"].numel() == (0 if rms else m)
+    torch.testing.assert_close(ours["rstd"], theirs["rstd"], rtol=1e-5, atol=0)
+    if not rms:
+        torch.testing.assert_close(ours["mean"], theirs["mean"], rtol=1e-5, atol=1e-6)
+    ref, (rgx, rgr, rgw, rgb) = dan_reference_and_grads(x, r, w, b, s, p, rms, r32, g, gs, torch.float64)
+    low, (lgx, lgr, lgw, lgb) = dan_reference_and_grads(x, r, w, b, s, p, rms, r32, g, gs, dtype)
+    fl = FLOORS[dtype]
+    assert_close_to_reference("out", ours["out"], ref, low, fl)
+    assert_close_to_reference("grad_x", ours["grad_x"], rgx, lgx, fl)
+    if r is not None:
+        assert_close_to_reference("grad_residual", ours["grad_residual"], rgr, lgr, fl)
+    else:
+        assert ours["grad_residual"].numel() == 0
+    for name, t, rg, lg in (("grad_weight", w, rgw, lgw), ("grad_bias", b, rgb, lgb)):
+        if t is None:
+            assert ours[name].numel() == 0
+            continue
+        floor = 1e-2 if t.dtype != dtype else fl * m
+        assert_close_to_reference(name, ours[name], rg, lg, floor)
+    return ours
+
+
+# Paths (the LayerNorm-dropout-ReLU plans at the element size of the wider of x and the sum; rows kernels on the
+# 16-byte path of fp16 / bf16 / fp32 only):
+#   33     looped both ways (the scalar path: N % 8 != 0)
+#   768    forward warp rows (3 groups a lane); backward a block a row (one warp, 3 groups)
+#   1000   forward warp rows (4th group on lanes 0..28 only); backward a block a row
+#   4104   a block a row both ways, the last warp part-filled
+#   8200   forward a block a row; backward looped (row stats + tiled)
+#   16392  looped both ways, a tail of groups
+# fp64 takes the looped kernels at every N. Each with LayerNorm and RMSNorm, and for 16-bit x the sum in x's dtype
+# and in fp32 (residual_in_fp32); fp16 repeats bf16's launches and runs at two points.
+def _dan_params():
+    for n in (33, 768, 1000, 4104, 8200, 16392):
+        for dtype in DTYPES:
+            if dtype == torch.float64 and n > 768 or dtype == torch.float16 and n not in (768, 4104):
+                continue
+            for rms in (False, True):
+                for r32 in (False, True) if dtype in (torch.float16, torch.bfloat16) else (False,):
+                    norm = "rms" if rms else "ln"
+                    yield pytest.param(n, dtype, rms, r32, id=f"{n}-{str(dtype)[6:]}-{norm}" + ("-r32" if r32 else ""))
+
+
+@pytest.mark.parametrize("n,dtype,rms,r32", list(_dan_params()))
+def test_dan_paths_dtypes(small_device, n, dtype, rms, r32):
+    check_dan(small_device, 3 if n > 8192 else 5, n, dtype, rms=rms, r32=r32)
+
+
+# The launch's switches: p = 0 (no RNG) and p = 1 (every x dropped); no residual, no grad_sum; parameters none
+# or fp32 (AMP); on the rows kernels (768) and the looped ones (33).
+@pytest.mark.parametrize("n", [33, 768])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(p=0.0, residual=False, grad_sum=False, params="none"),
+        dict(p=1.0, params="fp32"),
+        dict(p=0.3, residual=False, params="fp32", rms=True),
+        dict(p=0.3, grad_sum=False, r32=True),
+    ],
+    ids=["p0-alone", "p1-fp32-params", "no-residual-rms", "no-grad-sum-r32"],
+)
+def test_dan_switches(small_device, n, opts):
+    ours = check_dan(small_device, 5, n, torch.bfloat16, **opts)
+    if opts["p"] == 0.0 and not opts.get("residual", True):
+        x = inputs(5, n, torch.bfloat16, "none", seed=n % 89)[0]
+        assert torch.equal(ours["sum"], x), "p = 0 without a residual: sum is x bit for bit"
+    if opts["p"] == 1.0:
+        assert torch.equal(ours["grad_x"], torch.zeros_like(ours["grad_x"]))
+
+
+@pytest.mark.parametrize("n,dtype", [(768, torch.float32), (8200, torch.bfloat16)])
+def test_dan_unaligned_rows(small_device, n, dtype):
+    """x, grad_out and the residual one element past a 16-byte boundary: the looped kernels' scalar path."""
+    check_dan(small_device, 3, n, dtype, r32=dtype == torch.bfloat16, unaligned_rows=True)
+
+
+def test_dan_paths_taken(small_device):
+    def kernels(n, dtype=torch.bfloat16, r32=False):
+        small_device.take_launches()
+        check_dan(small_device, 4, n, dtype, r32=r32)
+        return [k.split(" ")[0] + " " + k.split("block=")[1] for k in small_device.take_launches()]
+
+    assert kernels(768)[:2] == ["dan_forward_rows_kernel (32,4,1)", "dan_backward_rows_kernel (32,1,1)"]
+    assert kernels(8192)[:2] == ["dan_forward_rows_kernel (256,1,1)", "dan_backward_rows_kernel (256,1,1)"]
+    # residual_in_fp32: the plans of fp32 rows (2 groups a thread forward)
+    assert kernels(8192, r32=True)[:2] == ["dan_forward_rows_kernel (512,1,1)", "dan_backward_rows_kernel (256,1,1)"]
+    assert kernels(8200)[1:3] == ["dan_backward_row_stats_kernel (512,1,1)", "dan_backward_tiled_kernel (32,8,1)"]
+    looped = ["dan_forward_looped_kernel (512,1,1)", "dan_backward_row_stats_kernel (512,1,1)"]
+    assert kernels(768, torch.float64)[:2] == looped
+
+
+def test_dan_deterministic_and_block_order_independent(small_device, monkeypatch):
+    x, w, b = inputs(50, 1000, torch.bfloat16, "fp32")
+    r, g, gs = (torch.randn(50, 1000).to(torch.bfloat16) for _ in range(3))
+    s = seed_tensor(9)
+    a = run_dan(small_device, x, r, w, b, s, 0.3, False, False, g, gs)
+    monkeypatch.setenv("GPUOPT_EMU_BLOCK_ORDER", "reverse")
+    c = run_dan(small_device, x, r, w, b, s, 0.3, False, False, g, gs)
+    for k in a:
+        assert torch.equal(a[k], c[k]), k
+
+
 # ---------------------------------------------------------------------------------------------------- bias_relu
 # fp32, the tiled kernels: TX x TY threads, column tiles of 8 TX columns.
 BIAS_RELU_N = [
@@ -378,11 +519,13 @@ def check_bias_relu(ops, m, n, dtype, bias_dtype, aligned=True):
     assert torch.equal(gb, gb2), "dbias is deterministic"
 
 
-# ---------------------------------------------------------------------------------------------------- bias_act
+# ---------------------------------------------------------------------------------------------- the op table
 class EmulatedBackend:
-    """tests/op_table.py's backend interface on the emulated CUDA ops (torch.ops.gpuopt_emu)."""
+    """The op table's backend interface (tests/backends.py) on the emulated CUDA ops."""
 
-    name, device = "cuda-emulated", "cpu"
+    name = api = "cuda-emulated"
+    device = "cpu"
+    triton = interpreted = False
 
     def __init__(self, ops):
         self.ops = ops
@@ -391,24 +534,20 @@ class EmulatedBackend:
         return getattr(self.ops, name)
 
 
-def _bias_act_variant_dtypes():
-    for variant in BIAS_ACT.variants:
-        for dtype in variant.dtypes or DTYPES:
-            yield pytest.param(variant, dtype, id=f"{variant.name}-{str(dtype)[6:]}")
+def _op_table_params():
+    for op in OP_TABLE:
+        for variant in op.variants:
+            for dtype in variant.dtypes or OP_TABLE_DTYPES:
+                yield pytest.param(op, variant, dtype, id=f"{op.name}-{variant.name}-{str(dtype)[6:]}")
 
 
-# The op table's bias_act entry (every activation, dtype and the AMP fp32 bias) on the CUDA source: 37 columns
-# (TX 8, a partial last group: scalar), 1000 (4 column tiles, the last part-filled: 16-byte vectors) and 8200
-# (33 tiles, the last with one group; one row block).
-@pytest.mark.parametrize("variant,dtype", list(_bias_act_variant_dtypes()))
-@pytest.mark.parametrize("prefix,n", [((5,), 37), ((8,), 1000), ((3,), 8200)], ids=["5x37", "8x1000", "3x8200"])
-def test_bias_act_table(small_device, variant, dtype, prefix, n):
-    sample = BIAS_ACT.sample(prefix, n, dtype, "cpu", **variant.options)
-    ours = check_against_reference(BIAS_ACT, EmulatedBackend(small_device), sample)
-    for name, t in ours.items():
-        assert not t.isnan().any(), f"{name} has NaN: a poisoned (never written) element or an out-of-bounds read"
-    if variant.options["act"] == 0:  # act 0: the CPU op's bits (bias_relu's, element-wise)
-        assert torch.equal(ours["out"], cpu.bias_act(sample.args["x"], sample.args["bias"], 0))
+@pytest.mark.parametrize("op,variant,dtype", list(_op_table_params()))
+def test_op_table_on_the_emulator(small_device, op, variant, dtype):
+    """Every entry, variant and dtype of tests/op_table.py on the CUDA source, at every shape of its SHAPES, against
+    the fp64 reference (the checks tests/test_correctness.py applies to each backend)."""
+    for prefix, n in OP_TABLE_SHAPES:
+        sample = op.sample(prefix, n, dtype, "cpu", **variant.options)
+        check_against_reference(op, EmulatedBackend(small_device), sample)
 
 
 @pytest.mark.parametrize("act", [1, 2, 3])

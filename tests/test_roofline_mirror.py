@@ -74,13 +74,30 @@ def test_cuda_mirror_matches_the_launcher(emu, dtype, m, n):
     emu.bias_act_backward(torch.randn(m, n).to(dt), x, b, 1)
     bab = recorded(emu)
     occ = EmulatedOccupancy()
-    mirror = {(op, d): G.cuda_launches(occ, op, d, dtype, n, sms=SMS, m=m) for op in G.OPS for d in G.DIRECTIONS}
+    mirror = {
+        (op, d): G.cuda_launches(occ, op, d, dtype, n, sms=SMS, m=m)
+        for op in G.OPS
+        if dtype in G.op_dtypes(op)
+        for d in G.DIRECTIONS
+    }
     assert mirror[("layer_norm_dropout_relu", "forward")] == fwd
     assert mirror[("layer_norm_dropout_relu", "backward")] == bwd
     assert mirror[("bias_relu", "forward")] == brf
     assert mirror[("bias_relu", "backward")] == brb
     assert mirror[("bias_act_gelu", "forward")] == baf
     assert mirror[("bias_act_gelu", "backward")] == bab
+    # dropout_add_norm, as the model's rows: a residual, weight (and bias for LayerNorm), grad_sum
+    for op, (rms, res32) in G.DAN_OPS.items():
+        if dtype not in G.op_dtypes(op):
+            continue
+        sdt = torch.float32 if res32 else dt
+        res = torch.randn(m, n).to(sdt)
+        _, s, mean, rstd = emu.dropout_add_norm(x, res, w, None if rms else b, seed, 0.2, 1e-5, rms, res32)
+        assert recorded(emu) == mirror[(op, "forward")], op
+        g = torch.randn(m, n).to(dt)
+        emu.dropout_add_norm_backward(g, torch.randn(m, n).to(sdt), s, w, None if rms else b, mean, rstd, seed, 0.2,
+                                      rms, True)  # fmt: skip
+        assert recorded(emu) == mirror[(op, "backward")], op
 
 
 def test_mirror_constants_match_the_kernels():

@@ -491,6 +491,16 @@ FLOORS = {  # (op, direction) -> the estimate every row must reach
         for act in ("gelu", "gelu_tanh", "silu")
         for d, f in (("forward", 0.88), ("backward", 0.82))
     },
+    **{
+        (op, d): floor
+        for op in (
+            "dropout_add_norm",
+            "dropout_add_rms_norm",
+            "dropout_add_norm_res32",
+            "dropout_add_rms_norm_res32",
+        )
+        for d, floor in (("forward", 0.88), ("backward", 0.82))
+    },
 }
 INSTR_SHARE = 0.85  # instructions per element must stay within this share of the issue budget
 MIN_WAVE_EFFICIENCY = 0.95
@@ -585,14 +595,26 @@ def gpuopt_rows(
         code = G.CudaCode(so_path or CR.find_installed_extension())
     triton_cases = {}
     if "triton" in backends:
-        cases = [(op, d, dt, n) for op in ops for d in G.DIRECTIONS for dt in dtypes for n in ns]
+        cases = [
+            (op, d, dt, n)
+            for op in ops
+            if op in G.TRITON_OPS
+            for d in G.DIRECTIONS
+            for dt in dtypes
+            if dt in G.op_dtypes(op)
+            for n in ns
+        ]
         triton_cases = G.triton_cases(cases, gpu.sms, jobs=jobs)
     for op in ops:
         for direction in G.DIRECTIONS:
             for dtype in dtypes:
+                if dtype not in G.op_dtypes(op):
+                    continue
                 for n in ns:
                     ideal = G.ideal_bytes(op, direction, dtype, n)
                     for backend in backends:
+                        if backend == "triton" and op not in G.TRITON_OPS:
+                            continue
                         if backend == "cuda":
                             launches = G.cuda_launches(code, op, direction, dtype, n, gpu.sms)
                         else:
@@ -718,7 +740,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--backend", default="cuda,triton")
     ap.add_argument("--dtype", default="bf16,fp16,fp32")
     ap.add_argument("--n", default=None, help="comma-separated row lengths (default: 768 ... 16384)")
-    ap.add_argument("--op", default=None, help="layer_norm_dropout_relu and/or bias_relu")
+    ap.add_argument("--op", default=None, help="comma-separated ops of tools.roofline_gpuopt.OPS (default: all)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of markdown")
     ap.add_argument("--summary", action="store_true", help="one line per backend x op x direction x dtype")
     ap.add_argument("--no-calibration", action="store_true")

@@ -19,9 +19,20 @@ from typing import Optional
 from tools import cuda_resources as CR
 from tools.roofline import KernelLaunch, structural_trips
 
-OPS = ("layer_norm_dropout_relu", "bias_relu", "bias_act_gelu", "bias_act_gelu_tanh", "bias_act_silu")
+OPS_BIAS_ACT = ("bias_act_gelu", "bias_act_gelu_tanh", "bias_act_silu")
 # bias_act's rows: acts 1-3 (act 0, relu, is the bias_relu row: the same kernels)
 ACT_CODE = {"bias_relu": 0, "bias_act_gelu": 1, "bias_act_gelu_tanh": 2, "bias_act_silu": 3}
+# dropout_add_norm's rows: (norm, sum dtype) variants with a residual, weight and bias (LayerNorm) or weight
+# (RMSNorm), p > 0, and grad_sum in the backward (the prenorm residual stream's gradient); "_res32": the sum in fp32
+# (residual_in_fp32), bf16 x only.
+DAN_OPS = {  # op label -> (rms, residual_in_fp32)
+    "dropout_add_norm": (False, False),
+    "dropout_add_rms_norm": (True, False),
+    "dropout_add_norm_res32": (False, True),
+    "dropout_add_rms_norm_res32": (True, True),
+}
+OPS = ("layer_norm_dropout_relu", "bias_relu", *OPS_BIAS_ACT, *DAN_OPS)
+TRITON_OPS = ("layer_norm_dropout_relu", "bias_relu", *OPS_BIAS_ACT)  # the ops whose Triton launches are mirrored
 DIRECTIONS = ("forward", "backward")
 DTYPES = ("bf16", "fp16", "fp32")
 NS = (768, 1024, 2048, 4096, 8192, 12288, 16384)
@@ -35,9 +46,33 @@ def rows_of(n: int) -> int:
     return ELEMENTS // n
 
 
+def op_dtypes(op: str) -> tuple:
+    """The dtypes the model has rows for: residual_in_fp32 only matters for 16-bit x (bf16 rows)."""
+    return ("bf16",) if op in DAN_OPS and DAN_OPS[op][1] else DTYPES
+
+
+def dan_sizes(op: str, dtype: str) -> tuple:
+    """(x's element size, the sum's, rms) of a dropout_add_norm row."""
+    rms, res32 = DAN_OPS[op]
+    e = ELEM[dtype]
+    return e, (4 if res32 else e), rms
+
+
+def dan_ideal_bytes(op: str, direction: str, dtype: str, m: int, n: int) -> int:
+    e, u, rms = dan_sizes(op, dtype)
+    stats = (1 if rms else 2) * m * ACC  # rstd (and mean)
+    params = (1 if rms else 2) * n * e  # weight (and bias)
+    if direction == "forward":  # x, residual in; out, sum, stats out; params in
+        return m * n * (2 * e + 2 * u) + stats + params
+    # grad_out, sum, grad_sum, stats, weight in; grad_x, grad_residual, dweight (and dbias) out
+    return m * n * (2 * e + 3 * u) + stats + n * e + params
+
+
 def ideal_bytes(op: str, direction: str, dtype: str, n: int, m: Optional[int] = None) -> int:
     m = rows_of(n) if m is None else m
     e = ELEM[dtype]
+    if op in DAN_OPS:
+        return dan_ideal_bytes(op, direction, dtype, m, n)
     if op == "layer_norm_dropout_relu":
         if direction == "forward":  # x in, out, mean and rstd out, weight and bias in
             return 2 * m * n * e + 2 * m * ACC + 2 * n * e
@@ -204,6 +239,10 @@ def cuda_launches(
             )
         )
 
+    if op in DAN_OPS:
+        dan_launches(code, op, direction, dtype, n, sms, m, out, column_sums)
+        return out
+
     if op == "layer_norm_dropout_relu":
         plan = plan_ldr_rows(m, n, e, e, backward=direction == "backward", vec=True)
         flags = f"true, {'true' if plan.warp_row else 'false'}"  # the 16-byte path; one warp a row
@@ -324,6 +363,100 @@ def cuda_launches(
     )
     column_sums(t.row_blocks, 1, ACC)
     return out
+
+
+def dan_launches(code, op: str, direction: str, dtype: str, n: int, sms: int, m: int, out: list, column_sums) -> None:
+    """dropout_add_norm's launches (run_dan_forward / run_dan_backward of launch.cuh) for the 16-byte vector
+    path: the rows kernels at plan_ldr_rows(elem = the wider of x and the sum), else the looped kernels."""
+    e, u, rms = dan_sizes(op, dtype)
+    s = CUDA_TYPE[dtype]
+    us = "float" if u == 4 else s
+    mn = m * n
+    ldp = partial_stride(n)
+    stats = (1 if rms else 2) * m * ACC
+    params = (1 if rms else 2) * n * e
+    sums = 1 if rms else 2  # dweight (and dbias) partial rows
+    backward = direction == "backward"
+    plan = plan_ldr_rows(m, n, max(e, u), e, backward=backward, vec=True)
+    types = f"{s}, {us}, {s}, float"
+    if plan.rows:
+        name = f"dan_{direction}_rows_kernel<{types}, {'true' if plan.warp_row else 'false'}, {plan.vpt}>"
+        threads = plan.threads_x * plan.rows_per_block
+        g = persistent_grid(plan.blocks_needed, code.blocks_per_sm(name, threads), sms)
+        if backward:  # reads grad_out, sum, grad_sum, stats, weight; writes grad_x, grad_residual, the partials
+            read = mn * (e + 2 * u) + stats + n * e
+            nbytes = read + mn * (e + u) + sums * g * ldp * ACC
+        else:  # reads x, residual, params; writes sum, out, stats
+            read = mn * (e + u) + params
+            nbytes = read + mn * (e + u) + stats
+        out.append(
+            code.launch(
+                name,
+                (g,),
+                (plan.threads_x, plan.rows_per_block),
+                elements=mn,
+                bytes=nbytes,
+                read_bytes=read,
+                stride_units=plan.blocks_needed,
+                trips=structural_trips(plan.blocks_needed / g),
+            )
+        )
+        if backward:
+            column_sums(g, sums, e)
+        return
+    if not backward:
+        name = f"dan_forward_looped_kernel<{types}>"
+        g = persistent_grid(m, code.blocks_per_sm(name, LOOPED_THREADS), sms)
+        rereads = 1 if rms else 2  # the sum read back: the output pass (and LayerNorm's centred pass)
+        out.append(
+            code.launch(
+                name,
+                (g,),
+                (LOOPED_THREADS,),
+                elements=mn,
+                bytes=mn * (2 * e + 2 * u) + rereads * mn * u + stats + params,
+                read_bytes=mn * (e + u) + rereads * mn * u + params,
+                reread_bytes=rereads * mn * u,
+                reuse_unit_bytes=n * u,
+                stride_units=m,
+                trips=structural_trips(m / g, _cdiv(_cdiv(n, GROUP), LOOPED_THREADS)),
+            )
+        )
+        return
+    stats_name = f"dan_backward_row_stats_kernel<{types}, true>"
+    sg = persistent_grid(m, code.blocks_per_sm(stats_name, LOOPED_THREADS), sms)
+    tiled = f"dan_backward_tiled_kernel<{types}, true>"
+    t = plan_tiled(m, n, code.blocks_per_sm(tiled, TILED_THREADS) * sms)
+    g = t.row_blocks
+    stats_groups = STATS_GROUPS[2] if u == 2 and e == 2 else STATS_GROUPS[4]  # ldr_stats_groups<U, P, true>
+    out.append(
+        code.launch(
+            stats_name,
+            (sg,),
+            (LOOPED_THREADS,),
+            elements=mn,
+            bytes=mn * (e + u) + stats + 2 * m * ACC + n * e,
+            read_bytes=mn * (e + u) + stats + n * e,
+            stride_units=m,
+            trips=structural_trips(m / sg, _cdiv(_cdiv(n, GROUP), stats_groups * LOOPED_THREADS)),
+        )
+    )
+    steps = max(1, _cdiv(m, t.ty))
+    read = mn * (e + 2 * u) + stats + 2 * m * ACC + n * e
+    out.append(
+        code.launch(
+            tiled,
+            (t.col_tiles, t.row_blocks),
+            (t.tx, t.ty),
+            elements=mn,
+            bytes=read + mn * (e + u) + sums * g * ldp * ACC,
+            read_bytes=read,
+            stride_units=steps,
+            stride_axis=1,
+            trips=structural_trips(math.ceil(steps / t.row_blocks / TILED_LDR_ROWS)),
+        )
+    )
+    column_sums(g, sums, e)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -304,6 +304,209 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
   });
 }
 
+// ------------------------------------------------------------------------------------------- dropout_add_norm
+struct DanForwardBuffers {
+  const void* x;
+  const void* residual;  // nullptr: none (sum dtype)
+  const void* weight;    // nullptr: none
+  const void* bias;      // nullptr: none
+  const int64_t* seed;
+  void* out;
+  void* sum;   // sum dtype
+  void* mean;  // accumulation dtype; nullptr for RMSNorm
+  void* rstd;
+  int64_t M, N;
+  DType x_dtype, sum_dtype, param_dtype;
+  double eps;
+  bool rms;
+  DropoutParams dropout;
+};
+
+struct DanBackwardBuffers {
+  const void* grad_out;
+  const void* grad_sum;  // nullptr: none (sum dtype)
+  const void* sum;
+  const void* weight;
+  const void* bias;
+  const void* mean;  // nullptr for RMSNorm
+  const void* rstd;
+  const int64_t* seed;
+  void* grad_x;
+  void* grad_residual;  // nullptr when there is no residual (sum dtype)
+  void* grad_weight;    // param dtype, (N,); nullptr when there is no weight
+  void* grad_bias;
+  int64_t M, N;  // M > 0
+  DType x_dtype, sum_dtype, param_dtype;
+  bool rms;
+  DropoutParams dropout;
+};
+
+// Calls f(Tag<x type>, Tag<sum type>, Tag<param type>): the sum has x's dtype, or fp32 for 16-bit x
+// (residual_in_fp32); params x's dtype or fp32.
+template <typename F>
+void dispatch_dan_dtypes(DType x, DType sum, DType param, F&& f) {
+  dispatch_ldr_dtypes(x, param, [&](auto xt, auto pt) {
+    using S = typename decltype(xt)::type;
+    if constexpr (sizeof(S) == 2) {
+      if (sum == DType::kFloat32) return f(xt, Tag<float>{}, pt);
+    }
+    f(xt, xt, pt);
+  });
+}
+
+// The rows kernels of dropout_add_norm: the 16-byte vector path of fp16 / bf16 / fp32 x only (the launcher
+// sends the scalar path and fp64 to the looped kernels), every VPT plan_ldr_rows can pick at element size
+// dan_elem (the x / sum pair) and the parameters' size.
+template <typename S, typename U, typename P, typename A>
+auto dan_forward_rows(const RowsPlan& plan) -> void (*)(dev::DanForwardParams<S, U, P, A>) {
+  constexpr int kElem = dan_elem(sizeof(S), sizeof(U));
+  if (!plan.warp_row) {  // a block a row: 4 or 3 groups a thread; 2 too with fp32 x, sum or parameters
+    if constexpr (kElem == 4 || sizeof(P) == 4) {
+      if (plan.vpt == 2) return dev::dan_forward_rows_kernel<S, U, P, A, false, 2>;
+    }
+    return plan.vpt == 3 ? dev::dan_forward_rows_kernel<S, U, P, A, false, 3>
+                         : dev::dan_forward_rows_kernel<S, U, P, A, false, 4>;
+  }
+  switch (plan.vpt) {
+    case 1:
+      return dev::dan_forward_rows_kernel<S, U, P, A, true, 1>;
+    case 2:
+      return dev::dan_forward_rows_kernel<S, U, P, A, true, 2>;
+    case 3:
+      return dev::dan_forward_rows_kernel<S, U, P, A, true, 3>;
+    default:
+      return dev::dan_forward_rows_kernel<S, U, P, A, true, 4>;
+  }
+}
+
+template <typename S, typename U, typename P, typename A>
+auto dan_backward_rows(const RowsPlan& plan) -> void (*)(dev::DanBackwardParams<S, U, P, A>) {
+  if (!plan.warp_row) {  // a block a row: 4, 3 or 2 groups a thread (plan_ldr_rows, the vector path)
+    if (plan.vpt == 4) return dev::dan_backward_rows_kernel<S, U, P, A, false, 4>;
+    if (plan.vpt == 3) return dev::dan_backward_rows_kernel<S, U, P, A, false, 3>;
+    return dev::dan_backward_rows_kernel<S, U, P, A, false, 2>;
+  }
+  return plan.vpt == 1 ? dev::dan_backward_rows_kernel<S, U, P, A, true, 1>
+                       : dev::dan_backward_rows_kernel<S, U, P, A, true, 2>;
+}
+
+template <class Launcher>
+void run_dan_forward(const DanForwardBuffers& b, Launcher& launcher) {
+  dispatch_dan_dtypes(b.x_dtype, b.sum_dtype, b.param_dtype, [&](auto st, auto ut, auto pt) {
+    using S = typename decltype(st)::type;
+    using U = typename decltype(ut)::type;
+    using P = typename decltype(pt)::type;
+    using A = dev::acc_t_of<S>;
+    dev::DanForwardParams<S, U, P, A> p;
+    p.x = static_cast<const S*>(b.x);
+    p.residual = static_cast<const U*>(b.residual);
+    p.weight = static_cast<const P*>(b.weight);
+    p.bias = static_cast<const P*>(b.bias);
+    p.seed = b.seed;
+    p.out = static_cast<S*>(b.out);
+    p.sum = static_cast<U*>(b.sum);
+    p.mean = static_cast<A*>(b.mean);
+    p.rstd = static_cast<A*>(b.rstd);
+    p.M = b.M;
+    p.N = b.N;
+    p.eps = static_cast<A>(b.eps);
+    p.scale = static_cast<A>(b.dropout.scale);
+    p.threshold = b.dropout.threshold;
+    p.rms = b.rms;
+    p.x_vec = vector_access(b.N, {b.x, b.out, b.residual, b.sum});
+    p.p_vec = vector_access(b.N, {b.weight, b.bias});
+    const bool vec = p.x_vec && p.p_vec;
+    const RowsPlan plan = plan_ldr_rows(b.M, b.N, dan_elem(sizeof(S), sizeof(U)), sizeof(P), /*backward=*/false, true);
+    if constexpr (sizeof(S) != 8) {
+      if (vec && plan.rows) {
+        auto kernel = dan_forward_rows<S, U, P, A>(plan);
+        const dim3 block(plan.threads_x, plan.rows_per_block);
+        const int per_sm = launcher.blocks_per_sm(kernel, plan.threads_x * plan.rows_per_block);
+        const int64_t grid = persistent_grid(plan.blocks_needed, per_sm, launcher.sm_count());
+        launcher.run("dan_forward_rows_kernel", kernel, dim3(static_cast<unsigned>(grid)), block, plan.max_threads, p);
+        return;
+      }
+    }
+    auto kernel = dev::dan_forward_looped_kernel<S, U, P, A>;
+    const int per_sm = launcher.blocks_per_sm(kernel, kLoopedThreads);
+    const int64_t grid = persistent_grid(b.M, per_sm, launcher.sm_count());
+    launcher.run("dan_forward_looped_kernel", kernel, dim3(static_cast<unsigned>(grid)), dim3(kLoopedThreads),
+                 kLoopedThreads, p);
+  });
+}
+
+template <class Launcher>
+void run_dan_backward(const DanBackwardBuffers& b, Launcher& launcher) {
+  dispatch_dan_dtypes(b.x_dtype, b.sum_dtype, b.param_dtype, [&](auto st, auto ut, auto pt) {
+    using S = typename decltype(st)::type;
+    using U = typename decltype(ut)::type;
+    using P = typename decltype(pt)::type;
+    using A = dev::acc_t_of<S>;
+    dev::DanBackwardParams<S, U, P, A> p;
+    p.grad_out = static_cast<const S*>(b.grad_out);
+    p.x = static_cast<const U*>(b.sum);
+    p.grad_sum = static_cast<const U*>(b.grad_sum);
+    p.weight = static_cast<const P*>(b.weight);
+    p.bias = static_cast<const P*>(b.bias);
+    p.mean = static_cast<const A*>(b.mean);
+    p.rstd = static_cast<const A*>(b.rstd);
+    p.seed = b.seed;
+    p.grad_x = static_cast<S*>(b.grad_x);
+    p.grad_residual = static_cast<U*>(b.grad_residual);
+    p.row_stats = nullptr;
+    p.M = b.M;
+    p.N = b.N;
+    p.ldp = partial_stride(b.N);
+    p.scale = static_cast<A>(b.dropout.scale);
+    p.threshold = b.dropout.threshold;
+    p.rms = b.rms;
+    p.x_vec = vector_access(b.N, {b.grad_out, b.sum, b.grad_sum, b.grad_x, b.grad_residual});
+    p.p_vec = vector_access(b.N, {b.weight});  // the bias is not read
+    const int sms = launcher.sm_count();
+    const bool vec = p.x_vec && p.p_vec && sizeof(S) != 8;  // fp64 takes the scalar looped kernels
+    const RowsPlan plan = plan_ldr_rows(b.M, b.N, dan_elem(sizeof(S), sizeof(U)), sizeof(P), /*backward=*/true, true);
+    int64_t G = 0;
+    auto alloc_partials = [&] {
+      p.partial_w = b.grad_weight != nullptr ? launcher.template scratch<A>(G * p.ldp) : nullptr;
+      p.partial_b = b.grad_bias != nullptr ? launcher.template scratch<A>(G * p.ldp) : nullptr;
+    };
+    bool done = false;
+    if constexpr (sizeof(S) != 8) {
+      if (vec && plan.rows) {
+        auto kernel = dan_backward_rows<S, U, P, A>(plan);
+        const int per_sm = launcher.blocks_per_sm(kernel, plan.threads_x * plan.rows_per_block);
+        G = persistent_grid(plan.blocks_needed, per_sm, sms);
+        alloc_partials();
+        launcher.run("dan_backward_rows_kernel", kernel, dim3(static_cast<unsigned>(G)),
+                     dim3(plan.threads_x, plan.rows_per_block), plan.max_threads, p);
+        done = true;
+      }
+    }
+    if (!done) {
+      p.row_stats = launcher.template scratch<A>(2 * b.M);
+      void (*stats)(dev::DanBackwardParams<S, U, P, A>) = dev::dan_backward_row_stats_kernel<S, U, P, A, false>;
+      void (*tiled)(dev::DanBackwardParams<S, U, P, A>) = dev::dan_backward_tiled_kernel<S, U, P, A, false>;
+      if constexpr (sizeof(S) != 8) {
+        if (vec) {
+          stats = dev::dan_backward_row_stats_kernel<S, U, P, A, true>;
+          tiled = dev::dan_backward_tiled_kernel<S, U, P, A, true>;
+        }
+      }
+      const int64_t stats_grid = persistent_grid(b.M, launcher.blocks_per_sm(stats, kLoopedThreads), sms);
+      const TilePlan t = plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(tiled, kTiledThreads)) * sms);
+      G = t.row_blocks;
+      alloc_partials();
+      launcher.run("dan_backward_row_stats_kernel", stats, dim3(static_cast<unsigned>(stats_grid)),
+                   dim3(kLoopedThreads), kLoopedThreads, p);
+      launcher.run("dan_backward_tiled_kernel", tiled,
+                   dim3(static_cast<unsigned>(t.col_tiles), static_cast<unsigned>(t.row_blocks)), dim3(t.tx, t.ty),
+                   kTiledThreads, p);
+    }
+    run_column_sums<A, P>(p.partial_w, static_cast<P*>(b.grad_weight), p.partial_b, static_cast<P*>(b.grad_bias), G,
+                          b.N, p.ldp, launcher);
+  });
+}
+
 template <class Launcher>
 void run_bias_relu(const BiasReluBuffers& b, Launcher& launcher) {
   dispatch_act(b.act, [&](auto ac) {

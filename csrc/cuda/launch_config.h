@@ -49,6 +49,10 @@ constexpr int kLoopedThreads = 512;  // ldr_forward_looped_kernel, ldr_backward_
 constexpr int kTiledThreads = 256;   // tiled kernels
 constexpr int kColumnSumTile = 32;   // column_sum_kernel: 32 x 32 threads
 
+// dropout_add_norm's rows kernels take layer_norm_dropout_relu's bounds and plans at the element size of the
+// wider of x and the stored sum (fp32 with residual_in_fp32): its rows hold both.
+constexpr int dan_elem(int x_elem, int sum_elem) { return x_elem > sum_elem ? x_elem : sum_elem; }
+
 // Largest VPT (groups a thread) of one warp a row.
 constexpr int ldr_rows_max_vpt(bool backward) { return backward ? 2 : 4; }
 

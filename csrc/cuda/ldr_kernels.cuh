@@ -1,5 +1,6 @@
-// CUDA kernels of gpuopt::layer_norm_dropout_relu and its backward (DESIGN.md is the contract; the paths and
-// their launch shapes are described in launch_config.h). Raw pointers and plain structs only.
+// CUDA kernels of gpuopt::layer_norm_dropout_relu and gpuopt::dropout_add_norm and their backwards, one body
+// per path shared by both ops (NormKind below; DESIGN.md is the contract; the paths and their launch shapes are
+// described in launch_config.h). Raw pointers and plain structs only.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -120,35 +121,137 @@ GPUOPT_DEV void load_row_params(const P* __restrict__ weight, const P* __restric
   }
 }
 
+// ---------------------------------------------------------------------------------------------- fused norm kinds
+// The row kernels below serve two ops; K says which, at compile time:
+//   layer_norm_dropout_relu  (LdrKind) LayerNorm of x, then dropout and ReLU of the affine output.
+//   dropout_add_norm         (DanKind) s = dropout(x) (+ residual), stored as `sum` in dtype U; LayerNorm or
+//                            RMSNorm (p.rms, a launch argument: one uniform branch a row) of s as stored; the
+//                            affine output. The backward adds grad_sum and applies the dropout to dS last.
+// In the bodies, U is the dtype of the norm's input (x for LdrKind, the stored sum for DanKind) and p.x points
+// at it; S is x's (and out's, grad_out's, grad_x's) dtype.
+template <bool kDropPre_, typename U_>
+struct NormKind {
+  static constexpr bool kDropPre = kDropPre_;  // dropout (and the residual) before the norm
+  using U = U_;
+};
+template <typename S>
+using LdrKind = NormKind<false, S>;
+template <typename U>
+using DanKind = NormKind<true, U>;
+
+// dropout_add_norm's launch arguments: layer_norm_dropout_relu's plus the residual, the sum and the norm kind.
+// x: the op's x (dtype S); mean: nullptr for RMSNorm.
+template <typename S, typename U, typename P, typename A>
+struct DanForwardParams : LdrForwardParams<S, P, A> {
+  const U* residual;  // nullptr: no residual
+  U* sum;             // s = dropout(x) + residual, dtype U
+  bool rms;
+};
+
+// x: the stored sum s (dtype U, the norm's input); grad_x: the op's grad_x (dtype S).
+template <typename S, typename U, typename P, typename A>
+struct DanBackwardParams {
+  const S* grad_out;
+  const U* x;         // sum
+  const U* grad_sum;  // nullptr: none
+  const P* weight;
+  const P* bias;  // unused by the math (dbeta needs only grad_out); kept for the shared bodies
+  const A* mean;  // nullptr for RMSNorm
+  const A* rstd;
+  const int64_t* seed;
+  S* grad_x;
+  U* grad_residual;  // nullptr: no residual
+  A* partial_w;
+  A* partial_b;
+  A* row_stats;
+  int64_t M, N, ldp;
+  A scale;
+  uint32_t threshold;
+  bool x_vec;  // N % 8 == 0, every row buffer 16-byte aligned
+  bool p_vec;
+  bool rms;
+};
+
+template <class K, class Params>
+GPUOPT_DEV bool is_rms(const Params& p) {
+  if constexpr (K::kDropPre) {
+    return p.rms;
+  } else {
+    return false;
+  }
+}
+
+// DanKind's extra row buffers (nullptr for LdrKind, whose params have none).
+template <class K, class Params>
+GPUOPT_DEV auto grad_sum_of(const Params& p) {
+  if constexpr (K::kDropPre) {
+    return p.grad_sum;
+  } else {
+    return static_cast<const typename K::U*>(nullptr);
+  }
+}
+template <class K, class Params>
+GPUOPT_DEV auto grad_residual_of(const Params& p) {
+  if constexpr (K::kDropPre) {
+    return p.grad_residual;
+  } else {
+    return static_cast<typename K::U*>(nullptr);
+  }
+}
+
+// dropout_add_norm's dropout of one element: the kept value times the scale, or an exact 0 (a select). The
+// product is rounded on its own, never contracted with the residual's add into an FMA, so the stored sum has the
+// CPU backend's bits.
+template <typename A>
+GPUOPT_DEV A dan_dropout(A v, bool keep, A scale) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(A) == 4) {
+    return keep ? __fmul_rn(v, scale) : A(0);
+  } else {
+    return keep ? __dmul_rn(v, scale) : A(0);
+  }
+#else
+  return keep ? v * scale : A(0);
+#endif
+}
+
 // ------------------------------------------------------------------------------------------------ forward, rows
 // blockDim (T, R): T threads per row (R rows a block when T == 32, else R == 1); VPT groups per thread, group
 // k of thread t at columns 8 * (t + k * T). kVec (the launcher's choice: N % 8 == 0, x, out, weight and bias
 // 16-byte aligned) makes every access a 16-byte vector and every group one Philox call at compile time.
 // Weight and bias are loaded once, before the row loop (a thread's columns are the same in every row); each row
 // issues all its loads, then converts x once to fp32 and keeps x - mean in registers for the output.
-template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
-__global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, sizeof(S)))
-    ldr_forward_rows_kernel(LdrForwardParams<S, P, A> p) {
+// DanKind: the row's loads are x and the residual; the sum is formed, stored and read back as rounded to U in
+// the same pass, so the norm sees s as stored.
+template <class K, typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT, class Params>
+GPUOPT_DEV void norm_forward_rows(const Params& p) {
+  using U = typename K::U;
   GPUOPT_SHARED_ARRAY(A, red, 2 * kWarpSize);
   const RowConsts<A> rc(p);
-  constexpr bool kHold = hold_params<kVec, kWarpRow, P, VPT>();
+  // DanKind's block rows also hold the residual's row: their parameters are reloaded (from L1 / L2) every row
+  constexpr bool kHold = hold_params<kVec, kWarpRow, P, VPT>() && (kWarpRow || !K::kDropPre);
   using R = param_reg_t<A, P, kWarpRow>;
-  // the key schedule's 20 registers fit next to a block row when it and its parameters are 16-bit
-  const GroupDropout<kWarpRow || (kHold && sizeof(S) == 2)> drop(rc.seed, p.threshold);
+  // the key schedule's 20 registers fit next to a block row when it and its parameters are 16-bit (and, for
+  // layer_norm_dropout_relu, there is no residual row beside it)
+  const GroupDropout<kWarpRow || (!K::kDropPre && kHold && sizeof(S) == 2)> drop(rc.seed, p.threshold);
   const int64_t N = rc.N;
   const int groups = static_cast<int>(rc.groups);  // rows path: N <= 16384, so column offsets fit an int
   const int T = kWarpRow ? kWarpSize : blockDim.x, tx = threadIdx.x;
+  const bool rms = is_rms<K>(p);
   constexpr int kHeld = kHold ? VPT : 1;
   R w[kHeld][kGroup], b[kHeld][kGroup];
   if (kHold) load_row_params<kVec>(p.weight, p.bias, N, groups, w, b);
   // The plan makes VPT = ceil(groups / T) with groups >= (VPT - 1) * T: only a thread's last group can be absent.
   auto has = [&](int k, int g) { return k < VPT - 1 || g < groups; };
 
+  int parity = 0;  // RMSNorm's one row sum a row alternates between the two halves of `red`
   for (int64_t row0 = int64_t(blockIdx.x) * blockDim.y; row0 < p.M; row0 += int64_t(gridDim.x) * blockDim.y) {
     const int64_t row = row0 + threadIdx.y;
+    if constexpr (K::kDropPre) parity ^= 1;
     if (row >= p.M) continue;  // only when R > 1, i.e. one warp a row: nothing below waits for the block
     const int64_t base = row * N;
     const S* __restrict__ xr = p.x + base;
+    const int64_t group0 = base / kGroup;  // used when N % 8 == 0
     Group<S> raw[VPT];
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {  // every load of the row first
@@ -157,37 +260,78 @@ __global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, s
     }
     A v[VPT][kGroup];
     A sum = A(0);
+    if constexpr (!K::kDropPre) {
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int g = tx + k * T;
-#pragma unroll
-      for (int j = 0; j < kGroup; ++j) {
-        v[k][j] = has(k, g) ? to_acc(raw[k].v[j]) : A(0);  // absent elements are 0
-        sum += v[k][j];
-      }
-    }
-    const A mu = row_sum<kWarpRow>(sum, red) * rc.inv_n;
-    A sq = A(0);
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int g = tx + k * T;
-      if (has(k, g)) {
-        const int valid = kVec ? kGroup : group_size(N, g * kGroup);
+      for (int k = 0; k < VPT; ++k) {
+        const int g = tx + k * T;
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) {
-          v[k][j] = j < valid ? v[k][j] - mu : A(0);  // x - mean, kept for the output
-          sq += v[k][j] * v[k][j];
+          v[k][j] = has(k, g) ? to_acc(raw[k].v[j]) : A(0);  // absent elements are 0
+          sum += v[k][j];
+        }
+      }
+    } else {
+      const bool res = p.residual != nullptr;
+      Group<U> rr[VPT];
+      if (res) {
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+          const int g = tx + k * T;
+          if (has(k, g))
+            load_raw_group(p.residual + base + g * kGroup, kVec ? kGroup : group_size(N, g * kGroup), kVec, rr[k]);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const int g = tx + k * T;
+#pragma unroll
+        for (int j = 0; j < kGroup; ++j) v[k][j] = A(0);  // absent elements are 0
+        if (has(k, g)) {
+          const int c0 = g * kGroup;
+          const int valid = kVec ? kGroup : group_size(N, c0);
+          bool keep[kGroup];
+          group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
+          A s[kGroup];
+#pragma unroll
+          for (int j = 0; j < kGroup; ++j) {
+            const A d = dan_dropout<A>(to_acc(raw[k].v[j]), keep[j], p.scale);
+            s[j] = res ? d + static_cast<A>(to_acc(rr[k].v[j])) : d;
+          }
+          store_group(p.sum + base + c0, valid, kVec, s);
+#pragma unroll
+          for (int j = 0; j < kGroup; ++j) {
+            v[k][j] = j < valid ? static_cast<A>(to_acc(from_acc<U>(s[j]))) : A(0);  // s as stored
+            sum += rms ? v[k][j] * v[k][j] : v[k][j];
+          }
         }
       }
     }
-    const A var = row_sum<kWarpRow>(sq, red + kWarpSize) * rc.inv_n;
+    A mu = A(0), var;
+    if (!rms) {
+      mu = row_sum<kWarpRow>(sum, red) * rc.inv_n;
+      A sq = A(0);
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const int g = tx + k * T;
+        if (has(k, g)) {
+          const int valid = kVec ? kGroup : group_size(N, g * kGroup);
+#pragma unroll
+          for (int j = 0; j < kGroup; ++j) {
+            v[k][j] = j < valid ? v[k][j] - mu : A(0);  // x - mean, kept for the output
+            sq += v[k][j] * v[k][j];
+          }
+        }
+      }
+      var = row_sum<kWarpRow>(sq, red + kWarpSize) * rc.inv_n;
+    } else {
+      var = row_sum<kWarpRow>(sum, red + parity * kWarpSize) * rc.inv_n;  // mean of s^2
+    }
     const A rs = A(1) / sqrt(var + p.eps);  // IEEE sqrt and division, as on the CPU
     if (tx == 0) {
-      p.mean[row] = mu;
+      if (!rms) p.mean[row] = mu;
       p.rstd[row] = rs;
     }
     S* __restrict__ outr = p.out + base;
-    const int64_t group0 = base / kGroup;  // used when N % 8 == 0
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int g = tx + k * T;
@@ -195,7 +339,7 @@ __global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, s
         const int c0 = g * kGroup;
         const int valid = kVec ? kGroup : group_size(N, c0);
         bool keep[kGroup];
-        group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
+        if constexpr (!K::kDropPre) group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
         A wa[kGroup], ba[kGroup], o[kGroup];
         if (kHold) {
 #pragma unroll
@@ -208,47 +352,101 @@ __global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, s
           load_param_group(p.bias, c0, valid, kVec, A(0), ba);
         }
 #pragma unroll
-        for (int j = 0; j < kGroup; ++j)
-          o[j] = ldr_forward_element<A>(affine(v[k][j] * rs, wa[j], ba[j]), keep[j], p.scale);
+        for (int j = 0; j < kGroup; ++j) {
+          if constexpr (K::kDropPre) {
+            o[j] = affine(v[k][j] * rs, wa[j], ba[j]);
+          } else {
+            o[j] = ldr_forward_element<A>(affine(v[k][j] * rs, wa[j], ba[j]), keep[j], p.scale);
+          }
+        }
         store_group(outr + c0, valid, kVec, o);
       }
     }
   }
 }
 
+template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
+__global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, sizeof(S)))
+    ldr_forward_rows_kernel(LdrForwardParams<S, P, A> p) {
+  norm_forward_rows<LdrKind<S>, S, P, A, kVec, kWarpRow, VPT>(p);
+}
+
+// dropout_add_norm runs its rows kernels on the 16-byte vector path only (the launcher sends the rest to the
+// looped kernels), so there is no kVec argument; the bound is that of the wider of x and the sum.
+template <typename S, typename U, typename P, typename A, bool kWarpRow, int VPT>
+__global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, cuda::dan_elem(sizeof(S), sizeof(U))))
+    dan_forward_rows_kernel(DanForwardParams<S, U, P, A> p) {
+  norm_forward_rows<DanKind<U>, S, P, A, true, kWarpRow, VPT>(p);
+}
+
 // ---------------------------------------------------------------------------------------------- forward, looped
 // One row a block of kLoopedThreads threads (grid stride over rows); thread t takes groups t, t + T, ...
-template <typename S, typename P, typename A>
-__global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_forward_looped_kernel(LdrForwardParams<S, P, A> p) {
+// DanKind: the first pass forms and stores the sum, the later passes read it back (each thread its own groups,
+// after the row sum's barrier); RMSNorm has no centred pass.
+template <class K, typename S, typename P, typename A, class Params>
+GPUOPT_DEV void norm_forward_looped(const Params& p) {
+  using U = typename K::U;
   GPUOPT_SHARED_ARRAY(A, red, 2 * kWarpSize);
   const RowConsts<A> rc(p);
   const int64_t N = rc.N, groups = rc.groups;
+  const bool rms = is_rms<K>(p);
+  int parity = 0;
 
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x) {
-    const S* xr = p.x + row * N;
+    const U* xr;  // the norm's input row
     A sum = A(0);
-    for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
-      A v[kGroup];
-      load_group(xr + g * kGroup, group_size(N, g * kGroup), p.x_vec, v);
+    if constexpr (!K::kDropPre) {
+      xr = p.x + row * N;
+      for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+        A v[kGroup];
+        load_group(xr + g * kGroup, group_size(N, g * kGroup), p.x_vec, v);
 #pragma unroll
-      for (int j = 0; j < kGroup; ++j) sum += v[j];
-    }
-    const A mu = row_sum(sum, red) * rc.inv_n;
-    A sq = A(0);
-    for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
-      const int valid = group_size(N, g * kGroup);
-      A v[kGroup];
-      load_group(xr + g * kGroup, valid, p.x_vec, v);
+        for (int j = 0; j < kGroup; ++j) sum += v[j];
+      }
+    } else {
+      xr = p.sum + row * N;
+      for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+        const int64_t c0 = g * kGroup;
+        const int valid = group_size(N, c0);
+        A xv[kGroup], rv[kGroup], s[kGroup];
+        load_group(p.x + row * N + c0, valid, p.x_vec, xv);
+        if (p.residual != nullptr) load_group(p.residual + row * N + c0, valid, p.x_vec, rv);
+        const uint32_t keep = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
 #pragma unroll
-      for (int j = 0; j < kGroup; ++j) {
-        const A d = j < valid ? v[j] - mu : A(0);
-        sq += d * d;
+        for (int j = 0; j < kGroup; ++j) {
+          const A d = dan_dropout<A>(xv[j], (keep >> j) & 1u, p.scale);
+          s[j] = p.residual != nullptr ? d + rv[j] : d;
+        }
+        store_group(p.sum + row * N + c0, valid, p.x_vec, s);
+#pragma unroll
+        for (int j = 0; j < kGroup; ++j) {
+          const A v = j < valid ? static_cast<A>(to_acc(from_acc<U>(s[j]))) : A(0);
+          sum += rms ? v * v : v;
+        }
       }
     }
-    const A var = row_sum(sq, red + kWarpSize) * rc.inv_n;
+    A mu = A(0), var;
+    if (!rms) {
+      mu = row_sum(sum, red) * rc.inv_n;
+      A sq = A(0);
+      for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+        const int valid = group_size(N, g * kGroup);
+        A v[kGroup];
+        load_group(xr + g * kGroup, valid, p.x_vec, v);
+#pragma unroll
+        for (int j = 0; j < kGroup; ++j) {
+          const A d = j < valid ? v[j] - mu : A(0);
+          sq += d * d;
+        }
+      }
+      var = row_sum(sq, red + kWarpSize) * rc.inv_n;
+    } else {
+      parity ^= 1;
+      var = row_sum(sum, red + parity * kWarpSize) * rc.inv_n;
+    }
     const A rs = A(1) / sqrt(var + p.eps);
     if (threadIdx.x == 0) {
-      p.mean[row] = mu;
+      if (!rms) p.mean[row] = mu;
       p.rstd[row] = rs;
     }
     for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
@@ -258,13 +456,28 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_forward_looped_kerne
       load_group(xr + c0, valid, p.x_vec, v);
       load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
       load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
-      const uint32_t keep = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
+      if constexpr (!K::kDropPre) {
+        const uint32_t keep = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
 #pragma unroll
-      for (int j = 0; j < kGroup; ++j)
-        o[j] = ldr_forward_element<A>(affine((v[j] - mu) * rs, w[j], b[j]), (keep >> j) & 1u, p.scale);
+        for (int j = 0; j < kGroup; ++j)
+          o[j] = ldr_forward_element<A>(affine((v[j] - mu) * rs, w[j], b[j]), (keep >> j) & 1u, p.scale);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kGroup; ++j) o[j] = affine((v[j] - mu) * rs, w[j], b[j]);
+      }
       store_group(p.out + row * N + c0, valid, p.x_vec, o);
     }
   }
+}
+
+template <typename S, typename P, typename A>
+__global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_forward_looped_kernel(LdrForwardParams<S, P, A> p) {
+  norm_forward_looped<LdrKind<S>, S, P, A>(p);
+}
+
+template <typename S, typename U, typename P, typename A>
+__global__ void __launch_bounds__(cuda::kLoopedThreads) dan_forward_looped_kernel(DanForwardParams<S, U, P, A> p) {
+  norm_forward_looped<DanKind<U>, S, P, A>(p);
 }
 
 // Adds a block's per-thread column sums acc (R rows of threads, blockDim (T, R)) over threadIdx.y in order and
@@ -304,26 +517,36 @@ GPUOPT_DEV void write_row_partials(const A (&acc)[VPT][kGroup], A* __restrict__ 
 // they are not held) before any math, computes xhat and dxhat once into fp32 registers, and after the row
 // reduction only combines them into grad_x. A thread accumulates its columns' dgamma / dbeta across its rows.
 // Weight and bias are loaded once, before the row loop, where hold_params allows (as the forward).
-template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
-__global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, sizeof(S)))
-    ldr_backward_rows_kernel(LdrBackwardParams<S, P, A> p) {
+// DanKind: x is the stored sum and dy is grad_out itself (no ReLU, no dropout before the norm); after the row
+// reduction the row's grad_sum groups are loaded together, then dS = norm backward + grad_sum is stored as
+// grad_residual and, through the dropout, as grad_x. RMSNorm: no mean, and c2 = 0.
+template <class K, typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT, class Params>
+GPUOPT_DEV void norm_backward_rows(const Params& p) {
+  using U = typename K::U;
   GPUOPT_SHARED_ARRAY(A, red, 4 * kWarpSize);
   const RowConsts<A> rc(p);
   // fp64 (gradcheck's dtype) neither holds the parameters nor loads them with the row: its registers hold the
   // row's xhat, dxhat and dgamma / dbeta at twice the size, so each group loads its own after the row's loads.
-  constexpr bool kHold = sizeof(A) == 4 && hold_params<kVec, kWarpRow, P, VPT>();
+  // DanKind with an fp32 sum: its block rows' registers hold the fp32 sum and grad_sum groups instead
+  constexpr bool kHold =
+      sizeof(A) == 4 && hold_params<kVec, kWarpRow, P, VPT>() && (kWarpRow || !K::kDropPre || sizeof(U) == 2);
   constexpr bool kBatchParams = !kHold && sizeof(A) == 4;  // reloaded parameters come with the row's loads
   constexpr int kBatched = kBatchParams ? VPT : 1;
   using R = param_reg_t<A, P, kWarpRow>;
-  const GroupDropout<kWarpRow || (kHold && sizeof(S) == 2)> drop(rc.seed, p.threshold);
+  // (DanKind needs the keep bits only after the row sum: no key schedule held through the row's math)
+  const GroupDropout<kWarpRow || (!K::kDropPre && kHold && sizeof(S) == 2)> drop(rc.seed, p.threshold);
   const int64_t N = rc.N;
   const int groups = static_cast<int>(rc.groups);  // rows path: N <= 8192
+  [[maybe_unused]] const bool has_gs = K::kDropPre && grad_sum_of<K>(p) != nullptr;
   const int T = kWarpRow ? kWarpSize : blockDim.x, tx = threadIdx.x;
+  const bool rms = is_rms<K>(p);
+  // the bias enters only layer_norm_dropout_relu's math (its ReLU bit)
+  const P* __restrict__ bias = K::kDropPre ? nullptr : p.bias;
   // The plan keeps (VPT - 1) * T <= groups: only a thread's last group can lie past the row.
   auto has = [&](int k, int g) { return k < VPT - 1 || g < groups; };
   constexpr int kHeld = kHold ? VPT : 1;
   R w[kHeld][kGroup], b[kHeld][kGroup];
-  if (kHold) load_row_params<kVec>(p.weight, p.bias, N, groups, w, b);
+  if (kHold) load_row_params<kVec>(p.weight, bias, N, groups, w, b);
   A dw[VPT][kGroup], db[VPT][kGroup];
 #pragma unroll
   for (int k = 0; k < VPT; ++k)
@@ -336,9 +559,11 @@ __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, 
     parity ^= 1;
     if (row >= p.M) continue;  // R > 1 only: one warp a row, no barrier below
     const int64_t base = row * N;
-    const A mu = p.mean[row], rs = p.rstd[row];
-    Group<S> xs[VPT], gs[VPT];
-    A wl[kBatched][kGroup], bl[kBatched][kGroup];  // reloaded parameters (kBatchParams)
+    const A mu = rms ? A(0) : p.mean[row], rs = p.rstd[row];
+    Group<U> xs[VPT];
+    Group<S> gs[VPT];
+    [[maybe_unused]] Group<U> gsum[K::kDropPre ? VPT : 1];  // DanKind: grad_sum
+    A wl[kBatched][kGroup], bl[kBatched][kGroup];           // reloaded parameters (kBatchParams)
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {  // every load of the row first, unconditionally: an absent last group
       int g = tx + k * T;            // loads the row's first group instead, and is not used
@@ -348,9 +573,12 @@ __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, 
         const int valid = kVec ? kGroup : group_size(N, c0);
         load_raw_group(p.x + base + c0, valid, kVec, xs[k]);
         load_raw_group(p.grad_out + base + c0, valid, kVec, gs[k]);
+        if constexpr (K::kDropPre) {
+          if (has_gs) load_raw_group(grad_sum_of<K>(p) + base + c0, valid, kVec, gsum[K::kDropPre ? k : 0]);
+        }
         if (kBatchParams) {
           load_param_group(p.weight, c0, valid, kVec, A(1), wl[kBatchParams ? k : 0]);
-          load_param_group(p.bias, c0, valid, kVec, A(0), bl[kBatchParams ? k : 0]);
+          load_param_group(bias, c0, valid, kVec, A(0), bl[kBatchParams ? k : 0]);
         }
       }
     }
@@ -364,11 +592,11 @@ __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, 
         const int c0 = g * kGroup;
         const int valid = kVec ? kGroup : group_size(N, c0);
         bool keep[kGroup];
-        group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
+        if constexpr (!K::kDropPre) group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
         A wg[kGroup], bg[kGroup];  // fp64: this group's parameters only
         if (!kHold && !kBatchParams) {
           load_param_group(p.weight, c0, valid, kVec, A(1), wg);
-          load_param_group(p.bias, c0, valid, kVec, A(0), bg);
+          load_param_group(bias, c0, valid, kVec, A(0), bg);
         }
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) {
@@ -377,30 +605,64 @@ __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, 
           const A bj = kHold ? static_cast<A>(to_acc(b[kHold ? k : 0][j]))
                              : (kBatchParams ? bl[kBatchParams ? k : 0][j] : bg[j]);
           const bool in = j < valid;
-          xhat[k][j] = in ? (to_acc(xs[k].v[j]) - mu) * rs : A(0);
-          const A dy =
-              in ? ldr_backward_element<A>(to_acc(gs[k].v[j]), affine(xhat[k][j], wj, bj), keep[j], p.scale) : A(0);
+          xhat[k][j] = in ? (static_cast<A>(to_acc(xs[k].v[j])) - mu) * rs : A(0);
+          A dy;
+          if constexpr (K::kDropPre) {
+            (void)bj;
+            dy = in ? static_cast<A>(to_acc(gs[k].v[j])) : A(0);
+          } else {
+            dy = in ? ldr_backward_element<A>(to_acc(gs[k].v[j]), affine(xhat[k][j], wj, bj), keep[j], p.scale) : A(0);
+          }
           dxhat[k][j] = dy * wj;
           dw[k][j] += dy * xhat[k][j];
           db[k][j] += dy;
           c1 += dxhat[k][j] * xhat[k][j];
           c2 += dxhat[k][j];
+          if constexpr (K::kDropPre) {
+            // dS = rs * dxhat + grad_sum - rs * (xhat * c1 + c2): the first two terms now, so grad_sum is read
+            // with the row's other loads (one wait a row) and is not held across the row sum
+            dxhat[k][j] *= rs;
+            if (has_gs) dxhat[k][j] += static_cast<A>(to_acc(gsum[K::kDropPre ? k : 0].v[j]));
+          }
         }
       }
     }
     row_sum2<kWarpRow>(c1, c2, red + parity * 2 * kWarpSize);
     c1 *= rc.inv_n;
-    c2 *= rc.inv_n;
+    c2 = rms ? A(0) : c2 * rc.inv_n;
     S* __restrict__ gxr = p.grad_x + base;
+    if constexpr (!K::kDropPre) {
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int g = tx + k * T;
-      if (has(k, g)) {
-        const int c0 = g * kGroup;
-        A o[kGroup];
+      for (int k = 0; k < VPT; ++k) {
+        const int g = tx + k * T;
+        if (has(k, g)) {
+          const int c0 = g * kGroup;
+          A o[kGroup];
 #pragma unroll
-        for (int j = 0; j < kGroup; ++j) o[j] = rs * (dxhat[k][j] - xhat[k][j] * c1 - c2);
-        store_group(gxr + c0, kVec ? kGroup : group_size(N, c0), kVec, o);
+          for (int j = 0; j < kGroup; ++j) o[j] = rs * (dxhat[k][j] - xhat[k][j] * c1 - c2);
+          store_group(gxr + c0, kVec ? kGroup : group_size(N, c0), kVec, o);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const int g = tx + k * T;
+        if (has(k, g)) {
+          const int c0 = g * kGroup;
+          const int valid = kVec ? kGroup : group_size(N, c0);
+          bool keep[kGroup];
+          group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
+          A ds[kGroup], o[kGroup];
+#pragma unroll
+          for (int j = 0; j < kGroup; ++j) {
+            // a block row takes xhat again from the sum's raw group (16-bit: half the registers of holding it)
+            const A xh = kWarpRow ? xhat[k][j] : (j < valid ? (static_cast<A>(to_acc(xs[k].v[j])) - mu) * rs : A(0));
+            ds[j] = dxhat[k][j] - rs * (xh * c1 + c2);
+            o[j] = dan_dropout<A>(ds[j], keep[j], p.scale);
+          }
+          if (grad_residual_of<K>(p) != nullptr) store_group(grad_residual_of<K>(p) + base + c0, valid, kVec, ds);
+          store_group(gxr + c0, valid, kVec, o);
+        }
       }
     }
   }
@@ -410,32 +672,48 @@ __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, 
   if (p.partial_b != nullptr) write_row_partials<A, VPT>(db, p.partial_b, p.ldp, groups, comb);
 }
 
+template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
+__global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, sizeof(S)))
+    ldr_backward_rows_kernel(LdrBackwardParams<S, P, A> p) {
+  norm_backward_rows<LdrKind<S>, S, P, A, kVec, kWarpRow, VPT>(p);
+}
+
+template <typename S, typename U, typename P, typename A, bool kWarpRow, int VPT>
+__global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, cuda::dan_elem(sizeof(S), sizeof(U))))
+    dan_backward_rows_kernel(DanBackwardParams<S, U, P, A> p) {
+  norm_backward_rows<DanKind<U>, S, P, A, true, kWarpRow, VPT>(p);
+}
+
 // ------------------------------------------------------------------------------------------ backward, looped
 // Step 1 (one row a block, like ldr_forward_looped_kernel): the row means c1, c2 of the grad_x formula.
 // A thread takes U of its groups (g, g + T, ...) at a time: all their loads first, then the math. U is what fits
 // its 128 registers: 4 with 16-bit x and parameters on the 16-byte vector path, 2 with 32-bit ones, else 1.
 // kVec: the 16-byte vector path and one Philox call a group (with its key schedule computed once).
+// (dropout_add_norm: S here is the dtype of its norm input, the sum.)
 template <typename S, typename P, bool kVec>
 constexpr int ldr_stats_groups() {
   return !kVec || sizeof(S) == 8 ? 1 : (sizeof(S) == 2 && sizeof(P) == 2 ? 4 : 2);
 }
 
-template <typename S, typename P, typename A, bool kVec>
-__global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_kernel(LdrBackwardParams<S, P, A> p) {
-  constexpr int U = ldr_stats_groups<S, P, kVec>();
+template <class K, typename S, typename P, typename A, bool kVec, class Params>
+GPUOPT_DEV void norm_backward_row_stats(const Params& p) {
+  using NT = typename K::U;  // the norm's input
+  constexpr int U = ldr_stats_groups<NT, P, kVec>();
   GPUOPT_SHARED_ARRAY(A, red, 4 * kWarpSize);
   const RowConsts<A> rc(p);
   const GroupDropout<kVec && sizeof(A) == 4> drop(rc.seed, p.threshold);  // every lane is active here
   const int64_t N = rc.N, groups = rc.groups;
   const int T = blockDim.x;
+  const bool rms = is_rms<K>(p);
   const P one = from_acc<P>(acc_t_of<P>(1)), zero = from_acc<P>(acc_t_of<P>(0));
   int parity = 0;
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x) {
     parity ^= 1;
-    const A mu = p.mean[row], rs = p.rstd[row];
+    const A mu = rms ? A(0) : p.mean[row], rs = p.rstd[row];
     A c1 = A(0), c2 = A(0);
     for (int64_t g0 = threadIdx.x; g0 < groups; g0 += U * T) {
-      Group<S> xs[U], gs[U];
+      Group<NT> xs[U];
+      Group<S> gs[U];
       Group<P> ws[U], bs[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {  // every load of the U groups first
@@ -451,7 +729,7 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_k
 #pragma unroll
             for (int j = 0; j < kGroup; ++j) ws[u].v[j] = one;
           }
-          if (p.bias != nullptr) {
+          if (!K::kDropPre && p.bias != nullptr) {  // the bias enters only the ReLU bit
             load_raw_group(p.bias + c0, valid, kVec, bs[u]);
           } else {
 #pragma unroll
@@ -466,14 +744,20 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_k
           const int64_t c0 = g * kGroup;
           const int valid = kVec ? kGroup : group_size(N, c0);
           bool keep[kGroup];
-          group_keep<kVec>(drop, rc, p.threshold, (row * N) / kGroup, g, row * N + c0, valid, keep);
+          if constexpr (!K::kDropPre)
+            group_keep<kVec>(drop, rc, p.threshold, (row * N) / kGroup, g, row * N + c0, valid, keep);
 #pragma unroll
           for (int j = 0; j < kGroup; ++j) {
             const bool in = j < valid;
             const A wj = static_cast<A>(to_acc(ws[u].v[j])), bj = static_cast<A>(to_acc(bs[u].v[j]));
-            const A xhat = in ? (to_acc(xs[u].v[j]) - mu) * rs : A(0);
-            const A dy =
-                in ? ldr_backward_element<A>(to_acc(gs[u].v[j]), affine(xhat, wj, bj), keep[j], p.scale) : A(0);
+            const A xhat = in ? (static_cast<A>(to_acc(xs[u].v[j])) - mu) * rs : A(0);
+            A dy;
+            if constexpr (K::kDropPre) {
+              (void)bj;
+              dy = in ? static_cast<A>(to_acc(gs[u].v[j])) : A(0);
+            } else {
+              dy = in ? ldr_backward_element<A>(to_acc(gs[u].v[j]), affine(xhat, wj, bj), keep[j], p.scale) : A(0);
+            }
             const A dxhat = dy * wj;
             c1 += dxhat * xhat;
             c2 += dxhat;
@@ -484,9 +768,19 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_k
     row_sum2(c1, c2, red + parity * 2 * kWarpSize);
     if (threadIdx.x == 0) {
       p.row_stats[2 * row] = c1 * rc.inv_n;
-      p.row_stats[2 * row + 1] = c2 * rc.inv_n;
+      p.row_stats[2 * row + 1] = rms ? A(0) : c2 * rc.inv_n;
     }
   }
+}
+
+template <typename S, typename P, typename A, bool kVec>
+__global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_kernel(LdrBackwardParams<S, P, A> p) {
+  norm_backward_row_stats<LdrKind<S>, S, P, A, kVec>(p);
+}
+
+template <typename S, typename U, typename P, typename A, bool kVec>
+__global__ void __launch_bounds__(cuda::kLoopedThreads) dan_backward_row_stats_kernel(DanBackwardParams<S, U, P, A> p) {
+  norm_backward_row_stats<DanKind<U>, S, P, A, kVec>(p);
 }
 
 // Step 2, tiled: blockDim (TX, TY), gridDim (column tiles, row blocks). Thread (tx, ty) of block (bx, by) takes
@@ -494,15 +788,18 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_k
 // dbeta of its 8 columns over its rows in registers, summed over ty at the end into row by of the partials.
 // It takes kLdrTiledRows rows of its stride at a time: all their loads (predicated on row < M) first, then the
 // math. kVec: the 16-byte vector path and one Philox call a group (with its key schedule computed once).
+// DanKind: grad_sum joins the rows' loads; dS is stored as grad_residual and, through the dropout, as grad_x.
 constexpr int kLdrTiledRows = 2;
 
-template <typename S, typename P, typename A, bool kVec>
-__global__ void __launch_bounds__(cuda::kTiledThreads) ldr_backward_tiled_kernel(LdrBackwardParams<S, P, A> p) {
+template <class K, typename S, typename P, typename A, bool kVec, class Params>
+GPUOPT_DEV void norm_backward_tiled(const Params& p) {
+  using NT = typename K::U;  // the norm's input
   constexpr int U = kLdrTiledRows;
   GPUOPT_SHARED_ARRAY(A, comb, cuda::kTiledThreads * kGroup);
   const RowConsts<A> rc(p);
   const GroupDropout<kVec> drop(rc.seed, p.threshold);  // every lane is active here
   const int64_t N = rc.N, M = p.M;
+  const bool rms = is_rms<K>(p);
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kGroup;
   const int valid = c0 < N ? (kVec ? kGroup : group_size(N, c0)) : 0;
   A dw[kGroup], db[kGroup], w[kGroup], b[kGroup];
@@ -510,18 +807,23 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) ldr_backward_tiled_kernel
   for (int j = 0; j < kGroup; ++j) dw[j] = db[j] = A(0);
   if (valid > 0) {
     load_param_group(p.weight, c0, valid, kVec, A(1), w);
-    load_param_group(p.bias, c0, valid, kVec, A(0), b);
+    load_param_group(K::kDropPre ? nullptr : p.bias, c0, valid, kVec, A(0), b);
     const int64_t stride = int64_t(gridDim.y) * blockDim.y;
     for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < M; row += U * stride) {
-      Group<S> xs[U], gs[U];
+      Group<NT> xs[U];
+      Group<S> gs[U];
       A mu[U], rs[U], c1[U], c2[U];
+      [[maybe_unused]] Group<NT> gsum[K::kDropPre ? U : 1];
 #pragma unroll
       for (int u = 0; u < U; ++u) {  // every load of the U rows first
         const int64_t r = row + u * stride;
         if (r < M) {
           load_raw_group(p.x + r * N + c0, valid, kVec, xs[u]);
           load_raw_group(p.grad_out + r * N + c0, valid, kVec, gs[u]);
-          mu[u] = p.mean[r];
+          if constexpr (K::kDropPre) {
+            if (p.grad_sum != nullptr) load_raw_group(p.grad_sum + r * N + c0, valid, kVec, gsum[u]);
+          }
+          mu[u] = rms ? A(0) : p.mean[r];
           rs[u] = p.rstd[r];
           c1[u] = p.row_stats[2 * r];
           c2[u] = p.row_stats[2 * r + 1];
@@ -534,16 +836,30 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) ldr_backward_tiled_kernel
           bool keep[kGroup];
           group_keep<kVec>(drop, rc, p.threshold, (r * N) / kGroup, c0 / kGroup, r * N + c0, valid, keep);
           A o[kGroup];
+          [[maybe_unused]] A ds[kGroup];
 #pragma unroll
           for (int j = 0; j < kGroup; ++j) {
             const bool in = j < valid;
-            const A xhat = in ? (to_acc(xs[u].v[j]) - mu[u]) * rs[u] : A(0);
-            const A dy =
-                in ? ldr_backward_element<A>(to_acc(gs[u].v[j]), affine(xhat, w[j], b[j]), keep[j], p.scale) : A(0);
+            const A xhat = in ? (static_cast<A>(to_acc(xs[u].v[j])) - mu[u]) * rs[u] : A(0);
+            A dy;
+            if constexpr (K::kDropPre) {
+              dy = in ? static_cast<A>(to_acc(gs[u].v[j])) : A(0);
+            } else {
+              dy = in ? ldr_backward_element<A>(to_acc(gs[u].v[j]), affine(xhat, w[j], b[j]), keep[j], p.scale) : A(0);
+            }
             const A dxhat = dy * w[j];
             dw[j] += dy * xhat;
             db[j] += dy;
-            o[j] = rs[u] * (dxhat - xhat * c1[u] - c2[u]);
+            if constexpr (K::kDropPre) {
+              ds[j] = rs[u] * (dxhat - xhat * c1[u] - c2[u]);
+              if (p.grad_sum != nullptr) ds[j] += static_cast<A>(to_acc(gsum[K::kDropPre ? u : 0].v[j]));
+              o[j] = dan_dropout<A>(ds[j], keep[j], p.scale);
+            } else {
+              o[j] = rs[u] * (dxhat - xhat * c1[u] - c2[u]);
+            }
+          }
+          if constexpr (K::kDropPre) {
+            if (p.grad_residual != nullptr) store_group(p.grad_residual + r * N + c0, valid, kVec, ds);
           }
           store_group(p.grad_x + r * N + c0, valid, kVec, o);
         }
@@ -552,6 +868,16 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) ldr_backward_tiled_kernel
   }
   if (p.partial_w != nullptr) write_tile_partials(dw, p.partial_w, p.ldp, N, comb);
   if (p.partial_b != nullptr) write_tile_partials(db, p.partial_b, p.ldp, N, comb);
+}
+
+template <typename S, typename P, typename A, bool kVec>
+__global__ void __launch_bounds__(cuda::kTiledThreads) ldr_backward_tiled_kernel(LdrBackwardParams<S, P, A> p) {
+  norm_backward_tiled<LdrKind<S>, S, P, A, kVec>(p);
+}
+
+template <typename S, typename U, typename P, typename A, bool kVec>
+__global__ void __launch_bounds__(cuda::kTiledThreads) dan_backward_tiled_kernel(DanBackwardParams<S, U, P, A> p) {
+  norm_backward_tiled<DanKind<U>, S, P, A, kVec>(p);
 }
 
 }  // namespace dev

@@ -182,4 +182,87 @@ std::tuple<Tensor, Tensor> bias_act_backward_op(const Tensor& grad_out, const Te
   return {grad_x, grad_b};
 }
 
+// dropout_add_norm: (out, sum, mean, rstd); mean is (0,) for RMSNorm.
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor, Tensor> dan_forward_op(const Tensor& x, const std::optional<Tensor>& residual,
+                                                          const std::optional<Tensor>& weight,
+                                                          const std::optional<Tensor>& bias, const Tensor& seed,
+                                                          double p, double eps, bool rms, bool residual_in_fp32) {
+  DanArgs a = check_dropout_add_norm(x, residual, weight, bias, seed, p, eps, rms, residual_in_fp32);
+  Backend be(a.x);
+  Tensor out = empty_on(a.x, x.sizes(), x.scalar_type());
+  Tensor sum = empty_on(a.x, x.sizes(), a.sum_dtype);
+  Tensor mean = empty_on(a.x, {rms ? 0 : a.M}, a.acc_dtype);
+  Tensor rstd = empty_on(a.x, {a.M}, a.acc_dtype);
+  if (a.M == 0) return {out, sum, mean, rstd};
+  const Tensor seed_c = as_contiguous(seed);
+  cuda::DanForwardBuffers b{be.in("x", a.x),
+                            be.in("residual", a.residual),
+                            be.in("weight", a.weight),
+                            be.in("bias", a.bias),
+                            static_cast<const int64_t*>(be.in("seed", seed_c)),
+                            be.out("out", out),
+                            be.out("sum", sum),
+                            rms ? nullptr : be.out("mean", mean),
+                            be.out("rstd", rstd),
+                            a.M,
+                            a.N,
+                            dtype_of(a.x.scalar_type()),
+                            dtype_of(a.sum_dtype),
+                            dtype_of(a.param_dtype),
+                            eps,
+                            rms,
+                            a.dropout};
+  cuda::run_dan_forward(b, be.launcher());
+  be.finish();
+  return {out, sum, mean, rstd};
+}
+
+// dropout_add_norm_backward: (grad_x, grad_residual, grad_weight, grad_bias), the absent ones (0,)-shaped.
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor, Tensor> dan_backward_op(const Tensor& grad_out,
+                                                           const std::optional<Tensor>& grad_sum, const Tensor& sum,
+                                                           const std::optional<Tensor>& weight,
+                                                           const std::optional<Tensor>& bias, const Tensor& mean,
+                                                           const Tensor& rstd, const Tensor& seed, double p, bool rms,
+                                                           bool has_residual) {
+  DanBackwardArgs a =
+      check_dropout_add_norm_backward(grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, p, rms, has_residual);
+  Backend be(a.sum);
+  const ScalarType pt = a.param_dtype;
+  Tensor grad_x = empty_on(a.sum, sum.sizes(), a.grad_out.scalar_type());
+  Tensor grad_res =
+      has_residual ? empty_on(a.sum, sum.sizes(), a.sum.scalar_type()) : empty_on(a.sum, {0}, a.sum.scalar_type());
+  if (a.M == 0) {  // sums over no rows
+    return {grad_x, grad_res, a.weight.defined() ? zeros_on(a.sum, {a.N}, pt) : empty_on(a.sum, {0}, pt),
+            a.bias.defined() ? zeros_on(a.sum, {a.N}, pt) : empty_on(a.sum, {0}, pt)};
+  }
+  // every column is written by the stage-2 sum: no zero fill
+  Tensor grad_w = empty_on(a.sum, {a.weight.defined() ? a.N : 0}, pt);
+  Tensor grad_b = empty_on(a.sum, {a.bias.defined() ? a.N : 0}, pt);
+  const Tensor seed_c = as_contiguous(seed);
+  cuda::DanBackwardBuffers b{be.in("grad_out", a.grad_out),
+                             be.in("grad_sum", a.grad_sum),
+                             be.in("sum", a.sum),
+                             be.in("weight", a.weight),
+                             be.in("bias", a.bias),
+                             rms ? nullptr : be.in("mean", a.mean),
+                             be.in("rstd", a.rstd),
+                             static_cast<const int64_t*>(be.in("seed", seed_c)),
+                             be.out("grad_x", grad_x),
+                             has_residual ? be.out("grad_residual", grad_res) : nullptr,
+                             a.weight.defined() ? be.out("grad_weight", grad_w) : nullptr,
+                             a.bias.defined() ? be.out("grad_bias", grad_b) : nullptr,
+                             a.M,
+                             a.N,
+                             dtype_of(a.x_dtype),
+                             dtype_of(a.sum_dtype),
+                             dtype_of(pt),
+                             rms,
+                             a.dropout};
+  cuda::run_dan_backward(b, be.launcher());
+  be.finish();
+  return {grad_x, grad_res, grad_w, grad_b};
+}
+
 }  // namespace gpuopt

@@ -1,4 +1,4 @@
-// The gpuopt ops, with their real schemas under the namespace gpuopt_emu, running the CUDA backend's own
+// The gpuopt ops of the CUDA backend, with their real schemas under the namespace gpuopt_emu, running the CUDA backend's own
 // glue (csrc/cuda/ops_glue.h), launch sequence (launch.cuh) and kernel headers on the CPU under the
 // emulation of the CUDA execution model. Outputs and scratch start poisoned (0xFF: NaN), and the guards of every
 // buffer are checked after every launch. Built only by the emulator tests.
@@ -126,6 +126,8 @@ STABLE_TORCH_LIBRARY_IMPL(gpuopt_emu, CPU, m) {
   m.impl("bias_relu_backward", TORCH_BOX(&gpuopt::bias_relu_backward_op<gpuopt::EmuBackend>));
   m.impl("bias_act", TORCH_BOX(&gpuopt::bias_act_op<gpuopt::EmuBackend>));
   m.impl("bias_act_backward", TORCH_BOX(&gpuopt::bias_act_backward_op<gpuopt::EmuBackend>));
+  m.impl("dropout_add_norm", TORCH_BOX(&gpuopt::dan_forward_op<gpuopt::EmuBackend>));
+  m.impl("dropout_add_norm_backward", TORCH_BOX(&gpuopt::dan_backward_op<gpuopt::EmuBackend>));
 }
 
 // Ops without tensor arguments dispatch to CompositeExplicitAutograd (no dispatch key comes from their inputs).
