@@ -175,7 +175,8 @@ def test_triton_schemas_match_the_cpp_ops():
     from gpuopt_ops import triton_ops  # noqa: F401
 
     ops = torch.ops.gpuopt
-    for name in ("layer_norm_dropout_relu", "layer_norm_dropout_relu_backward", "bias_relu", "bias_relu_backward"):
+    names = ("layer_norm_dropout_relu", "layer_norm_dropout_relu_backward", "bias_relu", "bias_relu_backward")
+    for name in (*names, "bias_act", "bias_act_backward"):
         cpp = getattr(ops, name).default._schema
         tri = getattr(ops, "triton_" + name).default._schema
         assert [(a.name, str(a.type)) for a in cpp.arguments] == [(a.name, str(a.type)) for a in tri.arguments]

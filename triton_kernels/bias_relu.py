@@ -136,7 +136,7 @@ def bias_relu_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     RTNE_BF16: tl.constexpr,
-    ACT: tl.constexpr = 0,
+    ACT: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -161,10 +161,11 @@ def bias_relu_bwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     RTNE_BF16: tl.constexpr,
-    B=None,
-    ACT: tl.constexpr = 0,
+    B,
+    ACT: tl.constexpr,
 ):
-    """OUT: the saved tensor, the output for ACT 0 (B unused), x for the others (B: the bias)."""
+    """OUT: the saved tensor, the output for ACT 0 (B unused: the launcher passes OUT), x for the others (B: the
+    bias). Every argument is passed at every launch (Inductor's analysis of the kernel takes no defaults)."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     pid = tl.program_id(1)
     num_groups = tl.num_programs(1)
@@ -259,8 +260,7 @@ def launch_backward(
         partial = torch.empty((n,), dtype=torch.float64 if is_fp64 else torch.float32, device=out.device)
         args = [grad_out, out, grad_x, partial, m, n]
         kwargs = dict(IS_FP64=is_fp64, BLOCK_M=block_m, BLOCK_N=block_n, RTNE_BF16=INTERPRETED, num_warps=warps)
-        if act != 0:  # relu's launch stays that of bias_relu: no bias argument
-            kwargs.update(B=bias, ACT=act)
+        kwargs.update(B=bias if act != 0 else out, ACT=act)  # relu reads no bias
         resident = sms * programs_per_sm(bias_relu_bwd_kernel, out.device, args, kwargs, facts)
         groups = persistent_programs(triton.cdiv(m, block_m), out.device, 1, column_groups(col_tiles, resident, sms))
         args[3] = partial = torch.empty((groups, n), dtype=partial.dtype, device=out.device)
