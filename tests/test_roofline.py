@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tools import roofline as R
+from tools import roofline_gpuopt as G
 from tools import sass as S
 
 FIXTURES = Path(__file__).resolve().parent / "sass_fixtures"
@@ -187,6 +188,12 @@ KNOWN_SHORT: dict[tuple, str] = {
     ("cuda", "bias_relu", "backward", "fp32", 12288): (
         "48 column tiles x 5 row blocks = 240 blocks on 264 slots (98 registers: 2 blocks a SM)"
     ),
+    **{
+        ("cuda", op, "backward", dt, n): _LONG_BACKWARD
+        for op in G.DAN_OPS
+        for dt in G.op_dtypes(op)
+        for n in (12288, 16384)
+    },
 }
 
 
@@ -210,6 +217,15 @@ def test_model_covers_every_case(model):
         for op in ("layer_norm_dropout_relu", "bias_relu")
         for d in ("forward", "backward")
         for dt in ("bf16", "fp16", "fp32")
+        for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)
+    }
+    # dropout_add_norm: CUDA rows, LayerNorm and RMSNorm with a residual; residual_in_fp32 for bf16
+    want |= {
+        ("cuda", op + sfx, d, dt, n)
+        for op in ("dropout_add_norm", "dropout_add_rms_norm")
+        for sfx, dts in (("", ("bf16", "fp16", "fp32")), ("_res32", ("bf16",)))
+        for d in ("forward", "backward")
+        for dt in dts
         for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)
     }
     assert keys == want
