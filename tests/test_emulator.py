@@ -35,10 +35,6 @@ from helpers import (
     load_emulated_ops,
     seed_tensor,
 )
-from op_table import DTYPES as OP_TABLE_DTYPES
-from op_table import OPS as OP_TABLE
-from op_table import SHAPES as OP_TABLE_SHAPES
-from op_table import check_against_reference
 
 pytestmark = pytest.mark.cuda_emulated
 
@@ -392,7 +388,8 @@ def check_dan(ops, m, n, dtype, *, rms=False, r32=False, params="x", p=0.3, resi
 #   8200   forward a block a row; backward looped (row stats + tiled)
 #   16392  looped both ways, a tail of groups
 # fp64 takes the looped kernels at every N. Each with LayerNorm and RMSNorm, and for 16-bit x the sum in x's dtype
-# and in fp32 (residual_in_fp32); fp16 repeats bf16's launches and runs at two points.
+# and in fp32 (residual_in_fp32); fp16 repeats bf16's launches and runs at two points; at 16392 the fast lane runs
+# bf16 LayerNorm with an fp32 sum and fp32 RMSNorm (slow: the rest).
 def _dan_params():
     for n in (33, 768, 1000, 4104, 8200, 16392):
         for dtype in DTYPES:
@@ -401,7 +398,19 @@ def _dan_params():
             for rms in (False, True):
                 for r32 in (False, True) if dtype in (torch.float16, torch.bfloat16) else (False,):
                     norm = "rms" if rms else "ln"
-                    yield pytest.param(n, dtype, rms, r32, id=f"{n}-{str(dtype)[6:]}-{norm}" + ("-r32" if r32 else ""))
+                    # the longest rows: two of them in the fast lane (the vector looped kernels, each norm)
+                    fast = n != 16392 or (dtype, rms, r32) in (
+                        (torch.bfloat16, False, True),
+                        (torch.float32, True, False),
+                    )
+                    yield pytest.param(
+                        n,
+                        dtype,
+                        rms,
+                        r32,
+                        marks=[] if fast else [slow],
+                        id=f"{n}-{str(dtype)[6:]}-{norm}" + ("-r32" if r32 else ""),
+                    )
 
 
 @pytest.mark.parametrize("n,dtype,rms,r32", list(_dan_params()))
@@ -517,37 +526,6 @@ def check_bias_relu(ops, m, n, dtype, bias_dtype, aligned=True):
     check_bias_relu_against_reference(x, b, g, out, gx, gb)
     gx2, gb2 = ops.bias_relu_backward(g, out)
     assert torch.equal(gb, gb2), "dbias is deterministic"
-
-
-# ---------------------------------------------------------------------------------------------- the op table
-class EmulatedBackend:
-    """The op table's backend interface (tests/backends.py) on the emulated CUDA ops."""
-
-    name = api = "cuda-emulated"
-    device = "cpu"
-    triton = interpreted = False
-
-    def __init__(self, ops):
-        self.ops = ops
-
-    def op(self, name):
-        return getattr(self.ops, name)
-
-
-def _op_table_params():
-    for op in OP_TABLE:
-        for variant in op.variants:
-            for dtype in variant.dtypes or OP_TABLE_DTYPES:
-                yield pytest.param(op, variant, dtype, id=f"{op.name}-{variant.name}-{str(dtype)[6:]}")
-
-
-@pytest.mark.parametrize("op,variant,dtype", list(_op_table_params()))
-def test_op_table_on_the_emulator(small_device, op, variant, dtype):
-    """Every entry, variant and dtype of tests/op_table.py on the CUDA source, at every shape of its SHAPES, against
-    the fp64 reference (the checks tests/test_correctness.py applies to each backend)."""
-    for prefix, n in OP_TABLE_SHAPES:
-        sample = op.sample(prefix, n, dtype, "cpu", **variant.options)
-        check_against_reference(op, EmulatedBackend(small_device), sample)
 
 
 @pytest.mark.parametrize("act", [1, 2, 3])

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tools import roofline as R
+from tools import roofline_gpuopt as G
 from tools import sass as S
 
 FIXTURES = Path(__file__).resolve().parent / "sass_fixtures"
@@ -213,6 +214,12 @@ KNOWN_SHORT: dict[tuple, str] = {
         for dt in ("bf16", "fp16")
     },
     ("triton", "bias_act_silu", "backward", "fp32", 12288): "the row-group grid fills 0.90 of its last wave",
+    **{
+        ("cuda", op, "backward", dt, n): _LONG_BACKWARD
+        for op in G.DAN_OPS
+        for dt in G.op_dtypes(op)
+        for n in (12288, 16384)
+    },
 }
 
 
@@ -236,6 +243,15 @@ def test_model_covers_every_case(model):
         for op in ("layer_norm_dropout_relu", "bias_relu", "bias_act_gelu", "bias_act_gelu_tanh", "bias_act_silu")
         for d in ("forward", "backward")
         for dt in ("bf16", "fp16", "fp32")
+        for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)
+    }
+    # dropout_add_norm: CUDA rows, LayerNorm and RMSNorm with a residual; residual_in_fp32 for bf16
+    want |= {
+        ("cuda", op + sfx, d, dt, n)
+        for op in ("dropout_add_norm", "dropout_add_rms_norm")
+        for sfx, dts in (("", ("bf16", "fp16", "fp32")), ("_res32", ("bf16",)))
+        for d in ("forward", "backward")
+        for dt in dts
         for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)
     }
     assert keys == want
