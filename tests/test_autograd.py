@@ -133,7 +133,8 @@ def test_bias_act_autograd(backend):
         gx, gb = torch.autograd.grad(out, (x, b), go)
         ex, eb = op_bwd(go, (out if act == 0 else x).detach(), b.detach(), act)
         assert torch.equal(gx, ex) and torch.equal(gb, eb)
-        torch.library.opcheck(op, (x, b, act))
+        if act in (0, 1):  # the two autograd paths (saved output, saved x); opcheck is the slow part
+            torch.library.opcheck(op, (x, b, act))
     # AMP: bf16 x, fp32 bias: grad_bias arrives in the bias's dtype, summed in fp32
     xh = torch.randn(4, 8, generator=g).to(torch.bfloat16).to(dev).requires_grad_()
     bh = torch.randn(8, generator=g).to(dev).requires_grad_()
