@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tools import roofline as R
+from tools import roofline_gpuopt as G
 from tools import sass as S
 
 FIXTURES = Path(__file__).resolve().parent / "sass_fixtures"
@@ -184,6 +185,20 @@ KNOWN_SHORT: dict[tuple, str] = {
         )
         for dt in ("bf16", "fp16", "fp32")
     },
+    **{
+        ("triton", op, "backward", dt, n): _LONG_BACKWARD_TRITON
+        for op in G.DAN_OPS
+        for dt in G.op_dtypes(op)
+        for n in (12288, 16384)
+    },
+    **{
+        ("triton", op, "forward", dt, 16384): (
+            "one pass over four 4096-column chunks holds 32 elements a thread at 16 warps (as the LayerNorm forward); "
+            "the looped forward writes the sum and reads it back"
+        )
+        for op in G.DAN_OPS
+        for dt in G.op_dtypes(op)
+    },
     ("cuda", "bias_relu", "backward", "fp32", 12288): (
         "48 column tiles x 5 row blocks = 240 blocks on 264 slots (98 registers: 2 blocks a SM)"
     ),
@@ -210,6 +225,14 @@ def test_model_covers_every_case(model):
         for op in ("layer_norm_dropout_relu", "bias_relu")
         for d in ("forward", "backward")
         for dt in ("bf16", "fp16", "fp32")
+        for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)
+    }
+    # dropout_add_norm: Triton rows (LayerNorm and RMSNorm with a residual; bf16 also with residual_in_fp32)
+    want |= {
+        ("triton", op, d, dt, n)
+        for op in ("dropout_add_layer_norm", "dropout_add_rms_norm")
+        for d in ("forward", "backward")
+        for dt in ("bf16", "fp16", "fp32", "bf16-res32")
         for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)
     }
     assert keys == want

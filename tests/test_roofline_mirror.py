@@ -70,7 +70,7 @@ def test_cuda_mirror_matches_the_launcher(emu, dtype, m, n):
     emu.bias_relu_backward(torch.randn(m, n).to(dt), y)
     brb = recorded(emu)
     occ = EmulatedOccupancy()
-    mirror = {(op, d): G.cuda_launches(occ, op, d, dtype, n, sms=SMS, m=m) for op in G.OPS for d in G.DIRECTIONS}
+    mirror = {(op, d): G.cuda_launches(occ, op, d, dtype, n, sms=SMS, m=m) for op in G.CUDA_OPS for d in G.DIRECTIONS}
     assert mirror[("layer_norm_dropout_relu", "forward")] == fwd
     assert mirror[("layer_norm_dropout_relu", "backward")] == bwd
     assert mirror[("bias_relu", "forward")] == brf

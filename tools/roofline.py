@@ -486,6 +486,10 @@ FLOORS = {  # (op, direction) -> the estimate every row must reach
     ("layer_norm_dropout_relu", "backward"): 0.82,
     ("bias_relu", "forward"): 0.88,
     ("bias_relu", "backward"): 0.88,
+    ("dropout_add_layer_norm", "forward"): 0.88,
+    ("dropout_add_layer_norm", "backward"): 0.82,
+    ("dropout_add_rms_norm", "forward"): 0.88,
+    ("dropout_add_rms_norm", "backward"): 0.82,
 }
 INSTR_SHARE = 0.85  # instructions per element must stay within this share of the issue budget
 MIN_WAVE_EFFICIENCY = 0.95
@@ -580,14 +584,16 @@ def gpuopt_rows(
         code = G.CudaCode(so_path or CR.find_installed_extension())
     triton_cases = {}
     if "triton" in backends:
-        cases = [(op, d, dt, n) for op in ops for d in G.DIRECTIONS for dt in dtypes for n in ns]
+        cases = [(op, d, dt, n) for op in ops for d in G.DIRECTIONS for dt in G.op_dtypes(op, dtypes) for n in ns]
         triton_cases = G.triton_cases(cases, gpu.sms, jobs=jobs)
     for op in ops:
         for direction in G.DIRECTIONS:
-            for dtype in dtypes:
+            for dtype in G.op_dtypes(op, dtypes):
                 for n in ns:
                     ideal = G.ideal_bytes(op, direction, dtype, n)
                     for backend in backends:
+                        if backend == "cuda" and (op not in G.CUDA_OPS or dtype not in G.CUDA_TYPE):
+                            continue  # no CUDA kernels of this op (yet)
                         if backend == "cuda":
                             launches = G.cuda_launches(code, op, direction, dtype, n, gpu.sms)
                         else:
@@ -713,7 +719,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--backend", default="cuda,triton")
     ap.add_argument("--dtype", default="bf16,fp16,fp32")
     ap.add_argument("--n", default=None, help="comma-separated row lengths (default: 768 ... 16384)")
-    ap.add_argument("--op", default=None, help="layer_norm_dropout_relu and/or bias_relu")
+    ap.add_argument(
+        "--op",
+        default=None,
+        help="comma-separated: layer_norm_dropout_relu, bias_relu, dropout_add_layer_norm, dropout_add_rms_norm",
+    )
     ap.add_argument("--json", action="store_true", help="print JSON instead of markdown")
     ap.add_argument("--summary", action="store_true", help="one line per backend x op x direction x dtype")
     ap.add_argument("--no-calibration", action="store_true")

@@ -19,12 +19,18 @@ from typing import Optional
 from tools import cuda_resources as CR
 from tools.roofline import KernelLaunch, structural_trips
 
-OPS = ("layer_norm_dropout_relu", "bias_relu")
+# dropout_add_norm is two ops of the model: LayerNorm and RMSNorm, each with a residual (and, backward, grad_sum)
+DAN_OPS = ("dropout_add_layer_norm", "dropout_add_rms_norm")
+OPS = ("layer_norm_dropout_relu", "bias_relu", *DAN_OPS)
+CUDA_OPS = ("layer_norm_dropout_relu", "bias_relu")  # the ops whose CUDA launches the model mirrors
 DIRECTIONS = ("forward", "backward")
 DTYPES = ("bf16", "fp16", "fp32")
+# dropout_add_norm's rows also take bf16 x with residual_in_fp32 (the sum, residual and their gradients in fp32)
+RES32 = "bf16-res32"
 NS = (768, 1024, 2048, 4096, 8192, 12288, 16384)
 ELEMENTS = 64 * 1024 * 1024  # M * N of every case
-ELEM = {"bf16": 2, "fp16": 2, "fp32": 4}
+ELEM = {"bf16": 2, "fp16": 2, "fp32": 4, RES32: 2}
+SUM_ELEM = {"bf16": 2, "fp16": 2, "fp32": 4, RES32: 4}  # dropout_add_norm's sum dtype S
 CUDA_TYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 ACC = 4  # fp32 accumulation for the 16- and 32-bit dtypes
 
@@ -33,9 +39,23 @@ def rows_of(n: int) -> int:
     return ELEMENTS // n
 
 
+def op_dtypes(op: str, dtypes=DTYPES) -> tuple:
+    """The dtypes of an op's rows: `dtypes`, plus bf16 with residual_in_fp32 for dropout_add_norm."""
+    if op in DAN_OPS and "bf16" in dtypes and RES32 not in dtypes:
+        return (*dtypes, RES32)
+    return tuple(dtypes)
+
+
 def ideal_bytes(op: str, direction: str, dtype: str, n: int, m: Optional[int] = None) -> int:
     m = rows_of(n) if m is None else m
     e = ELEM[dtype]
+    if op in DAN_OPS:
+        es = SUM_ELEM[dtype]
+        stats = (1 if op == "dropout_add_rms_norm" else 2) * m * ACC  # rstd (and mean)
+        if direction == "forward":  # x, residual in; sum, out, the statistics out; weight, bias in
+            return m * n * (2 * e + 2 * es) + stats + 2 * n * e
+        # grad_out, grad_sum, sum in; grad_x, grad_residual out; statistics, weight in; dgamma, dbeta out
+        return m * n * (2 * e + 3 * es) + stats + 3 * n * e
     if op == "layer_norm_dropout_relu":
         if direction == "forward":  # x in, out, mean and rstd out, weight and bias in
             return 2 * m * n * e + 2 * m * ACC + 2 * n * e
@@ -334,6 +354,11 @@ TRITON_LOOPS = {
     "sum_partials_kernel": ("partials", 0),
     "bias_relu_fwd_kernel": ("rows", 0),
     "bias_relu_bwd_kernel": ("rows", 1),
+    "dan_fwd_fused_kernel": ("rows", 0),
+    "dan_fwd_looped_kernel": ("chunks", 0),
+    "dan_bwd_fused_kernel": ("rows", 0),
+    "dan_bwd_row_coef_kernel": ("chunks", 0),
+    "dan_bwd_chunk_kernel": ("rows", 1),
 }
 
 
@@ -360,7 +385,33 @@ def _triton_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
         return 2 * mn * e + n * e, mn * e + n * e
     if kernel == "bias_relu_bwd_kernel":
         return 3 * mn * e + a["_grid"][1] * n * ACC, 2 * mn * e
+    if kernel.startswith("dan_"):
+        return _dan_bytes(kernel, a, m, n, e)
     raise KeyError(f"tools.roofline_gpuopt: no byte declaration for the Triton kernel {kernel}; add one")
+
+
+def _dan_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
+    """dropout_add_norm's kernels: x / grad_out / out / grad_x in x's dtype (e), the residual, sum, grad_sum and
+    grad_residual in the sum's dtype."""
+    mn = m * n
+    es = int((a.get("SUM") if "SUM" in a else a["S"]).element_size())
+    has_r, has_gs = int(bool(a.get("HAS_R"))), int(bool(a.get("HAS_GS")))
+    stats = (1 if a.get("RMS") else 2) * m * ACC
+    if kernel in ("dan_fwd_fused_kernel", "dan_fwd_looped_kernel"):
+        params = n * e * (int(bool(a.get("HAS_W"))) + int(bool(a.get("HAS_B"))))
+        read = mn * (e + has_r * es) + params
+        nbytes = read + mn * (es + e) + stats
+        if kernel == "dan_fwd_fused_kernel":
+            return nbytes, read
+        return nbytes + mn * es, read + mn * es, mn * es, n * es  # pass 2 re-reads the program's stored row
+    params = n * e * int(bool(a.get("HAS_W")))
+    if kernel == "dan_bwd_row_coef_kernel":  # grad_out, sum, statistics and weight in; c1, c2 out
+        return mn * (e + es) + stats + params + 2 * m * ACC, mn * (e + es) + stats + params
+    sums = int(bool(a.get("HAS_W"))) + int(bool(a.get("HAS_B")))
+    groups = a["_grid"][0] if kernel == "dan_bwd_fused_kernel" else a["_grid"][1]
+    stats += 0 if kernel == "dan_bwd_fused_kernel" else 2 * m * ACC  # c1, c2
+    read = mn * (e + es + has_gs * es) + stats + params
+    return read + mn * (e + has_r * es) + sums * groups * n * ACC, read
 
 
 def _triton_trips(kernel: str, a: dict, grid: tuple, m: int, n: int):
@@ -384,24 +435,36 @@ _TRITON_OP = {
     ("layer_norm_dropout_relu", "backward"): "ldr_bwd",
     ("bias_relu", "forward"): "bias_relu_fwd",
     ("bias_relu", "backward"): "bias_relu_bwd",
+    ("dropout_add_layer_norm", "forward"): "dan_fwd",
+    ("dropout_add_layer_norm", "backward"): "dan_bwd",
+    ("dropout_add_rms_norm", "forward"): "dan_rms_fwd",
+    ("dropout_add_rms_norm", "backward"): "dan_rms_bwd",
 }
 
 
 def triton_cases(cases, sms: int = 132, jobs: int = 1) -> dict[tuple, list[KernelLaunch]]:
     """{(op, direction, dtype, N): the launches the Triton launcher makes for a contiguous (M, N) input with
-    weight and bias, p > 0}, each launch compiled for sm_90 as tools.triton_resources compiles them (all cases
+    weight and bias, p > 0 (dropout_add_norm: with a residual, and grad_sum in the backward; dtype RES32: bf16 x
+    with residual_in_fp32), each launch compiled for sm_90 as tools.triton_resources compiles them (all cases
     recorded first, then compiled once each, `jobs` at a time)."""
     import torch
 
     from tools import triton_resources as TR
 
-    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, RES32: torch.bfloat16}
     comp = TR.Compiler()
 
     def record(facts: bool) -> dict:
         return {
             (op, direction, dtype, n): TR.launches(
-                comp, _TRITON_OP[(op, direction)], tdt[dtype], n, sms, m=rows_of(n), facts=facts
+                comp,
+                _TRITON_OP[(op, direction)],
+                tdt[dtype],
+                n,
+                sms,
+                m=rows_of(n),
+                facts=facts,
+                **({"residual_in_fp32": True} if dtype == RES32 else {}),
             )
             for op, direction, dtype, n in cases
         }
