@@ -58,9 +58,9 @@ void check_input(const char* op, const char* name, const Tensor& t) {
                shape_str(t.sizes()));
 }
 
-void check_device(const char* op, const char* name, const Tensor& t, const Tensor& x) {
-  GPUOPT_CHECK(t.device() == x.device(), "gpuopt.", op, ": ", name, " must be on ", device_str(x.device()),
-               " like x, got ", device_str(t.device()));
+void check_device(const char* op, const char* name, const Tensor& t, const Tensor& x, const char* x_name = "x") {
+  GPUOPT_CHECK(t.device() == x.device(), "gpuopt.", op, ": ", name, " must be on ", device_str(x.device()), " like ",
+               x_name, ", got ", device_str(t.device()));
 }
 
 void check_same(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) {
@@ -72,21 +72,62 @@ void check_same(const char* op, const char* name, const Tensor& t, const char* r
 }
 
 // weight / bias: shape (N,), x's device, dtype of x or float32.
-void check_param(const char* op, const char* name, const Tensor& t, const Tensor& x, int64_t N) {
-  check_device(op, name, t, x);
+void check_param(const char* op, const char* name, const Tensor& t, const Tensor& x, int64_t N,
+                 const char* x_name = "x") {
+  check_device(op, name, t, x, x_name);
   GPUOPT_CHECK(t.scalar_type() == x.scalar_type() || t.scalar_type() == kFloat, "gpuopt.", op, ": ", name,
-               " must have dtype ", dtype_name(x.scalar_type()), " (like x) or torch.float32, got ",
+               " must have dtype ", dtype_name(x.scalar_type()), " (like ", x_name, ") or torch.float32, got ",
                dtype_name(t.scalar_type()));
   GPUOPT_CHECK(t.dim() == 1 && t.size(0) == N, "gpuopt.", op, ": ", name, " must have shape (", N,
-               ",) to match the last dimension of x, got ", shape_str(t.sizes()));
+               ",) to match the last dimension of ", x_name, ", got ", shape_str(t.sizes()));
 }
 
-void check_vector(const char* op, const char* name, const Tensor& t, const Tensor& x, int64_t M, ScalarType dtype) {
-  check_device(op, name, t, x);
+void check_vector(const char* op, const char* name, const Tensor& t, const Tensor& x, int64_t M, ScalarType dtype,
+                  const char* x_name = "x") {
+  check_device(op, name, t, x, x_name);
   GPUOPT_CHECK(t.scalar_type() == dtype, "gpuopt.", op, ": ", name, " must have dtype ", dtype_name(dtype), ", got ",
                dtype_name(t.scalar_type()));
   GPUOPT_CHECK(t.dim() == 1 && t.size(0) == M, "gpuopt.", op, ": ", name, " must have shape (", M,
-               ",) (one entry per row of x), got ", shape_str(t.sizes()));
+               ",) (one entry per row of ", x_name, "), got ", shape_str(t.sizes()));
+}
+
+// weight / bias of the row tensor x (named x_name): returns the parameter dtype (x's when both are absent).
+ScalarType check_params(const char* op, const Tensor& x, const char* x_name, const std::optional<Tensor>& weight,
+                        const std::optional<Tensor>& bias, int64_t N) {
+  ScalarType param_dtype = x.scalar_type();
+  const bool has_w = weight.has_value() && weight->defined();
+  const bool has_b = bias.has_value() && bias->defined();
+  if (has_w) {
+    check_param(op, "weight", *weight, x, N, x_name);
+    param_dtype = weight->scalar_type();
+  }
+  if (has_b) {
+    check_param(op, "bias", *bias, x, N, x_name);
+    if (has_w) {
+      GPUOPT_CHECK(bias->scalar_type() == weight->scalar_type(), "gpuopt.", op,
+                   ": bias must have the dtype of weight (", dtype_name(weight->scalar_type()), "), got ",
+                   dtype_name(bias->scalar_type()));
+    }
+    param_dtype = bias->scalar_type();
+  }
+  return param_dtype;
+}
+
+// seed (one int64 on x's device) and p in [0, 1]: the quantized dropout parameters.
+DropoutParams check_seed_p(const char* op, const Tensor& seed, const Tensor& x, const char* x_name, double p) {
+  check_device(op, "seed", seed, x, x_name);
+  GPUOPT_CHECK(seed.scalar_type() == kLong, "gpuopt.", op, ": seed must have dtype torch.int64, got ",
+               dtype_name(seed.scalar_type()));
+  GPUOPT_CHECK(seed.numel() == 1, "gpuopt.", op, ": seed must have exactly 1 element, got shape ",
+               shape_str(seed.sizes()));
+  GPUOPT_CHECK(p >= 0.0 && p <= 1.0, "gpuopt.", op, ": p must be in [0, 1], got ", p);
+  return make_dropout_params(p);
+}
+
+bool is_half_dtype(ScalarType t) { return t == kHalf || t == kBFloat16; }
+
+Tensor defined_or_empty(const std::optional<Tensor>& t) {
+  return t.has_value() && t->defined() ? as_contiguous(*t) : Tensor();
 }
 
 LdrArgs check_ldr_common(const char* op, const Tensor& x, const std::optional<Tensor>& weight,
@@ -96,32 +137,11 @@ LdrArgs check_ldr_common(const char* op, const Tensor& x, const std::optional<Te
   a.N = last_dim(x);
   a.M = rows_of(x, a.N);
   a.acc_dtype = acc_dtype_of(x.scalar_type());
-  a.param_dtype = x.scalar_type();
-  const bool has_w = weight.has_value() && weight->defined();
-  const bool has_b = bias.has_value() && bias->defined();
-  if (has_w) {
-    check_param(op, "weight", *weight, x, a.N);
-    a.param_dtype = weight->scalar_type();
-  }
-  if (has_b) {
-    check_param(op, "bias", *bias, x, a.N);
-    if (has_w) {
-      GPUOPT_CHECK(bias->scalar_type() == weight->scalar_type(), "gpuopt.", op,
-                   ": bias must have the dtype of weight (", dtype_name(weight->scalar_type()), "), got ",
-                   dtype_name(bias->scalar_type()));
-    }
-    a.param_dtype = bias->scalar_type();
-  }
-  check_device(op, "seed", seed, x);
-  GPUOPT_CHECK(seed.scalar_type() == kLong, "gpuopt.", op, ": seed must have dtype torch.int64, got ",
-               dtype_name(seed.scalar_type()));
-  GPUOPT_CHECK(seed.numel() == 1, "gpuopt.", op, ": seed must have exactly 1 element, got shape ",
-               shape_str(seed.sizes()));
-  GPUOPT_CHECK(p >= 0.0 && p <= 1.0, "gpuopt.", op, ": p must be in [0, 1], got ", p);
-  a.dropout = make_dropout_params(p);
+  a.param_dtype = check_params(op, x, "x", weight, bias, a.N);
+  a.dropout = check_seed_p(op, seed, x, "x", p);
   a.x = as_contiguous(x);
-  if (has_w) a.weight = as_contiguous(*weight);
-  if (has_b) a.bias = as_contiguous(*bias);
+  a.weight = defined_or_empty(weight);
+  a.bias = defined_or_empty(bias);
   return a;
 }
 
@@ -173,6 +193,95 @@ BiasReluBackwardArgs check_bias_relu_backward(const Tensor& grad_out, const Tens
   a.grad_out = as_contiguous(grad_out);
   a.out = as_contiguous(out);
   return a;
+}
+
+DanArgs check_dropout_add_norm(const Tensor& x, const std::optional<Tensor>& residual,
+                               const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                               const Tensor& seed, double p, double eps, bool rms, bool residual_in_fp32) {
+  const char* op = "dropout_add_norm";
+  check_input(op, "x", x);
+  DanArgs a;
+  a.N = last_dim(x);
+  a.M = rows_of(x, a.N);
+  a.rms = rms;
+  a.eps = eps;
+  a.x_dtype = x.scalar_type();
+  a.acc_dtype = acc_dtype_of(a.x_dtype);
+  a.sum_dtype = residual_in_fp32 && is_half_dtype(a.x_dtype) ? kFloat : a.x_dtype;
+  a.param_dtype = check_params(op, x, "x", weight, bias, a.N);
+  if (residual.has_value() && residual->defined()) {
+    const Tensor& r = *residual;
+    check_device(op, "residual", r, x);
+    const ScalarType rt = r.scalar_type();
+    if (a.sum_dtype != a.x_dtype) {
+      GPUOPT_CHECK(rt == a.sum_dtype, "gpuopt.", op, ": residual must have dtype torch.float32 (residual_in_fp32=True",
+                   " with x of dtype ", dtype_name(a.x_dtype), "), got ", dtype_name(rt));
+    } else if (rt == kFloat && is_half_dtype(a.x_dtype)) {
+      fail(str_cat("gpuopt.", op, ": residual must have dtype ", dtype_name(a.x_dtype),
+                   " like x, got torch.float32 (an fp32 residual needs residual_in_fp32=True)"));
+    } else {
+      GPUOPT_CHECK(rt == a.x_dtype, "gpuopt.", op, ": residual must have dtype ", dtype_name(a.x_dtype),
+                   " like x, got ", dtype_name(rt));
+    }
+    GPUOPT_CHECK(same_sizes(r.sizes(), x.sizes()), "gpuopt.", op, ": residual must have shape ", shape_str(x.sizes()),
+                 " like x, got ", shape_str(r.sizes()));
+  }
+  a.dropout = check_seed_p(op, seed, x, "x", p);
+  GPUOPT_CHECK(eps > 0.0 && std::isfinite(eps), "gpuopt.", op, ": eps must be a finite number > 0, got ", eps);
+  a.x = as_contiguous(x);
+  a.residual = defined_or_empty(residual);
+  a.weight = defined_or_empty(weight);
+  a.bias = defined_or_empty(bias);
+  return a;
+}
+
+DanBackwardArgs check_dropout_add_norm_backward(const Tensor& grad_out, const std::optional<Tensor>& grad_sum,
+                                                const Tensor& sum, const std::optional<Tensor>& weight,
+                                                const std::optional<Tensor>& bias, const Tensor& mean,
+                                                const Tensor& rstd, const Tensor& seed, double p, bool rms,
+                                                bool has_residual) {
+  const char* op = "dropout_add_norm_backward";
+  check_input(op, "grad_out", grad_out);
+  DanBackwardArgs b;
+  b.N = last_dim(grad_out);
+  b.M = rows_of(grad_out, b.N);
+  b.rms = rms;
+  b.has_residual = has_residual;
+  b.x_dtype = grad_out.scalar_type();
+  b.acc_dtype = acc_dtype_of(b.x_dtype);
+  check_device(op, "sum", sum, grad_out, "grad_out");
+  const ScalarType st = sum.scalar_type();
+  if (is_half_dtype(b.x_dtype)) {
+    GPUOPT_CHECK(st == b.x_dtype || st == kFloat, "gpuopt.", op, ": sum must have dtype ", dtype_name(b.x_dtype),
+                 " (like grad_out) or torch.float32 (residual_in_fp32), got ", dtype_name(st));
+  } else {
+    GPUOPT_CHECK(st == b.x_dtype, "gpuopt.", op, ": sum must have dtype ", dtype_name(b.x_dtype),
+                 " like grad_out, got ", dtype_name(st));
+  }
+  GPUOPT_CHECK(same_sizes(sum.sizes(), grad_out.sizes()), "gpuopt.", op, ": sum must have shape ",
+               shape_str(grad_out.sizes()), " like grad_out, got ", shape_str(sum.sizes()));
+  b.sum_dtype = st;
+  if (grad_sum.has_value() && grad_sum->defined()) check_same(op, "grad_sum", *grad_sum, "sum", sum);
+  b.param_dtype = check_params(op, grad_out, "grad_out", weight, bias, b.N);
+  if (rms) {
+    check_device(op, "mean", mean, grad_out, "grad_out");
+    GPUOPT_CHECK(mean.scalar_type() == b.acc_dtype, "gpuopt.", op, ": mean must have dtype ", dtype_name(b.acc_dtype),
+                 ", got ", dtype_name(mean.scalar_type()));
+    GPUOPT_CHECK(mean.dim() == 1 && mean.size(0) == 0, "gpuopt.", op,
+                 ": mean must have shape (0,) when rms is true, got ", shape_str(mean.sizes()));
+  } else {
+    check_vector(op, "mean", mean, grad_out, b.M, b.acc_dtype, "grad_out");
+  }
+  check_vector(op, "rstd", rstd, grad_out, b.M, b.acc_dtype, "grad_out");
+  b.dropout = check_seed_p(op, seed, grad_out, "grad_out", p);
+  b.grad_out = as_contiguous(grad_out);
+  b.grad_sum = defined_or_empty(grad_sum);
+  b.sum = as_contiguous(sum);
+  b.weight = defined_or_empty(weight);
+  b.bias = defined_or_empty(bias);
+  b.mean = as_contiguous(mean);
+  b.rstd = as_contiguous(rstd);
+  return b;
 }
 
 }  // namespace gpuopt

@@ -48,6 +48,53 @@ struct BiasReluBackwardArgs {
 
 BiasReluBackwardArgs check_bias_relu_backward(const Tensor& grad_out, const Tensor& out);
 
+// Validated, contiguous operands of dropout_add_norm (DESIGN.md section 1).
+struct DanArgs {
+  Tensor x;         // contiguous
+  Tensor residual;  // contiguous, dtype sum_dtype; undefined when absent
+  Tensor weight;    // contiguous or undefined
+  Tensor bias;      // contiguous or undefined
+  int64_t M = 0;    // rows
+  int64_t N = 0;    // normalized size (last dimension)
+  DropoutParams dropout{};
+  double eps = 0.0;
+  bool rms = false;
+  ScalarType x_dtype = kFloat;      // dtype of x and out
+  ScalarType acc_dtype = kFloat;    // dtype of mean / rstd and of the arithmetic
+  ScalarType param_dtype = kFloat;  // dtype of weight / bias (x's when both are absent)
+  ScalarType sum_dtype = kFloat;    // S: fp32 when residual_in_fp32 and x is fp16/bf16, else x's dtype
+};
+
+DanArgs check_dropout_add_norm(const Tensor& x, const std::optional<Tensor>& residual,
+                               const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                               const Tensor& seed, double p, double eps, bool rms, bool residual_in_fp32);
+
+// Validated, contiguous operands of dropout_add_norm_backward. x's dtype is grad_out's, S is sum's.
+struct DanBackwardArgs {
+  Tensor grad_out;  // contiguous
+  Tensor grad_sum;  // contiguous, dtype sum_dtype; undefined when absent
+  Tensor sum;       // contiguous
+  Tensor weight;    // contiguous or undefined
+  Tensor bias;      // contiguous or undefined
+  Tensor mean;      // contiguous: (M,), or (0,) when rms
+  Tensor rstd;      // contiguous: (M,)
+  int64_t M = 0;
+  int64_t N = 0;
+  DropoutParams dropout{};
+  bool rms = false;
+  bool has_residual = false;
+  ScalarType x_dtype = kFloat;      // dtype of grad_out and grad_x
+  ScalarType acc_dtype = kFloat;    // dtype of mean / rstd and of the arithmetic
+  ScalarType param_dtype = kFloat;  // dtype of grad_weight / grad_bias
+  ScalarType sum_dtype = kFloat;    // S: dtype of sum, grad_sum and grad_residual
+};
+
+DanBackwardArgs check_dropout_add_norm_backward(const Tensor& grad_out, const std::optional<Tensor>& grad_sum,
+                                                const Tensor& sum, const std::optional<Tensor>& weight,
+                                                const std::optional<Tensor>& bias, const Tensor& mean,
+                                                const Tensor& rstd, const Tensor& seed, double p, bool rms,
+                                                bool has_residual);
+
 // Accumulation dtype of inputs of dtype t: fp64 for fp64, fp32 otherwise.
 inline ScalarType acc_dtype_of(ScalarType t) { return t == kDouble ? kDouble : kFloat; }
 

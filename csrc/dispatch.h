@@ -1,4 +1,4 @@
-// dtype dispatch shared by the CPU and CUDA launchers of layer_norm_dropout_relu.
+// dtype dispatch shared by the CPU and CUDA launchers of layer_norm_dropout_relu and dropout_add_norm.
 #pragma once
 #include <type_traits>
 
@@ -20,6 +20,27 @@ void dispatch_ldr(const LdrArgs& a, Body&& body) {
       body(TypeTag<scalar_t>{}, TypeTag<float>{});
     } else {
       body(TypeTag<scalar_t>{}, TypeTag<scalar_t>{});
+    }
+  });
+}
+
+// dropout_add_norm (DanArgs or DanBackwardArgs): calls body(TypeTag<scalar_t>, TypeTag<param_t>, TypeTag<sum_t>)
+// for x's dtype, the parameters' dtype (x's or fp32) and S, the dtype of `sum` (x's or fp32).
+template <typename Args, typename Body>
+void dispatch_dan(const Args& a, Body&& body) {
+  dispatch_floating(a.x_dtype, "dropout_add_norm", [&](auto st) {
+    using scalar_t = typename decltype(st)::type;
+    auto with_sum = [&](auto pt) {
+      if (a.sum_dtype == kFloat) {
+        body(TypeTag<scalar_t>{}, pt, TypeTag<float>{});
+      } else {
+        body(TypeTag<scalar_t>{}, pt, TypeTag<scalar_t>{});
+      }
+    };
+    if (a.param_dtype == kFloat) {
+      with_sum(TypeTag<float>{});
+    } else {
+      with_sum(TypeTag<scalar_t>{});
     }
   });
 }

@@ -13,6 +13,13 @@ constexpr const char* kLdrBackwardSchema =
 constexpr const char* kBiasReluSchema = "bias_relu(Tensor x, Tensor bias) -> Tensor";
 constexpr const char* kBiasReluBackwardSchema =
     "bias_relu_backward(Tensor grad_out, Tensor out) -> (Tensor grad_x, Tensor grad_bias)";
+constexpr const char* kDanForwardSchema =
+    "dropout_add_norm(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, Tensor seed, float p, float eps,"
+    " bool rms, bool residual_in_fp32) -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)";
+constexpr const char* kDanBackwardSchema =
+    "dropout_add_norm_backward(Tensor grad_out, Tensor? grad_sum, Tensor sum, Tensor? weight, Tensor? bias,"
+    " Tensor mean, Tensor rstd, Tensor seed, float p, bool rms, bool has_residual)"
+    " -> (Tensor grad_x, Tensor grad_residual, Tensor grad_weight, Tensor grad_bias)";
 
 // Library: anything with def(const char* schema), e.g. the stable ABI's StableLibrary.
 template <class Library>
@@ -21,6 +28,8 @@ void define_schemas(Library& m) {
   m.def(kLdrBackwardSchema);
   m.def(kBiasReluSchema);
   m.def(kBiasReluBackwardSchema);
+  m.def(kDanForwardSchema);
+  m.def(kDanBackwardSchema);
 }
 
 }  // namespace gpuopt

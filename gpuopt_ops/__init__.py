@@ -1,4 +1,4 @@
-"""gpuopt: fused LayerNorm-Dropout-ReLU and bias-ReLU operators for PyTorch.
+"""gpuopt: fused LayerNorm-Dropout-ReLU, bias-ReLU and dropout-add-norm operators for PyTorch.
 
 `import gpuopt_ops` loads the compiled extension (which defines torch.ops.gpuopt.*) and registers the fake
 kernels and autograd formulas, and, when `import triton` succeeds, the Triton twins torch.ops.gpuopt.triton_*
@@ -30,7 +30,7 @@ from . import (
 )
 from .backends import BACKENDS, resolve_backend  # noqa: E402
 from .fuse import fuse, unfuse  # noqa: E402
-from .ops import bias_relu, draw_seed, layer_norm_dropout_relu  # noqa: E402
+from .ops import bias_relu, draw_seed, dropout_add_norm, layer_norm_dropout_relu  # noqa: E402
 
 compile_backend.register()  # torch.compile(model, backend="gpuopt")
 
@@ -63,6 +63,7 @@ _load_triton_twins()
 __all__ = [
     "layer_norm_dropout_relu",
     "bias_relu",
+    "dropout_add_norm",
     "draw_seed",
     "fuse",
     "unfuse",

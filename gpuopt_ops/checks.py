@@ -35,9 +35,9 @@ def check_input(op: str, name: str, t: torch.Tensor) -> None:
     )
 
 
-def check_device(op: str, name: str, t: torch.Tensor, x: torch.Tensor) -> None:
+def check_device(op: str, name: str, t: torch.Tensor, x: torch.Tensor, x_name: str = "x") -> None:
     if t.device != x.device:
-        _fail(op, f"{name} must be on {x.device} like x, got {t.device}")
+        _fail(op, f"{name} must be on {x.device} like {x_name}, got {t.device}")
 
 
 def check_same(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
@@ -50,24 +50,49 @@ def check_same(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Te
     )
 
 
-def check_param(op: str, name: str, t: torch.Tensor, x: torch.Tensor, n) -> None:
-    check_device(op, name, t, x)
+def check_param(op: str, name: str, t: torch.Tensor, x: torch.Tensor, n, x_name: str = "x") -> None:
+    check_device(op, name, t, x, x_name)
     if t.dtype != x.dtype and t.dtype != torch.float32:
-        _fail(op, f"{name} must have dtype {x.dtype} (like x) or torch.float32, got {t.dtype}")
+        _fail(op, f"{name} must have dtype {x.dtype} (like {x_name}) or torch.float32, got {t.dtype}")
     torch._check(
         t.dim() == 1 and t.shape[0] == n,
-        lambda: f"gpuopt.{op}: {name} must have shape ({n},) to match the last dimension of x, got {_shape(t)}",
+        lambda: f"gpuopt.{op}: {name} must have shape ({n},) to match the last dimension of {x_name}, got {_shape(t)}",
     )
 
 
-def check_vector(op: str, name: str, t: torch.Tensor, x: torch.Tensor, m, dtype: torch.dtype) -> None:
-    check_device(op, name, t, x)
+def check_vector(
+    op: str, name: str, t: torch.Tensor, x: torch.Tensor, m, dtype: torch.dtype, x_name: str = "x"
+) -> None:
+    check_device(op, name, t, x, x_name)
     if t.dtype != dtype:
         _fail(op, f"{name} must have dtype {dtype}, got {t.dtype}")
     torch._check(
         t.dim() == 1 and t.shape[0] == m,
-        lambda: f"gpuopt.{op}: {name} must have shape ({m},) (one entry per row of x), got {_shape(t)}",
+        lambda: f"gpuopt.{op}: {name} must have shape ({m},) (one entry per row of {x_name}), got {_shape(t)}",
     )
+
+
+def check_params(op: str, x: torch.Tensor, x_name: str, weight, bias, n) -> torch.dtype:
+    """weight / bias of the row tensor x: returns the parameter dtype (x's when both are absent)."""
+    param_dtype = x.dtype
+    if weight is not None:
+        check_param(op, "weight", weight, x, n, x_name)
+        param_dtype = weight.dtype
+    if bias is not None:
+        check_param(op, "bias", bias, x, n, x_name)
+        if weight is not None and bias.dtype != weight.dtype:
+            _fail(op, f"bias must have the dtype of weight ({weight.dtype}), got {bias.dtype}")
+        param_dtype = bias.dtype
+    return param_dtype
+
+
+def check_seed_p(op: str, seed: torch.Tensor, x: torch.Tensor, x_name: str, p: float) -> None:
+    check_device(op, "seed", seed, x, x_name)
+    if seed.dtype != torch.int64:
+        _fail(op, f"seed must have dtype torch.int64, got {seed.dtype}")
+    torch._check(seed.numel() == 1, lambda: f"gpuopt.{op}: seed must have exactly 1 element, got shape {_shape(seed)}")
+    if not (0.0 <= p <= 1.0):  # also rejects NaN
+        _fail(op, f"p must be in [0, 1], got {p:g}")
 
 
 def check_ldr_common(
@@ -77,29 +102,20 @@ def check_ldr_common(
     check_input(op, "x", x)
     n = x.shape[-1]
     m = x.numel() // n
-    param_dtype = x.dtype
-    if weight is not None:
-        check_param(op, "weight", weight, x, n)
-        param_dtype = weight.dtype
-    if bias is not None:
-        check_param(op, "bias", bias, x, n)
-        if weight is not None and bias.dtype != weight.dtype:
-            _fail(op, f"bias must have the dtype of weight ({weight.dtype}), got {bias.dtype}")
-        param_dtype = bias.dtype
-    check_device(op, "seed", seed, x)
-    if seed.dtype != torch.int64:
-        _fail(op, f"seed must have dtype torch.int64, got {seed.dtype}")
-    torch._check(seed.numel() == 1, lambda: f"gpuopt.{op}: seed must have exactly 1 element, got shape {_shape(seed)}")
-    if not (0.0 <= p <= 1.0):  # also rejects NaN
-        _fail(op, f"p must be in [0, 1], got {p:g}")
+    param_dtype = check_params(op, x, "x", weight, bias, n)
+    check_seed_p(op, seed, x, "x", p)
     return m, n, param_dtype
+
+
+def _check_eps(op: str, eps: float) -> None:
+    if not (eps > 0.0 and eps != float("inf")):
+        _fail(op, f"eps must be a finite number > 0, got {eps:g}")
 
 
 def check_ldr_forward(x, weight, bias, seed, p: float, eps: float):
     op = "layer_norm_dropout_relu"
     m, n, param_dtype = check_ldr_common(op, x, weight, bias, seed, p)
-    if not (eps > 0.0 and eps != float("inf")):
-        _fail(op, f"eps must be a finite number > 0, got {eps:g}")
+    _check_eps(op, eps)
     return m, n, param_dtype
 
 
@@ -126,3 +142,86 @@ def check_bias_relu_backward(grad_out, out):
     check_same(op, "grad_out", grad_out, "out", out)
     n = out.shape[-1]
     return out.numel() // n, n
+
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def sum_dtype(x_dtype: torch.dtype, residual_in_fp32: bool) -> torch.dtype:
+    """S, the dtype of dropout_add_norm's `sum`: fp32 when residual_in_fp32 and x is fp16/bf16, else x's dtype."""
+    return torch.float32 if residual_in_fp32 and x_dtype in HALF_DTYPES else x_dtype
+
+
+def check_dropout_add_norm(x, residual, weight, bias, seed, p: float, eps: float, rms: bool, residual_in_fp32: bool):
+    """Returns (M, N, param_dtype, S)."""
+    op = "dropout_add_norm"
+    check_input(op, "x", x)
+    n = x.shape[-1]
+    m = x.numel() // n
+    s_dtype = sum_dtype(x.dtype, residual_in_fp32)
+    param_dtype = check_params(op, x, "x", weight, bias, n)
+    if residual is not None:
+        check_device(op, "residual", residual, x)
+        if s_dtype != x.dtype:
+            if residual.dtype != s_dtype:
+                _fail(
+                    op,
+                    f"residual must have dtype torch.float32 (residual_in_fp32=True with x of dtype {x.dtype}), "
+                    f"got {residual.dtype}",
+                )
+        elif residual.dtype == torch.float32 and x.dtype in HALF_DTYPES:
+            _fail(
+                op,
+                f"residual must have dtype {x.dtype} like x, got torch.float32 (an fp32 residual needs "
+                "residual_in_fp32=True)",
+            )
+        elif residual.dtype != x.dtype:
+            _fail(op, f"residual must have dtype {x.dtype} like x, got {residual.dtype}")
+        torch._check(
+            residual.dim() == x.dim() and all(a == b for a, b in zip(residual.shape, x.shape)),
+            lambda: f"gpuopt.{op}: residual must have shape {_shape(x)} like x, got {_shape(residual)}",
+        )
+    check_seed_p(op, seed, x, "x", p)
+    _check_eps(op, eps)
+    return m, n, param_dtype, s_dtype
+
+
+def check_dropout_add_norm_backward(
+    grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, p: float, rms: bool, has_residual: bool
+):
+    """Returns (M, N, param_dtype, S); x's dtype is grad_out's, S is sum's."""
+    op = "dropout_add_norm_backward"
+    check_input(op, "grad_out", grad_out)
+    n = grad_out.shape[-1]
+    m = grad_out.numel() // n
+    acc = acc_dtype(grad_out.dtype)
+    check_device(op, "sum", sum, grad_out, "grad_out")
+    if grad_out.dtype in HALF_DTYPES:
+        if sum.dtype not in (grad_out.dtype, torch.float32):
+            _fail(
+                op,
+                f"sum must have dtype {grad_out.dtype} (like grad_out) or torch.float32 (residual_in_fp32), "
+                f"got {sum.dtype}",
+            )
+    elif sum.dtype != grad_out.dtype:
+        _fail(op, f"sum must have dtype {grad_out.dtype} like grad_out, got {sum.dtype}")
+    torch._check(
+        sum.dim() == grad_out.dim() and all(a == b for a, b in zip(sum.shape, grad_out.shape)),
+        lambda: f"gpuopt.{op}: sum must have shape {_shape(grad_out)} like grad_out, got {_shape(sum)}",
+    )
+    if grad_sum is not None:
+        check_same(op, "grad_sum", grad_sum, "sum", sum)
+    param_dtype = check_params(op, grad_out, "grad_out", weight, bias, n)
+    if rms:
+        check_device(op, "mean", mean, grad_out, "grad_out")
+        if mean.dtype != acc:
+            _fail(op, f"mean must have dtype {acc}, got {mean.dtype}")
+        torch._check(
+            mean.dim() == 1 and mean.shape[0] == 0,
+            lambda: f"gpuopt.{op}: mean must have shape (0,) when rms is true, got {_shape(mean)}",
+        )
+    else:
+        check_vector(op, "mean", mean, grad_out, m, acc, "grad_out")
+    check_vector(op, "rstd", rstd, grad_out, m, acc, "grad_out")
+    check_seed_p(op, seed, grad_out, "grad_out", p)
+    return m, n, param_dtype, sum.dtype

@@ -48,6 +48,36 @@ def _bias_relu_backward_fake(grad_out, out):
     )
 
 
+@torch.library.register_fake("gpuopt::dropout_add_norm")
+def _dan_fake(x, residual, weight, bias, seed, p, eps, rms, residual_in_fp32):
+    m, _, _, s_dtype = V.check_dropout_add_norm(x, residual, weight, bias, seed, p, eps, rms, residual_in_fp32)
+    acc = V.acc_dtype(x.dtype)
+    return (
+        torch.empty_like(x, memory_format=torch.contiguous_format),
+        torch.empty_like(x, dtype=s_dtype, memory_format=torch.contiguous_format),
+        x.new_empty((0,) if rms else (m,), dtype=acc),
+        x.new_empty((m,), dtype=acc),
+    )
+
+
+@torch.library.register_fake("gpuopt::dropout_add_norm_backward")
+def _dan_backward_fake(grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, p, rms, has_residual):
+    _, n, param_dtype, s_dtype = V.check_dropout_add_norm_backward(
+        grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, p, rms, has_residual
+    )
+    grad_res = (
+        torch.empty_like(grad_out, dtype=s_dtype, memory_format=torch.contiguous_format)
+        if has_residual
+        else grad_out.new_empty((0,), dtype=s_dtype)
+    )
+    return (
+        torch.empty_like(grad_out, memory_format=torch.contiguous_format),
+        grad_res,
+        grad_out.new_empty((n,) if weight is not None else (0,), dtype=param_dtype),
+        grad_out.new_empty((n,) if bias is not None else (0,), dtype=param_dtype),
+    )
+
+
 # ---------------------------------------------------------------------------------------------- autograd
 def register_ldr_autograd(forward_op, backward_op) -> None:
     """Autograd of a layer_norm_dropout_relu op (C++ or Triton): backward is the `_backward` op.
@@ -112,7 +142,47 @@ def register_bias_relu_autograd(forward_op, backward_op) -> None:
     _forbid_double_backward(f"{forward_op}_backward")
 
 
+def register_dropout_add_norm_autograd(forward_op, backward_op) -> None:
+    """Autograd of a dropout_add_norm op (C++ or Triton): backward is the `_backward` op.
+
+    Saved for backward: sum, weight, bias, mean, rstd, seed (DESIGN.md); never a mask (recomputed from the seed).
+    The gradient reaching the `sum` output (the prenorm output's other users) is passed as grad_sum, None when
+    nothing flows there; a missing grad of `out` (only `sum` used) is zeros. mean/rstd are not differentiable.
+    """
+
+    def setup_context(ctx, inputs, output):
+        x, residual, weight, bias, seed, p, eps, rms, residual_in_fp32 = inputs
+        _, s, mean, rstd = output
+        ctx.save_for_backward(s, weight, bias, mean, rstd, seed)
+        ctx.p, ctx.rms, ctx.has_residual, ctx.x_dtype = p, rms, residual is not None, x.dtype
+        ctx.set_materialize_grads(False)
+
+    def backward(ctx, grad_out, grad_sum, _grad_mean, _grad_rstd):
+        s, weight, bias, mean, rstd, seed = ctx.saved_tensors
+        if grad_out is None:
+            grad_out = torch.zeros_like(s, dtype=ctx.x_dtype)
+        grad_x, grad_res, grad_w, grad_b = backward_op(
+            grad_out, grad_sum, s, weight, bias, mean, rstd, seed, ctx.p, ctx.rms, ctx.has_residual
+        )
+        need_x, need_r, need_w, need_b = ctx.needs_input_grad[:4]
+        return (
+            grad_x if need_x else None,
+            grad_res if ctx.has_residual and need_r else None,
+            grad_w if weight is not None and need_w else None,
+            grad_b if bias is not None and need_b else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+    torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
+    _forbid_double_backward(f"{forward_op}_backward")
+
+
 register_ldr_autograd("gpuopt::layer_norm_dropout_relu", _ops.layer_norm_dropout_relu_backward)
+register_dropout_add_norm_autograd("gpuopt::dropout_add_norm", _ops.dropout_add_norm_backward)
 register_bias_relu_autograd("gpuopt::bias_relu", _ops.bias_relu_backward)
 
 
@@ -182,3 +252,43 @@ def bias_relu(x: torch.Tensor, bias: torch.Tensor, backend: str = "auto") -> tor
     backend = resolve_backend(backend, x.device, "bias_relu")
     op = _triton_ops().triton_bias_relu if backend == "triton" else _ops.bias_relu
     return op(x, bias)
+
+
+NORMS = ("layer", "rms")
+
+
+def dropout_add_norm(
+    x: torch.Tensor,
+    residual: Optional[torch.Tensor] = None,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    norm: str = "layer",
+    p: float = 0.0,
+    training: bool = True,
+    eps: float = 1e-5,
+    prenorm: bool = False,
+    residual_in_fp32: bool = False,
+    generator: Optional[torch.Generator] = None,
+    backend: str = "auto",
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """norm(dropout(x, p) + residual) over the last dimension in one fused kernel, norm = "layer" (LayerNorm) or
+    "rms" (RMSNorm), each with an optional weight and bias of shape (x.shape[-1],).
+
+    Returns out, or (out, sum) when prenorm: sum = dropout(x) + residual (the next block's residual), in fp32 when
+    residual_in_fp32 and x is fp16/bf16 (the residual must then be fp32 too), else in x's dtype. Dropout keeps an
+    element with probability 1 - p quantized to a multiple of 2**-16 (DESIGN.md) and is off when training=False;
+    the seed is drawn from `generator` (default: torch's default generator on x's device), as in
+    layer_norm_dropout_relu, so the same seed gives the same mask as that op.
+    """
+    if norm not in NORMS:
+        raise ValueError(f"gpuopt.dropout_add_norm: norm must be one of {NORMS}, got {norm!r}")
+    backend = resolve_backend(backend, x.device, "dropout_add_norm")
+    p_eff = float(p) if training else 0.0
+    if p_eff > 0.0:
+        seed = draw_seed(x.device, generator)
+    else:
+        seed = torch.zeros(1, dtype=torch.int64, device=x.device)
+    op = _triton_ops().triton_dropout_add_norm if backend == "triton" else _ops.dropout_add_norm
+    out, s, _, _ = op(x, residual, weight, bias, seed, p_eff, float(eps), norm == "rms", bool(residual_in_fp32))
+    return (out, s) if prenorm else out

@@ -115,6 +115,66 @@ def layer_norm_dropout_relu(
     return torch.relu(y), mean.reshape(-1), rstd.reshape(-1)
 
 
+def dropout_add_norm(
+    x: torch.Tensor,
+    residual: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    seed,
+    p: float,
+    eps: float = 1e-5,
+    rms: bool = False,
+    residual_in_fp32: bool = False,
+    compute_dtype: Optional[torch.dtype] = None,
+):
+    """norm(dropout(x) + residual) over the last dim from unfused PyTorch ops (the op's contract, DESIGN.md).
+
+    s = dropout(x) + residual is computed in compute_dtype (None: x's dtype, what plain PyTorch does;
+    torch.float64: the high-precision reference) and rounded to S (fp32 when residual_in_fp32 and x is fp16/bf16,
+    else x's dtype), as the op stores `sum`; the norm reads that stored s. Differentiable (the rounding passes the
+    gradient through). Returns (out, sum, mean, rstd): out in compute_dtype, sum in S, mean empty for rms.
+    """
+    dt = compute_dtype or x.dtype
+    n = x.shape[-1]
+    m = x.numel() // n
+    s_dtype = torch.float32 if residual_in_fp32 and x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    keep = dropout_keep_mask(seed_value(seed), m, n, p, device=x.device).reshape(x.shape)
+    scale = dropout_scale(p, x.dtype)  # the op's constant: fp32 unless x is fp64, whatever compute_dtype is
+    xc = x.to(dt)
+    d = xc if dropout_threshold(p) == 0 else torch.where(keep, xc * scale, torch.zeros((), dtype=dt, device=x.device))
+    s = d + residual.to(dt) if residual is not None else d
+    stored = s.to(s_dtype)
+    sc = stored.to(dt)
+    if rms:
+        mean = sc.new_empty((0,))
+        rstd = torch.rsqrt((sc * sc).mean(-1, keepdim=True) + eps)
+        y = sc * rstd
+    else:
+        mu = sc.mean(-1, keepdim=True)
+        rstd = torch.rsqrt(((sc - mu) ** 2).mean(-1, keepdim=True) + eps)
+        y = (sc - mu) * rstd
+        mean = mu.reshape(-1)
+    if weight is not None:
+        y = y * weight.to(dt)
+    if bias is not None:
+        y = y + bias.to(dt)
+    return y, stored, mean, rstd.reshape(-1)
+
+
+def eager_dropout_add_norm(x, residual, weight, bias, p: float, training: bool = True, eps: float = 1e-5, rms=False):
+    """What a user writes without gpuopt (the benchmarks' `eager` provider): torch's own dropout RNG.
+    Returns (out, sum)."""
+    s = torch.nn.functional.dropout(x, p, training)
+    if residual is not None:
+        s = s + residual
+    n = (x.shape[-1],)
+    if not rms:
+        return torch.nn.functional.layer_norm(s, n, weight, bias, eps), s
+    out = torch.nn.functional.rms_norm(s, n, weight, eps)
+    out = out + bias if bias is not None else out
+    return out, s
+
+
 def bias_relu(x: torch.Tensor, bias: torch.Tensor, compute_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     dt = compute_dtype or x.dtype
     return torch.relu(x.to(dt) + bias.to(dt))

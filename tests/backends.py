@@ -9,6 +9,13 @@ report shows what did not run:
 - `triton`: the Triton kernels compiled for a GPU (marker `triton_gpu`).
 - `triton-interpret`: the same Triton kernels on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, which
   conftest sets when there is no GPU). Slow: tests keep its shapes small.
+
+Besides these, `cuda-emulated` (EMULATED, marker `cuda_emulated`) runs the CUDA source on CPU tensors under
+tools/cuda_emu (torch.ops.gpuopt_emu). It is not in the default list (the existing tests cover it in
+tests/test_emulator.py); tests of newer ops name it: `backend_params(*DEFAULT, "cuda-emulated")`.
+
+A backend may lack an op that a newer branch adds (a kernel not written yet): `require_op(backend, name)` skips
+the test with that reason, so a missing kernel shows up in the report and joins by itself once registered.
 """
 
 from __future__ import annotations
@@ -51,10 +58,36 @@ class Backend:
     marks: tuple = ()
     skip_reason: Callable[[], Optional[str]] = field(default=lambda: None, compare=False)
     gpu: bool = False
+    namespace: str = "gpuopt"  # torch.ops.<namespace>: "gpuopt_emu" for the emulated CUDA source
+
+    def _ops(self):
+        if self.namespace == "gpuopt_emu":
+            from helpers import load_emulated_ops  # built once and cached (tools/cuda_emu)
+
+            return load_emulated_ops()
+        return getattr(torch.ops, self.namespace)
 
     def op(self, name: str):
         """The raw op `name` ("layer_norm_dropout_relu", "bias_relu_backward", ...) of this backend."""
-        return getattr(torch.ops.gpuopt, self.prefix + name)
+        return getattr(self._ops(), self.prefix + name)
+
+    def missing_op(self, name: str) -> Optional[str]:
+        """Why this backend cannot run the op `name` (and its backward), or None when it can."""
+        key = {"cpu": "CPU", "cuda": "CUDA"}[self.device] if not self.triton else None
+        if self.namespace == "gpuopt_emu":
+            key = "CPU"  # the emulator's kernels take CPU tensors
+        for op in (name, f"{name}_backward"):
+            qualified = f"{self.namespace}::{self.prefix}{op}"
+            try:
+                self._ops()
+                registered = hasattr(self._ops(), self.prefix + op)
+            except Exception as err:  # the emulator cannot be built here
+                return f"backend {self.name}: cannot load its ops ({type(err).__name__}: {err})"
+            if not registered:
+                return f"backend {self.name}: {qualified} is not registered (no kernel for it yet)"
+            if key and not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key):
+                return f"backend {self.name}: {qualified} has no {key} kernel (not implemented yet)"
+        return None
 
     @property
     def triton(self) -> bool:
@@ -74,7 +107,18 @@ BACKENDS = [
     Backend("triton", "triton", "cuda", "triton_", marks=(pytest.mark.triton_gpu,), gpu=True),
     Backend("triton-interpret", "triton", "cpu", "triton_", skip_reason=_interpreter_reason),
 ]
-BY_NAME = {b.name: b for b in BACKENDS}
+# The CUDA source on CPU tensors under tools/cuda_emu; not in the default list (see the module docstring).
+EMULATED = Backend("cuda-emulated", "cuda", "cpu", "", marks=(pytest.mark.cuda_emulated,), namespace="gpuopt_emu")
+DEFAULT = tuple(b.name for b in BACKENDS)
+BY_NAME = {b.name: b for b in (*BACKENDS, EMULATED)}
+
+
+def require_op(backend: Backend, name: str) -> None:
+    """Skips the running test, with the reason, when `backend` has no kernel of gpuopt op `name` (or its
+    backward): a branch that adds the kernel makes the test run without any change here."""
+    reason = backend.missing_op(name)
+    if reason:
+        pytest.skip(reason)
 
 
 def backend_params(*names: str):

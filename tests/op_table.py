@@ -39,6 +39,7 @@ SHAPES = [((4,), 1), ((3,), 7), ((5,), 37), ((2, 3), 123), ((6,), 64), ((0,), 16
 class Sample:
     args: dict[str, object]  # the forward op's arguments by schema name
     grad_out: torch.Tensor  # the gradient of the op's main output
+    grad_sum: Optional[torch.Tensor] = None  # dropout_add_norm with prenorm: the gradient of its `sum` output
 
     @property
     def m(self) -> int:
@@ -61,6 +62,8 @@ class OpSpec:
     run: Callable[..., dict[str, torch.Tensor]]  # (backend, sample) -> named results (outputs and gradients)
     reference: Callable[..., dict[str, torch.Tensor]]  # (sample, compute dtype, low-precision?) -> same names
     check: Callable[..., None]  # (sample, ours, ref64, reference in x's dtype) -> asserts
+    # extra backends of tests/backends.py this entry also runs on (newer ops: the emulated CUDA source)
+    extra_backends: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------- LayerNorm-dropout-ReLU
@@ -181,7 +184,171 @@ BIAS_RELU = OpSpec(
     check=bias_relu_check,
 )
 
-OPS = [LAYER_NORM_DROPOUT_RELU, BIAS_RELU]
+
+# ---------------------------------------------------------------------------------------------- dropout-add-norm
+def dan_sample(
+    prefix,
+    n,
+    dtype,
+    device,
+    *,
+    p=0.25,
+    rms=False,
+    residual=True,
+    prenorm=False,
+    residual_in_fp32=False,
+    params="both",
+    param_dtype=None,
+    seed=4321,
+    data_seed=0,
+):
+    """params: "both", "weight", "bias" or "none"; prenorm gives a gradient for `sum` (its other users)."""
+    x, w, b = make_inputs(prefix, n, dtype, device, param_dtype=param_dtype, seed=data_seed)
+    w = w if params in ("both", "weight") else None
+    b = b if params in ("both", "bias") else None
+    s_dtype = torch.float32 if residual_in_fp32 and dtype in (torch.float16, torch.bfloat16) else dtype
+    g = torch.Generator().manual_seed(data_seed + 1)
+    r = torch.randn(x.shape, generator=g, dtype=torch.float64).to(s_dtype).to(device) if residual else None
+    grad_out = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype).to(device)
+    grad_sum = torch.randn(x.shape, generator=g, dtype=torch.float64).to(s_dtype).to(device) if prenorm else None
+    args = dict(
+        x=x,
+        residual=r,
+        weight=w,
+        bias=b,
+        seed=seed_tensor(seed, device),
+        p=p,
+        eps=1e-5,
+        rms=rms,
+        residual_in_fp32=residual_in_fp32,
+    )
+    return Sample(args, grad_out, grad_sum)
+
+
+def dan_run(backend, s: Sample):
+    a = s.args
+    out, sm, mean, rstd = backend.op("dropout_add_norm")(*a.values())
+    gx, gr, gw, gb = backend.op("dropout_add_norm_backward")(
+        s.grad_out,
+        s.grad_sum,
+        sm,
+        a["weight"],
+        a["bias"],
+        mean,
+        rstd,
+        a["seed"],
+        a["p"],
+        a["rms"],
+        a["residual"] is not None,
+    )
+    return dict(out=out, sum=sm, mean=mean, rstd=rstd, grad_x=gx, grad_residual=gr, grad_weight=gw, grad_bias=gb)
+
+
+def dan_reference(s: Sample, dtype, low_precision_params=False):
+    a = s.args
+    params = [a["weight"], a["bias"]]
+    if low_precision_params:
+        params = [None if t is None else t.to(dtype) for t in params]
+    leaves = [
+        t.detach().clone().requires_grad_(True) if t is not None else None for t in (a["x"], a["residual"], *params)
+    ]
+    out, sm, mean, rstd = R.dropout_add_norm(
+        *leaves, a["seed"], a["p"], a["eps"], a["rms"], a["residual_in_fp32"], compute_dtype=dtype
+    )
+    outputs, grads = [out], [s.grad_out.to(dtype)]
+    if s.grad_sum is not None:
+        outputs.append(sm)
+        grads.append(s.grad_sum.to(sm.dtype))
+    torch.autograd.backward(outputs, grads)
+    gx, gr, gw, gb = (t.grad if t is not None else None for t in leaves)
+    return dict(
+        out=out.detach(),
+        sum=sm.detach(),
+        mean=mean.detach(),
+        rstd=rstd.detach(),
+        grad_x=gx,
+        grad_residual=gr,
+        grad_weight=gw,
+        grad_bias=gb,
+    )
+
+
+def dan_expected_sum(s: Sample) -> torch.Tensor:
+    """`sum` as the contract computes it: where(keep, x * scale, 0) (+ residual) in the accumulation dtype, rounded
+    once to S. Without a residual it is x's dropout alone (x itself at p = 0); with one at p = 0 it is x + residual,
+    one rounding."""
+    a = s.args
+    x, r = a["x"].cpu(), a["residual"]
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    s_dtype = torch.float32 if a["residual_in_fp32"] and x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    m, n = s.m, x.shape[-1]
+    xa = x.to(acc)
+    if R.dropout_threshold(a["p"]) > 0:
+        keep = R.dropout_keep_mask(R.seed_value(a["seed"]), m, n, a["p"]).reshape(x.shape)
+        xa = torch.where(keep, xa * R.dropout_scale(a["p"], x.dtype), torch.zeros((), dtype=acc))
+    return (xa + r.cpu().to(acc) if r is not None else xa).to(s_dtype)
+
+
+def dan_check(s: Sample, ours, ref64, low):
+    a = s.args
+    x, w, b, r = a["x"], a["weight"], a["bias"], a["residual"]
+    dtype, m, n = x.dtype, s.m, x.shape[-1]
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    s_dtype = torch.float32 if a["residual_in_fp32"] and dtype in (torch.float16, torch.bfloat16) else dtype
+    assert ours["out"].dtype == dtype and ours["out"].shape == x.shape and ours["out"].is_contiguous()
+    assert ours["sum"].dtype == s_dtype and ours["sum"].shape == x.shape and ours["sum"].is_contiguous()
+    assert ours["mean"].dtype == acc and ours["mean"].shape == ((0,) if a["rms"] else (m,))
+    assert ours["rstd"].dtype == acc and ours["rstd"].shape == (m,)
+    assert ours["grad_x"].dtype == dtype and ours["grad_x"].shape == x.shape
+    fl = FLOORS[dtype]
+    # sum: bit for bit where the contract leaves one rounding (no residual, or p = 0), else close
+    expected = dan_expected_sum(s)
+    if r is None or R.dropout_threshold(a["p"]) == 0:
+        assert torch.equal(ours["sum"].cpu(), expected), "sum must be dropout(x) + residual rounded once to S"
+    else:
+        assert_close_to_reference("sum", ours["sum"].cpu(), ref64["sum"].cpu().double(), low["sum"].cpu(), fl)
+    for name in ("out", "grad_x"):
+        assert_close_to_reference(name, ours[name].cpu(), ref64[name].cpu(), low[name].cpu(), fl)
+    if r is None:
+        assert ours["grad_residual"].numel() == 0, "no residual: a (0,) grad_residual"
+    else:
+        assert ours["grad_residual"].dtype == s_dtype and ours["grad_residual"].shape == x.shape
+        assert_close_to_reference(
+            "grad_residual", ours["grad_residual"].cpu(), ref64["grad_residual"].cpu(), low["grad_residual"].cpu(), fl
+        )
+    for name, param in (("grad_weight", w), ("grad_bias", b)):
+        if param is None:
+            assert ours[name].numel() == 0, f"{name}: a missing parameter has a (0,) gradient"
+            continue
+        assert ours[name].dtype == param.dtype and ours[name].shape == (n,), name
+        floor = 1e-2 if param.dtype != dtype else fl * max(1, m)
+        assert_close_to_reference(name, ours[name].cpu(), ref64[name].cpu(), low[name].cpu(), floor)
+
+
+DROPOUT_ADD_NORM = OpSpec(
+    name="dropout_add_norm",
+    # The kernels' switches: rms, residual, dropout (p > 0), grad_sum (prenorm), S = fp32 (residual_in_fp32),
+    # weight / bias each present or not; each value of each is taken at least once.
+    variants=(
+        Variant("layer-residual-p0.25", dict(p=0.25)),
+        Variant(
+            "rms-prenorm-no-residual-weight-only", dict(p=0.1, rms=True, residual=False, prenorm=True, params="weight")
+        ),
+        Variant("layer-p0-prenorm-no-params", dict(p=0.0, prenorm=True, params="none")),
+        Variant(
+            "rms-bias-only-residual-in-fp32-prenorm",
+            dict(p=0.2, rms=True, prenorm=True, residual_in_fp32=True, params="bias", param_dtype=torch.float32),
+            dtypes=(torch.float16, torch.bfloat16),
+        ),
+    ),
+    sample=dan_sample,
+    run=dan_run,
+    reference=dan_reference,
+    check=dan_check,
+    extra_backends=("cuda-emulated",),
+)
+
+OPS = [LAYER_NORM_DROPOUT_RELU, BIAS_RELU, DROPOUT_ADD_NORM]
 OPS_BY_NAME = {op.name: op for op in OPS}
 
 
@@ -189,7 +356,11 @@ def check_against_reference(op: OpSpec, backend, s: Sample):
     """Runs `op` on `backend` and checks every result against the fp64 reference; returns our results."""
     ours = op.run(backend, s)
     dtype = s.args["x"].dtype
-    cpu = Sample({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in s.args.items()}, s.grad_out.cpu())
+    cpu = Sample(
+        {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in s.args.items()},
+        s.grad_out.cpu(),
+        None if s.grad_sum is None else s.grad_sum.cpu(),
+    )
     ref64 = op.reference(cpu, torch.float64)
     low = op.reference(cpu, dtype, low_precision_params=True)
     op.check(cpu, ours, ref64, low)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import gpuopt_ops
 from gpuopt_ops import reference as R
 
-from backends import BY_NAME, backend_params
+from backends import BY_NAME, DEFAULT, backend_params, require_op
 from helpers import (
     FLOORS,
     assert_close_to_reference,
@@ -29,19 +29,26 @@ CPU = BY_NAME["cpu"]
 EPS = 1e-5
 
 
-def _op_variant_dtype_params():
+# ---------------------------------------------------------------------------------------------- the matrix
+def _backend_op_params():
+    """Every backend of the default list for every op, plus the extra backends an entry names (newer ops: the
+    emulated CUDA source). A backend without the op's kernel skips at run time, with the reason (require_op)."""
     for op in OPS:
         for variant in op.variants:
             for dtype in variant.dtypes or DTYPES:
-                yield pytest.param(op, variant, dtype, id=f"{op.name}-{variant.name}-{str(dtype)[6:]}")
+                for p in backend_params(*DEFAULT, *op.extra_backends):
+                    marks = list(p.marks)
+                    if p.id == "cuda-emulated" and dtype in (torch.float16, torch.float64):
+                        marks.append(pytest.mark.slow)  # the emulator's fast lane: fp32 and bf16
+                    ident = f"{p.id}-{op.name}-{variant.name}-{str(dtype)[6:]}"
+                    yield pytest.param(p.values[0], op, variant, dtype, marks=marks, id=ident)
 
 
-# ---------------------------------------------------------------------------------------------- the matrix
-@pytest.mark.parametrize("backend", backend_params())
-@pytest.mark.parametrize("op,variant,dtype", list(_op_variant_dtype_params()))
+@pytest.mark.parametrize("backend,op,variant,dtype", list(_backend_op_params()))
 @pytest.mark.parametrize("prefix,n", SHAPES, ids=[f"{'x'.join(map(str, p))}x{n}" for p, n in SHAPES])
 def test_matches_reference(backend, op, variant, dtype, prefix, n):
     """Outputs and every gradient against the fp64 reference (2x PyTorch's own error), dtypes and shapes."""
+    require_op(backend, op.name)
     sample = op.sample(prefix, n, dtype, backend.device, **variant.options)
     check_against_reference(op, backend, sample)
 

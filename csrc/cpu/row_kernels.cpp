@@ -149,6 +149,69 @@ GPUOPT_CLONES void ldr_backward_row_pass2(const float* GPUOPT_RESTRICT xhat, con
   for (int64_t j = 0; j < n; ++j) dx[j] = rstd * (dxhat[j] - xhat[j] * c1 - c2);
 }
 
+GPUOPT_CLONES void dan_sum_row(const float* GPUOPT_RESTRICT x, const float* GPUOPT_RESTRICT r,
+                               const uint16_t* GPUOPT_RESTRICT u, uint32_t t, float scale, float* GPUOPT_RESTRICT s,
+                               int64_t n) {
+  // The product is rounded before the add: a select stands between them, so no FMA contraction can fuse them.
+  const float tf = static_cast<float>(t);
+  if (u == nullptr && r == nullptr) {
+    std::memcpy(s, x, static_cast<size_t>(n) * sizeof(float));
+  } else if (u == nullptr) {
+    for (int64_t j = 0; j < n; ++j) s[j] = x[j] + r[j];
+  } else if (r == nullptr) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float d = x[j] * scale;
+      s[j] = static_cast<float>(u[j]) >= tf ? d : 0.0f;
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      const float d = x[j] * scale;
+      s[j] = (static_cast<float>(u[j]) >= tf ? d : 0.0f) + r[j];
+    }
+  }
+}
+
+GPUOPT_CLONES void norm_forward_row(const float* GPUOPT_RESTRICT s, const float* GPUOPT_RESTRICT w,
+                                    const float* GPUOPT_RESTRICT b, float mean, float rstd, float* GPUOPT_RESTRICT out,
+                                    int64_t n) {
+  for (int64_t j = 0; j < n; ++j) out[j] = (s[j] - mean) * rstd * w[j] + b[j];
+}
+
+GPUOPT_CLONES void norm_backward_row_pass1(const float* GPUOPT_RESTRICT s, const float* GPUOPT_RESTRICT g,
+                                           const float* GPUOPT_RESTRICT w, float mean, float rstd,
+                                           float* GPUOPT_RESTRICT xhat, float* GPUOPT_RESTRICT dxhat,
+                                           float* GPUOPT_RESTRICT pw, float* GPUOPT_RESTRICT pb, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float xh = (s[j] - mean) * rstd;
+    const float gj = g[j];
+    xhat[j] = xh;
+    dxhat[j] = gj * w[j];
+    pw[j] += gj * xh;
+    pb[j] += gj;
+  }
+}
+
+GPUOPT_CLONES void dan_backward_row_pass2(const float* GPUOPT_RESTRICT xhat, const float* GPUOPT_RESTRICT dxhat,
+                                          const float* GPUOPT_RESTRICT gsum, const uint16_t* GPUOPT_RESTRICT u,
+                                          uint32_t t, float scale, float rstd, float c1, float c2,
+                                          float* GPUOPT_RESTRICT dres, float* GPUOPT_RESTRICT dx, int64_t n) {
+  if (u == nullptr) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float d = rstd * (dxhat[j] - xhat[j] * c1 - c2) + gsum[j];
+      dres[j] = d;
+      dx[j] = d;
+    }
+    return;
+  }
+  const float tf = static_cast<float>(t);
+  for (int64_t j = 0; j < n; ++j) {
+    const float d = rstd * (dxhat[j] - xhat[j] * c1 - c2) + gsum[j];
+    const float ds = d * scale;
+    dres[j] = d;
+    dx[j] = static_cast<float>(u[j]) >= tf ? ds : 0.0f;
+  }
+}
+
 GPUOPT_CLONES void bias_relu_row(const float* GPUOPT_RESTRICT x, const float* GPUOPT_RESTRICT b,
                                  float* GPUOPT_RESTRICT y, int64_t n) {
   for (int64_t j = 0; j < n; ++j) {

@@ -37,6 +37,19 @@ void ldr_backward_row_pass1(const float* x, const float* g, const float* w, cons
 void ldr_backward_row_pass2(const float* xhat, const float* dxhat, float rstd, float c1, float c2, float* dx,
                             int64_t n);
 
+// dropout_add_norm, forward: s[j] = d[j] (+ r[j]) with d[j] = u == nullptr ? x[j] : (u[j] >= t ? x[j] * scale : 0);
+// r == nullptr means no residual (s = d itself, so a -0 stays -0).
+void dan_sum_row(const float* x, const float* r, const uint16_t* u, uint32_t t, float scale, float* s, int64_t n);
+// out[j] = (s[j] - mean) * rstd * w[j] + b[j]  (RMSNorm: mean = 0)
+void norm_forward_row(const float* s, const float* w, const float* b, float mean, float rstd, float* out, int64_t n);
+// dropout_add_norm, backward first pass: xhat = (s - mean) * rstd, dxhat = g * w; pw += g * xhat, pb += g.
+void norm_backward_row_pass1(const float* s, const float* g, const float* w, float mean, float rstd, float* xhat,
+                             float* dxhat, float* pw, float* pb, int64_t n);
+// Second pass: d = rstd * (dxhat - xhat * c1 - c2) + gsum (RMSNorm: c2 = 0); dres = d;
+// dx = u == nullptr ? d : (u >= t ? d * scale : 0). gsum, dres: rows of n (zeros / scratch when absent).
+void dan_backward_row_pass2(const float* xhat, const float* dxhat, const float* gsum, const uint16_t* u, uint32_t t,
+                            float scale, float rstd, float c1, float c2, float* dres, float* dx, int64_t n);
+
 // y = relu(x + b)  (NaN propagates)
 void bias_relu_row(const float* x, const float* b, float* y, int64_t n);
 // dx = out > 0 ? g : 0; pb += dx

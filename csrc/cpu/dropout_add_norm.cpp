@@ -1,0 +1,369 @@
+// C++ CPU kernels of dropout_add_norm and its backward (DESIGN.md section 1): s = dropout(x) + residual, stored as
+// `sum` in dtype S, then LayerNorm or RMSNorm of s as stored, in the accumulation dtype (fp32, fp64 for fp64 x).
+// The dropout uniforms come from cpu/dropout_mask.h (the same Philox bits as layer_norm_dropout_relu at the same
+// linear index). Backward: dS = norm backward of grad_out + grad_sum, grad_residual = dS, grad_x = dS * keep *
+// scale; dgamma / dbeta are summed over the fixed row blocks of cpu/row_blocks.h, so no result depends on the
+// thread count.
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "checks.h"
+#include "cpu/dropout_mask.h"
+#include "cpu/row_blocks.h"
+#include "cpu/row_kernels.h"
+#include "dispatch.h"
+#include "torch_stable.h"
+
+namespace gpuopt {
+namespace {
+
+// A parameter row (or its absence) in acc_t, once per call.
+template <typename acc_t, typename param_t>
+std::vector<acc_t> param_row(const Tensor& t, int64_t N, acc_t absent) {
+  std::vector<acc_t> row(N, absent);
+  if (t.defined()) {
+    const param_t* p = data_as<const param_t>(t);
+    for (int64_t j = 0; j < N; ++j) row[j] = static_cast<acc_t>(p[j]);
+  }
+  return row;
+}
+
+// Sum over j of f(j) in 4 interleaved partial sums combined in a fixed order.
+template <typename acc_t, typename F>
+acc_t sum4(int64_t n, const F& f) {
+  acc_t s[4] = {0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    s[0] += f(j);
+    s[1] += f(j + 1);
+    s[2] += f(j + 2);
+    s[3] += f(j + 3);
+  }
+  for (int k = 0; j < n; ++j, ++k) s[k] += f(j);
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+int64_t read_seed(const Tensor& seed) { return *data_as<const int64_t>(seed); }
+
+// ------------------------------------------------------------------------------------------ fp32 fast path
+// fp32 / bf16 / fp16 x: rows are handled in fp32 by the vectorized row kernels of cpu/row_kernels.h. fp32 rows are
+// read and written in place; 16-bit rows go through per-thread fp32 buffers (converted once each way).
+inline const float* load_row(const float* src, float* /*buf*/, int64_t /*n*/) { return src; }
+template <typename T>
+const float* load_row(const T* src, float* buf, int64_t n) {
+  cpu::to_float(src, buf, n);
+  return buf;
+}
+inline float* result_row(float* dst, float* /*buf*/) { return dst; }
+template <typename T>
+float* result_row(T* /*dst*/, float* buf) {
+  return buf;
+}
+inline void store_row(float* /*dst*/, const float* /*buf*/, int64_t /*n*/) {}
+template <typename T>
+void store_row(T* dst, const float* buf, int64_t n) {
+  cpu::from_float(buf, dst, n);
+}
+
+// Rows per dropout tile: the uniforms of R * N consecutive elements come from one call.
+inline int64_t tile_rows(int64_t N) { return std::max<int64_t>(1, 2048 / N); }
+
+template <typename scalar_t, typename param_t, typename sum_t>
+void dan_forward_fp32(const DanArgs& a, int64_t seed, Tensor& out, Tensor& sum, Tensor& mean, Tensor& rstd) {
+  constexpr bool kDirectX = std::is_same_v<scalar_t, float>;
+  constexpr bool kDirectS = std::is_same_v<sum_t, float>;
+  const int64_t M = a.M, N = a.N;
+  const scalar_t* x = data_as<const scalar_t>(a.x);
+  const sum_t* res = a.residual.defined() ? data_as<const sum_t>(a.residual) : nullptr;
+  scalar_t* y = data_as<scalar_t>(out);
+  sum_t* s_out = data_as<sum_t>(sum);
+  float* mean_out = a.rms ? nullptr : data_as<float>(mean);
+  float* rstd_out = data_as<float>(rstd);
+  const std::vector<float> w = param_row<float, param_t>(a.weight, N, 1.0f);
+  const std::vector<float> b = param_row<float, param_t>(a.bias, N, 0.0f);
+  const DropoutParams drop = a.dropout;
+  const float scale = static_cast<float>(drop.scale);
+  const bool dropping = drop.active();
+  const float eps = static_cast<float>(a.eps);
+  const float inv_n = 1.0f / static_cast<float>(N);
+  const int64_t R = tile_rows(N);
+  const int64_t tile = std::max<int64_t>(R, 16384 / N / R * R);  // rows per scheduling tile (~64 KB of fp32)
+
+  parallel_tiles((M + tile - 1) / tile, [&](const auto& take) {
+    std::vector<float> xbuf(kDirectX ? 0 : N), ybuf(kDirectX ? 0 : N), rbuf(kDirectS ? 0 : N), sbuf(N);
+    std::vector<uint16_t> ubuf(dropping ? dropout_uniforms_capacity(R * N) : 0);
+    for (int64_t t; (t = take()) * tile < M;) {
+      const int64_t end = std::min(M, (t + 1) * tile);
+      for (int64_t r0 = t * tile; r0 < end; r0 += R) {
+        const int64_t r1 = std::min(end, r0 + R);
+        const uint16_t* u = dropping ? dropout_uniforms_row(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* xr = load_row(x + r * N, xbuf.data(), N);
+          const float* rr = res ? load_row(res + r * N, rbuf.data(), N) : nullptr;
+          // s in fp32; an fp32 sum is written in place, a 16-bit one rounded once and read back as stored
+          float* sr = kDirectS ? result_row(s_out + r * N, sbuf.data()) : sbuf.data();
+          cpu::dan_sum_row(xr, rr, u ? u + (r - r0) * N : nullptr, drop.threshold, scale, sr, N);
+          if constexpr (!kDirectS) {
+            cpu::from_float(sr, s_out + r * N, N);
+            cpu::to_float(s_out + r * N, sr, N);
+          }
+          float mu = 0.0f, rs;
+          if (a.rms) {
+            rs = 1.0f / std::sqrt(cpu::row_dot(sr, sr, N) * inv_n + eps);
+          } else {
+            mu = cpu::row_sum(sr, N) * inv_n;
+            rs = 1.0f / std::sqrt(cpu::row_sq_dev_sum(sr, N, mu) * inv_n + eps);
+            mean_out[r] = mu;
+          }
+          rstd_out[r] = rs;
+          float* yr = result_row(y + r * N, ybuf.data());
+          cpu::norm_forward_row(sr, w.data(), b.data(), mu, rs, yr, N);
+          store_row(y + r * N, yr, N);
+        }
+      }
+    }
+  });
+}
+
+template <typename scalar_t, typename param_t, typename sum_t>
+void dan_backward_fp32(const DanBackwardArgs& a, int64_t seed, Tensor& grad_x, Tensor& grad_res, Tensor& grad_w,
+                       Tensor& grad_b) {
+  constexpr bool kDirectX = std::is_same_v<scalar_t, float>;
+  constexpr bool kDirectS = std::is_same_v<sum_t, float>;
+  const int64_t M = a.M, N = a.N;
+  const scalar_t* g = data_as<const scalar_t>(a.grad_out);
+  const sum_t* gsum = a.grad_sum.defined() ? data_as<const sum_t>(a.grad_sum) : nullptr;
+  const sum_t* s = data_as<const sum_t>(a.sum);
+  const float* mean = a.rms ? nullptr : data_as<const float>(a.mean);
+  const float* rstd = data_as<const float>(a.rstd);
+  scalar_t* dx = data_as<scalar_t>(grad_x);
+  sum_t* dres = a.has_residual ? data_as<sum_t>(grad_res) : nullptr;
+  const std::vector<float> w = param_row<float, param_t>(a.weight, N, 1.0f);
+  const std::vector<float> zeros(gsum ? 0 : N, 0.0f);
+  const DropoutParams drop = a.dropout;
+  const float scale = static_cast<float>(drop.scale);
+  const bool dropping = drop.active();
+  const bool want_dw = a.weight.defined(), want_db = a.bias.defined();
+  const float inv_n = 1.0f / static_cast<float>(N);
+  const int64_t R = tile_rows(N);
+
+  // Deterministic dgamma / dbeta: fixed row blocks (a function of M only) are the scheduling tiles; each sums its
+  // rows in order into its own partial row, and the partials are summed in block order (row_blocks.h).
+  const RowBlocks rb(M);
+  const int64_t blocks = rb.blocks;
+  std::vector<float> partial_w(blocks * N, 0.0f), partial_b(blocks * N, 0.0f);
+
+  parallel_tiles(blocks, [&](const auto& take) {
+    std::vector<float> sbuf(kDirectS ? 0 : N), gbuf(kDirectX ? 0 : N), gsbuf(kDirectS ? 0 : N);
+    std::vector<float> dxbuf(kDirectX ? 0 : N), drbuf(kDirectS && dres ? 0 : N);
+    std::vector<float> xhat(N), dxhat(N);
+    std::vector<uint16_t> ubuf(dropping ? dropout_uniforms_capacity(R * N) : 0);
+    for (int64_t blk; (blk = take()) < blocks;) {
+      float* pw = partial_w.data() + blk * N;
+      float* pb = partial_b.data() + blk * N;
+      const int64_t rend = rb.end(blk, M);
+      for (int64_t r0 = rb.begin(blk); r0 < rend; r0 += R) {
+        const int64_t r1 = std::min(rend, r0 + R);
+        const uint16_t* u = dropping ? dropout_uniforms_row(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* sr = load_row(s + r * N, sbuf.data(), N);
+          const float* gr = load_row(g + r * N, gbuf.data(), N);
+          const float mu = a.rms ? 0.0f : mean[r];
+          const float rs = rstd[r];
+          cpu::norm_backward_row_pass1(sr, gr, w.data(), mu, rs, xhat.data(), dxhat.data(), pw, pb, N);
+          const float c1 = cpu::row_dot(dxhat.data(), xhat.data(), N) * inv_n;
+          const float c2 = a.rms ? 0.0f : cpu::row_sum(dxhat.data(), N) * inv_n;
+          const float* gsr = gsum ? load_row(gsum + r * N, gsbuf.data(), N) : zeros.data();
+          float* drr = dres ? result_row(dres + r * N, drbuf.data()) : drbuf.data();
+          float* dxr = result_row(dx + r * N, dxbuf.data());
+          cpu::dan_backward_row_pass2(xhat.data(), dxhat.data(), gsr, u ? u + (r - r0) * N : nullptr, drop.threshold,
+                                      scale, rs, c1, c2, drr, dxr, N);
+          if (dres) store_row(dres + r * N, drr, N);
+          store_row(dx + r * N, dxr, N);
+        }
+      }
+    }
+  });
+
+  if (want_dw) sum_partials(partial_w, blocks, N, data_as<param_t>(grad_w));
+  if (want_db) sum_partials(partial_b, blocks, N, data_as<param_t>(grad_b));
+}
+
+// ------------------------------------------------------------------------------------------ generic (fp64) path
+template <typename scalar_t, typename param_t, typename sum_t, typename acc_t>
+void dan_forward_generic(const DanArgs& a, int64_t seed, Tensor& out, Tensor& sum, Tensor& mean, Tensor& rstd) {
+  const int64_t M = a.M, N = a.N;
+  const scalar_t* x = data_as<const scalar_t>(a.x);
+  const sum_t* res = a.residual.defined() ? data_as<const sum_t>(a.residual) : nullptr;
+  scalar_t* y = data_as<scalar_t>(out);
+  sum_t* s_out = data_as<sum_t>(sum);
+  acc_t* mean_out = a.rms ? nullptr : data_as<acc_t>(mean);
+  acc_t* rstd_out = data_as<acc_t>(rstd);
+  const std::vector<acc_t> w = param_row<acc_t, param_t>(a.weight, N, acc_t(1));
+  const std::vector<acc_t> b = param_row<acc_t, param_t>(a.bias, N, acc_t(0));
+  const DropoutParams drop = a.dropout;
+  const acc_t scale = static_cast<acc_t>(drop.scale);
+  const acc_t eps = static_cast<acc_t>(a.eps);
+  const acc_t inv_n = acc_t(1) / static_cast<acc_t>(N);
+  const int64_t grain = std::max<int64_t>(1, 32768 / N);
+
+  torch::stable::parallel_for(0, M, grain, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> row(N);
+    std::vector<uint8_t> keep(N, 1);
+    for (int64_t r = begin; r < end; ++r) {
+      const scalar_t* xr = x + r * N;
+      sum_t* sr = s_out + r * N;
+      if (drop.active()) dropout_keep_row(seed, r * N, N, drop.threshold, keep.data());
+      for (int64_t j = 0; j < N; ++j) {
+        const acc_t xv = static_cast<acc_t>(xr[j]);
+        const acc_t d = drop.active() ? (keep[j] ? xv * scale : acc_t(0)) : xv;
+        // no residual: s = d itself (d + 0 would turn -0 into +0; sum must equal x bit for bit at p = 0)
+        const acc_t s = res ? d + static_cast<acc_t>(res[r * N + j]) : d;
+        sr[j] = static_cast<sum_t>(s);
+        row[j] = static_cast<acc_t>(sr[j]);  // the norm reads s as stored
+      }
+      acc_t mu = 0, rs;
+      if (a.rms) {
+        const acc_t ms = sum4<acc_t>(N, [&](int64_t j) { return row[j] * row[j]; }) * inv_n;
+        rs = acc_t(1) / std::sqrt(ms + eps);
+      } else {
+        mu = sum4<acc_t>(N, [&](int64_t j) { return row[j]; }) * inv_n;
+        const acc_t var = sum4<acc_t>(N,
+                                      [&](int64_t j) {
+                                        const acc_t dv = row[j] - mu;
+                                        return dv * dv;
+                                      }) *
+                          inv_n;
+        rs = acc_t(1) / std::sqrt(var + eps);
+        mean_out[r] = mu;
+      }
+      rstd_out[r] = rs;
+      scalar_t* yr = y + r * N;
+      for (int64_t j = 0; j < N; ++j) yr[j] = static_cast<scalar_t>((row[j] - mu) * rs * w[j] + b[j]);
+    }
+  });
+}
+
+template <typename scalar_t, typename param_t, typename sum_t, typename acc_t>
+void dan_backward_generic(const DanBackwardArgs& a, int64_t seed, Tensor& grad_x, Tensor& grad_res, Tensor& grad_w,
+                          Tensor& grad_b) {
+  const int64_t M = a.M, N = a.N;
+  const scalar_t* g = data_as<const scalar_t>(a.grad_out);
+  const sum_t* gsum = a.grad_sum.defined() ? data_as<const sum_t>(a.grad_sum) : nullptr;
+  const sum_t* s = data_as<const sum_t>(a.sum);
+  const acc_t* mean = a.rms ? nullptr : data_as<const acc_t>(a.mean);
+  const acc_t* rstd = data_as<const acc_t>(a.rstd);
+  scalar_t* dx = data_as<scalar_t>(grad_x);
+  sum_t* dres = a.has_residual ? data_as<sum_t>(grad_res) : nullptr;
+  const std::vector<acc_t> w = param_row<acc_t, param_t>(a.weight, N, acc_t(1));
+  const DropoutParams drop = a.dropout;
+  const acc_t scale = static_cast<acc_t>(drop.scale);
+  const acc_t inv_n = acc_t(1) / static_cast<acc_t>(N);
+  const bool want_dw = a.weight.defined(), want_db = a.bias.defined();
+
+  const RowBlocks rb(M);
+  const int64_t blocks = rb.blocks;
+  std::vector<acc_t> partial_w(want_dw ? blocks * N : 0, acc_t(0));
+  std::vector<acc_t> partial_b(want_db ? blocks * N : 0, acc_t(0));
+
+  parallel_tiles(blocks, [&](const auto& take) {
+    std::vector<acc_t> xhat(N), dxhat(N);
+    std::vector<uint8_t> keep(N, 1);
+    for (int64_t blk; (blk = take()) < blocks;) {
+      acc_t* pw = want_dw ? partial_w.data() + blk * N : nullptr;
+      acc_t* pb = want_db ? partial_b.data() + blk * N : nullptr;
+      for (int64_t r = rb.begin(blk); r < rb.end(blk, M); ++r) {
+        const acc_t mu = a.rms ? acc_t(0) : mean[r];
+        const acc_t rs = rstd[r];
+        for (int64_t j = 0; j < N; ++j) {
+          const acc_t xh = (static_cast<acc_t>(s[r * N + j]) - mu) * rs;
+          const acc_t gv = static_cast<acc_t>(g[r * N + j]);
+          xhat[j] = xh;
+          dxhat[j] = gv * w[j];
+          if (pw) pw[j] += gv * xh;
+          if (pb) pb[j] += gv;
+        }
+        const acc_t c1 = sum4<acc_t>(N, [&](int64_t j) { return dxhat[j] * xhat[j]; }) * inv_n;
+        const acc_t c2 = a.rms ? acc_t(0) : sum4<acc_t>(N, [&](int64_t j) { return dxhat[j]; }) * inv_n;
+        if (drop.active()) dropout_keep_row(seed, r * N, N, drop.threshold, keep.data());
+        for (int64_t j = 0; j < N; ++j) {
+          acc_t ds = rs * (dxhat[j] - xhat[j] * c1 - c2);
+          if (gsum) ds += static_cast<acc_t>(gsum[r * N + j]);
+          if (dres) dres[r * N + j] = static_cast<sum_t>(ds);
+          const acc_t gx = drop.active() ? (keep[j] ? ds * scale : acc_t(0)) : ds;
+          dx[r * N + j] = static_cast<scalar_t>(gx);
+        }
+      }
+    }
+  });
+
+  if (want_dw) sum_partials(partial_w, blocks, N, data_as<param_t>(grad_w));
+  if (want_db) sum_partials(partial_b, blocks, N, data_as<param_t>(grad_b));
+}
+
+#define GPUOPT_UNPACK_DAN_TAGS                  \
+  using scalar_t = typename decltype(st)::type; \
+  using param_t = typename decltype(pt)::type;  \
+  using sum_t = typename decltype(smt)::type;   \
+  using acc_t = acc_type_t<scalar_t>;
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> dan_forward_cpu(const Tensor& x, const std::optional<Tensor>& residual,
+                                                           const std::optional<Tensor>& weight,
+                                                           const std::optional<Tensor>& bias, const Tensor& seed,
+                                                           double p, double eps, bool rms, bool residual_in_fp32) {
+  DanArgs a = check_dropout_add_norm(x, residual, weight, bias, seed, p, eps, rms, residual_in_fp32);
+  Tensor out = empty_on(a.x, x.sizes(), a.x_dtype);
+  Tensor sum = empty_on(a.x, x.sizes(), a.sum_dtype);
+  Tensor mean = empty_on(a.x, {rms ? 0 : a.M}, a.acc_dtype);
+  Tensor rstd = empty_on(a.x, {a.M}, a.acc_dtype);
+  if (a.M == 0) return {out, sum, mean, rstd};
+  const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
+  dispatch_dan(a, [&](auto st, auto pt, auto smt) {
+    GPUOPT_UNPACK_DAN_TAGS
+    if constexpr (std::is_same_v<acc_t, float>) {
+      dan_forward_fp32<scalar_t, param_t, sum_t>(a, s, out, sum, mean, rstd);
+    } else {
+      dan_forward_generic<scalar_t, param_t, sum_t, acc_t>(a, s, out, sum, mean, rstd);
+    }
+  });
+  return {out, sum, mean, rstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> dan_backward_cpu(const Tensor& grad_out,
+                                                            const std::optional<Tensor>& grad_sum, const Tensor& sum,
+                                                            const std::optional<Tensor>& weight,
+                                                            const std::optional<Tensor>& bias, const Tensor& mean,
+                                                            const Tensor& rstd, const Tensor& seed, double p, bool rms,
+                                                            bool has_residual) {
+  DanBackwardArgs a =
+      check_dropout_add_norm_backward(grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, p, rms, has_residual);
+  const Tensor& like = a.grad_out;
+  Tensor grad_x = empty_on(like, grad_out.sizes(), a.x_dtype);
+  Tensor grad_res = has_residual ? empty_on(like, grad_out.sizes(), a.sum_dtype) : empty_on(like, {0}, a.sum_dtype);
+  Tensor grad_w = a.weight.defined() ? zeros_on(like, {a.N}, a.param_dtype) : empty_on(like, {0}, a.param_dtype);
+  Tensor grad_b = a.bias.defined() ? zeros_on(like, {a.N}, a.param_dtype) : empty_on(like, {0}, a.param_dtype);
+  if (a.M == 0) return {grad_x, grad_res, grad_w, grad_b};
+  const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
+  dispatch_dan(a, [&](auto st, auto pt, auto smt) {
+    GPUOPT_UNPACK_DAN_TAGS
+    if constexpr (std::is_same_v<acc_t, float>) {
+      dan_backward_fp32<scalar_t, param_t, sum_t>(a, s, grad_x, grad_res, grad_w, grad_b);
+    } else {
+      dan_backward_generic<scalar_t, param_t, sum_t, acc_t>(a, s, grad_x, grad_res, grad_w, grad_b);
+    }
+  });
+  return {grad_x, grad_res, grad_w, grad_b};
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {
+  m.impl("dropout_add_norm", TORCH_BOX(&dan_forward_cpu));
+  m.impl("dropout_add_norm_backward", TORCH_BOX(&dan_backward_cpu));
+}
+
+}  // namespace gpuopt
