@@ -8,7 +8,7 @@ import torch
 
 import gpuopt_ops
 
-from backends import backend_params
+from backends import backend_params, require_op
 from helpers import make_inputs, opcheck_four_ops, seed_tensor
 
 EPS = 1e-5
@@ -113,3 +113,46 @@ def test_same_inputs_same_bits_including_the_column_sums(backend):
     for a, c in zip(r1, r2):
         assert torch.equal(a, c)
     assert not torch.equal(r1[0], run(12)[0])
+
+
+# ---------------------------------------------------------------------------------------------- dropout_add_norm
+def _dan_samples(device):
+    """(x, residual, weight, bias, rms, residual_in_fp32): LayerNorm with everything in fp64; RMSNorm with a bias
+    only and no residual in fp32; bf16 x with an fp32 residual (residual_in_fp32) and fp32 weight."""
+    x, w, b = make_inputs((3,), 7, torch.float64, device, requires_grad=True)
+    yield x, torch.randn_like(x).requires_grad_(), w, b, False, False
+    x, _, b = make_inputs((2, 3), 16, torch.float32, device, requires_grad=True)
+    yield x, None, None, b, True, False
+    x, w, _ = make_inputs((4,), 8, torch.bfloat16, device, param_dtype=torch.float32, requires_grad=True)
+    yield x, torch.randn(4, 8, device=device, requires_grad=True), w, None, False, True
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_dropout_add_norm_gradcheck_and_opcheck(backend):
+    """gradcheck in fp64 with dropout (out and sum both used), LayerNorm and RMSNorm; opcheck of both ops (schema,
+    fake kernel, autograd registration, AOT dispatch) with and without grad_sum; double backward refused."""
+    require_op(backend, "dropout_add_norm")
+    dev = backend.device
+    dan, dan_bwd = backend.op("dropout_add_norm"), backend.op("dropout_add_norm_backward")
+    seed = seed_tensor(99, dev)
+    x, w, b = make_inputs((3,), 6, torch.float64, dev, requires_grad=True)
+    r = torch.randn_like(x).requires_grad_()
+    for rms in (False, True):
+
+        def f(x, r, w, b, rms=rms):
+            out, s, _, _ = dan(x, r, w, b, seed, 0.3, EPS, rms, False)
+            return out, s
+
+        assert torch.autograd.gradcheck(f, (x, r, w, b), eps=1e-6, atol=1e-5)
+    for x, r, w, b, rms, rif in _dan_samples(dev):
+        torch.library.opcheck(dan, (x, r, w, b, seed, 0.2, EPS, rms, rif))
+        d = [None if t is None else t.detach() for t in (x, r, w, b)]
+        out, s, mean, rstd = dan(*d, seed, 0.2, EPS, rms, rif)
+        for gs in (None, torch.randn_like(s)):
+            args = (torch.randn_like(out), gs, s, d[2], d[3], mean, rstd, seed, 0.2, rms, r is not None)
+            torch.library.opcheck(dan_bwd, args)
+    x, w, b = make_inputs((3,), 6, torch.float32, dev, requires_grad=True)
+    out = gpuopt_ops.dropout_add_norm(x, None, w, b, p=0.2, backend=backend.api)
+    (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        gx.sum().backward()

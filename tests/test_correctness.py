@@ -21,7 +21,7 @@ from helpers import (
     make_inputs,
     seed_tensor,
 )
-from op_table import DTYPES, OPS, OPS_BY_NAME, SHAPES, check_against_reference
+from op_table import DTYPES, OPS, OPS_BY_NAME, SHAPES, Sample, check_against_reference
 
 LDR = OPS_BY_NAME["layer_norm_dropout_relu"]
 BIAS_RELU = OPS_BY_NAME["bias_relu"]
@@ -51,6 +51,113 @@ def test_matches_reference(backend, op, variant, dtype, prefix, n):
     require_op(backend, op.name)
     sample = op.sample(prefix, n, dtype, backend.device, **variant.options)
     check_against_reference(op, backend, sample)
+
+
+# ---------------------------------------------------------------------------------------------- dropout_add_norm
+DAN_BACKENDS = backend_params(*DEFAULT, "cuda-emulated")
+
+
+@pytest.mark.parametrize("backend", DAN_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+def test_dropout_add_norm_p0_no_residual_is_plain_norm(backend, dtype, rms):
+    """p = 0 and no residual: out is F.layer_norm / F.rms_norm (weight and bias given; none), `sum` is x bit for
+    bit (signed zeros included), and the gradients are the plain norm's."""
+    require_op(backend, "dropout_add_norm")
+    dev = backend.device
+    x, w, b = make_inputs((37,), 104, dtype, dev)
+    x[0, :3] = torch.tensor([0.0, -0.0, 1e-30])
+    seed = seed_tensor(11, dev)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype != torch.bfloat16 else dict(atol=2e-2, rtol=2e-2)
+    for weight, bias in ((w, b), (None, None)):
+        out, s, mean, rstd = backend.op("dropout_add_norm")(x, None, weight, bias, seed, 0.0, EPS, rms, False)
+        assert torch.equal(s.cpu().view(torch.int8), x.cpu().view(torch.int8)), "sum must be x bit for bit"
+        ref = x.float().cpu()
+        wr = None if weight is None else weight.float().cpu()
+        br = None if bias is None else bias.float().cpu()
+        if rms:
+            expect = F.rms_norm(ref, (104,), wr, EPS) + (0 if br is None else br)
+        else:
+            expect = F.layer_norm(ref, (104,), wr, br, EPS)
+        torch.testing.assert_close(out.cpu().float(), expect, **tol)
+    if backend.name != "cuda-emulated":  # the public function on this backend: forward and gradients
+        xs, ws, bs = (t.detach().clone().requires_grad_() for t in (x, w, b))
+        ours = gpuopt_ops.dropout_add_norm(xs, None, ws, bs, norm="rms" if rms else "layer", backend=backend.api)
+        xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))
+        plain = F.rms_norm(xr, (104,), wr, EPS) + br if rms else F.layer_norm(xr, (104,), wr, br, EPS)
+        g = torch.randn(x.shape, generator=torch.Generator().manual_seed(3)).to(dtype).to(dev)
+        ga = torch.autograd.grad(ours, (xs, ws, bs), g)
+        gb = torch.autograd.grad(plain, (xr, wr, br), g)
+        torch.testing.assert_close(ours, plain, **tol)
+        for a, c in zip(ga, gb):
+            torch.testing.assert_close(a, c, atol=tol["atol"] * 40, rtol=tol["rtol"] * 10)
+
+
+@pytest.mark.parametrize("backend", DAN_BACKENDS)
+def test_dropout_add_norm_p1_drops_x_exactly(backend):
+    """p = 1: sum = residual exactly (the dropped x through a select, never x * inf), grad_x exact zeros."""
+    require_op(backend, "dropout_add_norm")
+    dev = backend.device
+    x, w, b = make_inputs((9,), 40, torch.float32, dev)
+    x[0, 0] = float("inf")
+    r = torch.randn(9, 40, generator=torch.Generator().manual_seed(2)).to(dev)
+    out, s, mean, rstd = backend.op("dropout_add_norm")(x, r, w, b, seed_tensor(1, dev), 1.0, EPS, False, False)
+    assert torch.equal(s, r) and out.isfinite().all()
+    g = torch.randn_like(x)
+    gx, gr, _, _ = backend.op("dropout_add_norm_backward")(
+        g, None, s, w, b, mean, rstd, seed_tensor(1, dev), 1.0, False, True
+    )
+    assert torch.equal(gx, torch.zeros_like(gx)) and gr.isfinite().all() and (gr != 0).any()
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_dropout_add_norm_autograd_prenorm_and_shared_grads(backend):
+    """Through the public function: prenorm returns (out, sum); a gradient reaching `sum` from its other users
+    joins dS; without dropout one tensor is both inputs' gradient (S = x's dtype), with residual_in_fp32 the
+    residual's gradient is fp32; a sum that is the only output used still gives x its gradient."""
+    require_op(backend, "dropout_add_norm")
+    dev = backend.device
+    for dtype, rif, p in ((torch.float32, False, 0.0), (torch.float32, False, 0.3), (torch.bfloat16, True, 0.0)):
+        x, w, b = make_inputs((16,), 48, dtype, dev, requires_grad=True)
+        s_dtype = torch.float32 if rif else dtype
+        r = torch.randn(16, 48, device=dev).to(s_dtype).requires_grad_()
+        torch.manual_seed(7)
+        out, s = gpuopt_ops.dropout_add_norm(x, r, w, b, p=p, prenorm=True, residual_in_fp32=rif, backend=backend.api)
+        assert out.dtype == dtype and s.dtype == s_dtype
+        go, gs = torch.randn_like(out), torch.randn_like(s)
+        gx, gr, gw, gb = torch.autograd.grad((out, s), (x, r, w, b), (go, gs))
+        torch.manual_seed(7)
+        seed = gpuopt_ops.draw_seed(x.device) if p > 0 else seed_tensor(0, dev)
+        ref = check_against_reference(
+            OPS_BY_NAME["dropout_add_norm"],
+            CPU,
+            Sample(
+                dict(
+                    x=x.detach().cpu(),
+                    residual=r.detach().cpu(),
+                    weight=w.detach().cpu(),
+                    bias=b.detach().cpu(),
+                    seed=seed.cpu(),
+                    p=p,
+                    eps=EPS,
+                    rms=False,
+                    residual_in_fp32=rif,
+                ),
+                go.cpu(),
+                gs.cpu(),
+            ),
+        )
+        for name, got in (("grad_x", gx), ("grad_residual", gr), ("grad_weight", gw), ("grad_bias", gb)):
+            assert got.dtype == ref[name].dtype, name
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            torch.testing.assert_close(got.cpu(), ref[name], rtol=tol, atol=tol)
+        assert gr.dtype == s_dtype
+        if p == 0 and not rif:
+            assert torch.equal(gx, gr)
+    x = torch.randn(4, 8, device=dev, requires_grad=True)
+    _, s = gpuopt_ops.dropout_add_norm(x, None, p=0.0, prenorm=True, backend=backend.api)
+    (gx,) = torch.autograd.grad(s.sum(), x)
+    assert torch.equal(gx, torch.ones_like(x))
 
 
 # ---------------------------------------------------------------------------------------------- LayerNorm edges
@@ -359,7 +466,8 @@ def test_cuda_unaligned_views_take_the_scalar_path_and_agree(n):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m,n", [(1000, 512), (5000, 3), (70, 4099)])  # many short rows, N % 8 != 0, long rows
 def test_cpu_results_do_not_depend_on_the_thread_count(dtype, m, n):
-    """The CPU backend splits rows into blocks by M alone: 1, 2 or 3 threads give the same bits, column sums too."""
+    """The CPU backend splits rows into blocks by M alone: 1, 2 or 3 threads give the same bits, column sums too
+    (dropout_add_norm: residual go, grad_sum x, both norms)."""
     ops = CPU.op
     g = torch.Generator().manual_seed(m + n)
     x, w, b, go = (torch.randn(*s, generator=g).to(dtype) for s in ((m, n), (n,), (n,), (m, n)))
@@ -372,7 +480,10 @@ def test_cpu_results_do_not_depend_on_the_thread_count(dtype, m, n):
             out, mean, rstd = ops("layer_norm_dropout_relu")(x, w, b, seed, 0.2, EPS)
             grads = ops("layer_norm_dropout_relu_backward")(go, x, w, b, mean, rstd, seed, 0.2)
             bo = ops("bias_relu")(x, b)
-            results.append([out, mean, rstd, *grads, bo, *ops("bias_relu_backward")(go, bo)])
+            rms = n % 2 == 1  # RMSNorm for the odd rows, LayerNorm for N = 512
+            dan = ops("dropout_add_norm")(x, go, w, b, seed, 0.2, EPS, rms, False)
+            dan_grads = ops("dropout_add_norm_backward")(go, x, dan[1], w, b, *dan[2:], seed, 0.2, rms, True)
+            results.append([out, mean, rstd, *grads, bo, *ops("bias_relu_backward")(go, bo), *dan, *dan_grads])
     finally:
         torch.set_num_threads(before)
     for other in results[1:]:

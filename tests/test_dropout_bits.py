@@ -16,7 +16,7 @@ import torch
 import gpuopt_ops
 from gpuopt_ops import reference as R
 
-from backends import BY_NAME, backend_params, require_op
+from backends import BY_NAME, DEFAULT, backend_params, require_op
 from helpers import seed_tensor
 
 CPU = BY_NAME["cpu"]
@@ -170,14 +170,15 @@ def dan_bits(backend, m, n, seed, p, dtype=torch.float32):
     return (s.cpu() != 0).to(torch.int32), (gx.cpu() != 0).to(torch.int32), s.cpu(), gx.cpu()
 
 
-# (M, N): odd N (one Philox call per element), N % 8 == 0, 3-chunk rows (768), a power of two (4-chunk forward)
-@pytest.mark.parametrize("m,n", [(3, 7), (5, 37), (6, 40), (2, 768), (2, 1024)])
+# rows the Triton kernels split into chunks (3 x 256, 4 x 256 in the forward), in fp32 and bf16 (the other shapes:
+# test_dropout_add_norm_mask_is_layer_norm_dropout_relus)
+@pytest.mark.parametrize("m,n", [(2, 768), (2, 1024)])
 @pytest.mark.parametrize("backend", backend_params())
-def test_dropout_add_norm_keep_mask_equals_the_python_philox(backend, m, n):
-    """The same seed gives dropout_add_norm the mask layer_norm_dropout_relu uses at each index (DESIGN.md section
-    2), in the forward's sum and the backward's grad_x, with the kept values x * scale exactly."""
+def test_dropout_add_norm_keep_mask_of_chunked_rows(backend, m, n):
+    """The mask in the forward's sum and the backward's grad_x equals the Philox reference, with the kept values
+    x * scale exactly."""
     require_op(backend, "dropout_add_norm")
-    for seed in (0, -1, 2**32 + 5):
+    for seed in (-1, 2**32 + 5):
         for dtype in (torch.float32, torch.bfloat16):
             fwd, bwd, s, gx = dan_bits(backend, m, n, seed, 0.3, dtype)
             assert torch.equal(fwd, reference_bits(seed, m, n, 0.3)), (seed, dtype)
@@ -252,6 +253,31 @@ def test_triton_keep_mask_3d_and_looped(triton_looped, backend):
     x = torch.randn(2, 3, 40)
     seed = 2**33 + 17
     assert torch.equal(keep_bits(backend, x, seed, 0.4), reference_bits(seed, 6, 40, 0.4))
+
+
+@pytest.mark.parametrize("backend", backend_params(*DEFAULT, "cuda-emulated"))
+@pytest.mark.parametrize("m,n", [(3, 7), (5, 37), (16, 123), (6, 40), (2, 1000)])
+def test_dropout_add_norm_mask_is_layer_norm_dropout_relus(backend, m, n):
+    """dropout_add_norm keeps the element of linear index idx exactly when layer_norm_dropout_relu does at the same
+    seed (one Philox definition), forward (read from `sum` with no residual: x * scale where kept, 0 where dropped)
+    and backward (grad_out 0, grad_sum 1: grad_x = scale where kept), as integers."""
+    require_op(backend, "dropout_add_norm")
+    dev = backend.device
+    dan, dan_bwd = backend.op("dropout_add_norm"), backend.op("dropout_add_norm_backward")
+    for seed in (0, -5, 2**40 + 3):
+        for p in (0.1, 0.6):
+            x = torch.randn(m, n) + 10  # never 0: a zero in `sum` means dropped
+            s_ = seed_tensor(seed, dev)
+            _, s, mean, rstd = dan(x.to(dev), None, None, None, s_, p, EPS, False, False)
+            fwd = (s.cpu() != 0).to(torch.int32)
+            g0, g1 = torch.zeros(m, n, device=dev), torch.ones(m, n, device=dev)
+            gx = dan_bwd(g0, g1, s, None, None, mean, rstd, s_, p, False, False)[0]
+            bwd = (gx.cpu() != 0).to(torch.int32)
+            ldr = keep_bits(CPU, x, seed, p)
+            assert torch.equal(fwd, ldr) and torch.equal(bwd, ldr), (seed, p)
+            assert torch.equal(ldr, reference_bits(seed, m, n, p))
+            kept = gx[gx != 0].cpu()
+            assert torch.equal(kept, torch.full_like(kept, R.dropout_scale(p)))
 
 
 # ---------------------------------------------------------------------------------------------- at GPU scale

@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import gpuopt_ops
 from gpuopt_ops.backends import resolve_backend
 
-from backends import backend_params
+from backends import DEFAULT, backend_params, require_op
 
 ops = torch.ops.gpuopt
 
@@ -174,6 +174,167 @@ def test_bias_relu_backward_bad_input(backend):
         assert _raise_first_line(op, *(a.to(dev) for a in args)) == _raise_first_line(
             _fake(ops.bias_relu_backward), *args
         )
+
+
+# ---------------------------------------------------------------------------------------------- dropout_add_norm
+def dan_good():
+    return dict(
+        x=torch.randn(4, 8),
+        residual=torch.randn(4, 8),
+        weight=torch.randn(8),
+        bias=torch.randn(8),
+        seed=torch.zeros(1, dtype=torch.int64),
+        p=0.1,
+        eps=1e-5,
+        rms=False,
+        residual_in_fp32=False,
+    )
+
+
+H = torch.float16
+DAN_CASES = [
+    ("x", dict(x=torch.randint(0, 3, (4, 8))), "x must be float32, float16, bfloat16 or float64, got torch.int64"),
+    ("x", dict(x=torch.tensor(1.0)), "x must have at least 1 dimension"),
+    ("x", dict(x=torch.randn(4, 0), residual=None, weight=None, bias=None), "x must have a non-empty last dimension"),
+    ("weight", dict(weight=torch.randn(7)), r"weight must have shape \(8,\) to match the last dimension of x"),
+    ("weight", dict(weight=torch.randn(8, dtype=torch.float64)), "weight must have dtype torch.float32"),
+    ("bias", dict(bias=torch.randn(9), rms=True), r"bias must have shape \(8,\)"),
+    (
+        "bias",
+        dict(x=torch.randn(4, 8, dtype=H), residual=None, weight=torch.randn(8), bias=torch.randn(8, dtype=H)),
+        "bias must have the dtype of weight",
+    ),
+    ("residual", dict(residual=torch.randn(4, 9)), r"residual must have shape \(4, 8\) like x, got \(4, 9\)"),
+    ("residual", dict(residual=torch.randn(32)), r"residual must have shape \(4, 8\) like x, got \(32,\)"),
+    (
+        "residual",
+        dict(residual=torch.randn(4, 8, dtype=torch.float64)),
+        "residual must have dtype torch.float32 like x, got torch.float64",
+    ),
+    (
+        "residual",
+        dict(x=torch.randn(4, 8, dtype=H), residual=torch.randn(4, 8), weight=None, bias=None),
+        r"residual must have dtype torch.float16 like x, got torch.float32 \(an fp32 residual needs "
+        r"residual_in_fp32=True\)",
+    ),
+    (
+        "residual",
+        dict(
+            x=torch.randn(4, 8, dtype=torch.bfloat16),
+            residual=torch.randn(4, 8, dtype=torch.bfloat16),
+            weight=None,
+            bias=None,
+            residual_in_fp32=True,
+        ),
+        r"residual must have dtype torch.float32 \(residual_in_fp32=True with x of dtype torch.bfloat16\), "
+        "got torch.bfloat16",
+    ),
+    ("seed", dict(seed=torch.zeros(1, dtype=torch.int32)), "seed must have dtype torch.int64, got torch.int32"),
+    ("seed", dict(seed=torch.zeros(2, dtype=torch.int64)), "seed must have exactly 1 element"),
+    ("p", dict(p=-0.1), r"p must be in \[0, 1\], got -0.1"),
+    ("p", dict(p=float("nan")), r"p must be in \[0, 1\], got nan"),
+    ("eps", dict(eps=0.0), "eps must be a finite number > 0"),
+    ("eps", dict(eps=float("inf"), rms=True), "eps must be a finite number > 0"),
+]
+DAN_BACKENDS = backend_params(*DEFAULT, "cuda-emulated")
+
+
+@pytest.mark.parametrize("backend", DAN_BACKENDS)
+@pytest.mark.parametrize("arg,change,message", DAN_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(DAN_CASES)])
+def test_dropout_add_norm_bad_input(backend, arg, change, message):
+    """The residual's shape and dtype (naming residual_in_fp32 where it explains the dtype) besides the checks of
+    layer_norm_dropout_relu; the backend's op and the fake kernel say exactly the same."""
+    require_op(backend, "dropout_add_norm")
+    kw = dan_good()
+    kw.update(change)
+    op = backend.op("dropout_add_norm")
+    args = list(_on(kw, backend.device).values())
+    with pytest.raises(RuntimeError, match=r"gpuopt\.(triton_)?dropout_add_norm: " + message):
+        op(*args)
+    assert _raise_first_line(op, *args) == _raise_first_line(_fake(ops.dropout_add_norm), *kw.values())
+
+
+def dan_backward_args(rms=False, dtype=torch.float32, residual_in_fp32=False):
+    kw = dan_good()
+    kw.update(x=kw["x"].to(dtype), rms=rms, residual_in_fp32=residual_in_fp32, weight=None, bias=None)
+    kw["residual"] = kw["residual"].to(torch.float32 if residual_in_fp32 else dtype)
+    out, s, mean, rstd = ops.dropout_add_norm(*kw.values())
+    return dict(
+        grad_out=torch.randn_like(out),
+        grad_sum=torch.randn_like(s),
+        sum=s,
+        weight=torch.randn(8),
+        bias=torch.randn(8),
+        mean=mean,
+        rstd=rstd,
+        seed=kw["seed"],
+        p=0.1,
+        rms=rms,
+        has_residual=True,
+    )
+
+
+DAN_BWD_CASES = [
+    (
+        dict(),
+        dict(grad_out=torch.randint(0, 3, (4, 8), dtype=torch.int32)),
+        "grad_out must be float32, float16, bfloat16 or",
+    ),
+    (dict(), dict(sum=torch.randn(4, 9)), r"sum must have shape \(4, 8\) like grad_out, got \(4, 9\)"),
+    (
+        dict(),
+        dict(sum=torch.randn(4, 8, dtype=H)),
+        "sum must have dtype torch.float32 like grad_out, got torch.float16",
+    ),
+    (
+        dict(dtype=H),
+        dict(sum=torch.randn(4, 8, dtype=torch.float64)),
+        r"sum must have dtype torch.float16 \(like grad_out\) or torch.float32 \(residual_in_fp32\), got "
+        "torch.float64",
+    ),
+    (dict(), dict(grad_sum=torch.randn(4, 8, dtype=torch.float64)), "grad_sum must have dtype torch.float32 like sum"),
+    (dict(dtype=H, residual_in_fp32=True), dict(grad_sum=torch.randn(4, 8, dtype=H)), "grad_sum must have dtype"),
+    (dict(), dict(grad_sum=torch.randn(8)), r"grad_sum must have shape \(4, 8\) like sum, got \(8,\)"),
+    (dict(), dict(weight=torch.randn(9)), r"weight must have shape \(8,\) to match the last dimension of grad_out"),
+    (dict(), dict(mean=torch.zeros(3)), r"mean must have shape \(4,\) \(one entry per row of grad_out\)"),
+    (dict(rms=True), dict(mean=torch.zeros(4)), r"mean must have shape \(0,\) when rms is true, got \(4,\)"),
+    (dict(), dict(rstd=torch.zeros(4, dtype=torch.float64)), "rstd must have dtype torch.float32, got torch.float64"),
+    (dict(), dict(p=2.0), r"p must be in \[0, 1\], got 2"),
+]
+
+
+@pytest.mark.parametrize("backend", DAN_BACKENDS)
+@pytest.mark.parametrize("setup,change,message", DAN_BWD_CASES)
+def test_dropout_add_norm_backward_bad_input(backend, setup, change, message):
+    require_op(backend, "dropout_add_norm")
+    kw = {**dan_backward_args(**setup), **change}
+    op = backend.op("dropout_add_norm_backward")
+    args = list(_on(kw, backend.device).values())
+    with pytest.raises(RuntimeError, match=r"gpuopt\.(triton_)?dropout_add_norm_backward: " + message):
+        op(*args)
+    assert _raise_first_line(op, *args) == _raise_first_line(_fake(ops.dropout_add_norm_backward), *kw.values())
+
+
+def test_dropout_add_norm_public_api_errors():
+    x = torch.randn(2, 8)
+    with pytest.raises(
+        ValueError, match=r"gpuopt.dropout_add_norm: norm must be one of \('layer', 'rms'\), got 'batch'"
+    ):
+        gpuopt_ops.dropout_add_norm(x, norm="batch")
+    with pytest.raises(ValueError, match="gpuopt.dropout_add_norm: backend must be one of"):
+        gpuopt_ops.dropout_add_norm(x, backend="tpu")
+    with pytest.raises(RuntimeError, match="residual_in_fp32=True"):
+        gpuopt_ops.dropout_add_norm(x.half(), x, residual_in_fp32=False)
+
+
+@pytest.mark.parametrize("backend", backend_params("cuda", "triton"))
+@pytest.mark.parametrize("which", ["residual", "weight", "seed"])
+def test_dropout_add_norm_arguments_on_another_device(backend, which):
+    require_op(backend, "dropout_add_norm")
+    kw = _on(dan_good(), "cuda")
+    kw[which] = kw[which].cpu()
+    with pytest.raises(RuntimeError, match=f"gpuopt.(triton_)?dropout_add_norm: {which} must be on cuda:0 like x"):
+        backend.op("dropout_add_norm")(*kw.values())
 
 
 @pytest.mark.parametrize("backend", backend_params("cuda", "triton"))

@@ -1,4 +1,4 @@
-"""Correctness, property-based: both ops on every backend against the fp64 reference, on drawn dtypes, shapes,
+"""Correctness, property-based: every op on every backend against the fp64 reference, on drawn dtypes, shapes,
 layouts (transposed, sliced, expanded), parameters (none, weight only, fp32 under AMP), p (0, 1, any), seeds and
 badly conditioned rows. Every example checks the output, all gradients and, bit for bit, the dropout keep mask.
 
@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from gpuopt_ops import reference as R
 
-from backends import backend_params
+from backends import DEFAULT, backend_params, require_op
 from helpers import FLOORS, assert_close_to_reference, ldr_reference_and_grads
+from op_table import DROPOUT_ADD_NORM, Sample, check_against_reference
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
@@ -158,7 +159,7 @@ _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_
 
 def _examples(backend):
     n = settings().max_examples
-    return max(10, n // 20) if backend.interpreted else n
+    return max(10, n // 20) if backend.interpreted or backend.name == "cuda-emulated" else n
 
 
 def _fuzz(check, backend):
@@ -178,6 +179,80 @@ def test_fuzz_layer_norm_dropout_relu(backend):
 @pytest.mark.parametrize("backend", backend_params())
 def test_fuzz_bias_relu(backend):
     _fuzz(check_bias_relu, backend)
+
+
+@st.composite
+def dan_case(draw, interpreted=False):
+    """dropout_add_norm: the layer case plus norm, residual, prenorm and residual_in_fp32, any weight / bias."""
+    case = draw(ldr_case(interpreted=interpreted))
+    half = case["dtype"] in (torch.float16, torch.bfloat16)
+    case.update(
+        rms=draw(st.booleans()),
+        residual=draw(st.booleans()),
+        prenorm=draw(st.booleans()),
+        residual_in_fp32=half and draw(st.booleans()),
+        affine=draw(st.sampled_from(["both", "none", "weight_only", "bias_only"])),
+        offset=0.0,  # well-conditioned rows: the reference's floor is the op table's (no conditioning term)
+    )
+    return case
+
+
+def check_dan(be, case):
+    dev = be.device
+    x = make_x(case, dev)
+    w, b = make_params(dict(case, affine="both"), dev)
+    w = w if case["affine"] in ("both", "weight_only") else None
+    b = b if case["affine"] in ("both", "bias_only") else None
+    dt = case["dtype"]
+    s_dtype = torch.float32 if case["residual_in_fp32"] else dt
+    g = torch.Generator().manual_seed(case["data_seed"] + 5)
+
+    def rnd(dtype):  # x's layout is drawn; the residual and the gradients are plain contiguous tensors
+        return (torch.randn(x.shape, generator=g, dtype=torch.float64) * case["scale"]).to(dtype).to(dev)
+
+    args = dict(
+        x=x,
+        residual=rnd(s_dtype) if case["residual"] else None,
+        weight=w,
+        bias=b,
+        seed=torch.tensor([case["seed"]], dtype=torch.int64, device=dev),
+        p=case["p"],
+        eps=1e-5,
+        rms=case["rms"],
+        residual_in_fp32=case["residual_in_fp32"],
+    )
+    ours = check_against_reference(
+        DROPOUT_ADD_NORM, be, Sample(args, rnd(dt), rnd(s_dtype) if case["prenorm"] else None)
+    )
+    # the keep mask, bit for bit, from the backward: with grad_out 0 and grad_sum 1, grad_x = keep * scale
+    m, n = x.numel() // case["n"], case["n"]
+    gx = be.op("dropout_add_norm_backward")(
+        torch.zeros(x.shape, dtype=dt, device=dev),
+        torch.ones(x.shape, dtype=s_dtype, device=dev),
+        ours["sum"],
+        w,
+        b,
+        ours["mean"],
+        ours["rstd"],
+        args["seed"],
+        case["p"],
+        case["rms"],
+        case["residual"],
+    )[0]
+    keep = R.dropout_keep_mask(case["seed"], m, n, case["p"]).reshape(x.shape)
+    assert torch.equal(gx.cpu() != 0, keep), "dropout keep mask differs from DESIGN.md's Philox"
+
+
+@pytest.mark.parametrize("backend", backend_params(*DEFAULT, "cuda-emulated"))
+def test_fuzz_dropout_add_norm(backend):
+    require_op(backend, "dropout_add_norm")
+
+    @settings(max_examples=_examples(backend), deadline=None, suppress_health_check=_HEALTH)
+    @given(case=dan_case(interpreted=backend.interpreted or backend.name == "cuda-emulated"))
+    def inner(case):
+        check_dan(backend, case)
+
+    inner()
 
 
 # shrunk failures found by the fuzzer, kept as regular tests

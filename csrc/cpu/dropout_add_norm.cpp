@@ -13,6 +13,7 @@
 
 #include "checks.h"
 #include "cpu/dropout_mask.h"
+#include "cpu/huge_pages.h"
 #include "cpu/row_blocks.h"
 #include "cpu/row_kernels.h"
 #include "dispatch.h"
@@ -321,6 +322,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dan_forward_cpu(const Tensor& x, cons
   Tensor mean = empty_on(a.x, {rms ? 0 : a.M}, a.acc_dtype);
   Tensor rstd = empty_on(a.x, {a.M}, a.acc_dtype);
   if (a.M == 0) return {out, sum, mean, rstd};
+  cpu::advise_huge_pages(out);
+  cpu::advise_huge_pages(sum);
   const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
   dispatch_dan(a, [&](auto st, auto pt, auto smt) {
     GPUOPT_UNPACK_DAN_TAGS
@@ -347,6 +350,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dan_backward_cpu(const Tensor& grad_o
   Tensor grad_w = a.weight.defined() ? zeros_on(like, {a.N}, a.param_dtype) : empty_on(like, {0}, a.param_dtype);
   Tensor grad_b = a.bias.defined() ? zeros_on(like, {a.N}, a.param_dtype) : empty_on(like, {0}, a.param_dtype);
   if (a.M == 0) return {grad_x, grad_res, grad_w, grad_b};
+  cpu::advise_huge_pages(grad_x);
+  cpu::advise_huge_pages(grad_res);
   const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
   dispatch_dan(a, [&](auto st, auto pt, auto smt) {
     GPUOPT_UNPACK_DAN_TAGS
