@@ -83,6 +83,8 @@ def _sum_chunk(
         r = to_acc(tl.load(R + offs + col0, mask=mask, other=0.0), IS_FP64)
     if DROPOUT:
         keep = _keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
+        # the product, then the select: the select keeps the compiler from fusing x * scale + residual into one
+        # FMA, so the sum is rounded as the other backends round it
         x = tl.where(keep, x * scale, 0.0)
     if HAS_R:
         x = x + r
@@ -146,7 +148,7 @@ def _grad_chunk(
         tl.store(DRES + offs + col0, to_out(ds, DRES, RTNE_BF16), mask=mask)
     if DROPOUT:
         keep = _keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
-        ds = tl.where(keep, ds * scale, 0.0)
+        ds = tl.where(keep, ds, 0.0) * scale  # select first: a dropped inf gives 0, never 0 * inf
     tl.store(DX + offs + col0, to_out(ds, DX, RTNE_BF16), mask=mask)
 
 
