@@ -155,7 +155,6 @@ def register_dropout_add_norm_autograd(forward_op, backward_op) -> None:
         _, s, mean, rstd = output
         ctx.save_for_backward(s, weight, bias, mean, rstd, seed)
         ctx.p, ctx.rms, ctx.has_residual, ctx.x_dtype = p, rms, residual is not None, x.dtype
-        ctx.no_dropout = math.floor(p * 65536.0 + 0.5) <= 0  # threshold t = 0 (DESIGN.md section 2)
         ctx.set_materialize_grads(False)
 
     def backward(ctx, grad_out, grad_sum, _grad_mean, _grad_rstd):
@@ -163,14 +162,12 @@ def register_dropout_add_norm_autograd(forward_op, backward_op) -> None:
         if grad_out is None:
             grad_out = torch.zeros_like(s, dtype=ctx.x_dtype)
         need_x, need_r, need_w, need_b = ctx.needs_input_grad[:4]
-        # Without dropout and with S = x's dtype, grad_x and grad_residual are the same values (dS): one tensor
-        # serves both, as autograd's own add does, and the op writes one gradient instead of two.
-        shared = ctx.has_residual and ctx.no_dropout and s.dtype == ctx.x_dtype
+        # grad_x and grad_residual are separate tensors even where they hold the same values (p = 0, S = x's
+        # dtype): one tensor given to two leaves makes autograd copy it for the second .grad, which costs more
+        # than the op writing both.
         grad_x, grad_res, grad_w, grad_b = backward_op(
-            grad_out, grad_sum, s, weight, bias, mean, rstd, seed, ctx.p, ctx.rms, ctx.has_residual and not shared
+            grad_out, grad_sum, s, weight, bias, mean, rstd, seed, ctx.p, ctx.rms, ctx.has_residual
         )
-        if shared:
-            grad_res = grad_x
         return (
             grad_x if need_x else None,
             grad_res if ctx.has_residual and need_r else None,

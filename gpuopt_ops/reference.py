@@ -164,7 +164,7 @@ def dropout_add_norm(
 def eager_dropout_add_norm(x, residual, weight, bias, p: float, training: bool = True, eps: float = 1e-5, rms=False):
     """What a user writes without gpuopt (the benchmarks' `eager` provider): torch's own dropout RNG.
     Returns (out, sum)."""
-    s = torch.nn.functional.dropout(x, p, training)
+    s = torch.nn.functional.dropout(x, p, training) if p > 0 and training else x  # p = 0: a plain add + norm
     if residual is not None:
         s = s + residual
     n = (x.shape[-1],)

@@ -113,7 +113,7 @@ def test_dropout_add_norm_p1_drops_x_exactly(backend):
 @pytest.mark.parametrize("backend", backend_params())
 def test_dropout_add_norm_autograd_prenorm_and_shared_grads(backend):
     """Through the public function: prenorm returns (out, sum); a gradient reaching `sum` from its other users
-    joins dS; without dropout one tensor is both inputs' gradient (S = x's dtype), with residual_in_fp32 the
+    joins dS; without dropout both inputs get the same values (S = x's dtype), with residual_in_fp32 the
     residual's gradient is fp32; a sum that is the only output used still gives x its gradient."""
     require_op(backend, "dropout_add_norm")
     dev = backend.device
