@@ -6,10 +6,14 @@
     torch.ops.gpuopt.triton_bias_relu_backward(grad_out, out) -> (grad_x, grad_bias)
     torch.ops.gpuopt.triton_bias_act(x, bias, act) -> out
     torch.ops.gpuopt.triton_bias_act_backward(grad_out, saved, bias, act) -> (grad_x, grad_bias)
+    torch.ops.gpuopt.triton_dropout_add_norm(x, residual, weight, bias, seed, p, eps, rms, residual_in_fp32)
+        -> (out, sum, mean, rstd)
+    torch.ops.gpuopt.triton_dropout_add_norm_backward(grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, p,
+        rms, has_residual) -> (grad_x, grad_residual, grad_weight, grad_bias)
 
 Same schemas, input checks (gpuopt_ops/checks.py: the C++ messages word for word), outputs and dropout
 bits as the C++ ops; autograd is that of the C++ ops (ops.register_ldr_autograd / register_bias_relu_autograd /
-register_bias_act_autograd).
+register_bias_act_autograd / register_dropout_add_norm_autograd).
 The kernels are in triton_kernels/ (repository root), installed as gpuopt_ops.triton_kernels.
 
 On a GPU the ops run compiled Triton kernels, and torch.compile decomposes them into the kernels (Inductor sees
@@ -68,10 +72,16 @@ from torch.library import triton_op, wrap_triton  # noqa: E402
 
 from gpuopt_ops.triton_kernels import bias_relu as _BR  # noqa: E402
 from gpuopt_ops.triton_kernels import common as _COMMON  # noqa: E402
+from gpuopt_ops.triton_kernels import dropout_add_norm as _DAN  # noqa: E402
 from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as _LDR  # noqa: E402
 
 from . import checks as V  # noqa: E402
-from .ops import register_bias_act_autograd, register_bias_relu_autograd, register_ldr_autograd  # noqa: E402
+from .ops import (  # noqa: E402
+    register_bias_act_autograd,
+    register_bias_relu_autograd,
+    register_dropout_add_norm_autograd,
+    register_ldr_autograd,
+)
 
 # Whether the kernels were decorated under TRITON_INTERPRET=1 (tests patch this name to simulate the other case).
 INTERPRETED = _COMMON.INTERPRETED
@@ -107,6 +117,13 @@ _KERNELS = {
     "gpuopt::triton_bias_relu_backward": [_BR.bias_relu_bwd_kernel, _COMMON.sum_partials_kernel],
     "gpuopt::triton_bias_act": [_BR.bias_relu_fwd_kernel],
     "gpuopt::triton_bias_act_backward": [_BR.bias_relu_bwd_kernel, _COMMON.sum_partials_kernel],
+    "gpuopt::triton_dropout_add_norm": [_DAN.dan_fwd_fused_kernel, _DAN.dan_fwd_looped_kernel],
+    "gpuopt::triton_dropout_add_norm_backward": [
+        _DAN.dan_bwd_fused_kernel,
+        _DAN.dan_bwd_row_coef_kernel,
+        _DAN.dan_bwd_chunk_kernel,
+        _COMMON.sum_partials_kernel,
+    ],
 }
 
 SCHEMAS = {
@@ -123,6 +140,15 @@ SCHEMAS = {
     "gpuopt::triton_bias_act": "(Tensor x, Tensor bias, int act) -> Tensor",
     "gpuopt::triton_bias_act_backward": (
         "(Tensor grad_out, Tensor saved, Tensor bias, int act) -> (Tensor grad_x, Tensor grad_bias)"
+    ),
+    "gpuopt::triton_dropout_add_norm": (
+        "(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, Tensor seed, float p, float eps, bool rms,"
+        " bool residual_in_fp32) -> (Tensor out, Tensor sum, Tensor mean, Tensor rstd)"
+    ),
+    "gpuopt::triton_dropout_add_norm_backward": (
+        "(Tensor grad_out, Tensor? grad_sum, Tensor sum, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd,"
+        " Tensor seed, float p, bool rms, bool has_residual)"
+        " -> (Tensor grad_x, Tensor grad_residual, Tensor grad_weight, Tensor grad_bias)"
     ),
 }
 
@@ -255,7 +281,87 @@ def _bias_act_backward(
     return grad_x, grad_b
 
 
-_OPDEFS = (_ldr_forward, _ldr_backward, _bias_relu, _bias_relu_backward, _bias_act, _bias_act_backward)
+@_triton_op("gpuopt::triton_dropout_add_norm")
+def _dan_forward(
+    x: torch.Tensor,
+    residual: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    seed: torch.Tensor,
+    p: float,
+    eps: float,
+    rms: bool,
+    residual_in_fp32: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    m, _, _, s_dtype = V.check_dropout_add_norm(x, residual, weight, bias, seed, p, eps, rms, residual_in_fp32)
+    acc = V.acc_dtype(x.dtype)
+    x = x.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    sum_ = torch.empty(x.shape, dtype=s_dtype, device=x.device)
+    mean = torch.empty((0,) if rms else (m,), dtype=acc, device=x.device)
+    rstd = torch.empty((m,), dtype=acc, device=x.device)
+    if not _skip_launch(x, "dropout_add_norm"):
+        _DAN.launch_forward(
+            x, _contig(residual), _contig(weight), _contig(bias), seed, out, sum_, mean, rstd, p, eps, rms, wrap=_WRAP
+        )
+    return out, sum_, mean, rstd
+
+
+@_triton_op("gpuopt::triton_dropout_add_norm_backward")
+def _dan_backward(
+    grad_out: torch.Tensor,
+    grad_sum: Optional[torch.Tensor],
+    sum: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    seed: torch.Tensor,
+    p: float,
+    rms: bool,
+    has_residual: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _, n, param_dtype, s_dtype = V.check_dropout_add_norm_backward(
+        grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, p, rms, has_residual
+    )
+    grad_out = grad_out.contiguous()
+    dev = grad_out.device
+    grad_x = torch.empty(grad_out.shape, dtype=grad_out.dtype, device=dev)
+    grad_res = torch.empty(grad_out.shape if has_residual else (0,), dtype=s_dtype, device=dev)
+    # the kernels write every element (the launcher zeroes them when M = 0: sums over no rows)
+    grad_w = torch.empty((n,) if weight is not None else (0,), dtype=param_dtype, device=dev)
+    grad_b = torch.empty((n,) if bias is not None else (0,), dtype=param_dtype, device=dev)
+    if not _skip_launch(grad_out, "dropout_add_norm_backward"):
+        _DAN.launch_backward(
+            grad_out,
+            _contig(grad_sum),
+            sum.contiguous(),
+            _contig(weight),
+            _contig(bias),
+            mean.contiguous(),
+            rstd.contiguous(),
+            seed,
+            grad_x,
+            grad_res if has_residual else None,
+            grad_w,
+            grad_b,
+            p,
+            rms,
+            wrap=_WRAP,
+        )
+    return grad_x, grad_res, grad_w, grad_b
+
+
+_OPDEFS = (
+    _ldr_forward,
+    _ldr_backward,
+    _bias_relu,
+    _bias_relu_backward,
+    _bias_act,
+    _bias_act_backward,
+    _dan_forward,
+    _dan_backward,
+)
 
 
 def _register_kernels_for_cache_keys() -> None:
@@ -287,10 +393,13 @@ triton_bias_relu = torch.ops.gpuopt.triton_bias_relu
 triton_bias_relu_backward = torch.ops.gpuopt.triton_bias_relu_backward
 triton_bias_act = torch.ops.gpuopt.triton_bias_act
 triton_bias_act_backward = torch.ops.gpuopt.triton_bias_act_backward
+triton_dropout_add_norm = torch.ops.gpuopt.triton_dropout_add_norm
+triton_dropout_add_norm_backward = torch.ops.gpuopt.triton_dropout_add_norm_backward
 
 register_ldr_autograd("gpuopt::triton_layer_norm_dropout_relu", triton_layer_norm_dropout_relu_backward)
 register_bias_relu_autograd("gpuopt::triton_bias_relu", triton_bias_relu_backward)
 register_bias_act_autograd("gpuopt::triton_bias_act", triton_bias_act_backward)
+register_dropout_add_norm_autograd("gpuopt::triton_dropout_add_norm", triton_dropout_add_norm_backward)
 
 __all__ = [
     "triton_layer_norm_dropout_relu",
@@ -299,5 +408,7 @@ __all__ = [
     "triton_bias_relu_backward",
     "triton_bias_act",
     "triton_bias_act_backward",
+    "triton_dropout_add_norm",
+    "triton_dropout_add_norm_backward",
     "INTERPRETED",
 ]

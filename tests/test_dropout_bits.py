@@ -157,6 +157,68 @@ def test_backward_recomputes_the_forward_mask(backend, n):
     assert torch.equal(kept, torch.full_like(kept, R.dropout_scale(p)))
 
 
+def dan_bits(backend, m, n, seed, p, dtype=torch.float32):
+    """dropout_add_norm's keep bits as int32, read two ways: its `sum` with x = 1 and no residual (scale where kept,
+    exactly 0 where dropped), and its backward's grad_x with grad_out = 0 and grad_sum = 1 (dS = 1)."""
+    dev = backend.device
+    x = torch.ones(m, n, dtype=dtype, device=dev)
+    fwd, bwd = backend.op("dropout_add_norm"), backend.op("dropout_add_norm_backward")
+    _, s, mean, rstd = fwd(x, None, None, None, seed_tensor(seed, dev), p, EPS, False, False)
+    gx = bwd(
+        torch.zeros_like(x), torch.ones_like(s), s, None, None, mean, rstd, seed_tensor(seed, dev), p, False, False
+    )[0]
+    return (s.cpu() != 0).to(torch.int32), (gx.cpu() != 0).to(torch.int32), s.cpu(), gx.cpu()
+
+
+# rows the Triton kernels split into chunks (3 x 256, 4 x 256 in the forward), in fp32 and bf16 (the other shapes:
+# test_dropout_add_norm_mask_is_layer_norm_dropout_relus)
+@pytest.mark.parametrize("m,n", [(2, 768), (2, 1024)])
+@pytest.mark.parametrize("backend", backend_params())
+def test_dropout_add_norm_keep_mask_of_chunked_rows(backend, m, n):
+    """The mask in the forward's sum and the backward's grad_x equals the Philox reference, with the kept values
+    x * scale exactly."""
+    require_op(backend, "dropout_add_norm")
+    for seed in (-1, 2**32 + 5):
+        for dtype in (torch.float32, torch.bfloat16):
+            fwd, bwd, s, gx = dan_bits(backend, m, n, seed, 0.3, dtype)
+            assert torch.equal(fwd, reference_bits(seed, m, n, 0.3)), (seed, dtype)
+            assert torch.equal(bwd, fwd), (seed, dtype)
+            scale = torch.tensor(R.dropout_scale(0.3), dtype=torch.float32).to(dtype)
+            assert torch.all(s[fwd != 0] == scale) and torch.all(gx[bwd != 0] == scale), (seed, dtype)
+
+
+@pytest.mark.parametrize("backend", backend_params("triton", "triton-interpret"))
+def test_triton_dropout_add_norm_keep_mask_looped(triton_looped, backend):
+    """The looped dropout_add_norm kernels (N = 40 and 37 > 16 under the fixture: fast and generic RNG) against
+    the reference bits and the CPU backend."""
+    require_op(backend, "dropout_add_norm")
+    for n in (40, 37):
+        fwd, bwd, _, _ = dan_bits(backend, 3, n, 2**33 + 17, 0.4)
+        assert torch.equal(fwd, reference_bits(2**33 + 17, 3, n, 0.4))
+        assert torch.equal(bwd, fwd)
+        assert torch.equal(fwd, dan_bits(CPU, 3, n, 2**33 + 17, 0.4)[0])
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("p", [0.0, 1.0])
+def test_dropout_add_norm_edge_probabilities(backend, p):
+    """p = 0: sum = x + residual (one rounding), grad_x = dS; p = 1: sum = residual exactly, grad_x exact zeros."""
+    require_op(backend, "dropout_add_norm")
+    dev = backend.device
+    x = torch.randn(4, 40, dtype=torch.bfloat16, device=dev)
+    r = torch.randn(4, 40, dtype=torch.float32, device=dev)
+    seed = seed_tensor(5, dev)
+    _, s, mean, rstd = backend.op("dropout_add_norm")(x, r, None, None, seed, p, EPS, True, True)
+    expected = r if p == 1.0 else x.float() + r
+    assert torch.equal(s, expected)
+    gs = torch.randn(4, 40, dtype=torch.float32, device=dev)
+    gx, gr, _, _ = backend.op("dropout_add_norm_backward")(
+        torch.zeros_like(x), gs, s, None, None, mean, rstd, seed, p, True, True
+    )
+    assert torch.equal(gr, gs)  # grad_out = 0: dS = grad_sum
+    assert torch.equal(gx, torch.zeros_like(x) if p == 1.0 else gs.to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("backend", backend_params())
 def test_threshold_and_scale_match_the_reference(backend):
     """t = round(p * 65536) half up; the scale each kernel applies (read through weight 0, bias 1) is the

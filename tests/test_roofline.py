@@ -185,6 +185,20 @@ KNOWN_SHORT: dict[tuple, str] = {
         )
         for dt in ("bf16", "fp16", "fp32")
     },
+    **{
+        ("triton", op, "backward", dt, n): _LONG_BACKWARD_TRITON
+        for op in G.DAN_OPS
+        for dt in G.op_dtypes(op)
+        for n in (12288, 16384)
+    },
+    **{
+        ("triton", op, "forward", dt, 16384): (
+            "one pass over four 4096-column chunks holds 32 elements a thread at 16 warps (as the LayerNorm forward); "
+            "the looped forward writes the sum and reads it back"
+        )
+        for op in G.DAN_OPS
+        for dt in G.op_dtypes(op)
+    },
     ("cuda", "bias_relu", "backward", "fp32", 12288): (
         "48 column tiles x 5 row blocks = 240 blocks on 264 slots (98 registers: 2 blocks a SM)"
     ),
@@ -245,9 +259,10 @@ def test_model_covers_every_case(model):
         for dt in ("bf16", "fp16", "fp32")
         for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)
     }
-    # dropout_add_norm: CUDA rows, LayerNorm and RMSNorm with a residual; residual_in_fp32 for bf16
+    # dropout_add_norm: CUDA and Triton rows, LayerNorm and RMSNorm with a residual; residual_in_fp32 for bf16
     want |= {
-        ("cuda", op + sfx, d, dt, n)
+        (backend, op + sfx, d, dt, n)
+        for backend in ("cuda", "triton")
         for op in ("dropout_add_norm", "dropout_add_rms_norm")
         for sfx, dts in (("", ("bf16", "fp16", "fp32")), ("_res32", ("bf16",)))
         for d in ("forward", "backward")

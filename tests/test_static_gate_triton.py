@@ -31,8 +31,17 @@ pytest.importorskip("triton.backends.nvidia")
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-PERSISTENT = ("ldr_fwd_fused_kernel", "ldr_bwd_fused_kernel", "ldr_bwd_chunk_kernel", "bias_relu_bwd_kernel")
-ONE_AXIS = ("ldr_fwd_fused_kernel", "ldr_bwd_fused_kernel")  # grid (G,): exactly SMs x programs per SM
+PERSISTENT = (
+    "ldr_fwd_fused_kernel",
+    "ldr_bwd_fused_kernel",
+    "ldr_bwd_chunk_kernel",
+    "bias_relu_bwd_kernel",
+    "dan_fwd_fused_kernel",
+    "dan_bwd_fused_kernel",
+    "dan_bwd_chunk_kernel",
+)
+# grid (G,): exactly SMs x programs per SM
+ONE_AXIS = ("ldr_fwd_fused_kernel", "ldr_bwd_fused_kernel", "dan_fwd_fused_kernel", "dan_bwd_fused_kernel")
 KERNELS = {
     "ldr_fwd_fused_kernel",
     "ldr_fwd_looped_kernel",
@@ -42,6 +51,11 @@ KERNELS = {
     "sum_partials_kernel",
     "bias_relu_fwd_kernel",
     "bias_relu_bwd_kernel",
+    "dan_fwd_fused_kernel",
+    "dan_fwd_looped_kernel",
+    "dan_bwd_fused_kernel",
+    "dan_bwd_row_coef_kernel",
+    "dan_bwd_chunk_kernel",
 }
 
 
@@ -64,7 +78,7 @@ def gate():
 def test_table_covers_every_op_dtype_and_n(gate):
     rows = gate[0]["rows"]
     seen = {(r["op"], r["dtype"], r["n"]) for r in rows}
-    ops = ("ldr_fwd", "ldr_bwd", "bias_relu_fwd", "bias_relu_bwd")
+    ops = ("ldr_fwd", "ldr_bwd", "bias_relu_fwd", "bias_relu_bwd", "dan_fwd", "dan_bwd", "dan_rms_fwd", "dan_rms_bwd")
     for op in ops + tuple(f"bias_act{act}_{d}" for act in (1, 2, 3) for d in ("fwd", "bwd")):
         for dtype in ("fp16", "bf16", "fp32"):
             for n in (768, 1024, 2048, 4096, 8192, 16384):
@@ -84,10 +98,11 @@ def test_no_spills_and_shared_memory_within_the_sm90_limit(gate):
 
 def test_n8192_takes_the_fused_backward(gate):
     rows = gate[0]["rows"]
-    for dtype in ("fp16", "bf16", "fp32"):
-        kernels = [r["kernel"] for r in rows if r["op"] == "ldr_bwd" and r["dtype"] == dtype and r["n"] == 8192]
-        assert any(k.startswith("ldr_bwd_fused_kernel") for k in kernels), kernels
-        assert not any(k.startswith("ldr_bwd_row_coef_kernel") for k in kernels), kernels
+    for op, prefix in (("ldr_bwd", "ldr"), ("dan_bwd", "dan"), ("dan_rms_bwd", "dan")):
+        for dtype in ("fp16", "bf16", "fp32"):
+            kernels = [r["kernel"] for r in rows if r["op"] == op and r["dtype"] == dtype and r["n"] == 8192]
+            assert any(k.startswith(f"{prefix}_bwd_fused_kernel") for k in kernels), kernels
+            assert not any(k.startswith(f"{prefix}_bwd_row_coef_kernel") for k in kernels), kernels
 
 
 def test_persistent_grids_are_one_full_wave(gate):
@@ -105,7 +120,8 @@ def test_persistent_grids_are_one_full_wave(gate):
             if name in ONE_AXIS:
                 assert r["programs_per_sm"] == r["blocks_per_sm"], r
             checked += 1
-    assert checked >= 3 * (5 + 6 + 6)  # dtypes x (forward N <= 8192, backward fused or chunk, bias-ReLU)
+    # dtypes x (forward N <= 8192, backward fused or chunk, bias-ReLU; dropout_add_norm's two norms, the same)
+    assert checked >= 3 * (5 + 6 + 6) + 3 * 2 * (5 + 6)
 
 
 def test_unhinted_launches_compile_without_spills(gate):
@@ -114,7 +130,7 @@ def test_unhinted_launches_compile_without_spills(gate):
     no affine, p = 0, 3-chunk rows, bias-ReLU) compile for sm_90 without alignment hints and use no stack (no
     spills)."""
     unhinted = gate[0]["unhinted"]
-    assert len(unhinted) >= 22
+    assert len(unhinted) >= 22 + 10
     bad = [r for r in unhinted if r["spills"] or r["stack"]]
     assert not bad, bad
     assert {r["kernel"].split("[")[0] for r in unhinted} == KERNELS
@@ -122,7 +138,7 @@ def test_unhinted_launches_compile_without_spills(gate):
 
 
 def test_inductor_sees_only_output_stores(gate):
-    """Inductor's TTIR mutation analysis finds exactly the output pointers written by each of the 8 kernels."""
+    """Inductor's TTIR mutation analysis finds exactly the output pointers written by each of the 13 kernels."""
     inductor = gate[0]["inductor"]
     assert {r["kernel"] for r in inductor} == KERNELS
     for r in inductor:

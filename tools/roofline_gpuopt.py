@@ -32,7 +32,7 @@ DAN_OPS = {  # op label -> (rms, residual_in_fp32)
     "dropout_add_rms_norm_res32": (True, True),
 }
 OPS = ("layer_norm_dropout_relu", "bias_relu", *OPS_BIAS_ACT, *DAN_OPS)
-TRITON_OPS = ("layer_norm_dropout_relu", "bias_relu", *OPS_BIAS_ACT)  # the ops whose Triton launches are mirrored
+TRITON_OPS = OPS  # every op has Triton launches in the model
 DIRECTIONS = ("forward", "backward")
 DTYPES = ("bf16", "fp16", "fp32")
 NS = (768, 1024, 2048, 4096, 8192, 12288, 16384)
@@ -473,6 +473,11 @@ TRITON_LOOPS = {
     "sum_partials_kernel": ("partials", 0),
     "bias_relu_fwd_kernel": ("rows", 0),
     "bias_relu_bwd_kernel": ("rows", 1),
+    "dan_fwd_fused_kernel": ("rows", 0),
+    "dan_fwd_looped_kernel": ("chunks", 0),
+    "dan_bwd_fused_kernel": ("rows", 0),
+    "dan_bwd_row_coef_kernel": ("chunks", 0),
+    "dan_bwd_chunk_kernel": ("rows", 1),
 }
 
 
@@ -500,7 +505,33 @@ def _triton_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
     if kernel == "bias_relu_bwd_kernel":  # acts 1-3 read the bias too
         bias = n * e if a.get("ACT", 0) else 0
         return 3 * mn * e + bias + a["_grid"][1] * n * ACC, 2 * mn * e + bias
+    if kernel.startswith("dan_"):
+        return _dan_bytes(kernel, a, m, n, e)
     raise KeyError(f"tools.roofline_gpuopt: no byte declaration for the Triton kernel {kernel}; add one")
+
+
+def _dan_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
+    """dropout_add_norm's kernels: x / grad_out / out / grad_x in x's dtype (e), the residual, sum, grad_sum and
+    grad_residual in the sum's dtype."""
+    mn = m * n
+    es = int((a.get("SUM") if "SUM" in a else a["S"]).element_size())
+    has_r, has_gs = int(bool(a.get("HAS_R"))), int(bool(a.get("HAS_GS")))
+    stats = (1 if a.get("RMS") else 2) * m * ACC
+    if kernel in ("dan_fwd_fused_kernel", "dan_fwd_looped_kernel"):
+        params = n * e * (int(bool(a.get("HAS_W"))) + int(bool(a.get("HAS_B"))))
+        read = mn * (e + has_r * es) + params
+        nbytes = read + mn * (es + e) + stats
+        if kernel == "dan_fwd_fused_kernel":
+            return nbytes, read
+        return nbytes + mn * es, read + mn * es, mn * es, n * es  # pass 2 re-reads the program's stored row
+    params = n * e * int(bool(a.get("HAS_W")))
+    if kernel == "dan_bwd_row_coef_kernel":  # grad_out, sum, statistics and weight in; c1, c2 out
+        return mn * (e + es) + stats + params + 2 * m * ACC, mn * (e + es) + stats + params
+    sums = int(bool(a.get("HAS_W"))) + int(bool(a.get("HAS_B")))
+    groups = a["_grid"][0] if kernel == "dan_bwd_fused_kernel" else a["_grid"][1]
+    stats += 0 if kernel == "dan_bwd_fused_kernel" else 2 * m * ACC  # c1, c2
+    read = mn * (e + es + has_gs * es) + stats + params
+    return read + mn * (e + has_r * es) + sums * groups * n * ACC, read
 
 
 def _triton_trips(kernel: str, a: dict, grid: tuple, m: int, n: int):
@@ -530,12 +561,18 @@ _TRITON_OP = {
         if code
         for d, short in (("forward", "fwd"), ("backward", "bwd"))
     },
+    **{
+        (op, d): ("dan_rms_" if rms else "dan_") + short
+        for op, (rms, _) in DAN_OPS.items()
+        for d, short in (("forward", "fwd"), ("backward", "bwd"))
+    },
 }
 
 
 def triton_cases(cases, sms: int = 132, jobs: int = 1) -> dict[tuple, list[KernelLaunch]]:
     """{(op, direction, dtype, N): the launches the Triton launcher makes for a contiguous (M, N) input with
-    weight and bias, p > 0}, each launch compiled for sm_90 as tools.triton_resources compiles them (all cases
+    weight and bias, p > 0 (dropout_add_norm: with a residual, and grad_sum in the backward; the `_res32` rows: bf16
+    x with residual_in_fp32), each launch compiled for sm_90 as tools.triton_resources compiles them (all cases
     recorded first, then compiled once each, `jobs` at a time)."""
     import torch
 
@@ -547,7 +584,14 @@ def triton_cases(cases, sms: int = 132, jobs: int = 1) -> dict[tuple, list[Kerne
     def record(facts: bool) -> dict:
         return {
             (op, direction, dtype, n): TR.launches(
-                comp, _TRITON_OP[(op, direction)], tdt[dtype], n, sms, m=rows_of(n), facts=facts
+                comp,
+                _TRITON_OP[(op, direction)],
+                tdt[dtype],
+                n,
+                sms,
+                m=rows_of(n),
+                facts=facts,
+                **({"residual_in_fp32": True} if DAN_OPS.get(op, (False, False))[1] else {}),
             )
             for op, direction, dtype, n in cases
         }

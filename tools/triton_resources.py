@@ -325,9 +325,12 @@ def launches(
     affine: bool = True,
     max_fused_n: Optional[int] = None,
     facts: bool = False,
+    residual_in_fp32: bool = False,
 ) -> list[Launch]:
     """Runs one launcher on meta tensors; returns the launches it made (recorded in `compiler`, not compiled).
-    max_fused_n (ldr only) overrides the longest row of the single-block kernels, to reach the looped ones.
+    max_fused_n (ldr, dan) overrides the longest row of the single-block kernels, to reach the looped ones.
+    The dan ops (dropout_add_norm: dan_* LayerNorm, dan_rms_* RMSNorm) run with a residual and, in the
+    backward, grad_sum; residual_in_fp32 makes the sum (and residual, grad_sum, grad_residual) fp32.
     facts: the persistent grids come from the compiled kernels (compiler.facts, as the launchers on a GPU take
     them from the loaded kernel); otherwise from the launchers' planning rule, and nothing is compiled here."""
     L, BR, _ = _kernels()
@@ -402,6 +405,55 @@ def launches(
             **act,
             **hook,
         )
+    elif op in DAN_OPS:
+        from gpuopt_ops.triton_kernels import dropout_add_norm as DAN
+
+        rms = op.startswith("dan_rms")
+        sd = torch.float32 if residual_in_fp32 and dtype in (torch.float16, torch.bfloat16) else dtype
+        mu = _meta((0,), acc) if rms else mean
+        if op.endswith("_fwd"):
+            _call_launcher(
+                DAN.launch_forward,
+                x,
+                _meta((m, n), sd),
+                w,
+                w,
+                seed,
+                _meta((m, n), dtype),
+                _meta((m, n), sd),
+                mu,
+                rstd,
+                p,
+                1e-5,
+                rms,
+                wrap=compiler.wrap,
+                _sm_count=sm_count,
+                **fused,
+                **hook,
+            )
+        else:
+            gw = _meta((n,), pd) if affine else None
+            _call_launcher(
+                DAN.launch_backward,
+                _meta((m, n), dtype),
+                _meta((m, n), sd),
+                _meta((m, n), sd),
+                w,
+                w,
+                mu,
+                rstd,
+                seed,
+                _meta((m, n), dtype),
+                _meta((m, n), sd),
+                gw,
+                gw,
+                p,
+                rms,
+                wrap=compiler.wrap,
+                _sm_count=sm_count,
+                **fused,
+                **hook,
+            )
     else:
         raise ValueError(op)
     return compiler.launches[start:]
@@ -409,7 +461,8 @@ def launches(
 
 # bias_act{1,2,3}: bias_act with gelu, gelu_tanh, silu (the bias-ReLU kernels with ACT = 1, 2, 3)
 BIAS_ACT_OPS = tuple(f"bias_act{act}_{d}" for act in (1, 2, 3) for d in ("fwd", "bwd"))
-OPS = ("ldr_fwd", "ldr_bwd", "bias_relu_fwd", "bias_relu_bwd", *BIAS_ACT_OPS)
+DAN_OPS = ("dan_fwd", "dan_bwd", "dan_rms_fwd", "dan_rms_bwd")
+OPS = ("ldr_fwd", "ldr_bwd", "bias_relu_fwd", "bias_relu_bwd", *BIAS_ACT_OPS, *DAN_OPS)
 
 
 def record_table(
@@ -540,6 +593,29 @@ UNHINTED_BIAS_RELU = [
     ),
     ("bias-SiLU backward, fp16", "bias_act3_bwd", dict(m=8, n=300, dtype=torch.float16)),
 ]
+# dropout_add_norm (with a residual and grad_sum): (what the case covers, its ops, launches() keyword arguments)
+UNHINTED_DAN = [
+    (
+        "dropout-add-LayerNorm, 8-lane RNG, bf16 x with residual_in_fp32 and fp32 params",
+        ("dan_fwd", "dan_bwd"),
+        dict(m=64, n=1000, dtype=torch.bfloat16, param_dtype=torch.float32, residual_in_fp32=True),
+    ),
+    (
+        "dropout-add-RMSNorm, generic RNG, no weight / bias",
+        ("dan_rms_fwd", "dan_rms_bwd"),
+        dict(m=8, n=37, dtype=torch.float16, affine=False),
+    ),
+    (
+        "dropout-add-RMSNorm, 3-chunk rows (N = 3 x 256)",
+        ("dan_rms_fwd", "dan_rms_bwd"),
+        dict(m=16, n=768, dtype=torch.float16),
+    ),
+    (
+        "dropout-add-LayerNorm, fp64, looped, generic RNG",
+        ("dan_fwd", "dan_bwd"),
+        dict(m=2, n=65533, dtype=torch.float64),
+    ),
+]
 
 # What each kernel may write (its output pointers); anything else written makes torch.compile clone that input.
 EXPECTED_WRITES = {
@@ -551,6 +627,11 @@ EXPECTED_WRITES = {
     "sum_partials_kernel": {"OUT", "OUT2"},
     "bias_relu_fwd_kernel": {"OUT"},
     "bias_relu_bwd_kernel": {"DX", "PDB"},
+    "dan_fwd_fused_kernel": {"OUT", "SUM", "MEAN", "RSTD"},
+    "dan_fwd_looped_kernel": {"OUT", "SUM", "MEAN", "RSTD"},
+    "dan_bwd_fused_kernel": {"DX", "DRES", "PDW", "PDB"},
+    "dan_bwd_row_coef_kernel": {"C1", "C2"},
+    "dan_bwd_chunk_kernel": {"DX", "DRES", "PDW", "PDB"},
 }
 
 
@@ -583,6 +664,12 @@ def record_unhinted(
         m, n, dtype = kw.pop("m"), kw.pop("n"), kw.pop("dtype")
         for launch in launches(compiler, op, dtype, n, sm_count, m, **kw):
             recorded.append((case, op, dtype, n, launch))
+    for case, ops, kw in UNHINTED_DAN:
+        kw = dict(kw)
+        m, n, dtype = kw.pop("m"), kw.pop("n"), kw.pop("dtype")
+        for op in ops:
+            for launch in launches(compiler, op, dtype, n, sm_count, m, **kw):
+                recorded.append((case, op, dtype, n, launch))
     return recorded
 
 
@@ -611,7 +698,7 @@ def analysis_launches(sm_count: int = DEFAULT_SM_COUNT) -> list[Launch]:
     compiled: N = 1000 takes the single-block kernels, and max_fused_n = 16 the looped ones."""
     rec = Compiler()
     for fused in (None, 16):
-        for op in ("ldr_fwd", "ldr_bwd"):
+        for op in ("ldr_fwd", "ldr_bwd", "dan_fwd", "dan_bwd"):
             launches(rec, op, torch.float32, 1000, sm_count, 64, max_fused_n=fused)
     for op in ("bias_relu_fwd", "bias_relu_bwd", "bias_act1_fwd", "bias_act1_bwd"):
         launches(rec, op, torch.float32, 1000, sm_count, 64)

@@ -1,0 +1,642 @@
+"""Triton kernels of dropout -> add -> LayerNorm / RMSNorm (forward and backward) and their launch helpers.
+
+Pure ``@triton.jit`` code plus plain-Python launchers: no torch.library here (the registrations live in
+gpuopt_ops/triton_ops.py). The contract is docs/DESIGN.md (`dropout_add_norm`):
+
+- s = dropout_p(x) + residual in the accumulation dtype (fp32; fp64 for fp64 x), stored as `sum` in dtype S (fp32
+  with residual_in_fp32 for 16-bit x, else x's dtype); the norm reads s as stored (rounded to S, converted back).
+  The keep bit of element idx is the Philox lane of docs/DESIGN.md section 2, bit for bit the one
+  layer_norm_dropout_relu uses at idx (the helpers of rows.py: the fast 8-lane Philox when N % 8 == 0, one call
+  per element otherwise, none when p = 0); dropped values are selected to exact zeros, kept ones multiplied by
+  65536 / (65536 - t).
+- LayerNorm: mean, then the centred squares (two passes over registers, or Chan's merge of per-chunk statistics
+  on the looped path); RMSNorm: rstd = 1 / sqrt(mean(s^2) + eps), xhat = s * rstd. 1/N correctly rounded, IEEE
+  sqrt and division, as layer_norm_dropout_relu. out = xhat * weight + bias (each optional) in x's dtype.
+- Backward: xhat recomputed from the stored sum and mean / rstd; dxhat = grad_out * weight; c1 = mean(dxhat *
+  xhat), c2 = mean(dxhat) (LayerNorm only); dS = rstd * (dxhat - xhat * c1 - c2) + grad_sum; grad_residual = dS in
+  S, grad_x = keep ? dS * scale : 0 in x's dtype; dgamma / dbeta partials accumulate grad_out * xhat and grad_out
+  element-wise and go through the one stage-2 launch of common.launch_sum_partials (deterministic, no atomics).
+
+Tiling: exactly that of layer_norm_dropout_relu (its forward_config / backward_config, read at every launch): the
+single-block kernels take rows of N = 3 x 2^k as three chunks of N / 3 and (forward) N = 2^k >= 1024 as four
+chunks, without padded lanes; they are persistent, SMs x the resident programs per SM of the compiled kernel
+(common.programs_per_sm), 8 programs on the interpreter. Every load of a tile (x and the residual of every chunk
+in the forward; the sum, grad_out and, later, grad_sum in the backward) is issued before its first reduction, so
+a row is read from DRAM once. Longer rows take the looped kernels: the forward writes the sum in pass 1 (with
+the row's statistics) and re-reads it in pass 2; the backward computes c1, c2 per row and then runs a (column
+chunk x row group) grid for grad_x, grad_residual and the partials.
+
+All indexing is int64 (row * N).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import layer_norm_dropout_relu as _LDR
+from .common import (
+    INTERPRETED,
+    column_groups,
+    device_guard,
+    device_sm_count,
+    launch_directly,
+    launch_sum_partials,
+    num_warps_for,
+    partial_slab,
+    persistent_programs,
+    programs_per_sm,
+    to_acc,
+    to_out,
+)
+from .rows import (
+    _div,
+    _dropout_scale,
+    _eps,
+    _inv_n,
+    _keep_tile,
+    _load_param,
+    _load_param_tile,
+    _load_seed,
+    _rsqrt,
+    _tile_offsets,
+    _tile_seed,
+    dropout_threshold,
+    eps_pair,
+)
+
+
+# ----------------------------------------------------------------------------------------------- jit helpers
+@triton.jit
+def _sum_chunk(
+    X, R, SUM, offs, mask, seed, base, col0, cols, threshold, scale,
+    HAS_R: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr,
+):  # fmt: skip
+    """s = dropout(x) + residual of the chunk at offs + col0, stored at SUM; returns s as stored (rounded to SUM's
+    dtype), in the accumulation dtype. Dropped elements are selected to zero before the add (p = 1: s = residual)."""
+    x = to_acc(tl.load(X + offs + col0, mask=mask, other=0.0), IS_FP64)
+    if HAS_R:
+        r = to_acc(tl.load(R + offs + col0, mask=mask, other=0.0), IS_FP64)
+    if DROPOUT:
+        keep = _keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
+        # the product, then the select: the select keeps the compiler from fusing x * scale + residual into one
+        # FMA, so the sum is rounded as the other backends round it
+        x = tl.where(keep, x * scale, 0.0)
+    if HAS_R:
+        x = x + r
+    stored = to_out(x, SUM, RTNE_BF16)
+    tl.store(SUM + offs + col0, stored, mask=mask)
+    return to_acc(stored, IS_FP64)
+
+
+@triton.jit
+def _out_chunk(OUT, offs, mask, d, rstd, w, b, col0, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RTNE_BF16: tl.constexpr):
+    """out = d * rstd * w + b of one chunk (d: the deviations from the mean, or s for RMSNorm) at OUT + offs + col0."""
+    y = d * rstd[:, None]
+    if HAS_W:
+        y = y * w.to(y.dtype)
+    if HAS_B:
+        y = y + b.to(y.dtype)
+    tl.store(OUT + offs + col0, to_out(y, OUT, RTNE_BF16), mask=mask)
+
+
+@triton.jit
+def _centred(s, mean, mask, RMS: tl.constexpr, EVEN: tl.constexpr):
+    """s - mean (zero on padded columns) for LayerNorm; s itself for RMSNorm (padded columns load zeros)."""
+    if RMS:
+        d = s
+    elif EVEN:
+        d = s - mean[:, None]
+    else:
+        d = tl.where(mask, s - mean[:, None], 0.0)
+    return d
+
+
+@triton.jit
+def _xhat_dxhat(s, g, mean, rstd, w, HAS_W: tl.constexpr, RMS: tl.constexpr):
+    """xhat of a chunk from its stored sum s, and dxhat = grad_out * weight."""
+    if RMS:
+        xhat = s * rstd[:, None]
+    else:
+        xhat = (s - mean[:, None]) * rstd[:, None]
+    if HAS_W:
+        dxhat = g * w.to(xhat.dtype)
+    else:
+        dxhat = g
+    return xhat, dxhat
+
+
+@triton.jit
+def _grad_chunk(
+    DX, DRES, GS, offs, mask, xhat, dxhat, rstd, c1, c2, seed, base, col0, cols, threshold, scale,
+    HAS_GS: tl.constexpr, HAS_R: tl.constexpr, RMS: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr,
+    IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr,
+):  # fmt: skip
+    """dS = rstd * (dxhat - xhat * c1 - c2) + grad_sum of one chunk; stores grad_residual = dS and
+    grad_x = keep ? dS * scale : 0."""
+    if RMS:
+        ds = rstd[:, None] * (dxhat - xhat * c1[:, None])
+    else:
+        ds = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
+    if HAS_GS:
+        ds = ds + to_acc(tl.load(GS + offs + col0, mask=mask, other=0.0), IS_FP64)
+    if HAS_R:
+        tl.store(DRES + offs + col0, to_out(ds, DRES, RTNE_BF16), mask=mask)
+    if DROPOUT:
+        keep = _keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
+        ds = tl.where(keep, ds, 0.0) * scale  # select first: a dropped inf gives 0, never 0 * inf
+    tl.store(DX + offs + col0, to_out(ds, DX, RTNE_BF16), mask=mask)
+
+
+# -------------------------------------------------------------------------------------------------- forward
+@triton.jit
+def dan_fwd_fused_kernel(
+    X, R, W, B, SEED, OUT, SUM, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold,
+    HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr, DROPOUT: tl.constexpr,
+    FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CHUNKS: tl.constexpr, HOIST_PARAMS: tl.constexpr, EVEN_N: tl.constexpr, RTNE_BF16: tl.constexpr,
+):  # fmt: skip
+    """Single-block forward, persistent: program p takes row tiles p, p + G, ... of BLOCK_M whole rows, one chunk
+    of BLOCK_N >= N columns or CHUNKS = 3 or 4 chunks of N / CHUNKS. Per tile: every chunk's x and residual are
+    loaded and the sum stored before the first reduction; the statistics come from the registers, so x, the
+    residual and the sum each cross DRAM once. The weight and bias are held across the loop with HOIST_PARAMS."""
+    scale = _dropout_scale(threshold, IS_FP64)
+    inv_n = _inv_n(N, IS_FP64)
+    eps = _eps(eps_hi, eps_lo, IS_FP64)
+    cols = tl.arange(0, BLOCK_N)
+    if EVEN_N:
+        cmask = cols < BLOCK_N
+    else:
+        cmask = cols < N
+    seed0 = _load_seed(SEED, DROPOUT)
+    if HOIST_PARAMS:
+        w0 = to_acc(_load_param(W, 0, cols, cmask, HAS_W), IS_FP64)[None, :]
+        b0 = to_acc(_load_param(B, 0, cols, cmask, HAS_B), IS_FP64)[None, :]
+        if CHUNKS > 1:
+            w1 = to_acc(_load_param(W, BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
+            b1 = to_acc(_load_param(B, BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
+            w2 = to_acc(_load_param(W, 2 * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
+            b2 = to_acc(_load_param(B, 2 * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
+        if CHUNKS > 3:
+            w3 = to_acc(_load_param(W, 3 * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
+            b3 = to_acc(_load_param(B, 3 * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
+    num_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
+        row_mask = rows < M
+        mask = row_mask[:, None] & cmask[None, :]
+        base = rows * N
+        seed = _tile_seed(seed0, tile, threshold)
+        offs = base[:, None] + cols[None, :]
+        s0 = _sum_chunk(
+            X, R, SUM, offs, mask, seed, base, 0, cols, threshold, scale,
+            HAS_R, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
+        )  # fmt: skip
+        if CHUNKS > 1:
+            s1 = _sum_chunk(
+                X, R, SUM, offs, mask, seed, base, BLOCK_N, cols, threshold, scale,
+                HAS_R, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
+            )  # fmt: skip
+            s2 = _sum_chunk(
+                X, R, SUM, offs, mask, seed, base, 2 * BLOCK_N, cols, threshold, scale,
+                HAS_R, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
+            )  # fmt: skip
+        if CHUNKS > 3:
+            s3 = _sum_chunk(
+                X, R, SUM, offs, mask, seed, base, 3 * BLOCK_N, cols, threshold, scale,
+                HAS_R, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
+            )  # fmt: skip
+        if RMS:
+            mean = tl.zeros([BLOCK_M], dtype=s0.dtype)
+        else:  # chunks added element-wise first: one cross-thread reduction per statistic
+            if CHUNKS == 4:
+                mean = tl.sum(s0 + s1 + s2 + s3, axis=1) * inv_n
+            elif CHUNKS == 3:
+                mean = tl.sum(s0 + s1 + s2, axis=1) * inv_n
+            else:
+                mean = tl.sum(s0, axis=1) * inv_n
+        d0 = _centred(s0, mean, mask, RMS, EVEN_N)
+        if CHUNKS > 1:  # every chunk full
+            d1 = _centred(s1, mean, mask, RMS, True)
+            d2 = _centred(s2, mean, mask, RMS, True)
+        if CHUNKS == 4:
+            d3 = _centred(s3, mean, mask, RMS, True)
+            q = tl.sum(d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3, axis=1)
+        elif CHUNKS == 3:
+            q = tl.sum(d0 * d0 + d1 * d1 + d2 * d2, axis=1)
+        else:
+            q = tl.sum(d0 * d0, axis=1)
+        rstd = _rsqrt(q * inv_n + eps, IS_FP64)
+        if not HOIST_PARAMS:
+            w0 = _load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
+            b0 = _load_param_tile(B, 0, cols, cmask, HAS_B, BLOCK_M)
+            if CHUNKS > 1:
+                w1 = _load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+                b1 = _load_param_tile(B, BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+                w2 = _load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+                b2 = _load_param_tile(B, 2 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+            if CHUNKS > 3:
+                w3 = _load_param_tile(W, 3 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+                b3 = _load_param_tile(B, 3 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+        if not RMS:
+            tl.store(MEAN + rows, mean, mask=row_mask)
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+        _out_chunk(OUT, offs, mask, d0, rstd, w0, b0, 0, HAS_W, HAS_B, RTNE_BF16)
+        if CHUNKS > 1:
+            _out_chunk(OUT, offs, mask, d1, rstd, w1, b1, BLOCK_N, HAS_W, HAS_B, RTNE_BF16)
+            _out_chunk(OUT, offs, mask, d2, rstd, w2, b2, 2 * BLOCK_N, HAS_W, HAS_B, RTNE_BF16)
+        if CHUNKS > 3:
+            _out_chunk(OUT, offs, mask, d3, rstd, w3, b3, 3 * BLOCK_N, HAS_W, HAS_B, RTNE_BF16)
+
+
+@triton.jit
+def dan_fwd_looped_kernel(
+    X, R, W, B, SEED, OUT, SUM, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold,
+    HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr, DROPOUT: tl.constexpr,
+    FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr,
+):  # fmt: skip
+    """Looped forward for long rows: one row per program in BLOCK_N-column chunks. Pass 1 stores the sum and
+    merges the chunks' statistics (Chan's formula for LayerNorm, the sum of squares for RMSNorm); pass 2 re-reads
+    the stored sum (the same threads' own stores) and writes the output."""
+    scale = _dropout_scale(threshold, IS_FP64)
+    seed = _load_seed(SEED, DROPOUT)
+    rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)  # [1]: the helpers work on [rows, cols]
+    base = rows * N
+    cols = tl.arange(0, BLOCK_N)
+    mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    m2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    for col0 in range(0, N, BLOCK_N):
+        cmask = (col0 + cols) < N
+        offs = base[:, None] + cols[None, :]
+        mask = cmask[None, :]
+        s = _sum_chunk(
+            X, R, SUM, offs, mask, seed, base, col0, cols, threshold, scale,
+            HAS_R, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N, RTNE_BF16,
+        )  # fmt: skip
+        if RMS:
+            m2 += tl.sum(s * s, axis=1)
+        else:  # Chan et al.: merge (col0, mean, m2) with this chunk's (n_b, mean_b, m2_b), divisions rounded
+            n_b = tl.minimum(N - col0, BLOCK_N)
+            n_a = to_acc(col0 + tl.zeros([1], dtype=tl.int32), IS_FP64)
+            n_b_f = to_acc(n_b + tl.zeros([1], dtype=tl.int32), IS_FP64)
+            mean_b = _div(tl.sum(s, axis=1), n_b_f, IS_FP64)
+            d = tl.where(mask, s - mean_b[:, None], 0.0)
+            m2_b = tl.sum(d * d, axis=1)
+            tot = n_a + n_b_f
+            delta = mean_b - mean
+            mean = mean + delta * _div(n_b_f, tot, IS_FP64)
+            m2 = m2 + m2_b + delta * delta * _div(n_a * n_b_f, tot, IS_FP64)
+    rstd = _rsqrt(m2 * _inv_n(N, IS_FP64) + _eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
+    if not RMS:
+        tl.store(MEAN + rows, mean)
+    tl.store(RSTD + rows, rstd)
+    tl.debug_barrier()  # pass 1's sum stores before pass 2 reads them back
+    for col0 in range(0, N, BLOCK_N):
+        cmask = (col0 + cols) < N
+        offs = base[:, None] + cols[None, :]
+        mask = cmask[None, :]
+        s = to_acc(tl.load(SUM + offs + col0, mask=mask, other=0.0), IS_FP64)
+        w = _load_param_tile(W, col0, cols, cmask, HAS_W, 1)
+        b = _load_param_tile(B, col0, cols, cmask, HAS_B, 1)
+        _out_chunk(OUT, offs, mask, _centred(s, mean, mask, RMS, False), rstd, w, b, col0, HAS_W, HAS_B, RTNE_BF16)
+
+
+# ------------------------------------------------------------------------------------------------- backward
+@triton.jit
+def dan_bwd_fused_kernel(
+    DY, GS, S, W, MEAN, RSTD, SEED, DX, DRES, PDW, PDB, M, N, threshold,
+    HAS_GS: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
+    DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, RTNE_BF16: tl.constexpr,
+):  # fmt: skip
+    """Single-block backward, persistent over row tiles (1 chunk of BLOCK_N >= N columns or 3 chunks of N / 3):
+    the sum and grad_out of every chunk are loaded before the reductions (c1, c2), xhat and dxhat computed once;
+    grad_sum is read as each chunk's dS is formed. dgamma / dbeta accumulate element-wise in [BLOCK_M, BLOCK_N]
+    register tiles, reduced over the rows once at the end into the program's partial row."""
+    scale = _dropout_scale(threshold, IS_FP64)
+    inv_n = _inv_n(N, IS_FP64)
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    dw0 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    db0 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    if CHUNKS == 3:
+        dw1 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+        db1 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+        dw2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+        db2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    seed0 = _load_seed(SEED, DROPOUT)
+    num_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in range(pid, num_tiles, tl.num_programs(0)):
+        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
+        row_mask = rows < M
+        offs, mask = _tile_offsets(rows, row_mask, 0, cols, cmask, N)
+        base = rows * N
+        seed = _tile_seed(seed0, tile, threshold)
+        s0 = to_acc(tl.load(S + offs, mask=mask, other=0.0), IS_FP64)
+        g0 = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
+        if CHUNKS == 3:
+            s1 = to_acc(tl.load(S + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
+            g1 = to_acc(tl.load(DY + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
+            s2 = to_acc(tl.load(S + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
+            g2 = to_acc(tl.load(DY + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
+        if RMS:
+            mean = tl.zeros([BLOCK_M], dtype=s0.dtype)
+        else:
+            mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        w0 = _load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)  # per tile (L1 hits), as the LayerNorm kernels
+        xhat0, dxhat0 = _xhat_dxhat(s0, g0, mean, rstd, w0, HAS_W, RMS)
+        if CHUNKS == 3:
+            w1 = _load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+            w2 = _load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+            xhat1, dxhat1 = _xhat_dxhat(s1, g1, mean, rstd, w1, HAS_W, RMS)
+            xhat2, dxhat2 = _xhat_dxhat(s2, g2, mean, rstd, w2, HAS_W, RMS)
+            c1 = tl.sum(dxhat0 * xhat0 + dxhat1 * xhat1 + dxhat2 * xhat2, axis=1) * inv_n
+            c2 = tl.sum(dxhat0 + dxhat1 + dxhat2, axis=1) * inv_n
+        else:
+            c1 = tl.sum(dxhat0 * xhat0, axis=1) * inv_n
+            c2 = tl.sum(dxhat0, axis=1) * inv_n
+        _grad_chunk(
+            DX, DRES, GS, offs, mask, xhat0, dxhat0, rstd, c1, c2, seed, base, 0, cols, threshold, scale,
+            HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
+        )  # fmt: skip
+        if HAS_W:
+            dw0 += g0 * xhat0
+        if HAS_B:
+            db0 += g0
+        if CHUNKS == 3:
+            _grad_chunk(
+                DX, DRES, GS, offs, mask, xhat1, dxhat1, rstd, c1, c2, seed, base, BLOCK_N, cols, threshold, scale,
+                HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
+            )  # fmt: skip
+            _grad_chunk(
+                DX, DRES, GS, offs, mask, xhat2, dxhat2, rstd, c1, c2, seed, base, 2 * BLOCK_N, cols, threshold,
+                scale, HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
+            )  # fmt: skip
+            if HAS_W:
+                dw1 += g1 * xhat1
+                dw2 += g2 * xhat2
+            if HAS_B:
+                db1 += g1
+                db2 += g2
+    prow = pid.to(tl.int64) * N
+    if HAS_W:
+        tl.store(PDW + prow + cols, tl.sum(dw0, axis=0), mask=cmask)
+        if CHUNKS == 3:
+            tl.store(PDW + prow + BLOCK_N + cols, tl.sum(dw1, axis=0), mask=cmask)
+            tl.store(PDW + prow + 2 * BLOCK_N + cols, tl.sum(dw2, axis=0), mask=cmask)
+    if HAS_B:
+        tl.store(PDB + prow + cols, tl.sum(db0, axis=0), mask=cmask)
+        if CHUNKS == 3:
+            tl.store(PDB + prow + BLOCK_N + cols, tl.sum(db1, axis=0), mask=cmask)
+            tl.store(PDB + prow + 2 * BLOCK_N + cols, tl.sum(db2, axis=0), mask=cmask)
+
+
+@triton.jit
+def dan_bwd_row_coef_kernel(
+    DY, S, W, MEAN, RSTD, C1, C2, M, N,
+    HAS_W: tl.constexpr, RMS: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program."""
+    rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)
+    row_mask = rows < M
+    if RMS:
+        mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    else:
+        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+    cols = tl.arange(0, BLOCK_N)
+    s1 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    s2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    for col0 in range(0, N, BLOCK_N):
+        cmask = (col0 + cols) < N
+        offs, mask = _tile_offsets(rows, row_mask, col0, cols, cmask, N)
+        s = to_acc(tl.load(S + offs, mask=mask, other=0.0), IS_FP64)
+        g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
+        w = _load_param_tile(W, col0, cols, cmask, HAS_W, 1)
+        xhat, dxhat = _xhat_dxhat(s, g, mean, rstd, w, HAS_W, RMS)
+        s1 += tl.sum(dxhat * xhat, axis=1)
+        s2 += tl.sum(dxhat, axis=1)
+    inv_n = _inv_n(N, IS_FP64)
+    tl.store(C1 + rows, s1 * inv_n, mask=row_mask)
+    tl.store(C2 + rows, s2 * inv_n, mask=row_mask)
+
+
+@triton.jit
+def dan_bwd_chunk_kernel(
+    DY, GS, S, W, MEAN, RSTD, SEED, C1, C2, DX, DRES, PDW, PDB, M, N, threshold,
+    HAS_GS: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
+    DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr,
+):  # fmt: skip
+    """Looped backward, kernel B: grid (column chunks, row groups); grad_x, grad_residual and the dgamma / dbeta
+    partials. A program keeps one column chunk, so its weight columns are loaded once."""
+    scale = _dropout_scale(threshold, IS_FP64)
+    col0 = tl.program_id(0) * BLOCK_N
+    pid = tl.program_id(1)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = (col0 + cols) < N
+    w = _load_param(W, col0, cols, cmask, HAS_W)[None, :]
+    dw_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    db_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    seed0 = _load_seed(SEED, DROPOUT)
+    num_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in range(pid, num_tiles, tl.num_programs(1)):
+        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        row_mask = rows < M
+        offs, mask = _tile_offsets(rows, row_mask, 0, cols, cmask, N)
+        seed = _tile_seed(seed0, tile, threshold)
+        s = to_acc(tl.load(S + offs + col0, mask=mask, other=0.0), IS_FP64)
+        g = to_acc(tl.load(DY + offs + col0, mask=mask, other=0.0), IS_FP64)
+        if RMS:
+            mean = tl.zeros([BLOCK_M], dtype=s.dtype)
+        else:
+            mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        c1 = tl.load(C1 + rows, mask=row_mask, other=0.0)
+        c2 = tl.load(C2 + rows, mask=row_mask, other=0.0)
+        xhat, dxhat = _xhat_dxhat(s, g, mean, rstd, w, HAS_W, RMS)
+        _grad_chunk(
+            DX, DRES, GS, offs, mask, xhat, dxhat, rstd, c1, c2, seed, rows * N, col0, cols, threshold, scale,
+            HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
+        )  # fmt: skip
+        if HAS_W:
+            dw_acc += g * xhat
+        if HAS_B:
+            db_acc += g
+    prow = pid.to(tl.int64) * N + col0
+    if HAS_W:
+        tl.store(PDW + prow + cols, tl.sum(dw_acc, axis=0), mask=cmask)
+    if HAS_B:
+        tl.store(PDB + prow + cols, tl.sum(db_acc, axis=0), mask=cmask)
+
+
+# ------------------------------------------------------------------------------------------- launch helpers
+def launch_forward(
+    x,
+    residual,
+    weight,
+    bias,
+    seed,
+    out,
+    sum_,
+    mean,
+    rstd,
+    p: float,
+    eps: float,
+    rms: bool,
+    *,
+    wrap=launch_directly,
+    max_fused_n: Optional[int] = None,
+    sm_count: Optional[int] = None,
+    facts=None,
+) -> None:
+    """Runs the forward on contiguous x (M, N) (and residual) into the preallocated out, sum_, mean (LayerNorm
+    only; (0,) for RMSNorm) and rstd, under x's device. The tiling is layer_norm_dropout_relu's forward_config;
+    `wrap`, `sm_count` and `facts` as in its launch_forward."""
+    n = int(x.shape[-1])
+    m = x.numel() // n
+    if m == 0:
+        return
+    t = dropout_threshold(p)
+    eps_hi, eps_lo = eps_pair(eps)
+    cfg = _LDR.forward_config(n, x.dtype, max_fused_n)
+    kwargs = dict(
+        HAS_R=residual is not None,
+        HAS_W=weight is not None,
+        HAS_B=bias is not None,
+        RMS=bool(rms),
+        DROPOUT=t != 0,
+        FAST_RNG=cfg.fast_rng,
+        IS_FP64=x.dtype == torch.float64,
+        BLOCK_N=cfg.block_n,
+        RTNE_BF16=INTERPRETED,
+        num_warps=cfg.num_warps,
+    )
+    r = residual if residual is not None else x  # never read without a residual
+    w = weight if weight is not None else x
+    b = bias if bias is not None else x
+    mu = mean if not rms else rstd  # never written for RMSNorm
+    args = (x, r, w, b, seed, out, sum_, mu, rstd, m, n, eps_hi, eps_lo, t)
+    with device_guard(x.device):
+        if cfg.fused:
+            kwargs.update(
+                BLOCK_M=cfg.block_m,
+                CHUNKS=cfg.chunks,
+                HOIST_PARAMS=cfg.block_m > 1 or cfg.num_warps == 16,
+                EVEN_N=cfg.chunks * cfg.block_n == n,
+            )
+            per_sm = programs_per_sm(dan_fwd_fused_kernel, x.device, args, kwargs, facts)
+            grid = (persistent_programs(triton.cdiv(m, cfg.block_m), x.device, per_sm, sm_count),)
+            wrap(dan_fwd_fused_kernel)[grid](*args, **kwargs)
+        else:
+            wrap(dan_fwd_looped_kernel)[(m,)](*args, **kwargs)
+
+
+def launch_backward(
+    grad_out,
+    grad_sum,
+    sum_,
+    weight,
+    bias,
+    mean,
+    rstd,
+    seed,
+    grad_x,
+    grad_res,
+    grad_w,
+    grad_b,
+    p: float,
+    rms: bool,
+    *,
+    wrap=launch_directly,
+    max_fused_n: Optional[int] = None,
+    sm_count: Optional[int] = None,
+    facts=None,
+) -> None:
+    """Runs the backward on contiguous inputs into the uninitialised grad_x, grad_res (None without a residual)
+    and, when weight / bias exist, grad_w / grad_b, under x's device. The tiling is layer_norm_dropout_relu's
+    backward_config; the dgamma / dbeta partials and their one stage-2 launch as in its launch_backward."""
+    n = int(sum_.shape[-1])
+    m = sum_.numel() // n
+    has_w, has_b = weight is not None, bias is not None
+    if m == 0:  # sums over no rows
+        for g in (grad_w, grad_b):
+            if g is not None:
+                g.zero_()
+        return
+    t = dropout_threshold(p)
+    is_fp64 = grad_out.dtype == torch.float64
+    acc = torch.float64 if is_fp64 else torch.float32
+    cfg = _LDR.backward_config(n, grad_out.dtype, max_fused_n)
+    kwargs = dict(
+        HAS_GS=grad_sum is not None,
+        HAS_R=grad_res is not None,
+        HAS_W=has_w,
+        HAS_B=has_b,
+        RMS=bool(rms),
+        DROPOUT=t != 0,
+        FAST_RNG=cfg.fast_rng,
+        IS_FP64=is_fp64,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        RTNE_BF16=INTERPRETED,
+        num_warps=cfg.num_warps,
+    )
+    gs = grad_sum if grad_sum is not None else sum_  # never read without grad_sum
+    dres = grad_res if grad_res is not None else grad_x  # never written without a residual
+    w = weight if has_w else sum_
+    mu = mean if not rms else rstd  # never read for RMSNorm
+    num_tiles = triton.cdiv(m, cfg.block_m)
+    sets = int(has_w) + int(has_b)
+    placeholder = torch.empty((1,), dtype=acc, device=sum_.device)  # the partial pointers' dtype, for the facts
+    with device_guard(sum_.device):
+        if cfg.fused:
+            kernel = dan_bwd_fused_kernel
+            kwargs["CHUNKS"] = cfg.chunks
+            args = [grad_out, gs, sum_, w, mu, rstd, seed, grad_x, dres, placeholder, placeholder, m, n, t]
+            groups = persistent_programs(
+                num_tiles, sum_.device, programs_per_sm(kernel, sum_.device, args, kwargs, facts), sm_count
+            )
+            grid = (groups,)
+        else:  # grid (column chunks, groups): the SMs' programs spread over the chunks
+            kernel = dan_bwd_chunk_kernel
+            c1 = torch.empty((m,), dtype=acc, device=sum_.device)
+            c2 = torch.empty((m,), dtype=acc, device=sum_.device)
+            args = [grad_out, gs, sum_, w, mu, rstd, seed, c1, c2, grad_x, dres, placeholder, placeholder, m, n, t]
+            chunks = triton.cdiv(n, cfg.block_n)
+            sms = sm_count if sm_count is not None else device_sm_count(sum_.device)
+            resident = sms * programs_per_sm(kernel, sum_.device, args, kwargs, facts)
+            groups = persistent_programs(num_tiles, sum_.device, 1, column_groups(chunks, resident, sms))
+            grid = (chunks, groups)
+        slab = partial_slab(groups, n)
+        partial = torch.empty((max(1, sets) * slab,), dtype=acc, device=sum_.device)
+        pdw = partial[:slab] if has_w else placeholder
+        pdb = partial[(sets - 1) * slab :] if has_b else placeholder
+        args[-5], args[-4] = pdw, pdb  # the PDW, PDB arguments
+        if not cfg.fused:
+            wrap(dan_bwd_row_coef_kernel)[(m,)](
+                grad_out,
+                sum_,
+                w,
+                mu,
+                rstd,
+                c1,
+                c2,
+                m,
+                n,
+                HAS_W=has_w,
+                RMS=bool(rms),
+                IS_FP64=is_fp64,
+                BLOCK_N=cfg.block_n,
+                num_warps=num_warps_for(cfg.block_n, 8),
+            )
+        wrap(kernel)[grid](*args, **kwargs)
+        outs = [g for g, has in ((grad_w, has_w), (grad_b, has_b)) if has]
+        if outs:
+            launch_sum_partials(partial, outs, groups, n, wrap=wrap)

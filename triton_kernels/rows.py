@@ -1,0 +1,272 @@
+"""What the row-normalization kernels share (LayerNorm -> Dropout -> ReLU and dropout -> add -> LayerNorm/RMSNorm):
+the exact arithmetic helpers (correctly rounded 1/N, rstd, divisions, eps as an fp32 pair), the dropout RNG of
+docs/DESIGN.md section 2 (the fast bit-identical Philox of 8-element groups, the generic per-element path, the
+per-tile seed), parameter loads, tile offsets, and the host-side dropout threshold and single-block row tiling.
+
+Pure ``@triton.jit`` code and plain-Python helpers; the kernels using them are in layer_norm_dropout_relu.py and
+dropout_add_norm.py (whose module docstrings describe the RNG and the tiling rules).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import triton
+import triton.language as tl
+
+from .common import num_warps_for
+
+
+# ----------------------------------------------------------------------------------------------- jit helpers
+@triton.jit
+def _rsqrt(v, IS_FP64: tl.constexpr):
+    # 1 / sqrt(v) with IEEE sqrt and division, as csrc does (acc_t(1) / std::sqrt(var + eps))
+    if IS_FP64:
+        r = 1.0 / tl.sqrt(v)
+    else:
+        r = tl.div_rn(tl.full(v.shape, 1.0, tl.float32), tl.sqrt_rn(v))
+    return r
+
+
+@triton.jit
+def _div(a, b, IS_FP64: tl.constexpr):
+    """a / b correctly rounded (Triton's fp32 `/` compiles to the approximate div.full.f32; fp64 `/` is exact)."""
+    if IS_FP64:
+        q = a / b
+    else:
+        q = tl.div_rn(a, b)
+    return q
+
+
+@triton.jit
+def _inv_n(N, IS_FP64: tl.constexpr):
+    """1 / N correctly rounded in the accumulation dtype: the statistics multiply by it, as the CPU fp32 kernels
+    (inv_n = 1.0f / float(N)) and the CUDA kernels (inv_n = A(1) / A(N)) do."""
+    if IS_FP64:
+        r = 1.0 / tl.full([1], N, tl.int64).to(tl.float64)
+    else:
+        r = tl.div_rn(tl.full([1], 1.0, tl.float32), tl.full([1], N, tl.int32).to(tl.float32))
+    return r
+
+
+@triton.jit
+def _eps(eps_hi, eps_lo, IS_FP64: tl.constexpr):
+    if IS_FP64:
+        # fp64 [1] tensor + the fp32 scalars (Python floats under the interpreter): exact widening, fp64 adds
+        e = (tl.zeros([1], dtype=tl.float64) + eps_hi) + eps_lo
+    else:
+        e = eps_hi
+    return e
+
+
+@triton.jit
+def _dropout_scale(threshold, IS_FP64: tl.constexpr):
+    """The scale of kept values, 65536 / (65536 - t), in the accumulation dtype: 1 when t = 0 (the backward
+    multiplies by it with p = 0 too), 0 when t = 65536 (p = 1).
+
+    Computed here rather than passed in: Triton passes a Python float as fp32, which would leave the fp64 kernels
+    only fp32-accurate. Both divisions are correctly rounded, so the fp32 value is the fp32 rounding of the fp64
+    quotient, i.e. csrc's static_cast<float>(DropoutParams::scale), for every t (the dropout-bits tests check all).
+    """
+    if IS_FP64:
+        kept = tl.full([], 65536 - threshold, tl.float64)
+        s = 65536.0 / tl.maximum(kept, 1.0)
+    else:
+        kept = tl.full([], 65536 - threshold, tl.float32)
+        s = tl.div_rn(tl.full([], 65536.0, tl.float32), tl.maximum(kept, 1.0))
+    return tl.where(kept > 0.0, s, 0.0)
+
+
+@triton.jit
+def _lane_u16_generic(seed, idx):
+    """The 16-bit Philox lane u (int32, 0..65535) of each linear index idx (int64 tensor): one call each."""
+    g = idx >> 3
+    c0 = g.to(tl.uint32)  # truncation: the low 32 bits
+    c1 = (g >> 32).to(tl.uint32)
+    z = tl.zeros(idx.shape, dtype=tl.uint32)
+    w0, w1, w2, w3 = tl.philox(seed, c0, c1, z, z)
+    k = (idx & 7).to(tl.int32)
+    word_idx = k >> 1
+    word = tl.where(word_idx == 0, w0, tl.where(word_idx == 1, w1, tl.where(word_idx == 2, w2, w3)))
+    u = tl.where((k & 1) == 1, word >> 16, word & 0xFFFF)
+    return u.to(tl.int32)
+
+
+@triton.jit
+def _philox(seed, c0, c1):
+    """Philox4x32-10 of the counter (c0, c1, 0, 0) under the key (seed lo32, seed hi32): tl.philox's rounds and
+    constants (bit-identical), with each 32 x 32 -> 64-bit product taken from one widening multiply (one
+    IMAD.WIDE.U32 for both halves, where tl.philox's umulhi and mul are two instructions)."""
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = (seed >> 32).to(tl.uint32)
+    c2 = tl.zeros(c0.shape, dtype=tl.uint32)
+    c3 = tl.zeros(c0.shape, dtype=tl.uint32)
+    for _ in tl.static_range(10):
+        pa = c0.to(tl.uint64) * 0xD2511F53
+        pb = c2.to(tl.uint64) * 0xCD9E8D57
+        c0 = (pb >> 32).to(tl.uint32) ^ c1 ^ k0
+        c2 = (pa >> 32).to(tl.uint32) ^ c3 ^ k1
+        c1 = pb.to(tl.uint32)
+        c3 = pa.to(tl.uint32)
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Lanes u for the [BLOCK_M, BLOCK_N] tile of rows starting at linear index base (int64 [BLOCK_M], each a
+    multiple of 8) and columns col0 + 0..BLOCK_N-1 (col0 a multiple of 8): one Philox call per 8 elements."""
+    GROUPS: tl.constexpr = BLOCK_N // 8
+    gcols = tl.arange(0, GROUPS).to(tl.int64)
+    g = ((base[:, None] + col0) >> 3) + gcols[None, :]  # [BLOCK_M, GROUPS]
+    c0 = g.to(tl.uint32)
+    c1 = (g >> 32).to(tl.uint32)
+    w0, w1, w2, w3 = _philox(seed, c0, c1)
+    lo0 = w0 & 0xFFFF
+    lo1 = w1 & 0xFFFF
+    lo2 = w2 & 0xFFFF
+    lo3 = w3 & 0xFFFF
+    hi0 = w0 >> 16
+    hi1 = w1 >> 16
+    hi2 = w2 >> 16
+    hi3 = w3 >> 16
+    # [..., j, i, h] = (lo, hi)[h] of word 2j + i  ->  flattened order w0lo w0hi w1lo w1hi ... = lane k
+    u = tl.join(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)), tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3)))
+    u = tl.reshape(u, [BLOCK_M, BLOCK_N])
+    return u.to(tl.int32)
+
+
+@triton.jit
+def _load_seed(SEED, DROPOUT: tl.constexpr):
+    """The seed as uint64, read only when there is dropout (p = 0 never reads it). The persistent kernels read it
+    once per program and derive each tile's seed with _tile_seed: with a loop-invariant seed ptxas would hoist
+    Philox's round keys out of the loop and keep them live, about 30 registers more per thread (fewer programs
+    per SM)."""
+    if DROPOUT:
+        seed = tl.load(SEED).to(tl.uint64, bitcast=True)
+    else:
+        seed = tl.full([], 0, tl.uint64)
+    return seed
+
+
+@triton.jit
+def _tile_seed(seed, tile, threshold):
+    """The seed for one tile of a persistent loop, from the seed loaded once per program: the seed itself, since
+    0 <= threshold <= 65536 makes threshold >> 17 zero, but written as depending on the tile, so that ptxas neither
+    hoists Philox's round keys out of the loop and keeps them live (~20 registers) nor needs a load per tile (a
+    uniform seed loaded inside the loop is moved to uniform registers at once: a wait of its own)."""
+    return seed + (tile & (threshold >> 17)).to(tl.uint64)
+
+
+@triton.jit
+def _keep_tile(seed, base, col0, cols, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FAST_RNG: tl.constexpr):
+    """Dropout keep bits of the [BLOCK_M, BLOCK_N] tile: rows start at linear index base, columns col0 + cols."""
+    if FAST_RNG:
+        u = _lane_u16_fast(seed, base, col0, BLOCK_M, BLOCK_N)
+    else:
+        idx = base[:, None] + col0 + cols[None, :].to(tl.int64)
+        u = _lane_u16_generic(seed, idx)
+    return u >= threshold
+
+
+@triton.jit
+def _load_param(P, col0, cols, cmask, HAS: tl.constexpr):
+    """Columns col0 + cols of a weight or bias in its storage dtype. Zeros, never read, when absent."""
+    if HAS:
+        v = tl.load(P + col0 + cols, mask=cmask, other=0.0)
+    else:
+        v = tl.zeros(cols.shape, dtype=tl.float32)
+    return v
+
+
+@triton.jit
+def _load_param_tile(P, col0, cols, cmask, HAS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Columns col0 + cols of a weight or bias loaded for every row of a [BLOCK_M, BLOCK_N] tile, in the tile's own
+    layout: per-tile parameter loads (L1 hits) then need no layout conversion through shared memory and no
+    barrier, which a 1-D load broadcast over the rows costs on every tile."""
+    offs = col0 + cols[None, :] + tl.zeros([BLOCK_M, 1], dtype=tl.int32)
+    if HAS:
+        v = tl.load(P + offs, mask=cmask[None, :], other=0.0)
+    else:
+        v = tl.zeros(offs.shape, dtype=tl.float32)
+    return v
+
+
+@triton.jit
+def _tile_offsets(rows, row_mask, col0, cols, cmask, N):
+    """Linear offsets and mask of the tile rows x (col0 + cols). Computed in the kernels themselves (not returned
+    from a helper that also loads), so Inductor's TTIR analysis sees that only the output pointers are stored."""
+    mask = row_mask[:, None] & cmask[None, :]
+    offs = rows[:, None] * N + col0 + cols[None, :]
+    return offs, mask
+
+
+# ------------------------------------------------------------------------------------------- launch helpers
+def dropout_threshold(p: float) -> int:
+    """t = round(p * 65536) half up, clamped to 0..65536 (csrc/fused_math.h dropout_threshold)."""
+    t = p * 65536.0 + 0.5
+    t = min(max(t, 0.0), 65536.0)
+    return int(math.floor(t))
+
+
+def eps_pair(eps: float):
+    """eps as fp32 hi + lo: the fp32 kernels use hi (= float(eps), as csrc), the fp64 kernels hi + lo."""
+    hi = float(np.float32(eps))
+    lo = float(np.float32(eps - hi))
+    return hi, lo
+
+
+@dataclass(frozen=True)
+class LdrConfig:
+    fused: bool
+    block_m: int
+    block_n: int  # columns of one chunk
+    num_warps: int
+    fast_rng: bool
+    chunks: int = 1  # chunks of block_n columns per row (single-block kernels): 1, or 3 when N = 3 x 2^k
+
+    @property
+    def elems_per_thread(self) -> int:
+        return max(1, self.block_m * self.block_n * self.chunks // (32 * self.num_warps))
+
+
+def row_chunks(n: int) -> tuple[int, int]:
+    """(chunks, chunk width) of a single-block row: 3 chunks of N / 3 when that is a power of two >= 8 (N = 768,
+    1536, 3072, 6144: no padded lanes running Philox and the math for nothing), else one chunk of
+    next_power_of_2(N)."""
+    third = n // 3
+    if n % 3 == 0 and third >= 8 and third & (third - 1) == 0:
+        return 3, third
+    return 1, triton.next_power_of_2(n)
+
+
+def _fused_config(
+    n: int,
+    fp64: bool,
+    rows_elems: int,
+    per_thread: int,
+    chunk_per_thread: int,
+    wide_chunk_per_thread: int,
+    quarters: bool = False,
+) -> LdrConfig:
+    """The single-block tiling: BLOCK_M = clamp(rows_elems // next_pow2(N), 1, 64) rows and num_warps for
+    per_thread elements of the padded tile. 3-chunk rows keep BLOCK_M (while it fits 16 warps) and instead take
+    BLOCK_M x chunk / (32 x chunk_per_thread) warps: one warp per row at N = 768, so the row statistics need no
+    shared memory or barrier, and a thread's 8 elements are its own Philox group, so the lanes need no layout
+    conversion either. Chunks wider than 32 x chunk_per_thread span several warps anyway; they take
+    wide_chunk_per_thread (the backward halves it there: fewer registers)."""
+    padded = triton.next_power_of_2(n)
+    block_m = max(1, min(64, rows_elems // padded))
+    chunks, block_n = row_chunks(n)
+    if quarters and chunks == 1 and n == padded and n >= 128 * chunk_per_thread:
+        chunks, block_n = 4, n // 4
+    if chunks == 1:
+        return LdrConfig(True, block_m, block_n, num_warps_for(block_m * padded, per_thread), n % 8 == 0)
+    if block_n > 32 * chunk_per_thread:
+        chunk_per_thread = wide_chunk_per_thread
+    block_m = max(1, min(block_m, 16 * 32 * chunk_per_thread // block_n))
+    warps = max(1, min(16, block_m * block_n // (32 * chunk_per_thread)))
+    return LdrConfig(True, block_m, block_n, warps, True, chunks)
