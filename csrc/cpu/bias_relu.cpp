@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "cpu/huge_pages.h"
 #include "cpu/row_blocks.h"
 #include "cpu/row_kernels.h"
 #include "dispatch.h"
@@ -147,6 +148,7 @@ void dispatch_bias(ScalarType x_dtype, ScalarType bias_dtype, const char* name, 
 Tensor bias_act_forward(const Tensor& x, const Tensor& bias, int64_t M, int64_t N, int act, const char* name) {
   Tensor out = empty_on(x, x.sizes(), x.scalar_type());
   if (M == 0) return out;
+  cpu::advise_huge_pages(out);
   dispatch_act(act, [&](auto ac) {
     dispatch_bias(x.scalar_type(), bias.scalar_type(), name, [&](auto st, auto bt) {
       bias_act_kernel<decltype(ac)::value, typename decltype(st)::type, typename decltype(bt)::type>(x, bias, M, N,
@@ -162,6 +164,7 @@ std::tuple<Tensor, Tensor> bias_act_backward_impl(const Tensor& grad_out, const 
   Tensor grad_x = empty_on(saved, saved.sizes(), saved.scalar_type());
   Tensor grad_b = zeros_on(saved, {N}, acc_dtype);
   if (M == 0) return {grad_x, grad_b};
+  cpu::advise_huge_pages(grad_x);
   dispatch_act(act, [&](auto ac) {
     constexpr int kAct = decltype(ac)::value;
     // relu reads no bias: one instantiation (bias_t = scalar_t), whatever the bias's dtype
