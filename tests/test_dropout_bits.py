@@ -365,11 +365,12 @@ def test_a_wrong_counter_is_rejected_by_the_mask_check():
 @pytest.fixture
 def off_by_one_triton_kernels(tmp_path):
     """The Triton LayerNorm kernels rebuilt from their own source with the Philox group counter off by one (both
-    RNG paths), as a module of the installed package: a deliberately wrong kernel that nothing in the product
-    can switch on."""
+    RNG paths, in the shared row helpers of triton_kernels/rows.py), as modules of the installed package: a
+    deliberately wrong kernel that nothing in the product can switch on."""
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+    from gpuopt_ops.triton_kernels import rows as row_helpers
 
-    source = inspect.getsource(ldr_kernels)
+    rows_source = inspect.getsource(row_helpers)
     edits = [
         ("g = idx >> 3\n", "g = (idx >> 3) + 1\n"),
         (
@@ -378,19 +379,26 @@ def off_by_one_triton_kernels(tmp_path):
         ),
     ]
     for old, new in edits:
-        assert source.count(old) == 1, f"the kernel source changed: update this fixture ({old!r})"
-        source = source.replace(old, new)
-    path = tmp_path / "off_by_one_ldr.py"
-    path.write_text(source)
-    name = "gpuopt_ops.triton_kernels.off_by_one_ldr"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+        assert rows_source.count(old) == 1, f"the kernel source changed: update this fixture ({old!r})"
+        rows_source = rows_source.replace(old, new)
+    ldr_source = inspect.getsource(ldr_kernels)
+    assert ldr_source.count("from .rows import") >= 1, "the kernel source changed: update this fixture"
+    ldr_source = ldr_source.replace("from .rows import", "from .off_by_one_rows import")
+    loaded = []
     try:
-        spec.loader.exec_module(module)
+        for name, source in (("off_by_one_rows", rows_source), ("off_by_one_ldr", ldr_source)):
+            path = tmp_path / f"{name}.py"
+            path.write_text(source)
+            qual = f"gpuopt_ops.triton_kernels.{name}"
+            spec = importlib.util.spec_from_file_location(qual, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[qual] = module
+            loaded.append(qual)
+            spec.loader.exec_module(module)
         yield module
     finally:
-        sys.modules.pop(name, None)
+        for qual in loaded:
+            sys.modules.pop(qual, None)
 
 
 @pytest.mark.parametrize("backend", backend_params("triton", "triton-interpret"))

@@ -53,19 +53,41 @@ from .common import (
     to_out,
 )
 from .rows import (
-    _div,
-    _dropout_scale,
-    _eps,
-    _inv_n,
-    _keep_tile,
-    _load_param,
-    _load_param_tile,
-    _load_seed,
-    _rsqrt,
-    _tile_offsets,
-    _tile_seed,
     dropout_threshold,
     eps_pair,
+)
+from .rows import (
+    row_div as _div,
+)
+from .rows import (
+    row_dropout_scale as _dropout_scale,
+)
+from .rows import (
+    row_eps as _eps,
+)
+from .rows import (
+    row_inv_n as _inv_n,
+)
+from .rows import (
+    row_keep_tile as _keep_tile,
+)
+from .rows import (
+    row_load_param as _load_param,
+)
+from .rows import (
+    row_load_param_tile as _load_param_tile,
+)
+from .rows import (
+    row_load_seed as _load_seed,
+)
+from .rows import (
+    row_rsqrt as _rsqrt,
+)
+from .rows import (
+    row_tile_offsets as _tile_offsets,
+)
+from .rows import (
+    row_tile_seed as _tile_seed,
 )
 
 

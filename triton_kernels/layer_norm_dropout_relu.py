@@ -98,21 +98,45 @@ from .common import (
 )
 from .rows import (  # noqa: F401  (shared with dropout_add_norm; re-exported under their old names here)
     LdrConfig,
-    _div,
-    _dropout_scale,
-    _eps,
-    _fused_config,
-    _inv_n,
-    _keep_tile,
-    _load_param,
-    _load_param_tile,
-    _load_seed,
-    _rsqrt,
-    _tile_offsets,
-    _tile_seed,
     dropout_threshold,
     eps_pair,
     row_chunks,
+)
+from .rows import (
+    row_div as _div,
+)
+from .rows import (
+    row_dropout_scale as _dropout_scale,
+)
+from .rows import (
+    row_eps as _eps,
+)
+from .rows import (
+    row_fused_config as _fused_config,
+)
+from .rows import (
+    row_inv_n as _inv_n,
+)
+from .rows import (
+    row_keep_tile as _keep_tile,
+)
+from .rows import (
+    row_load_param as _load_param,
+)
+from .rows import (
+    row_load_param_tile as _load_param_tile,
+)
+from .rows import (
+    row_load_seed as _load_seed,
+)
+from .rows import (
+    row_rsqrt as _rsqrt,
+)
+from .rows import (
+    row_tile_offsets as _tile_offsets,
+)
+from .rows import (
+    row_tile_seed as _tile_seed,
 )
 
 # Longest rows of the single-block kernels: 16 warps x 32 threads x (elements per thread, see _warps_for).

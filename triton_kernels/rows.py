@@ -21,7 +21,7 @@ from .common import num_warps_for
 
 # ----------------------------------------------------------------------------------------------- jit helpers
 @triton.jit
-def _rsqrt(v, IS_FP64: tl.constexpr):
+def row_rsqrt(v, IS_FP64: tl.constexpr):
     # 1 / sqrt(v) with IEEE sqrt and division, as csrc does (acc_t(1) / std::sqrt(var + eps))
     if IS_FP64:
         r = 1.0 / tl.sqrt(v)
@@ -31,7 +31,7 @@ def _rsqrt(v, IS_FP64: tl.constexpr):
 
 
 @triton.jit
-def _div(a, b, IS_FP64: tl.constexpr):
+def row_div(a, b, IS_FP64: tl.constexpr):
     """a / b correctly rounded (Triton's fp32 `/` compiles to the approximate div.full.f32; fp64 `/` is exact)."""
     if IS_FP64:
         q = a / b
@@ -41,7 +41,7 @@ def _div(a, b, IS_FP64: tl.constexpr):
 
 
 @triton.jit
-def _inv_n(N, IS_FP64: tl.constexpr):
+def row_inv_n(N, IS_FP64: tl.constexpr):
     """1 / N correctly rounded in the accumulation dtype: the statistics multiply by it, as the CPU fp32 kernels
     (inv_n = 1.0f / float(N)) and the CUDA kernels (inv_n = A(1) / A(N)) do."""
     if IS_FP64:
@@ -52,7 +52,7 @@ def _inv_n(N, IS_FP64: tl.constexpr):
 
 
 @triton.jit
-def _eps(eps_hi, eps_lo, IS_FP64: tl.constexpr):
+def row_eps(eps_hi, eps_lo, IS_FP64: tl.constexpr):
     if IS_FP64:
         # fp64 [1] tensor + the fp32 scalars (Python floats under the interpreter): exact widening, fp64 adds
         e = (tl.zeros([1], dtype=tl.float64) + eps_hi) + eps_lo
@@ -62,7 +62,7 @@ def _eps(eps_hi, eps_lo, IS_FP64: tl.constexpr):
 
 
 @triton.jit
-def _dropout_scale(threshold, IS_FP64: tl.constexpr):
+def row_dropout_scale(threshold, IS_FP64: tl.constexpr):
     """The scale of kept values, 65536 / (65536 - t), in the accumulation dtype: 1 when t = 0 (the backward
     multiplies by it with p = 0 too), 0 when t = 65536 (p = 1).
 
@@ -140,9 +140,9 @@ def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
 
 
 @triton.jit
-def _load_seed(SEED, DROPOUT: tl.constexpr):
+def row_load_seed(SEED, DROPOUT: tl.constexpr):
     """The seed as uint64, read only when there is dropout (p = 0 never reads it). The persistent kernels read it
-    once per program and derive each tile's seed with _tile_seed: with a loop-invariant seed ptxas would hoist
+    once per program and derive each tile's seed with row_tile_seed: with a loop-invariant seed ptxas would hoist
     Philox's round keys out of the loop and keep them live, about 30 registers more per thread (fewer programs
     per SM)."""
     if DROPOUT:
@@ -153,7 +153,7 @@ def _load_seed(SEED, DROPOUT: tl.constexpr):
 
 
 @triton.jit
-def _tile_seed(seed, tile, threshold):
+def row_tile_seed(seed, tile, threshold):
     """The seed for one tile of a persistent loop, from the seed loaded once per program: the seed itself, since
     0 <= threshold <= 65536 makes threshold >> 17 zero, but written as depending on the tile, so that ptxas neither
     hoists Philox's round keys out of the loop and keeps them live (~20 registers) nor needs a load per tile (a
@@ -162,7 +162,9 @@ def _tile_seed(seed, tile, threshold):
 
 
 @triton.jit
-def _keep_tile(seed, base, col0, cols, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FAST_RNG: tl.constexpr):
+def row_keep_tile(
+    seed, base, col0, cols, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FAST_RNG: tl.constexpr
+):
     """Dropout keep bits of the [BLOCK_M, BLOCK_N] tile: rows start at linear index base, columns col0 + cols."""
     if FAST_RNG:
         u = _lane_u16_fast(seed, base, col0, BLOCK_M, BLOCK_N)
@@ -173,7 +175,7 @@ def _keep_tile(seed, base, col0, cols, threshold, BLOCK_M: tl.constexpr, BLOCK_N
 
 
 @triton.jit
-def _load_param(P, col0, cols, cmask, HAS: tl.constexpr):
+def row_load_param(P, col0, cols, cmask, HAS: tl.constexpr):
     """Columns col0 + cols of a weight or bias in its storage dtype. Zeros, never read, when absent."""
     if HAS:
         v = tl.load(P + col0 + cols, mask=cmask, other=0.0)
@@ -183,7 +185,7 @@ def _load_param(P, col0, cols, cmask, HAS: tl.constexpr):
 
 
 @triton.jit
-def _load_param_tile(P, col0, cols, cmask, HAS: tl.constexpr, BLOCK_M: tl.constexpr):
+def row_load_param_tile(P, col0, cols, cmask, HAS: tl.constexpr, BLOCK_M: tl.constexpr):
     """Columns col0 + cols of a weight or bias loaded for every row of a [BLOCK_M, BLOCK_N] tile, in the tile's own
     layout: per-tile parameter loads (L1 hits) then need no layout conversion through shared memory and no
     barrier, which a 1-D load broadcast over the rows costs on every tile."""
@@ -196,7 +198,7 @@ def _load_param_tile(P, col0, cols, cmask, HAS: tl.constexpr, BLOCK_M: tl.conste
 
 
 @triton.jit
-def _tile_offsets(rows, row_mask, col0, cols, cmask, N):
+def row_tile_offsets(rows, row_mask, col0, cols, cmask, N):
     """Linear offsets and mask of the tile rows x (col0 + cols). Computed in the kernels themselves (not returned
     from a helper that also loads), so Inductor's TTIR analysis sees that only the output pointers are stored."""
     mask = row_mask[:, None] & cmask[None, :]
@@ -243,7 +245,7 @@ def row_chunks(n: int) -> tuple[int, int]:
     return 1, triton.next_power_of_2(n)
 
 
-def _fused_config(
+def row_fused_config(
     n: int,
     fp64: bool,
     rows_elems: int,
