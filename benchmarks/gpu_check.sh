@@ -134,8 +134,26 @@ fi
 # ---------------------------------------------------------------------------------------------- 3. GPU tests
 if [ "$BUILD_OK" = 1 ]; then
   # the cuda- and triton_gpu-marked tests: the cuda and triton backends of tests/backends.py in every test file
-  step tests 120 150 -- "$PY" -m pytest -q -m "cuda or triton_gpu" tests -p no:cacheprovider \
-    --junitxml="$OUT_DIR/tests_junit.xml"
+  # several workers where pytest-xdist is installed: most of this step is Triton compiling kernels on the CPUs
+  XDIST=""
+  if "$PY" -c "import xdist" 2>/dev/null; then XDIST="-n ${GPU_CHECK_TEST_WORKERS:-8}"; fi
+  # one hung test must not eat the step: pytest-timeout, where installed, fails it after 90 s
+  PYTIMEOUT=""
+  if "$PY" -c "import pytest_timeout" 2>/dev/null; then PYTIMEOUT="--timeout=90"; fi
+  # with a wheel, pytest runs in a copy of the checkout without the package folders: pyproject.toml puts the
+  # test root first on sys.path, where the checkout's gpuopt_ops/ (no _C) would shadow the wheel (as in
+  # scripts/run_tests.sh)
+  TEST_ROOT="$PWD"
+  if [ -n "${GPU_CHECK_WHEEL:-}" ]; then
+    TEST_ROOT="$OUT_DIR/test-tree"
+    rm -rf "$TEST_ROOT" && mkdir -p "$TEST_ROOT"
+    tar -cf - --exclude=./gpuopt_ops --exclude=./triton_kernels --exclude=./build --exclude=./dist \
+      --exclude='./.venv*' --exclude=./.git --exclude='*/__pycache__' --exclude=./gpu_check_out . \
+      | (cd "$TEST_ROOT" && tar -xf -)
+  fi
+  # shellcheck disable=SC2086
+  step tests 180 150 -- bash -c "cd '$TEST_ROOT' && '$PY' -m pytest -q $XDIST -m 'cuda or triton_gpu' tests \
+    -p no:cacheprovider $PYTIMEOUT --junitxml='$OUT_DIR/tests_junit.xml'"
 else
   skip tests "extension did not build/import"
 fi
@@ -150,7 +168,7 @@ for tool in memcheck racecheck initcheck; do
     skip "san_$tool" "compute-sanitizer not found"
   else
     # no caching allocator: out-of-bounds accesses inside a larger cached block become visible
-    step "san_$tool" 60 100 -- env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool "$tool" --error-exitcode 1 \
+    step "san_$tool" 45 100 -- env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool "$tool" --error-exitcode 1 \
       --print-limit 50 "$PY" tools/cuda_sanitize.py
   fi
 done

@@ -27,6 +27,23 @@ def main():
             xb = torch.randn(5, n, device="cuda", dtype=dtype)
             o = ops.bias_relu(xb, torch.randn(n, device="cuda", dtype=dtype))
             ops.bias_relu_backward(torch.randn_like(o), o)
+            bb = torch.randn(n, device="cuda", dtype=dtype)
+            for act in range(4):  # relu, gelu, gelu_tanh, silu
+                o = ops.bias_act(xb, bb, act)
+                ops.bias_act_backward(torch.randn_like(o), o if act == 0 else xb, bb, act)
+            # dropout_add_norm: LayerNorm / RMSNorm, with and without residual, fp32 sum for 16-bit x
+            for rms in (False, True):
+                for res32 in (False, True) if dtype != torch.float32 else (False,):
+                    sdt = torch.float32 if res32 else dtype
+                    for residual in (True, False):
+                        x = torch.randn(3, n, device="cuda", dtype=dtype)
+                        r = torch.randn(3, n, device="cuda", dtype=sdt) if residual else None
+                        w = torch.randn(n, device="cuda")
+                        b = None if rms else torch.randn(n, device="cuda")
+                        out, s, mean, rstd = ops.dropout_add_norm(x, r, w, b, seed, 0.1, 1e-5, rms, res32)
+                        ops.dropout_add_norm_backward(
+                            torch.randn_like(out), torch.randn_like(s), s, w, b, mean, rstd, seed, 0.1, rms, residual
+                        )
     torch.cuda.synchronize()
     print("ok")
 
