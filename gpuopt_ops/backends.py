@@ -15,8 +15,12 @@ import torch
 BACKENDS = ("auto", "cuda", "cpu", "triton")
 
 
+@torch.compiler.assume_constant_result
 def has_kernel(op: str, dispatch_key: str) -> bool:
-    """Whether this build registered a kernel of gpuopt::<op> for `dispatch_key` ("CPU", "CUDA")."""
+    """Whether this build registered a kernel of gpuopt::<op> for `dispatch_key` ("CPU", "CUDA").
+
+    Fixed once the extension is loaded, so torch.compile takes it as a constant: traced code (a module's forward
+    resolving its backend) calls it without a graph break."""
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"gpuopt::{op}", dispatch_key)
 
 

@@ -209,3 +209,65 @@ def test_inductor_sees_the_triton_kernels(backend):
     _, codes = run_and_get_code(torch.compile(model, fullgraph=True), x, seed_tensor(3, "cuda"))
     code = "\n".join(codes)
     assert "ldr_fwd_fused_kernel" in code and "bias_relu_fwd_kernel" in code
+
+
+def test_triton_helpers_are_called_by_their_own_names():
+    """Inductor compiles a triton_op's kernels from their source, re-emitting every jit helper a kernel calls as
+    `def <helper.__name__>`: a helper called through another name (an import alias) is undefined there, and the
+    compiled model fails with a NameError on the GPU only. So every jit function our kernels call must be bound
+    under its own name in the caller's module. Static, runs everywhere (also under the interpreter)."""
+    pytest.importorskip("triton")
+    import importlib
+    import pkgutil
+
+    import gpuopt_ops.triton_kernels as tk
+
+    def is_jit(obj):
+        return type(obj).__name__ in ("JITFunction", "InterpretedFunction") and callable(getattr(obj, "fn", None))
+
+    checked, bad = 0, []
+    for info in pkgutil.iter_modules(tk.__path__):
+        mod = importlib.import_module(f"{tk.__name__}.{info.name}")
+        for kname, kernel in vars(mod).items():
+            if not is_jit(kernel) or kernel.fn.__module__ != mod.__name__:
+                continue
+            for name in kernel.fn.__code__.co_names:
+                helper = kernel.fn.__globals__.get(name)
+                if is_jit(helper):
+                    checked += 1
+                    if helper.fn.__name__ != name:
+                        bad.append(f"{mod.__name__}.{kname} calls {helper.fn.__name__} as {name}")
+    assert checked > 20, checked  # the kernels do call shared helpers
+    assert not bad, bad
+
+
+def test_backend_checks_trace_as_constants():
+    """A module's forward resolves its backend, which asks the dispatcher whether a kernel is registered: under
+    torch.compile that is a constant, not a graph break (on a GPU every module forward takes this path)."""
+    from gpuopt_ops.backends import has_kernel
+
+    def f(x):
+        return x + 1 if has_kernel("bias_relu", "CPU") else x - 1
+
+    torch._dynamo.reset()
+    out = torch.compile(f, fullgraph=True, backend="eager")(torch.zeros(3))
+    assert torch.equal(out, torch.ones(3))
+
+
+def test_triton_launch_planning_takes_symbolic_sizes():
+    """Under dynamic-shape tracing (torch.compile dynamic=True, torch.export, opcheck's aot_dispatch_dynamic) the
+    Triton launchers see symbolic sizes; the compiled-kernel facts that size a persistent grid are keyed by the
+    sizes' hints (no guard added), and a size without a hint makes the planner fall back, not fail."""
+    pytest.importorskip("triton")
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from gpuopt_ops.triton_kernels import common
+
+    env = ShapeEnv()
+    m = env.create_symintnode(env.create_symbol(48, ConstantSource("m")), hint=48)
+    assert common._spec(m) == common._spec(48) == (False, True, True)
+    assert common._concrete(m) == 48 and common._concrete(7) == 7
+    with pytest.raises(LookupError):
+        common._spec(env.create_unbacked_symint())
+    assert not env.guards  # reading the hints added no guard

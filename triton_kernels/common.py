@@ -196,9 +196,22 @@ def resident_programs_per_sm(facts: KernelFacts) -> int:
 _FACTS: dict = {}
 
 
+def _concrete(v):
+    """A symbolic int or float (a launch traced under torch.compile with dynamic shapes, or by torch.export) as
+    the value it has in the example being traced (its hint), read without adding a guard; other values as given.
+    Raises LookupError for a symbol without a hint (an unbacked size): then no compiled kernel can be asked."""
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        hint = v.node.hint
+        if hint is None:
+            raise LookupError("a symbolic size without a hint")
+        return hint
+    return v
+
+
 def _spec(v):
     """What of an argument the compiled code depends on: a tensor's dtype, an int's specialization (== 1,
-    divisible by 16, 32 or 64 bits), a float's type, a constexpr's value."""
+    divisible by 16, 32 or 64 bits), a float's type, a constexpr's value. Symbolic values by their hints."""
+    v = _concrete(v)
     if isinstance(v, torch.Tensor):
         return v.dtype
     if isinstance(v, bool) or not isinstance(v, int):
@@ -215,9 +228,14 @@ def compiled_facts(kernel, device: torch.device, args, kwargs) -> Optional[Kerne
     if INTERPRETED or device.type != "cuda" or not torch.cuda.is_available():
         return None
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    key = (kernel, idx, tuple(_spec(a) for a in args), tuple(sorted((k, _spec(v)) for k, v in kwargs.items())))
+    try:
+        key = (kernel, idx, tuple(_spec(a) for a in args), tuple(sorted((k, _spec(v)) for k, v in kwargs.items())))
+    except LookupError:
+        return None
     if key not in _FACTS:
-        dtypes = [a.dtype if isinstance(a, torch.Tensor) else a for a in args]  # warmup mocks dtypes as tensors
+        # warmup mocks dtypes as tensors; symbolic sizes (dynamic-shape tracing) by their hints
+        dtypes = [a.dtype if isinstance(a, torch.Tensor) else _concrete(a) for a in args]
+        kwargs = {k: _concrete(v) for k, v in kwargs.items()}
         try:
             with torch.cuda.device(idx):
                 ck = kernel.warmup(*dtypes, grid=(1,), **kwargs)

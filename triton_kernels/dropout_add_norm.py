@@ -55,39 +55,17 @@ from .common import (
 from .rows import (
     dropout_threshold,
     eps_pair,
-)
-from .rows import (
-    row_div as _div,
-)
-from .rows import (
-    row_dropout_scale as _dropout_scale,
-)
-from .rows import (
-    row_eps as _eps,
-)
-from .rows import (
-    row_inv_n as _inv_n,
-)
-from .rows import (
-    row_keep_tile as _keep_tile,
-)
-from .rows import (
-    row_load_param as _load_param,
-)
-from .rows import (
-    row_load_param_tile as _load_param_tile,
-)
-from .rows import (
-    row_load_seed as _load_seed,
-)
-from .rows import (
-    row_rsqrt as _rsqrt,
-)
-from .rows import (
-    row_tile_offsets as _tile_offsets,
-)
-from .rows import (
-    row_tile_seed as _tile_seed,
+    row_div,
+    row_dropout_scale,
+    row_eps,
+    row_inv_n,
+    row_keep_tile,
+    row_load_param,
+    row_load_param_tile,
+    row_load_seed,
+    row_rsqrt,
+    row_tile_offsets,
+    row_tile_seed,
 )
 
 
@@ -104,7 +82,7 @@ def _sum_chunk(
     if HAS_R:
         r = to_acc(tl.load(R + offs + col0, mask=mask, other=0.0), IS_FP64)
     if DROPOUT:
-        keep = _keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
+        keep = row_keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
         # the product, then the select: the select keeps the compiler from fusing x * scale + residual into one
         # FMA, so the sum is rounded as the other backends round it
         x = tl.where(keep, x * scale, 0.0)
@@ -169,7 +147,7 @@ def _grad_chunk(
     if HAS_R:
         tl.store(DRES + offs + col0, to_out(ds, DRES, RTNE_BF16), mask=mask)
     if DROPOUT:
-        keep = _keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
+        keep = row_keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
         ds = tl.where(keep, ds, 0.0) * scale  # select first: a dropped inf gives 0, never 0 * inf
     tl.store(DX + offs + col0, to_out(ds, DX, RTNE_BF16), mask=mask)
 
@@ -186,33 +164,33 @@ def dan_fwd_fused_kernel(
     of BLOCK_N >= N columns or CHUNKS = 3 or 4 chunks of N / CHUNKS. Per tile: every chunk's x and residual are
     loaded and the sum stored before the first reduction; the statistics come from the registers, so x, the
     residual and the sum each cross DRAM once. The weight and bias are held across the loop with HOIST_PARAMS."""
-    scale = _dropout_scale(threshold, IS_FP64)
-    inv_n = _inv_n(N, IS_FP64)
-    eps = _eps(eps_hi, eps_lo, IS_FP64)
+    scale = row_dropout_scale(threshold, IS_FP64)
+    inv_n = row_inv_n(N, IS_FP64)
+    eps = row_eps(eps_hi, eps_lo, IS_FP64)
     cols = tl.arange(0, BLOCK_N)
     if EVEN_N:
         cmask = cols < BLOCK_N
     else:
         cmask = cols < N
-    seed0 = _load_seed(SEED, DROPOUT)
+    seed0 = row_load_seed(SEED, DROPOUT)
     if HOIST_PARAMS:
-        w0 = to_acc(_load_param(W, 0, cols, cmask, HAS_W), IS_FP64)[None, :]
-        b0 = to_acc(_load_param(B, 0, cols, cmask, HAS_B), IS_FP64)[None, :]
+        w0 = to_acc(row_load_param(W, 0, cols, cmask, HAS_W), IS_FP64)[None, :]
+        b0 = to_acc(row_load_param(B, 0, cols, cmask, HAS_B), IS_FP64)[None, :]
         if CHUNKS > 1:
-            w1 = to_acc(_load_param(W, BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
-            b1 = to_acc(_load_param(B, BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
-            w2 = to_acc(_load_param(W, 2 * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
-            b2 = to_acc(_load_param(B, 2 * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
+            w1 = to_acc(row_load_param(W, BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
+            b1 = to_acc(row_load_param(B, BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
+            w2 = to_acc(row_load_param(W, 2 * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
+            b2 = to_acc(row_load_param(B, 2 * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
         if CHUNKS > 3:
-            w3 = to_acc(_load_param(W, 3 * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
-            b3 = to_acc(_load_param(B, 3 * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
+            w3 = to_acc(row_load_param(W, 3 * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
+            b3 = to_acc(row_load_param(B, 3 * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         row_mask = rows < M
         mask = row_mask[:, None] & cmask[None, :]
         base = rows * N
-        seed = _tile_seed(seed0, tile, threshold)
+        seed = row_tile_seed(seed0, tile, threshold)
         offs = base[:, None] + cols[None, :]
         s0 = _sum_chunk(
             X, R, SUM, offs, mask, seed, base, 0, cols, threshold, scale,
@@ -252,18 +230,18 @@ def dan_fwd_fused_kernel(
             q = tl.sum(d0 * d0 + d1 * d1 + d2 * d2, axis=1)
         else:
             q = tl.sum(d0 * d0, axis=1)
-        rstd = _rsqrt(q * inv_n + eps, IS_FP64)
+        rstd = row_rsqrt(q * inv_n + eps, IS_FP64)
         if not HOIST_PARAMS:
-            w0 = _load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
-            b0 = _load_param_tile(B, 0, cols, cmask, HAS_B, BLOCK_M)
+            w0 = row_load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
+            b0 = row_load_param_tile(B, 0, cols, cmask, HAS_B, BLOCK_M)
             if CHUNKS > 1:
-                w1 = _load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-                b1 = _load_param_tile(B, BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
-                w2 = _load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-                b2 = _load_param_tile(B, 2 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+                w1 = row_load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+                b1 = row_load_param_tile(B, BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+                w2 = row_load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+                b2 = row_load_param_tile(B, 2 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
             if CHUNKS > 3:
-                w3 = _load_param_tile(W, 3 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-                b3 = _load_param_tile(B, 3 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+                w3 = row_load_param_tile(W, 3 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+                b3 = row_load_param_tile(B, 3 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
         if not RMS:
             tl.store(MEAN + rows, mean, mask=row_mask)
         tl.store(RSTD + rows, rstd, mask=row_mask)
@@ -284,8 +262,8 @@ def dan_fwd_looped_kernel(
     """Looped forward for long rows: one row per program in BLOCK_N-column chunks. Pass 1 stores the sum and
     merges the chunks' statistics (Chan's formula for LayerNorm, the sum of squares for RMSNorm); pass 2 re-reads
     the stored sum (the same threads' own stores) and writes the output."""
-    scale = _dropout_scale(threshold, IS_FP64)
-    seed = _load_seed(SEED, DROPOUT)
+    scale = row_dropout_scale(threshold, IS_FP64)
+    seed = row_load_seed(SEED, DROPOUT)
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)  # [1]: the helpers work on [rows, cols]
     base = rows * N
     cols = tl.arange(0, BLOCK_N)
@@ -305,14 +283,14 @@ def dan_fwd_looped_kernel(
             n_b = tl.minimum(N - col0, BLOCK_N)
             n_a = to_acc(col0 + tl.zeros([1], dtype=tl.int32), IS_FP64)
             n_b_f = to_acc(n_b + tl.zeros([1], dtype=tl.int32), IS_FP64)
-            mean_b = _div(tl.sum(s, axis=1), n_b_f, IS_FP64)
+            mean_b = row_div(tl.sum(s, axis=1), n_b_f, IS_FP64)
             d = tl.where(mask, s - mean_b[:, None], 0.0)
             m2_b = tl.sum(d * d, axis=1)
             tot = n_a + n_b_f
             delta = mean_b - mean
-            mean = mean + delta * _div(n_b_f, tot, IS_FP64)
-            m2 = m2 + m2_b + delta * delta * _div(n_a * n_b_f, tot, IS_FP64)
-    rstd = _rsqrt(m2 * _inv_n(N, IS_FP64) + _eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
+            mean = mean + delta * row_div(n_b_f, tot, IS_FP64)
+            m2 = m2 + m2_b + delta * delta * row_div(n_a * n_b_f, tot, IS_FP64)
+    rstd = row_rsqrt(m2 * row_inv_n(N, IS_FP64) + row_eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
     if not RMS:
         tl.store(MEAN + rows, mean)
     tl.store(RSTD + rows, rstd)
@@ -322,8 +300,8 @@ def dan_fwd_looped_kernel(
         offs = base[:, None] + cols[None, :]
         mask = cmask[None, :]
         s = to_acc(tl.load(SUM + offs + col0, mask=mask, other=0.0), IS_FP64)
-        w = _load_param_tile(W, col0, cols, cmask, HAS_W, 1)
-        b = _load_param_tile(B, col0, cols, cmask, HAS_B, 1)
+        w = row_load_param_tile(W, col0, cols, cmask, HAS_W, 1)
+        b = row_load_param_tile(B, col0, cols, cmask, HAS_B, 1)
         _out_chunk(OUT, offs, mask, _centred(s, mean, mask, RMS, False), rstd, w, b, col0, HAS_W, HAS_B, RTNE_BF16)
 
 
@@ -339,8 +317,8 @@ def dan_bwd_fused_kernel(
     the sum and grad_out of every chunk are loaded before the reductions (c1, c2), xhat and dxhat computed once;
     grad_sum is read as each chunk's dS is formed. dgamma / dbeta accumulate element-wise in [BLOCK_M, BLOCK_N]
     register tiles, reduced over the rows once at the end into the program's partial row."""
-    scale = _dropout_scale(threshold, IS_FP64)
-    inv_n = _inv_n(N, IS_FP64)
+    scale = row_dropout_scale(threshold, IS_FP64)
+    inv_n = row_inv_n(N, IS_FP64)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -351,14 +329,14 @@ def dan_bwd_fused_kernel(
         db1 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
         dw2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
         db2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-    seed0 = _load_seed(SEED, DROPOUT)
+    seed0 = row_load_seed(SEED, DROPOUT)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         row_mask = rows < M
-        offs, mask = _tile_offsets(rows, row_mask, 0, cols, cmask, N)
+        offs, mask = row_tile_offsets(rows, row_mask, 0, cols, cmask, N)
         base = rows * N
-        seed = _tile_seed(seed0, tile, threshold)
+        seed = row_tile_seed(seed0, tile, threshold)
         s0 = to_acc(tl.load(S + offs, mask=mask, other=0.0), IS_FP64)
         g0 = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
         if CHUNKS == 3:
@@ -371,11 +349,11 @@ def dan_bwd_fused_kernel(
         else:
             mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
         rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-        w0 = _load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)  # per tile (L1 hits), as the LayerNorm kernels
+        w0 = row_load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)  # per tile (L1 hits), as the LayerNorm kernels
         xhat0, dxhat0 = _xhat_dxhat(s0, g0, mean, rstd, w0, HAS_W, RMS)
         if CHUNKS == 3:
-            w1 = _load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-            w2 = _load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+            w1 = row_load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+            w2 = row_load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
             xhat1, dxhat1 = _xhat_dxhat(s1, g1, mean, rstd, w1, HAS_W, RMS)
             xhat2, dxhat2 = _xhat_dxhat(s2, g2, mean, rstd, w2, HAS_W, RMS)
             c1 = tl.sum(dxhat0 * xhat0 + dxhat1 * xhat1 + dxhat2 * xhat2, axis=1) * inv_n
@@ -437,14 +415,14 @@ def dan_bwd_row_coef_kernel(
     s2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
     for col0 in range(0, N, BLOCK_N):
         cmask = (col0 + cols) < N
-        offs, mask = _tile_offsets(rows, row_mask, col0, cols, cmask, N)
+        offs, mask = row_tile_offsets(rows, row_mask, col0, cols, cmask, N)
         s = to_acc(tl.load(S + offs, mask=mask, other=0.0), IS_FP64)
         g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
-        w = _load_param_tile(W, col0, cols, cmask, HAS_W, 1)
+        w = row_load_param_tile(W, col0, cols, cmask, HAS_W, 1)
         xhat, dxhat = _xhat_dxhat(s, g, mean, rstd, w, HAS_W, RMS)
         s1 += tl.sum(dxhat * xhat, axis=1)
         s2 += tl.sum(dxhat, axis=1)
-    inv_n = _inv_n(N, IS_FP64)
+    inv_n = row_inv_n(N, IS_FP64)
     tl.store(C1 + rows, s1 * inv_n, mask=row_mask)
     tl.store(C2 + rows, s2 * inv_n, mask=row_mask)
 
@@ -458,21 +436,21 @@ def dan_bwd_chunk_kernel(
 ):  # fmt: skip
     """Looped backward, kernel B: grid (column chunks, row groups); grad_x, grad_residual and the dgamma / dbeta
     partials. A program keeps one column chunk, so its weight columns are loaded once."""
-    scale = _dropout_scale(threshold, IS_FP64)
+    scale = row_dropout_scale(threshold, IS_FP64)
     col0 = tl.program_id(0) * BLOCK_N
     pid = tl.program_id(1)
     cols = tl.arange(0, BLOCK_N)
     cmask = (col0 + cols) < N
-    w = _load_param(W, col0, cols, cmask, HAS_W)[None, :]
+    w = row_load_param(W, col0, cols, cmask, HAS_W)[None, :]
     dw_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     db_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-    seed0 = _load_seed(SEED, DROPOUT)
+    seed0 = row_load_seed(SEED, DROPOUT)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, tl.num_programs(1)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         row_mask = rows < M
-        offs, mask = _tile_offsets(rows, row_mask, 0, cols, cmask, N)
-        seed = _tile_seed(seed0, tile, threshold)
+        offs, mask = row_tile_offsets(rows, row_mask, 0, cols, cmask, N)
+        seed = row_tile_seed(seed0, tile, threshold)
         s = to_acc(tl.load(S + offs + col0, mask=mask, other=0.0), IS_FP64)
         g = to_acc(tl.load(DY + offs + col0, mask=mask, other=0.0), IS_FP64)
         if RMS:

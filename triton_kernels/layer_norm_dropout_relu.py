@@ -13,7 +13,7 @@ gpuopt_ops/triton_ops.py). The math is that of csrc/fused_math.h, the dropout RN
 - Fast RNG path (N % 8 == 0, so a tile's groups never straddle rows): one Philox call per 8 elements, lanes
   interleaved with tl.join + tl.reshape into element order. Its Philox is _philox: tl.philox's rounds and
   constants, bit for bit, with each 32 x 32 -> 64-bit product from one widening multiply. The persistent kernels
-  load the seed once per program and derive each tile's from it (_tile_seed), so that ptxas neither keeps the
+  load the seed once per program and derive each tile's from it (row_tile_seed), so that ptxas neither keeps the
   round keys live across the loop nor waits for a seed load per tile. Generic path (any N): one call per element, the
   lane picked with selects. DROPOUT=False (p = 0) does no RNG work at all.
 - Statistics and accumulation in fp32 (fp64 for fp64 x). eps is passed as an fp32 pair (hi + lo) so the fp64
@@ -60,7 +60,7 @@ tests): no configuration spills. Not yet timed on a GPU. Every launch runs under
   dbeta accumulate element-wise in [BLOCK_M, BLOCK_N] register tiles, reduced over rows once at the end into
   the program's partial row. The weight and bias are reloaded per tile (L1 hits): held across the loop they
   would cost ~10-20 registers, a second resident program at N = 4096. The seed is read once per program and
-  each tile's derived from it (_tile_seed): a loop-invariant seed lets ptxas hoist Philox's round keys and keep
+  each tile's derived from it (row_tile_seed): a loop-invariant seed lets ptxas hoist Philox's round keys and keep
   them live (~30 registers).
   ``sum_partials_kernel`` reduces the G partial rows of dgamma and dbeta in one launch, in a fixed order
   (deterministic: no float atomics; the bits depend on (shape, dtype, device, Triton version), never on
@@ -96,47 +96,26 @@ from .common import (
     to_acc,
     to_out,
 )
-from .rows import (  # noqa: F401  (shared with dropout_add_norm; re-exported under their old names here)
+
+# The jit helpers shared with dropout_add_norm are called by their own names (row_*), never through an alias:
+# Inductor re-emits a triton_op kernel's helpers under each helper's __name__, so an alias would be undefined there.
+from .rows import (  # noqa: F401  (LdrConfig, dropout_threshold, eps_pair, row_chunks: re-exported here)
     LdrConfig,
     dropout_threshold,
     eps_pair,
     row_chunks,
-)
-from .rows import (
-    row_div as _div,
-)
-from .rows import (
-    row_dropout_scale as _dropout_scale,
-)
-from .rows import (
-    row_eps as _eps,
-)
-from .rows import (
-    row_fused_config as _fused_config,
-)
-from .rows import (
-    row_inv_n as _inv_n,
-)
-from .rows import (
-    row_keep_tile as _keep_tile,
-)
-from .rows import (
-    row_load_param as _load_param,
-)
-from .rows import (
-    row_load_param_tile as _load_param_tile,
-)
-from .rows import (
-    row_load_seed as _load_seed,
-)
-from .rows import (
-    row_rsqrt as _rsqrt,
-)
-from .rows import (
-    row_tile_offsets as _tile_offsets,
-)
-from .rows import (
-    row_tile_seed as _tile_seed,
+    row_div,
+    row_dropout_scale,
+    row_eps,
+    row_fused_config,
+    row_inv_n,
+    row_keep_tile,
+    row_load_param,
+    row_load_param_tile,
+    row_load_seed,
+    row_rsqrt,
+    row_tile_offsets,
+    row_tile_seed,
 )
 
 # Longest rows of the single-block kernels: 16 warps x 32 threads x (elements per thread, see _warps_for).
@@ -179,7 +158,7 @@ def _fwd_chunk(
     if DROPOUT:
         # dropped -> y = 0 -> out 0 (also for a NaN or inf y), kept -> relu(y) * scale: the select on fp32 before
         # the multiply, which the compiler cannot sink past the final conversion onto 16-bit halves
-        keep = _keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
+        keep = row_keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
         y = tl.where(keep, y, 0.0)
         out = tl.where(y <= 0.0, 0.0, y) * scale
     else:
@@ -220,33 +199,33 @@ def ldr_fwd_fused_kernel(
     each thread holds more of a row). The dropout scale, 1/N and eps are computed once per program; with
     HOIST_PARAMS the weight and bias are loaded (and converted to the accumulation dtype) once per program too,
     otherwise once per tile."""
-    scale = _dropout_scale(threshold, IS_FP64)
-    inv_n = _inv_n(N, IS_FP64)
-    eps = _eps(eps_hi, eps_lo, IS_FP64)
+    scale = row_dropout_scale(threshold, IS_FP64)
+    inv_n = row_inv_n(N, IS_FP64)
+    eps = row_eps(eps_hi, eps_lo, IS_FP64)
     cols = tl.arange(0, BLOCK_N)
     if EVEN_N:  # N == CHUNKS x BLOCK_N: no padded columns, a constant-true column mask
         cmask = cols < BLOCK_N
     else:
         cmask = cols < N
-    seed0 = _load_seed(SEED, DROPOUT)
+    seed0 = row_load_seed(SEED, DROPOUT)
     if HOIST_PARAMS:
-        w0 = to_acc(_load_param(W, 0, cols, cmask, HAS_W), IS_FP64)[None, :]
-        b0 = to_acc(_load_param(B, 0, cols, cmask, HAS_B), IS_FP64)[None, :]
+        w0 = to_acc(row_load_param(W, 0, cols, cmask, HAS_W), IS_FP64)[None, :]
+        b0 = to_acc(row_load_param(B, 0, cols, cmask, HAS_B), IS_FP64)[None, :]
         if CHUNKS > 1:  # N == CHUNKS * BLOCK_N: every chunk is full
-            w1 = to_acc(_load_param(W, BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
-            b1 = to_acc(_load_param(B, BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
-            w2 = to_acc(_load_param(W, 2 * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
-            b2 = to_acc(_load_param(B, 2 * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
+            w1 = to_acc(row_load_param(W, BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
+            b1 = to_acc(row_load_param(B, BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
+            w2 = to_acc(row_load_param(W, 2 * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
+            b2 = to_acc(row_load_param(B, 2 * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
         if CHUNKS > 3:
-            w3 = to_acc(_load_param(W, 3 * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
-            b3 = to_acc(_load_param(B, 3 * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
+            w3 = to_acc(row_load_param(W, 3 * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
+            b3 = to_acc(row_load_param(B, 3 * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         row_mask = rows < M
         mask = row_mask[:, None] & cmask[None, :]
         base = rows * N
-        seed = _tile_seed(seed0, tile, threshold)
+        seed = row_tile_seed(seed0, tile, threshold)
         offs = base[:, None] + cols[None, :]
         # every load of the tile before its first reduction
         x0 = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
@@ -276,18 +255,18 @@ def ldr_fwd_fused_kernel(
             q = tl.sum(d0 * d0 + d1 * d1 + d2 * d2, axis=1)
         else:
             q = tl.sum(d0 * d0, axis=1)
-        rstd = _rsqrt(q * inv_n + eps, IS_FP64)
+        rstd = row_rsqrt(q * inv_n + eps, IS_FP64)
         if not HOIST_PARAMS:
-            w0 = _load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
-            b0 = _load_param_tile(B, 0, cols, cmask, HAS_B, BLOCK_M)
+            w0 = row_load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
+            b0 = row_load_param_tile(B, 0, cols, cmask, HAS_B, BLOCK_M)
             if CHUNKS > 1:
-                w1 = _load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-                b1 = _load_param_tile(B, BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
-                w2 = _load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-                b2 = _load_param_tile(B, 2 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+                w1 = row_load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+                b1 = row_load_param_tile(B, BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+                w2 = row_load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+                b2 = row_load_param_tile(B, 2 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
             if CHUNKS > 3:
-                w3 = _load_param_tile(W, 3 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-                b3 = _load_param_tile(B, 3 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+                w3 = row_load_param_tile(W, 3 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+                b3 = row_load_param_tile(B, 3 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
         tl.store(MEAN + rows, mean, mask=row_mask)
         tl.store(RSTD + rows, rstd, mask=row_mask)
         _fwd_store_chunk(
@@ -347,8 +326,8 @@ def ldr_fwd_looped_kernel(
     RTNE_BF16: tl.constexpr,
 ):
     """Looped forward for long rows: one row per program, BLOCK_N-column chunks, two passes over x."""
-    scale = _dropout_scale(threshold, IS_FP64)
-    seed = _load_seed(SEED, DROPOUT)
+    scale = row_dropout_scale(threshold, IS_FP64)
+    seed = row_load_seed(SEED, DROPOUT)
     row = tl.program_id(0).to(tl.int64)
     rows = row + tl.arange(0, 1).to(tl.int64)  # [1]: the tile helpers work on [rows, cols]
     base = rows * N
@@ -362,23 +341,23 @@ def ldr_fwd_looped_kernel(
         # Chan et al.: merge (col0, mean, m2) with (n_b, mean_b, m2_b); every division correctly rounded
         n_a = to_acc(col0 + tl.zeros([1], dtype=tl.int32), IS_FP64)
         n_b_f = to_acc(n_b + tl.zeros([1], dtype=tl.int32), IS_FP64)
-        mean_b = _div(tl.sum(x, axis=1), n_b_f, IS_FP64)
+        mean_b = row_div(tl.sum(x, axis=1), n_b_f, IS_FP64)
         d = tl.where(cmask[None, :], x - mean_b[:, None], 0.0)
         m2_b = tl.sum(d * d, axis=1)
         tot = n_a + n_b_f
         delta = mean_b - mean
-        mean = mean + delta * _div(n_b_f, tot, IS_FP64)
-        m2 = m2 + m2_b + delta * delta * _div(n_a * n_b_f, tot, IS_FP64)
-    var = m2 * _inv_n(N, IS_FP64)
-    rstd = _rsqrt(var + _eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
+        mean = mean + delta * row_div(n_b_f, tot, IS_FP64)
+        m2 = m2 + m2_b + delta * delta * row_div(n_a * n_b_f, tot, IS_FP64)
+    var = m2 * row_inv_n(N, IS_FP64)
+    rstd = row_rsqrt(var + row_eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
     tl.store(MEAN + rows, mean)
     tl.store(RSTD + rows, rstd)
     for col0 in range(0, N, BLOCK_N):
         cmask = (col0 + cols) < N
         offs = base[:, None] + col0 + cols[None, :]
         x = to_acc(tl.load(X + offs, mask=cmask[None, :], other=0.0), IS_FP64)
-        w = _load_param_tile(W, col0, cols, cmask, HAS_W, 1)
-        b = _load_param_tile(B, col0, cols, cmask, HAS_B, 1)
+        w = row_load_param_tile(W, col0, cols, cmask, HAS_W, 1)
+        b = row_load_param_tile(B, col0, cols, cmask, HAS_B, 1)
         out = _fwd_chunk(
             (x - mean[:, None]) * rstd[:, None],
             w,
@@ -434,7 +413,7 @@ def _bwd_chunk(
         y = y + b.to(xhat.dtype)
     pass_grad = y > 0.0
     if DROPOUT:
-        keep = _keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
+        keep = row_keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
         pass_grad = pass_grad & keep
     dy = tl.where(pass_grad, g * scale, 0.0)
     dy = tl.where(mask, dy, 0.0)
@@ -475,8 +454,8 @@ def ldr_bwd_fused_kernel(
     and bias of every chunk) are all issued before its reductions; xhat, dy and dxhat are computed once.
     dgamma/dbeta accumulate element-wise in [BLOCK_M, BLOCK_N] register tiles per chunk, reduced over the rows
     once at the end into the program's partial row."""
-    scale = _dropout_scale(threshold, IS_FP64)
-    inv_n = _inv_n(N, IS_FP64)
+    scale = row_dropout_scale(threshold, IS_FP64)
+    inv_n = row_inv_n(N, IS_FP64)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -487,14 +466,14 @@ def ldr_bwd_fused_kernel(
         db1 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
         dw2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
         db2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-    seed0 = _load_seed(SEED, DROPOUT)
+    seed0 = row_load_seed(SEED, DROPOUT)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         row_mask = rows < M
-        offs, mask = _tile_offsets(rows, row_mask, 0, cols, cmask, N)
+        offs, mask = row_tile_offsets(rows, row_mask, 0, cols, cmask, N)
         base = rows * N
-        seed = _tile_seed(seed0, tile, threshold)
+        seed = row_tile_seed(seed0, tile, threshold)
         x0 = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
         g0 = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
         if CHUNKS == 3:
@@ -506,13 +485,13 @@ def ldr_bwd_fused_kernel(
         rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
         # weight and bias per tile (L1 hits): held across the loop they cost ~10-20 registers per thread, which
         # at N = 4096 halves the resident programs (the dgamma/dbeta accumulators are live across it too)
-        w0 = _load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
-        b0 = _load_param_tile(B, 0, cols, cmask, HAS_B, BLOCK_M)
+        w0 = row_load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
+        b0 = row_load_param_tile(B, 0, cols, cmask, HAS_B, BLOCK_M)
         if CHUNKS == 3:
-            w1 = _load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-            b1 = _load_param_tile(B, BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
-            w2 = _load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-            b2 = _load_param_tile(B, 2 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+            w1 = row_load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+            b1 = row_load_param_tile(B, BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+            w2 = row_load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+            b2 = row_load_param_tile(B, 2 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
         xhat0, dy0, dxhat0 = _bwd_chunk(
             x0,
             g0,
@@ -638,8 +617,8 @@ def ldr_bwd_row_coef_kernel(
     RTNE_BF16: tl.constexpr,
 ):
     """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program."""
-    scale = _dropout_scale(threshold, IS_FP64)
-    seed = _load_seed(SEED, DROPOUT)
+    scale = row_dropout_scale(threshold, IS_FP64)
+    seed = row_load_seed(SEED, DROPOUT)
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)
     row_mask = rows < M
     base = rows * N
@@ -650,11 +629,11 @@ def ldr_bwd_row_coef_kernel(
     s2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
     for col0 in range(0, N, BLOCK_N):
         cmask = (col0 + cols) < N
-        offs, mask = _tile_offsets(rows, row_mask, col0, cols, cmask, N)
+        offs, mask = row_tile_offsets(rows, row_mask, col0, cols, cmask, N)
         x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
         g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
-        w = _load_param_tile(W, col0, cols, cmask, HAS_W, 1)
-        b = _load_param_tile(B, col0, cols, cmask, HAS_B, 1)
+        w = row_load_param_tile(W, col0, cols, cmask, HAS_W, 1)
+        b = row_load_param_tile(B, col0, cols, cmask, HAS_B, 1)
         xhat, dy, dxhat = _bwd_chunk(
             x,
             g,
@@ -678,7 +657,7 @@ def ldr_bwd_row_coef_kernel(
         )
         s1 += tl.sum(dxhat * xhat, axis=1)
         s2 += tl.sum(dxhat, axis=1)
-    inv_n = _inv_n(N, IS_FP64)
+    inv_n = row_inv_n(N, IS_FP64)
     tl.store(C1 + rows, s1 * inv_n, mask=row_mask)
     tl.store(C2 + rows, s2 * inv_n, mask=row_mask)
 
@@ -711,22 +690,22 @@ def ldr_bwd_chunk_kernel(
 ):
     """Looped backward, kernel B: grid (column chunks, row groups); dx and the dgamma/dbeta partials. A program
     keeps one column chunk, so its weight and bias columns are loaded once."""
-    scale = _dropout_scale(threshold, IS_FP64)
+    scale = row_dropout_scale(threshold, IS_FP64)
     col0 = tl.program_id(0) * BLOCK_N
     pid = tl.program_id(1)
     cols = tl.arange(0, BLOCK_N)
     cmask = (col0 + cols) < N
-    w = _load_param(W, col0, cols, cmask, HAS_W)[None, :]
-    b = _load_param(B, col0, cols, cmask, HAS_B)[None, :]
+    w = row_load_param(W, col0, cols, cmask, HAS_W)[None, :]
+    b = row_load_param(B, col0, cols, cmask, HAS_B)[None, :]
     dw_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     db_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-    seed0 = _load_seed(SEED, DROPOUT)
+    seed0 = row_load_seed(SEED, DROPOUT)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, tl.num_programs(1)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         row_mask = rows < M
-        offs, mask = _tile_offsets(rows, row_mask, col0, cols, cmask, N)
-        seed = _tile_seed(seed0, tile, threshold)
+        offs, mask = row_tile_offsets(rows, row_mask, col0, cols, cmask, N)
+        seed = row_tile_seed(seed0, tile, threshold)
         x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
         g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
         mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
@@ -783,7 +762,7 @@ def forward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -
     wide_ok = n <= 8192 or row_chunks(n)[0] == 3
     if n <= max_fused_n and padded_ok and wide_ok:
         quarters = not fp64
-        return _fused_config(n, fp64, 4096, per_thread, 4 if fp64 else 8, 4 if fp64 else 8, quarters)
+        return row_fused_config(n, fp64, 4096, per_thread, 4 if fp64 else 8, 4 if fp64 else 8, quarters)
     block_n = 2048 if fp64 else 4096
     block_n = max(8, min(block_n, triton.next_power_of_2(max_fused_n)))  # tests shrink max_fused_n
     return LdrConfig(False, 1, block_n, num_warps_for(block_n, per_thread), n % 8 == 0)
@@ -802,7 +781,7 @@ def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) 
     if n <= max_fused_n:
         if not fp64 and n >= 1024 and n == triton.next_power_of_2(n):
             return LdrConfig(True, 1, n, num_warps_for(n, 16), True)
-        return _fused_config(n, fp64, 2048, per_thread, 4 if fp64 else 8, 2 if fp64 else 4)
+        return row_fused_config(n, fp64, 2048, per_thread, 4 if fp64 else 8, 2 if fp64 else 4)
     block_n = max(8, min(1024, triton.next_power_of_2(max_fused_n)))
     block_m = max(1, min(16, 2048 // block_n))
     return LdrConfig(False, block_m, block_n, num_warps_for(block_m * block_n, per_thread), n % 8 == 0)
