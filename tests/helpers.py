@@ -44,7 +44,15 @@ def assert_close_to_reference(name, ours, ref64, torch_lowp, floor):
         # PyTorch itself overflows in this dtype (e.g. fp16 with rstd = 1/sqrt(eps)): fall back to a few ulps
         torch_err = 4 * torch.finfo(ours.dtype).eps * max(1.0, ref64.abs().max().item())
     tol = 2 * torch_err + floor
-    err = (ours.double() - ref64).abs().max().item()
+    diff = (ours.double() - ref64.double()).abs()
+    if ref64.dtype in (torch.float16, torch.bfloat16, torch.float32) and ref64.dtype == ours.dtype:
+        # a reference rounded to our dtype (the fp64 reference's gradients come back in the leaves' dtype) is
+        # itself up to half a unit in the last place off: ours, also within half a unit of the true value, can be
+        # one unit away from it on the other side of a rounding boundary (seen: bf16 grad_x -161 vs -162, truth
+        # near -161.5). Allow that unit, element by element.
+        r = ref64.abs()
+        diff = (diff - (torch.nextafter(r, torch.full_like(r, float("inf"))) - r).double()).clamp_min(0)
+    err = diff.max().item()
     assert err <= tol, report_mismatch(name, ours, ref64, tol)
 
 

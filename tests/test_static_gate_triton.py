@@ -11,7 +11,8 @@ TRITON_INTERPRET, which conftest sets for the other tests) and every test here r
 - the unhinted compiles: launches of every path compiled WITHOUT alignment / divisibility hints (what a launch on
   an unaligned view compiles; the interpreter accepts code the compiler rejects): no spills, no stack;
 - Inductor's TTIR mutation analysis: each kernel writes exactly its output pointers (otherwise torch.compile
-  would clone every input before each kernel).
+  would clone every input before each kernel);
+- Inductor's typing of float arguments (fp64): the kernels with float arguments compile with it too.
 
 Marked slow (~15 s: about 70 compiles, two at a time on 2 cores): run it after editing triton_kernels/ (this file,
 or `python -m tools.triton_resources --checks`); the whole suite and CI run it.
@@ -143,3 +144,18 @@ def test_inductor_sees_only_output_stores(gate):
     assert {r["kernel"] for r in inductor} == KERNELS
     for r in inductor:
         assert r["written"] == r["expected"], r
+
+
+def test_kernels_compile_with_inductor_typed_float_arguments(gate):
+    """Inductor types a Python float argument of a user kernel fp64 where a plain launch types it fp32: the
+    kernels with float arguments (the forward kernels' eps) compile both ways (seen failing on an H200 under
+    torch.compile before the kernels converted eps to their accumulation dtype)."""
+    floats = gate[0]["fp64_floats"]
+    assert {r["kernel"] for r in floats} == {
+        "ldr_fwd_fused_kernel",
+        "ldr_fwd_looped_kernel",
+        "dan_fwd_fused_kernel",
+        "dan_fwd_looped_kernel",
+    }
+    for r in floats:
+        assert r["float_args"] == ["eps_hi", "eps_lo"] and r["error"] is None, r

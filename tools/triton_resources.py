@@ -22,7 +22,7 @@ launchers run again and size their grids from the results), so the table's grids
 launch picks. The gate fails if the launchers' rule (common.resident_programs_per_sm) and the occupancy model
 above ever disagree.
 
---checks adds two checks of what the interpreter (the only way the kernels run without a GPU) cannot see:
+--checks adds checks of what the interpreter (the only way the kernels run without a GPU) cannot see:
   unhinted   a few launches (single-block and looped paths, fp16/bf16/fp32/fp64, the 8-lane and the generic RNG,
              no affine, p = 0, 3-chunk rows, bias-ReLU) compiled WITHOUT the specialization attributes, as a
              launch on an unaligned view or odd shape compiles (scalar loads): no spills, no stack frame. The
@@ -30,7 +30,8 @@ above ever disagree.
              its hinted variants, which a launch of N = 8192 on fresh (aligned) tensors compiles.
   inductor   Inductor's TTIR mutation analysis (torch.compile's view of a user Triton kernel) on every kernel,
              with the arguments of a real launch with every feature on (weight, bias, dropout, 8-lane RNG): each
-             kernel writes exactly its output pointers (otherwise torch.compile clones every input first).
+             kernel writes exactly its output pointers (otherwise torch.compile clones every input first);
+             and each kernel with float arguments (eps) compiled with them typed fp64, as Inductor types them.
 
 Gate (exit status 1): any table variant that spills or needs more than 227 KiB of shared memory per block, and
 with --checks any failed check. Needs the triton package with its NVIDIA backend (ships with Linux CUDA builds of
@@ -693,10 +694,10 @@ def unhinted_rows(compiler: Compiler, recorded) -> list[UnhintedRow]:
     return rows
 
 
-def analysis_launches(sm_count: int = DEFAULT_SM_COUNT) -> list[Launch]:
+def analysis_launches(sm_count: int = DEFAULT_SM_COUNT, rec: Optional[Compiler] = None) -> list[Launch]:
     """One launch of every kernel with every feature on (weight, bias, dropout, 8-lane RNG; fp32), recorded, not
     compiled: N = 1000 takes the single-block kernels, and max_fused_n = 16 the looped ones."""
-    rec = Compiler()
+    rec = rec if rec is not None else Compiler()
     for fused in (None, 16):
         for op in ("ldr_fwd", "ldr_bwd", "dan_fwd", "dan_bwd"):
             launches(rec, op, torch.float32, 1000, sm_count, 64, max_fused_n=fused)
@@ -749,8 +750,41 @@ def inductor_writes(sm_count: int = DEFAULT_SM_COUNT) -> list[dict[str, object]]
     return results
 
 
-def check_failures(unhinted: list[UnhintedRow], inductor: list[dict[str, object]]) -> list[str]:
+def inductor_float_args(sm_count: int = DEFAULT_SM_COUNT) -> list[dict[str, object]]:
+    """Each kernel with float scalar arguments (eps) compiled with them typed fp64, as Inductor types a Python
+    float argument of a user kernel (to keep its precision), where a plain Triton launch types it fp32: the
+    kernel must compile either way (a kernel that only compiles with fp32 scalars fails under torch.compile on
+    a GPU only). Returns one entry per such kernel: its float arguments and the compile error, if any."""
+    rec = Compiler()
+    seen, results = set(), []
+    for launch in analysis_launches(sm_count, rec):
+        name = launch.kernel.__name__
+        if name in seen:
+            continue
+        seen.add(name)
+        kernel, signature, constexprs, attrs, options = rec.pending[launch.key][:5]
+        floats = sorted(k for k, v in signature.items() if v in ("fp16", "bf16", "fp32"))
+        if not floats:
+            continue
+        sig = {k: ("fp64" if k in floats else v) for k, v in signature.items()}
+        error = None
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                triton.compile(ASTSource(kernel, sig, constexprs, attrs), target=TARGET, options=options)
+        except Exception as err:  # noqa: BLE001  (reported as a check failure)
+            lines = [ln for ln in str(err).splitlines() if ln.strip()]
+            error = f"{type(err).__name__}: {' | '.join(lines[-3:])}"
+        results.append({"kernel": name, "float_args": floats, "error": error})
+    return results
+
+
+def check_failures(
+    unhinted: list[UnhintedRow], inductor: list[dict[str, object]], floats: Optional[list[dict[str, object]]] = None
+) -> list[str]:
     bad = []
+    for r in floats or []:
+        if r["error"]:
+            bad.append(f"inductor: {r['kernel']} fails to compile with {r['float_args']} as fp64: {r['error']}")
     for r in unhinted:
         if r.spills or r.stack:
             bad.append(
@@ -871,11 +905,12 @@ def main(argv=None) -> int:
     recorded = record_table_with_facts(compiler, args.jobs, [unhinted_compiler], ns=ns, sm_count=args.sm_count)
     rows = table_rows(compiler, recorded, args.sm_count)
     bad = failures(rows)
-    unhinted, inductor = [], []
+    unhinted, inductor, floats = [], [], []
     if args.checks:
         unhinted = unhinted_rows(unhinted_compiler, unhinted_recorded)
         inductor = inductor_writes(args.sm_count)
-        bad += check_failures(unhinted, inductor)
+        floats = inductor_float_args(args.sm_count)
+        bad += check_failures(unhinted, inductor, floats)
 
     if args.json:
         doc = {
@@ -885,7 +920,7 @@ def main(argv=None) -> int:
             "rows": [asdict(r) for r in rows],
         }
         if args.checks:
-            doc.update(unhinted=[asdict(r) for r in unhinted], inductor=inductor, failures=bad)
+            doc.update(unhinted=[asdict(r) for r in unhinted], inductor=inductor, fp64_floats=floats, failures=bad)
         print(json.dumps(doc, indent=1))
     else:
         if args.summary:

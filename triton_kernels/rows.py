@@ -53,11 +53,13 @@ def row_inv_n(N, IS_FP64: tl.constexpr):
 
 @triton.jit
 def row_eps(eps_hi, eps_lo, IS_FP64: tl.constexpr):
+    # eps_hi and eps_lo arrive as fp32 from a plain launch, as fp64 from Inductor (it types a Python float argument
+    # fp64), as Python floats under the interpreter: eps_hi is exactly an fp32 value in each
     if IS_FP64:
-        # fp64 [1] tensor + the fp32 scalars (Python floats under the interpreter): exact widening, fp64 adds
+        # fp64 [1] tensor + the scalars: exact widening, fp64 adds
         e = (tl.zeros([1], dtype=tl.float64) + eps_hi) + eps_lo
     else:
-        e = eps_hi
+        e = (tl.zeros([1], dtype=tl.float32) + eps_hi).to(tl.float32)  # exact: eps_hi is an fp32 value
     return e
 
 
