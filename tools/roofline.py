@@ -229,6 +229,25 @@ def functions_of(code) -> dict[str, S.Function]:
     return _CODE_CACHE[key]
 
 
+def prefetch_sass(codes, jobs: int) -> None:
+    """Disassembles the distinct codes not yet cached, `jobs` at a time (one cuobjdump + nvdisasm process per
+    Triton cubin, about half a second of CPU each: the model's largest cost), into functions_of's cache."""
+    todo = {}
+    for code in codes:
+        key = _code_key(code)
+        if key not in _CODE_CACHE and (isinstance(code, (bytes, bytearray)) or not str(code).endswith(".sass")):
+            todo.setdefault(key, code)
+    if jobs <= 1 or len(todo) < 2:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    # threads: the disassembly runs in child processes, `jobs` at a time (forked workers, which would parse in
+    # parallel too, measured no faster: 271 s against 261 s for the whole model on 2 cores)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for key, fns in zip(todo, pool.map(S.sass_of, todo.values())):
+            _CODE_CACHE[key] = fns
+
+
 def resources_of(code) -> dict[str, tuple[int, int]]:
     """{function: (registers, static shared bytes)} from cuobjdump --dump-resource-usage (cached)."""
     key = _code_key(code)
@@ -605,6 +624,7 @@ def gpuopt_rows(
             for n in ns
         ]
         triton_cases = G.triton_cases(cases, gpu.sms, jobs=jobs)
+        prefetch_sass([launch.code for ls in triton_cases.values() for launch in ls], jobs)
     for op in ops:
         for direction in G.DIRECTIONS:
             for dtype in dtypes:
