@@ -144,7 +144,7 @@ if [ "$BUILD_OK" = 1 ]; then
   # test root first on sys.path, where the checkout's gpuopt_ops/ (no _C) would shadow the wheel (as in
   # scripts/run_tests.sh)
   TEST_ROOT="$PWD"
-  if [ -n "${GPU_CHECK_WHEEL:-}" ]; then
+  if [ -n "${GPU_CHECK_WHEEL:-}" ] && [ "${GPU_CHECK_DRY_RUN:-0}" != "1" ]; then
     TEST_ROOT="$OUT_DIR/test-tree"
     rm -rf "$TEST_ROOT" && mkdir -p "$TEST_ROOT"
     tar -cf - --exclude=./gpuopt_ops --exclude=./triton_kernels --exclude=./build --exclude=./dist \

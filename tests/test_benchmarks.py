@@ -163,3 +163,21 @@ def test_gpu_check_dry_run_with_a_prebuilt_wheel(tmp_path):
     assert steps[:3] == ["env", "install", "import"], summary
     assert "build_ext" not in summary
     assert f"pip install --no-deps --no-index --upgrade --target {tmp_path / 'out' / 'site'} {wheel}" in summary
+
+
+def test_host_cost_times_every_launcher():
+    """benchmarks/host_cost.py: one row per op x direction, each launcher called and its kernels counted, the host
+    time measured (positive) and the GPU time at copy speed from the op's ideal bytes."""
+    pytest.importorskip("triton")
+    from benchmarks import host_cost as HC
+
+    rows = HC.measure([torch.float32], [256], mbytes=1.0, repeat=2, gbps=1000.0)
+    assert [(r["op"], r["direction"]) for r in rows] == [
+        (op, d) for op in ("layer_norm_dropout_relu", "dropout_add_norm", "bias_relu") for d in ("fwd", "bwd")
+    ]
+    m = (1 << 20) // (256 * 4)
+    ideal = {"layer_norm_dropout_relu": (2, 3), "dropout_add_norm": (4, 5), "bias_relu": (2, 3)}
+    for r in rows:
+        assert r["launches"] >= 1 and r["host_us"] > 0, r
+        k = ideal[r["op"]][r["direction"] == "bwd"]
+        assert r["gpu_us_at_copy"] == pytest.approx(k * 4 * m * 256 / 1e6), r

@@ -59,7 +59,7 @@ def row_eps(eps_hi, eps_lo, IS_FP64: tl.constexpr):
         # fp64 [1] tensor + the scalars: exact widening, fp64 adds
         e = (tl.zeros([1], dtype=tl.float64) + eps_hi) + eps_lo
     else:
-        e = (tl.zeros([1], dtype=tl.float32) + eps_hi).to(tl.float32)  # exact: eps_hi is an fp32 value
+        e = tl.full([], eps_hi, tl.float32)  # exact (eps_hi is an fp32 value); a scalar: a [1] tensor spilled
     return e
 
 
