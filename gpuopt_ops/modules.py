@@ -29,6 +29,24 @@ from .ops import ACTIVATIONS, bias_act, bias_relu, dropout_add_norm, layer_norm_
 _ShapeT = Union[int, Sequence[int]]
 
 
+def _norm_parameters(module: nn.Module, elementwise_affine: bool, bias: Optional[bool], factory: dict) -> None:
+    """`weight` and `bias` of module.normalized_shape as nn.LayerNorm registers them (None when not affine or
+    bias=False); bias=None: no bias at all (nn.RMSNorm's parameters: `weight` alone)."""
+    shape = module.normalized_shape
+    names = ("weight",) if bias is None else ("weight", "bias")
+    for name in names:
+        wanted = elementwise_affine and (name == "weight" or bias)
+        module.register_parameter(name, nn.Parameter(torch.empty(shape, **factory)) if wanted else None)
+
+
+def _reset_norm_parameters(module: nn.Module) -> None:
+    """nn.LayerNorm's / nn.RMSNorm's initialisation: weight ones, bias zeros."""
+    if module.weight is not None:
+        nn.init.ones_(module.weight)
+    if getattr(module, "bias", None) is not None:
+        nn.init.zeros_(module.bias)
+
+
 class FusedLayerNormDropoutReLU(nn.Module):
     """relu(dropout(layer_norm(x))) in one kernel; a drop-in for LayerNorm → Dropout(p) → ReLU.
 
@@ -58,23 +76,11 @@ class FusedLayerNormDropoutReLU(nn.Module):
         self.eps = float(eps)
         self.elementwise_affine = elementwise_affine
         self.backend = resolve_backend(backend)
-        factory = {"device": device, "dtype": dtype}
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory))
-            if bias:
-                self.bias = nn.Parameter(torch.empty(self.normalized_shape, **factory))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _norm_parameters(self, elementwise_affine, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.weight is not None:
-            nn.init.ones_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        _reset_norm_parameters(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return layer_norm_dropout_relu(
@@ -249,23 +255,11 @@ class FusedDropoutAddLayerNorm(_FusedDropoutAddNorm):
     ) -> None:
         super().__init__()
         self._setup(normalized_shape, p, float(eps), prenorm, residual_in_fp32, backend)
-        factory = {"device": device, "dtype": dtype}
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory))
-            if bias:
-                self.bias = nn.Parameter(torch.empty(self.normalized_shape, **factory))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _norm_parameters(self, elementwise_affine, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.weight is not None:
-            nn.init.ones_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        _reset_norm_parameters(self)
 
 
 class FusedDropoutAddRMSNorm(_FusedDropoutAddNorm):
@@ -288,15 +282,11 @@ class FusedDropoutAddRMSNorm(_FusedDropoutAddNorm):
     ) -> None:
         super().__init__()
         self._setup(normalized_shape, p, None if eps is None else float(eps), prenorm, residual_in_fp32, backend)
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
-        else:
-            self.register_parameter("weight", None)
+        _norm_parameters(self, elementwise_affine, None, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.weight is not None:
-            nn.init.ones_(self.weight)
+        _reset_norm_parameters(self)
 
     def _eps(self, x: torch.Tensor) -> float:
         return torch.finfo(x.dtype).eps if self.eps is None else float(self.eps)

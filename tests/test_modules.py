@@ -196,3 +196,37 @@ def test_modules_under_autocast_with_fp32_params(dtype):
     torch.testing.assert_close(out.float(), ref.float(), rtol=5e-2, atol=5e-2)
     out.float().sum().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in fused.parameters())
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("affine,bias", [(True, True), (True, False), (False, False)])
+def test_dropout_add_norm_modules_are_drop_ins(norm, affine, bias):
+    """FusedDropoutAddLayerNorm / FusedDropoutAddRMSNorm: nn.LayerNorm's / nn.RMSNorm's parameters (names,
+    registration, initialisation), state dicts loading both ways, and in eval (dropout off) the answer of the
+    unfused norm(x + residual); prenorm also returns the sum."""
+    from gpuopt_ops.modules import FusedDropoutAddLayerNorm, FusedDropoutAddRMSNorm
+
+    n = 24
+    if norm == "layer":
+        fused = FusedDropoutAddLayerNorm(n, p=0.3, elementwise_affine=affine, bias=bias)
+        ref = nn.LayerNorm(n, elementwise_affine=affine, bias=bias)
+    else:
+        if not bias and affine:
+            pytest.skip("nn.RMSNorm has no bias")
+        fused = FusedDropoutAddRMSNorm(n, p=0.3, elementwise_affine=affine)
+        ref = nn.RMSNorm(n, elementwise_affine=affine)
+    assert dict(fused.named_parameters()).keys() == dict(ref.named_parameters()).keys()
+    assert fused._parameters.keys() == ref._parameters.keys()  # None parameters registered alike
+    for (k, a), b in zip(fused.state_dict().items(), ref.state_dict().values()):
+        assert torch.equal(a, b), k  # ones and zeros
+    _randomize(ref, seed=3)
+    fused.load_state_dict(ref.state_dict())
+    ref.load_state_dict(fused.state_dict())
+    fused.eval()
+    g = torch.Generator().manual_seed(1)
+    x, r = (torch.randn(5, n, generator=g) for _ in range(2))
+    torch.testing.assert_close(fused(x, r), ref(x + r), rtol=1e-5, atol=1e-5)
+    fused.prenorm = True
+    out, s = fused(x, r)
+    torch.testing.assert_close(out, ref(x + r), rtol=1e-5, atol=1e-5)
+    assert torch.equal(s, x + r)
