@@ -706,6 +706,16 @@ def analysis_launches(sm_count: int = DEFAULT_SM_COUNT, rec: Optional[Compiler] 
     return rec.launches
 
 
+def first_analysis_launches(sm_count: int = DEFAULT_SM_COUNT) -> tuple[Compiler, dict[str, Launch]]:
+    """The first of analysis_launches() of each kernel, by kernel name, and the Compiler that recorded them (its
+    pending jobs hold each launch's signature): what the Inductor checks look at."""
+    rec = Compiler()
+    first: dict[str, Launch] = {}
+    for launch in analysis_launches(sm_count, rec):
+        first.setdefault(launch.kernel.__name__, launch)
+    return rec, first
+
+
 def inductor_writes(sm_count: int = DEFAULT_SM_COUNT) -> list[dict[str, object]]:
     """Inductor's TTIR analysis of each kernel at the arguments of analysis_launches(): the pointers it writes."""
     from triton.runtime import driver
@@ -719,9 +729,7 @@ def inductor_writes(sm_count: int = DEFAULT_SM_COUNT) -> list[dict[str, object]]
         def get_current_target(self):
             return TARGET
 
-    first: dict[str, Launch] = {}
-    for launch in analysis_launches(sm_count):
-        first.setdefault(launch.kernel.__name__, launch)
+    _, first = first_analysis_launches(sm_count)
     old = getattr(driver, "_active", None)
     driver.set_active(FakeDriver())
     results = []
@@ -755,13 +763,9 @@ def inductor_float_args(sm_count: int = DEFAULT_SM_COUNT) -> list[dict[str, obje
     float argument of a user kernel (to keep its precision), where a plain Triton launch types it fp32: the
     kernel must compile either way (a kernel that only compiles with fp32 scalars fails under torch.compile on
     a GPU only). Returns one entry per such kernel: its float arguments and the compile error, if any."""
-    rec = Compiler()
-    seen, results = set(), []
-    for launch in analysis_launches(sm_count, rec):
-        name = launch.kernel.__name__
-        if name in seen:
-            continue
-        seen.add(name)
+    rec, first = first_analysis_launches(sm_count)
+    results = []
+    for name, launch in first.items():
         kernel, signature, constexprs, attrs, options = rec.pending[launch.key][:5]
         floats = sorted(k for k, v in signature.items() if v in ("fp16", "bf16", "fp32"))
         if not floats:
