@@ -217,7 +217,7 @@ def _as_path(code, tmp: tempfile.TemporaryDirectory) -> Path:
     return Path(code)
 
 
-def functions_of(code) -> dict[str, S.Function]:
+def functions_of(code) -> Mapping[str, S.Function]:
     """Every function of the code's sm_90 SASS (cached per file / cubin); a `.sass` path is SASS text as cuobjdump
     printed it (then give the launch's regs and shared)."""
     key = _code_key(code)

@@ -37,7 +37,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Union
@@ -298,11 +298,48 @@ def _finish(name: str, raw: list[tuple[int, str]], labels: dict[str, int]) -> Fu
     return Function(name, instrs)
 
 
-def parse_sass(text: str) -> dict[str, Function]:
+class ParsedSass(Mapping[str, Function]):
+    """parse_sass's answer: the functions of a SASS listing by symbol. The listing is split into functions at once
+    (a regex per line); a function's instructions are parsed on first access, so a model that reads a few hundred
+    kernels of a listing with thousands pays for those alone."""
+
+    def __init__(self) -> None:
+        self._raw: dict[str, tuple[list[tuple[int, str]], dict[str, int]]] = {}
+        self._done: dict[str, Function] = {}
+
+    def _add(self, name: str, raw: list[tuple[int, str]], labels: dict[str, int]) -> None:
+        key, k = name, 1
+        while key in self._raw:
+            if self._raw[key] == (raw, labels) or self[key].instrs == _finish(name, raw, labels).instrs:
+                return  # the same code again (the same symbol in another translation unit)
+            k += 1
+            key = f"{name}#{k}"
+        self._raw[key] = (raw, labels)
+
+    def __getitem__(self, key: str) -> Function:
+        fn = self._done.get(key)
+        if fn is None:
+            raw, labels = self._raw[key]
+            fn = _finish(key, raw, labels)
+            self._done[key] = fn
+        return fn
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._raw
+
+
+def parse_sass(text: str) -> ParsedSass:
     """Functions of `cuobjdump -sass` output (one or many ELFs), by symbol. Also reads the disassembler's own
     output, where a function starts at its `.text.<name>:` label. A name that occurs again with different code
-    (the same symbol in two translation units) is kept as `<name>#2`, `<name>#3` ..."""
-    out: dict[str, Function] = {}
+    (the same symbol in two translation units) is kept as `<name>#2`, `<name>#3` ... Instructions are parsed when
+    a function is first looked up (ParsedSass)."""
+    out = ParsedSass()
     name: Optional[str] = None
     raw: list[tuple[int, str]] = []
     labels: dict[str, int] = {}
@@ -313,15 +350,7 @@ def parse_sass(text: str) -> dict[str, Function]:
             return
         for lab in pending:  # a label after the last instruction: the end of the function
             labels[lab] = raw[-1][0] + 16 if raw else 0
-        fn = _finish(name, raw, labels)
-        key, k = name, 1
-        while key in out:
-            if out[key].instrs == fn.instrs:
-                return
-            k += 1
-            key = f"{name}#{k}"
-        fn.name = key
-        out[key] = fn
+        out._add(name, raw, labels)
 
     for line in text.splitlines():
         m = _FUNC_RE.match(line) or _SECTION_RE.match(line)
