@@ -130,7 +130,7 @@ def _ci() -> bool:
 
 
 @pytest.fixture(scope="module")
-def model():
+def model(triton_store):
     from tools import cuda_resources as CR
 
     pytest.importorskip("triton.backends.nvidia")
@@ -145,6 +145,7 @@ def model():
         pytest.skip(f"{ext.name} is a CPU-only build: no CUDA kernels to model")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["GPUOPT_TRITON_STORE"] = str(triton_store)
     res = subprocess.run(
         [sys.executable, "-m", "tools.roofline", str(ext), "--json"],
         cwd=ROOT,

@@ -61,9 +61,10 @@ KERNELS = {
 
 
 @pytest.fixture(scope="module")
-def gate():
+def gate(triton_store):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["GPUOPT_TRITON_STORE"] = str(triton_store)
     res = subprocess.run(
         [sys.executable, "-m", "tools.triton_resources", "--json", "--checks"],
         cwd=ROOT,
@@ -159,3 +160,42 @@ def test_kernels_compile_with_inductor_typed_float_arguments(gate):
     }
     for r in floats:
         assert r["float_args"] == ["eps_hi", "eps_lo"] and r["error"] is None, r
+
+
+STORE_CHECK = r"""
+import sys
+from tools import triton_resources as TR
+
+class Kernel:
+    __name__ = "k"
+    cache_key = "source-hash"
+
+calls = []
+TR._compile_now = lambda job: calls.append(job) or (40, 0, 0, 0, 0, 4, b"cubin", "k")
+job = (Kernel(), {"x": "*fp32"}, {(1,): 128}, {}, {"flags": frozenset("abcdefgh")})
+other = (Kernel(), {"x": "*fp32"}, {(1,): 256}, {}, {"flags": frozenset("abcdefgh")})
+assert TR._store_path(job) is None and TR._compile(job) == TR._compile(job) and len(calls) == 2  # no store
+TR.os.environ[TR.STORE_ENV] = sys.argv[1]
+first = TR._compile(job)
+assert TR._compile(job) == first and len(calls) == 3, calls  # the second from the store
+assert TR._store_path(other) != TR._store_path(job)
+print(TR._store_path(job))
+"""
+
+
+def test_compile_store_returns_a_result_once_compiled(tmp_path):
+    """$GPUOPT_TRITON_STORE: a job compiles once per store; another constexpr is another entry; the path does not
+    depend on the process's set ordering (two processes with different hash seeds name the same file)."""
+    paths = set()
+    for seed in ("1", "2"):
+        res = subprocess.run(
+            [sys.executable, "-c", STORE_CHECK, str(tmp_path / seed)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+        paths.add(Path(res.stdout.strip()).name)
+    assert len(paths) == 1

@@ -44,10 +44,12 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import hashlib
 import io
 import json
 import multiprocessing
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -226,9 +228,62 @@ def _compile_job(i: int) -> tuple[int, int, int, int, int, int, bytes, str]:
     return _compile(_JOBS[i])
 
 
+# GPUOPT_TRITON_STORE=<folder>: a store of compile results (below) shared by the processes that name the same folder,
+# e.g. the Triton gate and the performance model in one test session, which compile many of the same variants.
+STORE_ENV = "GPUOPT_TRITON_STORE"
+
+
+def _canonical(v):
+    """repr-able form of an option value that is the same in every process (sets sorted)."""
+    if isinstance(v, (set, frozenset)):
+        return sorted(repr(_canonical(x)) for x in v)
+    if isinstance(v, dict):
+        return sorted((repr(k), _canonical(x)) for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return [_canonical(x) for x in v]
+    return v
+
+
+def _store_path(job) -> Optional[str]:
+    """Where the compile result of `job` is kept under $GPUOPT_TRITON_STORE (None without it): the file name
+    hashes the kernel's source and dependencies (JITFunction.cache_key), the signature, constexprs, specialization
+    attributes, options, the target and the triton version, i.e. everything the compile reads."""
+    folder = os.environ.get(STORE_ENV)
+    if not folder:
+        return None
+    kernel, signature, constexprs, attrs, options = job[:5]
+    ident = repr(
+        (
+            kernel.cache_key,
+            _canonical(signature),
+            _canonical(constexprs),
+            _canonical(attrs),
+            _canonical(options),
+            repr(TARGET),
+            triton.__version__,
+        )
+    )
+    return os.path.join(folder, f"{kernel.__name__}-{hashlib.sha256(ident.encode()).hexdigest()[:40]}.pkl")
+
+
 def _compile(job) -> tuple[int, int, int, int, int, int, bytes, str]:
-    """Compiles a job; returns (registers, spill stores, spill loads, stack frame, shared bytes, num_warps,
-    cubin, kernel symbol)."""
+    """Compiles a job (or takes its result from $GPUOPT_TRITON_STORE); returns (registers, spill stores, spill
+    loads, stack frame, shared bytes, num_warps, cubin, kernel symbol)."""
+    path = _store_path(job)
+    if path and os.path.isfile(path):
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    result = _compile_now(job)
+    if path:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(result, f)
+        os.replace(tmp, path)  # whole or absent, for a concurrent reader
+    return result
+
+
+def _compile_now(job) -> tuple[int, int, int, int, int, int, bytes, str]:
     from triton import knobs
 
     kernel, signature, constexprs, attrs, options = job[:5]
