@@ -10,7 +10,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # torchvision (tests/test_fuse.py) must match torch: 0.29.1 <-> torch 2.14.1 (the default), 0.26.0 <-> torch 2.11.0
 TV="${GPUOPT_TORCHVISION:-torchvision==0.29.1}"
-GPUOPT_EXTRA_PIP="pytest hypothesis expecttest scikit-learn tqdm matplotlib nvidia-cuda-cuobjdump liger-kernel==0.6.1 transformers==5.23.0 timm==1.0.31 $TV" \
+GPUOPT_EXTRA_PIP="pytest pytest-xdist==3.8.0 hypothesis expecttest scikit-learn tqdm matplotlib nvidia-cuda-cuobjdump liger-kernel==0.6.1 transformers==5.23.0 timm==1.0.31 $TV" \
   source "$ROOT/scripts/setup_env.sh"
 TREE="$ROOT/build/test-tree"
 # the emulator's compiled test extensions (tools/cuda_emu/build.py), kept between runs; keyed by torch + Python
@@ -23,7 +23,12 @@ find "$TREE" -mindepth 1 -maxdepth 1 ! -name .pytest_cache -exec rm -rf {} +
 cd "$TREE"
 echo "== pytest in $TREE on $("$VPY" -c 'import sys, torch, gpuopt_ops; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, gpuopt from {gpuopt_ops.__file__}")')"
 set +e
-"$VPY" -m pytest -q "$@"  # no paths given: pyproject.toml's testpaths (tests/)
+# One pytest-xdist worker per core (GPUOPT_TEST_WORKERS=N to choose; 1: one process). --dist loadgroup keeps the
+# files that share a costly fixture on one worker (tests/conftest.py). A later `-n` among the arguments wins.
+WORKERS="${GPUOPT_TEST_WORKERS:-auto}"
+XDIST=()
+if [ "$WORKERS" != "1" ] && [ "$WORKERS" != "0" ]; then XDIST=(-n "$WORKERS" --dist loadgroup); fi
+"$VPY" -m pytest -q "${XDIST[@]}" "$@"  # no paths given: pyproject.toml's testpaths (tests/)
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -23,6 +23,42 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+# Files whose tests share one costly module fixture (a subprocess that compiles or reads every kernel, an extension
+# build, a torchrun launch), and their group. Under pytest-xdist with `--dist loadgroup` (scripts/run_tests.sh) a
+# group's tests run on one worker, so the fixture is built once, not once per worker; every other test is a unit
+# of its own. The performance model and the Triton gate share a group: they compile many of the same Triton
+# variants, and the second takes them from the first's store (the triton_store fixture).
+XDIST_GROUPS = {
+    "test_roofline.py": "triton_compile",
+    "test_static_gate_triton.py": "triton_compile",
+    "test_emulator_runtime.py": "emulator_runtime",
+    "test_train.py": "train",
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup with the groups of XDIST_GROUPS (by file). xdist's own reading of `xdist_group` marks (a
+    suffix on the node id) has no effect under pytest 9.2, whose node ids are no longer a settable string; the
+    groups here do not depend on it. The largest groups are handed out first."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return XDIST_GROUPS.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1], nodeid)
+
+    return FileGroupScheduling(config, log)
+
+
+@pytest.fixture(scope="session")
+def triton_store(tmp_path_factory):
+    """$GPUOPT_TRITON_STORE for the subprocesses of the Triton gate and the performance model: the compile results
+    of tools.triton_resources, shared within this test process (one xdist worker)."""
+    return tmp_path_factory.getbasetemp() / "triton-store"
+
+
 # hypothesis profiles (tests/test_fuzz.py): `dev` by default (small, derandomized: the same examples every run),
 # `ci` under CI=true (more examples where they are cheap: the C++ and GPU backends; the interpreter keeps its own
 # small count), `long` for a deep random search: `pytest tests/test_fuzz.py --hypothesis-profile=long`.
