@@ -136,7 +136,7 @@ if [ "$BUILD_OK" = 1 ]; then
   # the cuda- and triton_gpu-marked tests: the cuda and triton backends of tests/backends.py in every test file
   # several workers where pytest-xdist is installed: most of this step is Triton compiling kernels on the CPUs
   XDIST=""
-  if "$PY" -c "import xdist" 2>/dev/null; then XDIST="-n ${GPU_CHECK_TEST_WORKERS:-8}"; fi
+  if "$PY" -c "import xdist" 2>/dev/null; then XDIST="-n ${GPU_CHECK_TEST_WORKERS:-8} --dist loadgroup"; fi
   # one hung test must not eat the step: pytest-timeout, where installed, fails it after 90 s
   PYTIMEOUT=""
   if "$PY" -c "import pytest_timeout" 2>/dev/null; then PYTIMEOUT="--timeout=90"; fi
