@@ -15,6 +15,7 @@
 #include "cpu/dropout_mask.h"
 #include "cpu/huge_pages.h"
 #include "cpu/row_blocks.h"
+#include "cpu/row_io.h"
 #include "cpu/row_kernels.h"
 #include "dispatch.h"
 #include "torch_stable.h"
@@ -22,56 +23,11 @@
 namespace gpuopt {
 namespace {
 
-// A parameter row (or its absence) in acc_t, once per call.
-template <typename acc_t, typename param_t>
-std::vector<acc_t> param_row(const Tensor& t, int64_t N, acc_t absent) {
-  std::vector<acc_t> row(N, absent);
-  if (t.defined()) {
-    const param_t* p = data_as<const param_t>(t);
-    for (int64_t j = 0; j < N; ++j) row[j] = static_cast<acc_t>(p[j]);
-  }
-  return row;
-}
-
-// Sum over j of f(j) in 4 interleaved partial sums combined in a fixed order.
-template <typename acc_t, typename F>
-acc_t sum4(int64_t n, const F& f) {
-  acc_t s[4] = {0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    s[0] += f(j);
-    s[1] += f(j + 1);
-    s[2] += f(j + 2);
-    s[3] += f(j + 3);
-  }
-  for (int k = 0; j < n; ++j, ++k) s[k] += f(j);
-  return (s[0] + s[1]) + (s[2] + s[3]);
-}
-
 int64_t read_seed(const Tensor& seed) { return *data_as<const int64_t>(seed); }
 
 // ------------------------------------------------------------------------------------------ fp32 fast path
 // fp32 / bf16 / fp16 x: rows are handled in fp32 by the vectorized row kernels of cpu/row_kernels.h. fp32 rows are
-// read and written in place; 16-bit rows go through per-thread fp32 buffers (converted once each way).
-inline const float* load_row(const float* src, float* /*buf*/, int64_t /*n*/) { return src; }
-template <typename T>
-const float* load_row(const T* src, float* buf, int64_t n) {
-  cpu::to_float(src, buf, n);
-  return buf;
-}
-inline float* result_row(float* dst, float* /*buf*/) { return dst; }
-template <typename T>
-float* result_row(T* /*dst*/, float* buf) {
-  return buf;
-}
-inline void store_row(float* /*dst*/, const float* /*buf*/, int64_t /*n*/) {}
-template <typename T>
-void store_row(T* dst, const float* buf, int64_t n) {
-  cpu::from_float(buf, dst, n);
-}
-
-// Rows per dropout tile: the uniforms of R * N consecutive elements come from one call.
-inline int64_t tile_rows(int64_t N) { return std::max<int64_t>(1, 2048 / N); }
+// read and written in place; 16-bit rows go through per-thread fp32 buffers (converted once each way; cpu/row_io.h).
 
 template <typename scalar_t, typename param_t, typename sum_t>
 void dan_forward_fp32(const DanArgs& a, int64_t seed, Tensor& out, Tensor& sum, Tensor& mean, Tensor& rstd) {

@@ -16,38 +16,13 @@
 #include "checks.h"
 #include "cpu/dropout_mask.h"
 #include "cpu/row_blocks.h"
+#include "cpu/row_io.h"
 #include "cpu/row_kernels.h"
 #include "dispatch.h"
 #include "torch_stable.h"
 
 namespace gpuopt {
 namespace {
-
-// Converts a parameter row (or its absence) to acc_t once per call: the row loops then need no branches.
-template <typename acc_t, typename param_t>
-std::vector<acc_t> param_row(const Tensor& t, int64_t N, acc_t absent) {
-  std::vector<acc_t> row(N, absent);
-  if (t.defined()) {
-    const param_t* p = data_as<const param_t>(t);
-    for (int64_t j = 0; j < N; ++j) row[j] = static_cast<acc_t>(p[j]);
-  }
-  return row;
-}
-
-// Sum over j of f(j), in 4 interleaved partial sums (as a 4-lane vector would), then combined in a fixed order.
-template <typename acc_t, typename F>
-acc_t sum4(int64_t n, const F& f) {
-  acc_t s[4] = {0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    s[0] += f(j);
-    s[1] += f(j + 1);
-    s[2] += f(j + 2);
-    s[3] += f(j + 3);
-  }
-  for (int k = 0; j < n; ++j, ++k) s[k] += f(j);
-  return (s[0] + s[1]) + (s[2] + s[3]);
-}
 
 template <typename acc_t>
 acc_t row_sum(const acc_t* v, int64_t n) {
@@ -74,28 +49,7 @@ void row_stats(const acc_t* v, int64_t n, double eps, acc_t& mean, acc_t& rstd) 
 }
 
 // ------------------------------------------------------------------------------------------ fp32 fast path
-// Rows are read as fp32: fp32 rows in place, bf16/fp16 rows converted into a per-thread buffer.
-inline const float* load_row(const float* src, float* /*buf*/, int64_t /*n*/) { return src; }
-template <typename T>
-const float* load_row(const T* src, float* buf, int64_t n) {
-  cpu::to_float(src, buf, n);
-  return buf;
-}
-// Where a row's fp32 result is written: in place for fp32 outputs, else a buffer that store_row converts.
-inline float* result_row(float* dst, float* /*buf*/) { return dst; }
-template <typename T>
-float* result_row(T* /*dst*/, float* buf) {
-  return buf;
-}
-inline void store_row(float* /*dst*/, const float* /*buf*/, int64_t /*n*/) {}
-template <typename T>
-void store_row(T* dst, const float* buf, int64_t n) {
-  cpu::from_float(buf, dst, n);
-}
-
-// Rows per dropout tile: the uniforms of a tile's R * N consecutive elements come from one call, so small N
-// does not waste the 8-call (64-element) batches of the AVX2 Philox.
-inline int64_t tile_rows(int64_t N) { return std::max<int64_t>(1, 2048 / N); }
+// Rows are read as fp32 (cpu/row_io.h: fp32 rows in place, bf16/fp16 rows through a per-thread buffer).
 
 template <typename scalar_t, typename param_t>
 void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, Tensor& out, Tensor& mean, Tensor& rstd) {
