@@ -40,21 +40,16 @@ import triton.language as tl
 from . import layer_norm_dropout_relu as _LDR
 from .common import (
     INTERPRETED,
-    column_groups,
-    device_guard,
-    device_sm_count,
     launch_directly,
-    launch_sum_partials,
     num_warps_for,
-    partial_slab,
-    persistent_programs,
-    programs_per_sm,
     to_acc,
     to_out,
 )
 from .rows import (
     dropout_threshold,
     eps_pair,
+    launch_rows_backward,
+    launch_rows_forward,
     row_div,
     row_dropout_scale,
     row_eps,
@@ -523,19 +518,10 @@ def launch_forward(
     b = bias if bias is not None else x
     mu = mean if not rms else rstd  # never written for RMSNorm
     args = (x, r, w, b, seed, out, sum_, mu, rstd, m, n, eps_hi, eps_lo, t)
-    with device_guard(x.device):
-        if cfg.fused:
-            kwargs.update(
-                BLOCK_M=cfg.block_m,
-                CHUNKS=cfg.chunks,
-                HOIST_PARAMS=cfg.block_m > 1 or cfg.num_warps == 16,
-                EVEN_N=cfg.chunks * cfg.block_n == n,
-            )
-            per_sm = programs_per_sm(dan_fwd_fused_kernel, x.device, args, kwargs, facts)
-            grid = (persistent_programs(triton.cdiv(m, cfg.block_m), x.device, per_sm, sm_count),)
-            wrap(dan_fwd_fused_kernel)[grid](*args, **kwargs)
-        else:
-            wrap(dan_fwd_looped_kernel)[(m,)](*args, **kwargs)
+    launch_rows_forward(
+        dan_fwd_fused_kernel, dan_fwd_looped_kernel, cfg, m, n, x.device, args, kwargs,
+        wrap=wrap, sm_count=sm_count, facts=facts,
+    )  # fmt: skip
 
 
 def launch_backward(
@@ -592,51 +578,15 @@ def launch_backward(
     dres = grad_res if grad_res is not None else grad_x  # never written without a residual
     w = weight if has_w else sum_
     mu = mean if not rms else rstd  # never read for RMSNorm
-    num_tiles = triton.cdiv(m, cfg.block_m)
-    sets = int(has_w) + int(has_b)
-    placeholder = torch.empty((1,), dtype=acc, device=sum_.device)  # the partial pointers' dtype, for the facts
-    with device_guard(sum_.device):
-        if cfg.fused:
-            kernel = dan_bwd_fused_kernel
-            kwargs["CHUNKS"] = cfg.chunks
-            args = [grad_out, gs, sum_, w, mu, rstd, seed, grad_x, dres, placeholder, placeholder, m, n, t]
-            groups = persistent_programs(
-                num_tiles, sum_.device, programs_per_sm(kernel, sum_.device, args, kwargs, facts), sm_count
-            )
-            grid = (groups,)
-        else:  # grid (column chunks, groups): the SMs' programs spread over the chunks
-            kernel = dan_bwd_chunk_kernel
-            c1 = torch.empty((m,), dtype=acc, device=sum_.device)
-            c2 = torch.empty((m,), dtype=acc, device=sum_.device)
-            args = [grad_out, gs, sum_, w, mu, rstd, seed, c1, c2, grad_x, dres, placeholder, placeholder, m, n, t]
-            chunks = triton.cdiv(n, cfg.block_n)
-            sms = sm_count if sm_count is not None else device_sm_count(sum_.device)
-            resident = sms * programs_per_sm(kernel, sum_.device, args, kwargs, facts)
-            groups = persistent_programs(num_tiles, sum_.device, 1, column_groups(chunks, resident, sms))
-            grid = (chunks, groups)
-        slab = partial_slab(groups, n)
-        partial = torch.empty((max(1, sets) * slab,), dtype=acc, device=sum_.device)
-        pdw = partial[:slab] if has_w else placeholder
-        pdb = partial[(sets - 1) * slab :] if has_b else placeholder
-        args[-5], args[-4] = pdw, pdb  # the PDW, PDB arguments
-        if not cfg.fused:
-            wrap(dan_bwd_row_coef_kernel)[(m,)](
-                grad_out,
-                sum_,
-                w,
-                mu,
-                rstd,
-                c1,
-                c2,
-                m,
-                n,
-                HAS_W=has_w,
-                RMS=bool(rms),
-                IS_FP64=is_fp64,
-                BLOCK_N=cfg.block_n,
-                num_warps=num_warps_for(cfg.block_n, 8),
-            )
-        wrap(kernel)[grid](*args, **kwargs)
-        outs = [g for g, has in ((grad_w, has_w), (grad_b, has_b)) if has]
-        if outs:
-            launch_sum_partials(partial, outs, groups, n, wrap=wrap)
+    head = (grad_out, gs, sum_, w, mu, rstd, seed)
+
+    def launch_coef(c1, c2):
+        wrap(dan_bwd_row_coef_kernel)[(m,)](
+            grad_out, sum_, w, mu, rstd, c1, c2, m, n,
+            HAS_W=has_w, RMS=bool(rms), IS_FP64=is_fp64, BLOCK_N=cfg.block_n, num_warps=num_warps_for(cfg.block_n, 8),
+        )  # fmt: skip
+
+    launch_rows_backward(
+        dan_bwd_fused_kernel, dan_bwd_chunk_kernel, launch_coef, cfg, m, n, sum_.device, acc, head, (grad_x, dres), t,
+        grad_w if has_w else None, grad_b if has_b else None, kwargs, wrap=wrap, sm_count=sm_count, facts=facts,
+    )  # fmt: skip

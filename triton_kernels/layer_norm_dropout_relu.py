@@ -84,15 +84,8 @@ import triton.language as tl
 
 from .common import (
     INTERPRETED,
-    column_groups,
-    device_guard,
-    device_sm_count,
     launch_directly,
-    launch_sum_partials,
     num_warps_for,
-    partial_slab,
-    persistent_programs,
-    programs_per_sm,
     to_acc,
     to_out,
 )
@@ -103,6 +96,8 @@ from .rows import (  # noqa: F401  (LdrConfig, dropout_threshold, eps_pair, row_
     LdrConfig,
     dropout_threshold,
     eps_pair,
+    launch_rows_backward,
+    launch_rows_forward,
     row_chunks,
     row_div,
     row_dropout_scale,
@@ -830,23 +825,10 @@ def launch_forward(
     w = weight if weight is not None else x  # never read when HAS_W is False
     b = bias if bias is not None else x
     args = (x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t)
-    with device_guard(x.device):
-        if cfg.fused:
-            # weight and bias held across the persistent loop (converted to the accumulation dtype once) for short
-            # rows (several per tile): there a tile's parameter loads, conversions and layout conversions are a
-            # large share of its work; and at 16 warps (N > 8192), where one program per SM is resident anyway.
-            # Other long rows amortize them, and holding them would cost the registers of a resident program.
-            kwargs.update(
-                BLOCK_M=cfg.block_m,
-                CHUNKS=cfg.chunks,
-                HOIST_PARAMS=cfg.block_m > 1 or cfg.num_warps == 16,
-                EVEN_N=cfg.chunks * cfg.block_n == n,
-            )
-            per_sm = programs_per_sm(ldr_fwd_fused_kernel, x.device, args, kwargs, facts)
-            grid = (persistent_programs(triton.cdiv(m, cfg.block_m), x.device, per_sm, sm_count),)
-            wrap(ldr_fwd_fused_kernel)[grid](*args, **kwargs)
-        else:
-            wrap(ldr_fwd_looped_kernel)[(m,)](*args, **kwargs)
+    launch_rows_forward(
+        ldr_fwd_fused_kernel, ldr_fwd_looped_kernel, cfg, m, n, x.device, args, kwargs,
+        wrap=wrap, sm_count=sm_count, facts=facts,
+    )  # fmt: skip
 
 
 def launch_backward(
@@ -901,38 +883,14 @@ def launch_backward(
     )
     w = weight if has_w else x
     b = bias if has_b else x
-    num_tiles = triton.cdiv(m, cfg.block_m)
-    sets = int(has_w) + int(has_b)
-    placeholder = torch.empty((1,), dtype=acc, device=x.device)  # the partial pointers' dtype, for the facts
-    with device_guard(x.device):
-        if cfg.fused:
-            kernel = ldr_bwd_fused_kernel
-            kwargs["CHUNKS"] = cfg.chunks
-            args = [grad_out, x, w, b, mean, rstd, seed, grad_x, placeholder, placeholder, m, n, t]
-            groups = persistent_programs(
-                num_tiles, x.device, programs_per_sm(kernel, x.device, args, kwargs, facts), sm_count
-            )
-            grid = (groups,)
-        else:  # the chunk kernel's grid is (column chunks, groups): spread the SMs' programs over the chunks
-            kernel = ldr_bwd_chunk_kernel
-            c1 = torch.empty((m,), dtype=acc, device=x.device)
-            c2 = torch.empty((m,), dtype=acc, device=x.device)
-            args = [grad_out, x, w, b, mean, rstd, seed, c1, c2, grad_x, placeholder, placeholder, m, n, t]
-            chunks = triton.cdiv(n, cfg.block_n)
-            sms = sm_count if sm_count is not None else device_sm_count(x.device)
-            resident = sms * programs_per_sm(kernel, x.device, args, kwargs, facts)
-            groups = persistent_programs(num_tiles, x.device, 1, column_groups(chunks, resident, sms))
-            grid = (chunks, groups)
-        slab = partial_slab(groups, n)
-        partial = torch.empty((max(1, sets) * slab,), dtype=acc, device=x.device)
-        pdw = partial[:slab] if has_w else placeholder
-        pdb = partial[(sets - 1) * slab :] if has_b else placeholder
-        args[-5], args[-4] = pdw, pdb  # the PDW, PDB arguments
-        if not cfg.fused:
-            coef_kwargs = {k: v for k, v in kwargs.items() if k != "BLOCK_M"}
-            coef_kwargs["num_warps"] = num_warps_for(cfg.block_n, 8)
-            wrap(ldr_bwd_row_coef_kernel)[(m,)](*args[:7], c1, c2, m, n, t, **coef_kwargs)
-        wrap(kernel)[grid](*args, **kwargs)
-        outs = [g for g, has in ((grad_w, has_w), (grad_b, has_b)) if has]
-        if outs:
-            launch_sum_partials(partial, outs, groups, n, wrap=wrap)
+    head = (grad_out, x, w, b, mean, rstd, seed)
+    coef_kwargs = {k: v for k, v in kwargs.items() if k != "BLOCK_M"}
+    coef_kwargs["num_warps"] = num_warps_for(cfg.block_n, 8)
+
+    def launch_coef(c1, c2):
+        wrap(ldr_bwd_row_coef_kernel)[(m,)](*head, c1, c2, m, n, t, **coef_kwargs)
+
+    launch_rows_backward(
+        ldr_bwd_fused_kernel, ldr_bwd_chunk_kernel, launch_coef, cfg, m, n, x.device, acc, head, (grad_x,), t,
+        grad_w if has_w else None, grad_b if has_b else None, kwargs, wrap=wrap, sm_count=sm_count, facts=facts,
+    )  # fmt: skip

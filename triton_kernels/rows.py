@@ -13,10 +13,20 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 import triton
 import triton.language as tl
 
-from .common import num_warps_for
+from .common import (
+    column_groups,
+    device_guard,
+    device_sm_count,
+    launch_sum_partials,
+    num_warps_for,
+    partial_slab,
+    persistent_programs,
+    programs_per_sm,
+)
 
 
 # ----------------------------------------------------------------------------------------------- jit helpers
@@ -274,3 +284,92 @@ def row_fused_config(
     block_m = max(1, min(block_m, 16 * 32 * chunk_per_thread // block_n))
     warps = max(1, min(16, block_m * block_n // (32 * chunk_per_thread)))
     return LdrConfig(True, block_m, block_n, warps, True, chunks)
+
+
+# ----------------------------------------------------------------------------------------------- launches
+def launch_rows_forward(
+    fused_kernel, looped_kernel, cfg, m: int, n: int, device, args, kwargs, *, wrap, sm_count, facts
+):
+    """The forward launch of a row-normalization op (cfg from its forward_config): the single-block kernel, persistent
+    over cdiv(m, BLOCK_M) row tiles (SMs x its resident programs per SM: common.programs_per_sm, `facts` replacing
+    the compiled-kernel query), or the looped kernel, a program a row. The single-block kernel holds weight and
+    bias across its persistent loop (converted to the accumulation dtype once) for short rows (several per tile),
+    where a tile's parameter loads and conversions are a large share of its work, and at 16 warps (N > 8192),
+    where one program per SM is resident anyway; other long rows amortize them, and holding them would cost the
+    registers of a resident program."""
+    with device_guard(device):
+        if cfg.fused:
+            kwargs.update(
+                BLOCK_M=cfg.block_m,
+                CHUNKS=cfg.chunks,
+                HOIST_PARAMS=cfg.block_m > 1 or cfg.num_warps == 16,
+                EVEN_N=cfg.chunks * cfg.block_n == n,
+            )
+            per_sm = programs_per_sm(fused_kernel, device, args, kwargs, facts)
+            grid = (persistent_programs(triton.cdiv(m, cfg.block_m), device, per_sm, sm_count),)
+            wrap(fused_kernel)[grid](*args, **kwargs)
+        else:
+            wrap(looped_kernel)[(m,)](*args, **kwargs)
+
+
+def launch_rows_backward(
+    fused_kernel,
+    chunk_kernel,
+    launch_coef,
+    cfg,
+    m: int,
+    n: int,
+    device,
+    acc: torch.dtype,
+    head,
+    outs,
+    threshold: int,
+    grad_w,
+    grad_b,
+    kwargs,
+    *,
+    wrap,
+    sm_count,
+    facts,
+) -> None:
+    """The backward launches of a row-normalization op (cfg from its backward_config; grad_w / grad_b None where
+    the op has no weight / bias; kwargs the kernels' constexprs and num_warps). The kernels take
+    (*head, [c1, c2,] *outs, PDW, PDB, M, N, threshold): head the inputs, outs the gradients they write, c1 / c2
+    the chunk kernel's per-row coefficients, which launch_coef(c1, c2) computes first. The single-block kernel is
+    persistent over the row tiles; the chunk kernel's grid is (column chunks, groups), the SMs' programs spread
+    over the chunks. The dgamma / dbeta partials go to one buffer of (groups, N) sets in the accumulation dtype,
+    reduced in a fixed order by one stage-2 launch: groups, and with it the bits of dgamma / dbeta, is fixed by
+    (shape, dtype, device)."""
+    has_w, has_b = grad_w is not None, grad_b is not None
+    num_tiles = triton.cdiv(m, cfg.block_m)
+    sets = int(has_w) + int(has_b)
+    placeholder = torch.empty((1,), dtype=acc, device=device)  # the partial pointers' dtype, for the facts
+    with device_guard(device):
+        if cfg.fused:
+            kernel = fused_kernel
+            kwargs["CHUNKS"] = cfg.chunks
+            args = [*head, *outs, placeholder, placeholder, m, n, threshold]
+            groups = persistent_programs(
+                num_tiles, device, programs_per_sm(kernel, device, args, kwargs, facts), sm_count
+            )
+            grid = (groups,)
+        else:
+            kernel = chunk_kernel
+            c1 = torch.empty((m,), dtype=acc, device=device)
+            c2 = torch.empty((m,), dtype=acc, device=device)
+            args = [*head, c1, c2, *outs, placeholder, placeholder, m, n, threshold]
+            chunks = triton.cdiv(n, cfg.block_n)
+            sms = sm_count if sm_count is not None else device_sm_count(device)
+            resident = sms * programs_per_sm(kernel, device, args, kwargs, facts)
+            groups = persistent_programs(num_tiles, device, 1, column_groups(chunks, resident, sms))
+            grid = (chunks, groups)
+        slab = partial_slab(groups, n)
+        partial = torch.empty((max(1, sets) * slab,), dtype=acc, device=device)
+        args[-5] = partial[:slab] if has_w else placeholder  # PDW
+        args[-4] = partial[(sets - 1) * slab :] if has_b else placeholder  # PDB
+        if not cfg.fused:
+            launch_coef(c1, c2)
+        wrap(kernel)[grid](*args, **kwargs)
+        sums = [g for g in (grad_w, grad_b) if g is not None]
+        if sums:
+            launch_sum_partials(partial, sums, groups, n, wrap=wrap)
