@@ -27,6 +27,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 VPY="$VENV/bin/python"
 # Dependencies: installed once per venv and list (a stamp of what was asked for), so a warm run asks pip nothing.
+# --no-compile: pip would byte-compile all ~14k Python files of torch and the extras (about a minute of CPU);
+# Python compiles the modules a program imports, once, when it first imports them.
 # One stamp per list: run_main.sh and run_tests.sh ask for different extras and both stay satisfied.
 DEPS="$TORCH_SPEC numpy ninja setuptools>=77 wheel ${GPUOPT_EXTRA_PIP:-} ${GPUOPT_PIP_INDEX:-}"
 DEPS_STAMP="$VENV/.gpuopt_deps_$(echo "$DEPS" | sha256sum | cut -c1-16)"
@@ -38,10 +40,10 @@ else
     echo "== installing $TORCH_SPEC into $VENV"
     "$VPY" -m pip install -q --upgrade pip >/dev/null
     # shellcheck disable=SC2086
-    "$VPY" -m pip install -q ${GPUOPT_PIP_INDEX:+--index-url "$GPUOPT_PIP_INDEX"} $TORCH_SPEC
+    "$VPY" -m pip install -q --no-compile ${GPUOPT_PIP_INDEX:+--index-url "$GPUOPT_PIP_INDEX"} $TORCH_SPEC
   fi
   # shellcheck disable=SC2086
-  "$VPY" -m pip install -q numpy ninja "setuptools>=77" wheel ${GPUOPT_EXTRA_PIP:-}
+  "$VPY" -m pip install -q --no-compile numpy ninja "setuptools>=77" wheel ${GPUOPT_EXTRA_PIP:-}
   echo "$DEPS" > "$DEPS_STAMP"
 fi
 if [ "${GPUOPT_DEPS_ONLY:-0}" = "1" ]; then
