@@ -6,13 +6,19 @@
 # machine's stack (Python 3.12, torch 2.11, triton 3.6) in its own venv, with the same wheel:
 #   GPUOPT_VENV=.venv-torch2.11 PYTHON=python3.12 GPUOPT_TORCH_SPEC="torch==2.11.0 triton==3.6.0" \
 #   GPUOPT_TORCHVISION=torchvision==0.26.0 bash scripts/run_tests.sh
+# Knobs of this script: GPUOPT_TEST_WORKERS (below), GPUOPT_TEST_TREE (the copy pytest runs in, default
+# build/test-tree; two runs at once need two), GPUOPT_SETUP_ONLY=1 (stop once the wheel is installed).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # torchvision (tests/test_fuse.py) must match torch: 0.29.1 <-> torch 2.14.1 (the default), 0.26.0 <-> torch 2.11.0
 TV="${GPUOPT_TORCHVISION:-torchvision==0.29.1}"
 GPUOPT_EXTRA_PIP="pytest pytest-xdist==3.8.0 hypothesis expecttest scikit-learn tqdm matplotlib nvidia-cuda-cuobjdump liger-kernel==0.6.1 transformers==5.23.0 timm==1.0.31 $TV" \
   source "$ROOT/scripts/setup_env.sh"
-TREE="$ROOT/build/test-tree"
+if [ "${GPUOPT_SETUP_ONLY:-0}" = "1" ]; then
+  echo "== GPUOPT_SETUP_ONLY=1: set up, no tests"
+  exit 0
+fi
+TREE="${GPUOPT_TEST_TREE:-$ROOT/build/test-tree}"
 # the emulator's compiled test extensions (tools/cuda_emu/build.py), kept between runs; keyed by torch + Python
 export GPUOPT_EMU_BUILD_DIR="${GPUOPT_EMU_BUILD_DIR:-$ROOT/build/cuda-emu}"
 mkdir -p "$TREE"
