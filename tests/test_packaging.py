@@ -208,3 +208,21 @@ def test_no_module_imports_another_modules_private_names():
                         if a.name.startswith("_") and a.name != "_C"
                     ]
     assert offenders == []
+
+
+@pytest.mark.slow  # two pytest-xdist workers start
+def test_xdist_groups_keep_a_file_on_one_worker():
+    """scripts/run_tests.sh runs `-n N --dist loadgroup`: the files of conftest.XDIST_GROUPS run on one worker (the
+    scheduler in tests/conftest.py), the other tests spread over the workers."""
+    pytest.importorskip("xdist")
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "-v",
+         "tests/test_roofline.py", "tests/test_sass.py", "-k", "wave_efficiency or trips_are_required or mem_bytes"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    ran = re.findall(r"\[(gw\d+)\].*PASSED (tests/\S+)", res.stdout)
+    grouped = {gw for gw, test in ran if test.startswith("tests/test_roofline.py")}
+    others = {gw for gw, test in ran if test.startswith("tests/test_sass.py")}
+    assert len(grouped) == 1 and len([t for _, t in ran if "test_roofline" in t]) == 2, res.stdout
+    assert others == {"gw0", "gw1"}, res.stdout  # the ungrouped tests did spread
