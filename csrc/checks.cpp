@@ -151,27 +151,67 @@ void check_act(const char* op, int64_t act) {
 
 }  // namespace
 
-LdrArgs check_ldr_forward(const Tensor& x, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
-                          const Tensor& seed, double p, double eps) {
-  const char* op = "layer_norm_dropout_relu";
+namespace {
+
+LdrArgs check_norm_forward(const char* op, const Tensor& x, const std::optional<Tensor>& weight,
+                           const std::optional<Tensor>& bias, const Tensor& seed, double p, double eps, bool rms,
+                           bool relu) {
   LdrArgs a = check_ldr_common(op, x, weight, bias, seed, p);
   GPUOPT_CHECK(eps > 0.0 && std::isfinite(eps), "gpuopt.", op, ": eps must be a finite number > 0, got ", eps);
+  a.rms = rms;
+  a.relu = relu;
   return a;
 }
 
-LdrBackwardArgs check_ldr_backward(const Tensor& grad_out, const Tensor& x, const std::optional<Tensor>& weight,
-                                   const std::optional<Tensor>& bias, const Tensor& mean, const Tensor& rstd,
-                                   const Tensor& seed, double p) {
-  const char* op = "layer_norm_dropout_relu_backward";
+LdrBackwardArgs check_norm_backward(const char* op, const Tensor& grad_out, const Tensor& x,
+                                    const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                                    const Tensor& mean, const Tensor& rstd, const Tensor& seed, double p, bool rms,
+                                    bool relu) {
   LdrBackwardArgs b;
   b.fwd = check_ldr_common(op, x, weight, bias, seed, p);
+  b.fwd.rms = rms;
+  b.fwd.relu = relu;
   check_same(op, "grad_out", grad_out, "x", x);
-  check_vector(op, "mean", mean, x, b.fwd.M, b.fwd.acc_dtype);
+  if (rms) {
+    check_device(op, "mean", mean, x);
+    GPUOPT_CHECK(mean.scalar_type() == b.fwd.acc_dtype, "gpuopt.", op, ": mean must have dtype ",
+                 dtype_name(b.fwd.acc_dtype), ", got ", dtype_name(mean.scalar_type()));
+    GPUOPT_CHECK(mean.dim() == 1 && mean.size(0) == 0, "gpuopt.", op,
+                 ": mean must have shape (0,) when rms is true, got ", shape_str(mean.sizes()));
+  } else {
+    check_vector(op, "mean", mean, x, b.fwd.M, b.fwd.acc_dtype);
+  }
   check_vector(op, "rstd", rstd, x, b.fwd.M, b.fwd.acc_dtype);
   b.grad_out = as_contiguous(grad_out);
   b.mean = as_contiguous(mean);
   b.rstd = as_contiguous(rstd);
   return b;
+}
+
+}  // namespace
+
+LdrArgs check_ldr_forward(const Tensor& x, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                          const Tensor& seed, double p, double eps) {
+  return check_norm_forward("layer_norm_dropout_relu", x, weight, bias, seed, p, eps, false, true);
+}
+
+LdrBackwardArgs check_ldr_backward(const Tensor& grad_out, const Tensor& x, const std::optional<Tensor>& weight,
+                                   const std::optional<Tensor>& bias, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& seed, double p) {
+  return check_norm_backward("layer_norm_dropout_relu_backward", grad_out, x, weight, bias, mean, rstd, seed, p, false,
+                             true);
+}
+
+LdrArgs check_norm_dropout(const Tensor& x, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                           const Tensor& seed, double p, double eps, bool rms, bool relu) {
+  return check_norm_forward("norm_dropout", x, weight, bias, seed, p, eps, rms, relu);
+}
+
+LdrBackwardArgs check_norm_dropout_backward(const Tensor& grad_out, const Tensor& x,
+                                            const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                                            const Tensor& mean, const Tensor& rstd, const Tensor& seed, double p,
+                                            bool rms, bool relu) {
+  return check_norm_backward("norm_dropout_backward", grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu);
 }
 
 BiasReluArgs check_bias_relu(const Tensor& x, const Tensor& bias) {

@@ -18,6 +18,8 @@ struct LdrArgs {
   DropoutParams dropout{};
   ScalarType acc_dtype = kFloat;    // dtype of mean / rstd
   ScalarType param_dtype = kFloat;  // dtype of grad_weight / grad_bias
+  bool rms = false;                 // norm_dropout: RMSNorm (mean is (0,)); layer_norm_dropout_relu: false
+  bool relu = true;                 // norm_dropout: ReLU after the dropout; layer_norm_dropout_relu: true
 };
 
 LdrArgs check_ldr_forward(const Tensor& x, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
@@ -32,6 +34,15 @@ struct LdrBackwardArgs {
 LdrBackwardArgs check_ldr_backward(const Tensor& grad_out, const Tensor& x, const std::optional<Tensor>& weight,
                                    const std::optional<Tensor>& bias, const Tensor& mean, const Tensor& rstd,
                                    const Tensor& seed, double p);
+
+// norm_dropout: layer_norm_dropout_relu's checks under its own name, plus the norm and activation flags.
+LdrArgs check_norm_dropout(const Tensor& x, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                           const Tensor& seed, double p, double eps, bool rms, bool relu);
+// mean is (M,) for LayerNorm, (0,) when rms.
+LdrBackwardArgs check_norm_dropout_backward(const Tensor& grad_out, const Tensor& x,
+                                            const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                                            const Tensor& mean, const Tensor& rstd, const Tensor& seed, double p,
+                                            bool rms, bool relu);
 
 struct BiasReluArgs {
   Tensor x, bias;  // contiguous

@@ -49,6 +49,18 @@ GPUOPT_HD acc_t ldr_backward_element(acc_t g, acc_t y, bool keep, acc_t scale) {
   return (keep && y > acc_t(0)) ? g * scale : acc_t(0);
 }
 
+// norm_dropout's elements: layer_norm_dropout_relu's with the ReLU optional (relu = false: the dropout alone).
+// relu = true gives ldr_forward_element / ldr_backward_element bit for bit.
+template <typename acc_t>
+GPUOPT_HD acc_t nd_forward_element(acc_t y, bool keep, acc_t scale, bool relu) {
+  return keep ? ((relu && y <= acc_t(0)) ? acc_t(0) : y * scale) : acc_t(0);
+}
+
+template <typename acc_t>
+GPUOPT_HD acc_t nd_backward_element(acc_t g, acc_t y, bool keep, acc_t scale, bool relu) {
+  return (keep && (!relu || y > acc_t(0))) ? g * scale : acc_t(0);
+}
+
 template <typename acc_t>
 GPUOPT_HD acc_t bias_relu_forward_element(acc_t x, acc_t b) {
   const acc_t y = x + b;

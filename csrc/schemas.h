@@ -23,6 +23,12 @@ constexpr const char* kDanBackwardSchema =
     "dropout_add_norm_backward(Tensor grad_out, Tensor? grad_sum, Tensor sum, Tensor? weight, Tensor? bias,"
     " Tensor mean, Tensor rstd, Tensor seed, float p, bool rms, bool has_residual)"
     " -> (Tensor grad_x, Tensor grad_residual, Tensor grad_weight, Tensor grad_bias)";
+constexpr const char* kNormDropoutSchema =
+    "norm_dropout(Tensor x, Tensor? weight, Tensor? bias, Tensor seed, float p, float eps, bool rms, bool relu)"
+    " -> (Tensor out, Tensor mean, Tensor rstd)";
+constexpr const char* kNormDropoutBackwardSchema =
+    "norm_dropout_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd,"
+    " Tensor seed, float p, bool rms, bool relu) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)";
 
 // Library: anything with def(const char* schema), e.g. the stable ABI's StableLibrary.
 template <class Library>
@@ -35,6 +41,8 @@ void define_schemas(Library& m) {
   m.def(kDanBackwardSchema);
   m.def(kBiasActSchema);
   m.def(kBiasActBackwardSchema);
+  m.def(kNormDropoutSchema);
+  m.def(kNormDropoutBackwardSchema);
 }
 
 }  // namespace gpuopt

@@ -1,4 +1,4 @@
-"""gpuopt: fused LayerNorm-Dropout-ReLU, bias-ReLU and dropout-add-norm operators for PyTorch.
+"""gpuopt: fused LayerNorm-Dropout-ReLU, norm-dropout, bias-activation and dropout-add-norm operators for PyTorch.
 
 `import gpuopt_ops` loads the compiled extension (which defines torch.ops.gpuopt.*) and registers the fake
 kernels and autograd formulas, and, when `import triton` succeeds, the Triton twins torch.ops.gpuopt.triton_*
@@ -30,7 +30,14 @@ from . import (
 )
 from .backends import BACKENDS, resolve_backend  # noqa: E402
 from .fuse import fuse, unfuse  # noqa: E402
-from .ops import bias_act, bias_relu, draw_seed, dropout_add_norm, layer_norm_dropout_relu  # noqa: E402
+from .ops import (  # noqa: E402
+    bias_act,
+    bias_relu,
+    draw_seed,
+    dropout_add_norm,
+    layer_norm_dropout_relu,
+    norm_dropout,
+)
 
 compile_backend.register()  # torch.compile(model, backend="gpuopt")
 
@@ -65,6 +72,7 @@ __all__ = [
     "bias_relu",
     "bias_act",
     "dropout_add_norm",
+    "norm_dropout",
     "draw_seed",
     "fuse",
     "unfuse",

@@ -112,20 +112,44 @@ def _check_eps(op: str, eps: float) -> None:
         _fail(op, f"eps must be a finite number > 0, got {eps:g}")
 
 
-def check_ldr_forward(x, weight, bias, seed, p: float, eps: float):
-    op = "layer_norm_dropout_relu"
+def check_ldr_forward(x, weight, bias, seed, p: float, eps: float, op: str = "layer_norm_dropout_relu"):
     m, n, param_dtype = check_ldr_common(op, x, weight, bias, seed, p)
     _check_eps(op, eps)
     return m, n, param_dtype
 
 
-def check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p: float):
-    op = "layer_norm_dropout_relu_backward"
+def check_rms_mean(op: str, mean: torch.Tensor, x: torch.Tensor, x_name: str = "x") -> None:
+    """An RMSNorm op's `mean`: an empty (0,) tensor in the accumulation dtype."""
+    check_device(op, "mean", mean, x, x_name)
+    acc = acc_dtype(x.dtype)
+    if mean.dtype != acc:
+        _fail(op, f"mean must have dtype {acc}, got {mean.dtype}")
+    torch._check(
+        mean.dim() == 1 and mean.shape[0] == 0,
+        lambda: f"gpuopt.{op}: mean must have shape (0,) when rms is true, got {_shape(mean)}",
+    )
+
+
+def check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p: float, rms=False, op=None):
+    op = op or "layer_norm_dropout_relu_backward"
     m, n, param_dtype = check_ldr_common(op, x, weight, bias, seed, p)
     check_same(op, "grad_out", grad_out, "x", x)
-    check_vector(op, "mean", mean, x, m, acc_dtype(x.dtype))
+    if rms:
+        check_rms_mean(op, mean, x)
+    else:
+        check_vector(op, "mean", mean, x, m, acc_dtype(x.dtype))
     check_vector(op, "rstd", rstd, x, m, acc_dtype(x.dtype))
     return m, n, param_dtype
+
+
+def check_norm_dropout(x, weight, bias, seed, p: float, eps: float, rms: bool, relu: bool):
+    """norm_dropout: layer_norm_dropout_relu's checks under its own name. Returns (M, N, param_dtype)."""
+    return check_ldr_forward(x, weight, bias, seed, p, eps, op="norm_dropout")
+
+
+def check_norm_dropout_backward(grad_out, x, weight, bias, mean, rstd, seed, p: float, rms: bool, relu: bool):
+    """mean is (M,) for LayerNorm, (0,) when rms. Returns (M, N, param_dtype)."""
+    return check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p, rms=rms, op="norm_dropout_backward")
 
 
 def check_act(op: str, act: int) -> None:
@@ -237,13 +261,7 @@ def check_dropout_add_norm_backward(
         check_same(op, "grad_sum", grad_sum, "sum", sum)
     param_dtype = check_params(op, grad_out, "grad_out", weight, bias, n)
     if rms:
-        check_device(op, "mean", mean, grad_out, "grad_out")
-        if mean.dtype != acc:
-            _fail(op, f"mean must have dtype {acc}, got {mean.dtype}")
-        torch._check(
-            mean.dim() == 1 and mean.shape[0] == 0,
-            lambda: f"gpuopt.{op}: mean must have shape (0,) when rms is true, got {_shape(mean)}",
-        )
+        check_rms_mean(op, mean, grad_out, "grad_out")
     else:
         check_vector(op, "mean", mean, grad_out, m, acc, "grad_out")
     check_vector(op, "rstd", rstd, grad_out, m, acc, "grad_out")

@@ -34,6 +34,25 @@ def _ldr_backward_fake(grad_out, x, weight, bias, mean, rstd, seed, p):
     return torch.empty_like(x, memory_format=torch.contiguous_format), grad_w, grad_b
 
 
+@torch.library.register_fake("gpuopt::norm_dropout")
+def _nd_fake(x, weight, bias, seed, p, eps, rms, relu):
+    m, _, _ = V.check_norm_dropout(x, weight, bias, seed, p, eps, rms, relu)
+    acc = V.acc_dtype(x.dtype)
+    return (
+        torch.empty_like(x, memory_format=torch.contiguous_format),
+        x.new_empty((0,) if rms else (m,), dtype=acc),
+        x.new_empty((m,), dtype=acc),
+    )
+
+
+@torch.library.register_fake("gpuopt::norm_dropout_backward")
+def _nd_backward_fake(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu):
+    _, n, param_dtype = V.check_norm_dropout_backward(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu)
+    grad_w = x.new_empty((n,) if weight is not None else (0,), dtype=param_dtype)
+    grad_b = x.new_empty((n,) if bias is not None else (0,), dtype=param_dtype)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), grad_w, grad_b
+
+
 @torch.library.register_fake("gpuopt::bias_relu")
 def _bias_relu_fake(x, bias):
     V.check_bias_relu(x, bias)
@@ -99,24 +118,31 @@ def register_ldr_autograd(forward_op, backward_op) -> None:
     Saved for backward: x, weight, bias, mean, rstd, seed (DESIGN.md); the mask is recomputed from the seed.
     The mean/rstd outputs are statistics, not differentiable results: gradients flowing into them are ignored.
     """
+    _register_norm_autograd(forward_op, backward_op, flags=False)
 
+
+def register_norm_dropout_autograd(forward_op, backward_op) -> None:
+    """Autograd of a norm_dropout op (C++ or Triton): layer_norm_dropout_relu's, plus the rms / relu flags."""
+    _register_norm_autograd(forward_op, backward_op, flags=True)
+
+
+def _register_norm_autograd(forward_op, backward_op, flags: bool) -> None:
     def setup_context(ctx, inputs, output):
-        x, weight, bias, seed, p, eps = inputs
+        x, weight, bias, seed, p, eps = inputs[:6]
         _, mean, rstd = output
         ctx.save_for_backward(x, weight, bias, mean, rstd, seed)
         ctx.p = p
+        ctx.flags = tuple(inputs[6:8])  # (rms, relu) of norm_dropout; () for layer_norm_dropout_relu
 
     def backward(ctx, grad_out, _grad_mean, _grad_rstd):
         x, weight, bias, mean, rstd, seed = ctx.saved_tensors
-        grad_x, grad_w, grad_b = backward_op(grad_out, x, weight, bias, mean, rstd, seed, ctx.p)
+        grad_x, grad_w, grad_b = backward_op(grad_out, x, weight, bias, mean, rstd, seed, ctx.p, *ctx.flags)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         return (
             grad_x if need_x else None,
             grad_w if weight is not None and need_w else None,
             grad_b if bias is not None and need_b else None,
-            None,
-            None,
-            None,
+            *(None,) * (5 if flags else 3),
         )
 
     torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
@@ -220,6 +246,7 @@ def register_bias_act_autograd(forward_op, backward_op) -> None:
 
 
 register_ldr_autograd("gpuopt::layer_norm_dropout_relu", _ops.layer_norm_dropout_relu_backward)
+register_norm_dropout_autograd("gpuopt::norm_dropout", _ops.norm_dropout_backward)
 register_dropout_add_norm_autograd("gpuopt::dropout_add_norm", _ops.dropout_add_norm_backward)
 register_bias_relu_autograd("gpuopt::bias_relu", _ops.bias_relu_backward)
 register_bias_act_autograd("gpuopt::bias_act", _ops.bias_act_backward)
@@ -276,14 +303,53 @@ def layer_norm_dropout_relu(
     """
     backend = resolve_backend(backend, x.device, "layer_norm_dropout_relu")
     x2, w, b = _flatten_normalized(x, normalized_shape, weight, bias)
-    p_eff = float(p) if training else 0.0
-    if p_eff > 0.0:
-        seed = draw_seed(x.device, generator)
-    else:
-        seed = torch.zeros(1, dtype=torch.int64, device=x.device)
+    p_eff, seed = _dropout_seed(x, p, training, generator)
     op = _triton_ops().triton_layer_norm_dropout_relu if backend == "triton" else _ops.layer_norm_dropout_relu
     out, _, _ = op(x2, w, b, seed, p_eff, float(eps))
     return out.view(x.shape) if out.shape != x.shape else out
+
+
+def _dropout_seed(x: torch.Tensor, p: float, training: bool, generator) -> tuple[float, torch.Tensor]:
+    """(p in effect, the seed): a fresh seed when dropping (training and p > 0), else a zero tensor."""
+    p_eff = float(p) if training else 0.0
+    if p_eff > 0.0:
+        return p_eff, draw_seed(x.device, generator)
+    return p_eff, torch.zeros(1, dtype=torch.int64, device=x.device)
+
+
+NORMS = ("layer", "rms")
+NORM_ACTIVATIONS = (None, "relu")  # norm_dropout's activation after the dropout
+
+
+def norm_dropout(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    norm: str = "layer",
+    activation: Optional[str] = None,
+    p: float = 0.0,
+    training: bool = True,
+    eps: float = 1e-5,
+    generator: Optional[torch.Generator] = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """act(dropout(norm(x) * weight + bias, p)) over the last dimension in one fused kernel: norm = "layer"
+    (LayerNorm) or "rms" (RMSNorm), activation None (identity) or "relu"; weight and bias of shape
+    (x.shape[-1],), each optional. norm="layer", activation="relu" is layer_norm_dropout_relu, bit for bit.
+
+    Dropout keeps an element with probability 1 - p quantized to a multiple of 2**-16 (DESIGN.md) and is off
+    when training=False; the seed is drawn from `generator` as in layer_norm_dropout_relu (same seed, same mask).
+    """
+    if norm not in NORMS:
+        raise ValueError(f"gpuopt.norm_dropout: norm must be one of {NORMS}, got {norm!r}")
+    if activation not in NORM_ACTIVATIONS:
+        raise ValueError(f"gpuopt.norm_dropout: activation must be None or 'relu', got {activation!r}")
+    backend = resolve_backend(backend, x.device, "norm_dropout")
+    p_eff, seed = _dropout_seed(x, p, training, generator)
+    op = _triton_ops().triton_norm_dropout if backend == "triton" else _ops.norm_dropout
+    out, _, _ = op(x, weight, bias, seed, p_eff, float(eps), norm == "rms", activation == "relu")
+    return out
 
 
 def bias_relu(x: torch.Tensor, bias: torch.Tensor, backend: str = "auto") -> torch.Tensor:
@@ -291,9 +357,6 @@ def bias_relu(x: torch.Tensor, bias: torch.Tensor, backend: str = "auto") -> tor
     backend = resolve_backend(backend, x.device, "bias_relu")
     op = _triton_ops().triton_bias_relu if backend == "triton" else _ops.bias_relu
     return op(x, bias)
-
-
-NORMS = ("layer", "rms")
 
 
 def dropout_add_norm(
@@ -323,11 +386,7 @@ def dropout_add_norm(
     if norm not in NORMS:
         raise ValueError(f"gpuopt.dropout_add_norm: norm must be one of {NORMS}, got {norm!r}")
     backend = resolve_backend(backend, x.device, "dropout_add_norm")
-    p_eff = float(p) if training else 0.0
-    if p_eff > 0.0:
-        seed = draw_seed(x.device, generator)
-    else:
-        seed = torch.zeros(1, dtype=torch.int64, device=x.device)
+    p_eff, seed = _dropout_seed(x, p, training, generator)
     op = _triton_ops().triton_dropout_add_norm if backend == "triton" else _ops.dropout_add_norm
     out, s, _, _ = op(x, residual, weight, bias, seed, p_eff, float(eps), norm == "rms", bool(residual_in_fp32))
     return (out, s) if prenorm else out

@@ -95,16 +95,38 @@ def layer_norm_dropout_relu(
     high-precision reference. Differentiable: the tests take its gradients as the reference gradients.
     Returns (out, mean, rstd) with out in compute_dtype.
     """
+    return norm_dropout(x, weight, bias, seed, p, eps, rms=False, relu=True, compute_dtype=compute_dtype)
+
+
+def norm_dropout(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    seed,
+    p: float,
+    eps: float = 1e-5,
+    rms: bool = False,
+    relu: bool = True,
+    compute_dtype: Optional[torch.dtype] = None,
+):
+    """act(dropout(norm(x) * weight + bias)) over the last dim from unfused PyTorch ops: norm is LayerNorm or
+    RMSNorm (rms), act ReLU (relu) or the identity. As layer_norm_dropout_relu's reference otherwise; mean is
+    empty for rms."""
     dt = compute_dtype or x.dtype
     n = x.shape[-1]
     m = x.numel() // n
     xc = x.to(dt)
     w = None if weight is None else weight.to(dt)
     b = None if bias is None else bias.to(dt)
-    mean = xc.mean(-1, keepdim=True)
-    var = ((xc - mean) ** 2).mean(-1, keepdim=True)
-    rstd = torch.rsqrt(var + eps)
-    y = (xc - mean) * rstd
+    if rms:
+        rstd = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + eps)
+        y = xc * rstd
+        mean = xc.new_empty((0,))
+    else:
+        mean = xc.mean(-1, keepdim=True)
+        var = ((xc - mean) ** 2).mean(-1, keepdim=True)
+        rstd = torch.rsqrt(var + eps)
+        y = (xc - mean) * rstd
     if w is not None:
         y = y * w
     if b is not None:
@@ -112,7 +134,7 @@ def layer_norm_dropout_relu(
     keep = dropout_keep_mask(seed_value(seed), m, n, p, device=x.device).reshape(x.shape)
     scale = dropout_scale(p, x.dtype)  # the op's constant: fp32 unless x is fp64, whatever compute_dtype is
     y = torch.where(keep, y * scale, torch.zeros((), dtype=dt, device=x.device))
-    return torch.relu(y), mean.reshape(-1), rstd.reshape(-1)
+    return (torch.relu(y) if relu else y), mean.reshape(-1), rstd.reshape(-1)
 
 
 def dropout_add_norm(
@@ -201,6 +223,18 @@ def eager_layer_norm_dropout_relu(x, weight, bias, p: float, training: bool = Tr
     """What a user writes without gpuopt (the benchmarks' `eager` provider); torch's own dropout RNG."""
     y = torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     return torch.relu(torch.nn.functional.dropout(y, p, training))
+
+
+def eager_norm_dropout(x, weight, bias, p: float, training: bool = True, eps: float = 1e-5, rms=False, relu=False):
+    """What a user writes without gpuopt: nn.LayerNorm / nn.RMSNorm, then dropout (torch's RNG), then maybe ReLU."""
+    n = (x.shape[-1],)
+    if rms:
+        y = torch.nn.functional.rms_norm(x, n, weight, eps)
+        y = y + bias if bias is not None else y
+    else:
+        y = torch.nn.functional.layer_norm(x, n, weight, bias, eps)
+    y = torch.nn.functional.dropout(y, p, training)
+    return torch.relu(y) if relu else y
 
 
 def eager_bias_relu(x, bias):

@@ -132,6 +132,71 @@ LAYER_NORM_DROPOUT_RELU = OpSpec(
 )
 
 
+# ---------------------------------------------------------------------------------------------- norm-dropout
+def nd_sample(prefix, n, dtype, device, *, rms=True, relu=False, **options):
+    s = ldr_sample(prefix, n, dtype, device, **options)
+    s.args.update(rms=rms, relu=relu)
+    return s
+
+
+def nd_run(backend, s: Sample):
+    a = s.args
+    out, mean, rstd = backend.op("norm_dropout")(*a.values())
+    gx, gw, gb = backend.op("norm_dropout_backward")(
+        s.grad_out, a["x"], a["weight"], a["bias"], mean, rstd, a["seed"], a["p"], a["rms"], a["relu"]
+    )
+    res = dict(out=out, mean=mean, rstd=rstd, grad_x=gx, grad_weight=gw, grad_bias=gb)
+    if not a["rms"] and a["relu"]:  # LayerNorm + ReLU is layer_norm_dropout_relu, bit for bit, on the same backend
+        ldr = ldr_run(backend, Sample({k: a[k] for k in ("x", "weight", "bias", "seed", "p", "eps")}, s.grad_out))
+        res.update({f"ldr_{k}": v for k, v in ldr.items()})
+    return res
+
+
+def nd_reference(s: Sample, dtype, low_precision_params=False):
+    a = s.args
+    params = [a["weight"], a["bias"]]
+    if low_precision_params:
+        params = [None if t is None else t.to(dtype) for t in params]
+    leaves = [t.detach().clone().requires_grad_(True) if t is not None else None for t in (a["x"], *params)]
+    out, mean, rstd = R.norm_dropout(
+        *leaves, a["seed"], a["p"], a["eps"], rms=a["rms"], relu=a["relu"], compute_dtype=dtype
+    )
+    out.backward(s.grad_out.to(dtype))
+    gx, gw, gb = (t.grad if t is not None else None for t in leaves)
+    return dict(out=out.detach(), mean=mean.detach(), rstd=rstd.detach(), grad_x=gx, grad_weight=gw, grad_bias=gb)
+
+
+def nd_check(s: Sample, ours, ref64, low):
+    a = s.args
+    x = a["x"]
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if a["rms"]:  # ldr_check's mean check is LayerNorm's: give it a (M,) stand-in, check the real one here
+        assert ours["mean"].dtype == acc and ours["mean"].shape == (0,), "rms: mean is (0,)"
+        ours = {**ours, "mean": torch.zeros(s.m, dtype=acc)}
+    ldr_check(s, ours, ref64, low)
+    if not a["rms"] and a["relu"]:
+        for k in ("out", "mean", "rstd", "grad_x", "grad_weight", "grad_bias"):
+            assert torch.equal(ours[k].cpu(), ours[f"ldr_{k}"].cpu()), f"{k}: layer_norm_dropout_relu's bits"
+
+
+NORM_DROPOUT = OpSpec(
+    name="norm_dropout",
+    # The new switches are rms and relu (the rest is layer_norm_dropout_relu's, covered above): each value of each
+    # at least once, with dropout on and off and the parameters present or not.
+    variants=(
+        Variant("rms-identity-p0.25", dict(rms=True, relu=False, p=0.25)),
+        Variant("rms-relu-p0-no-affine", dict(rms=True, relu=True, p=0.0, affine=False)),
+        Variant("layer-identity-p0.1", dict(rms=False, relu=False, p=0.1)),
+        Variant("layer-relu-is-ldr", dict(rms=False, relu=True, p=0.25), dtypes=(torch.float32, torch.bfloat16)),
+    ),
+    sample=nd_sample,
+    run=nd_run,
+    reference=nd_reference,
+    check=nd_check,
+    extra_backends=("cuda-emulated",),
+)
+
+
 # ---------------------------------------------------------------------------------------------- bias-ReLU
 def bias_relu_sample(prefix, n, dtype, device, *, bias_dtype=None, data_seed=0):
     x, _, b = make_inputs(prefix, n, dtype, device, param_dtype=bias_dtype, seed=data_seed)
@@ -412,7 +477,7 @@ BIAS_ACT = OpSpec(
     check=bias_act_check,
 )
 
-OPS = [LAYER_NORM_DROPOUT_RELU, BIAS_RELU, DROPOUT_ADD_NORM, BIAS_ACT]
+OPS = [LAYER_NORM_DROPOUT_RELU, NORM_DROPOUT, BIAS_RELU, DROPOUT_ADD_NORM, BIAS_ACT]
 OPS_BY_NAME = {op.name: op for op in OPS}
 
 

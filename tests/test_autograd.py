@@ -190,3 +190,38 @@ def test_dropout_add_norm_gradcheck_and_opcheck(backend):
     (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="double backward"):
         gx.sum().backward()
+
+
+# ---------------------------------------------------------------------------------------------- norm_dropout
+@pytest.mark.parametrize("backend", backend_params())
+def test_norm_dropout_gradcheck_and_opcheck(backend):
+    """gradcheck in fp64 with dropout for every (norm, activation); opcheck of both ops (schema, fake kernel,
+    autograd registration, AOT dispatch) in fp32 (RMSNorm, identity, the (0,) mean) and bf16 without parameters
+    (LayerNorm, ReLU); the public function's autograd; double backward refused."""
+    require_op(backend, "norm_dropout")
+    dev = backend.device
+    nd, nd_bwd = backend.op("norm_dropout"), backend.op("norm_dropout_backward")
+    seed = seed_tensor(99, dev)
+    x, w, b = make_inputs((2,), 5, torch.float64, dev, requires_grad=True)
+    for rms in (False, True):
+        for relu in (False, True):
+
+            def f(x, w, b, rms=rms, relu=relu):
+                return nd(x, w, b, seed, 0.3, EPS, rms, relu)[0]
+
+            assert torch.autograd.gradcheck(f, (x, w, b), eps=1e-6, atol=1e-5), (rms, relu)
+    samples = (
+        (*make_inputs((3,), 7, torch.float32, dev, requires_grad=True), True, False),
+        (*make_inputs((2, 3), 16, torch.bfloat16, dev, affine=False, requires_grad=True), False, True),
+    )
+    for x, w, b, rms, relu in samples:
+        torch.library.opcheck(nd, (x, w, b, seed, 0.2, EPS, rms, relu))
+        d = [None if t is None else t.detach() for t in (x, w, b)]
+        out, mean, rstd = nd(*d, seed, 0.2, EPS, rms, relu)
+        assert mean.shape == ((0,) if rms else (x.numel() // x.shape[-1],))
+        torch.library.opcheck(nd_bwd, (torch.randn_like(out), *d, mean, rstd, seed, 0.2, rms, relu))
+    x, w, b = make_inputs((3,), 6, torch.float32, dev, requires_grad=True)
+    out = gpuopt_ops.norm_dropout(x, w, b, norm="rms", p=0.2, backend=backend.api)
+    (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        gx.sum().backward()

@@ -239,6 +239,59 @@ def test_bias_act_bad_act_on_the_emulator():
         assert f"gpuopt.{op}: act must be 0 (relu), 1 (gelu), 2 (gelu_tanh) or 3 (silu), got 7" in str(e.value)
 
 
+# ---------------------------------------------------------------------------------------------- norm_dropout
+# norm_dropout shares layer_norm_dropout_relu's checks (under its own name): the same matrix, in both norms.
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+@pytest.mark.parametrize("arg,change,message", LDR_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(LDR_CASES)])
+def test_norm_dropout_bad_input(backend, rms, arg, change, message):
+    require_op(backend, "norm_dropout")
+    kw = {**good(), **change, "rms": rms, "relu": not rms}
+    op = backend.op("norm_dropout")
+    args = list(_on(kw, backend.device).values())
+    with pytest.raises(RuntimeError, match=r"gpuopt\.(triton_)?norm_dropout: " + message):
+        op(*args)
+    assert _raise_first_line(op, *args) == _raise_first_line(_fake(ops.norm_dropout), *kw.values())
+
+
+def nd_backward_args(device, rms):
+    kw = {**good(), "rms": rms, "relu": False}
+    out, mean, rstd = ops.norm_dropout(*kw.values())
+    args = dict(grad_out=torch.randn_like(out), x=kw["x"], weight=kw["weight"], bias=kw["bias"], mean=mean, rstd=rstd)
+    return _on(dict(args, seed=kw["seed"], p=0.1, rms=rms, relu=False), device)
+
+
+ND_BWD_CASES = [
+    *[(False, change, message) for change, message in BWD_CASES],
+    (True, dict(mean=torch.zeros(4)), r"mean must have shape \(0,\) when rms is true, got \(4,\)"),
+    (True, dict(mean=torch.zeros(0, dtype=torch.float64)), "mean must have dtype torch.float32, got torch.float64"),
+    (True, dict(rstd=torch.zeros(3)), r"rstd must have shape \(4,\)"),
+    (True, dict(grad_out=torch.randn(4, 8, dtype=torch.float16)), "grad_out must have dtype torch.float32 like x"),
+]
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("rms,change,message", ND_BWD_CASES)
+def test_norm_dropout_backward_bad_input(backend, rms, change, message):
+    require_op(backend, "norm_dropout")
+    kw = {**nd_backward_args(backend.device, rms), **_on(change, backend.device)}
+    op = backend.op("norm_dropout_backward")
+    with pytest.raises(RuntimeError, match=r"gpuopt\.(triton_)?norm_dropout_backward: " + message):
+        op(*kw.values())
+    cpu = {**nd_backward_args("cpu", rms), **change}
+    assert _raise_first_line(op, *kw.values()) == _raise_first_line(_fake(ops.norm_dropout_backward), *cpu.values())
+
+
+def test_norm_dropout_public_api_errors():
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match=r"gpuopt.norm_dropout: norm must be one of \('layer', 'rms'\), got 'batch'"):
+        gpuopt_ops.norm_dropout(x, norm="batch")
+    with pytest.raises(ValueError, match="gpuopt.norm_dropout: activation must be None or 'relu', got 'gelu'"):
+        gpuopt_ops.norm_dropout(x, activation="gelu")
+    with pytest.raises(ValueError, match="gpuopt.norm_dropout: backend must be one of"):
+        gpuopt_ops.norm_dropout(x, backend="tpu")
+
+
 # ---------------------------------------------------------------------------------------------- dropout_add_norm
 def dan_good():
     return dict(

@@ -17,7 +17,7 @@ from gpuopt_ops import reference as R
 
 from backends import DEFAULT, backend_params, require_op
 from helpers import FLOORS, assert_close_to_reference, ldr_reference_and_grads
-from op_table import DROPOUT_ADD_NORM, Sample, check_against_reference
+from op_table import DROPOUT_ADD_NORM, NORM_DROPOUT, Sample, check_against_reference
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
@@ -293,6 +293,51 @@ def test_fuzz_dropout_add_norm(backend):
     @given(case=dan_case(interpreted=backend.interpreted or backend.name == "cuda-emulated"))
     def inner(case):
         check_dan(backend, case)
+
+    inner()
+
+
+@st.composite
+def nd_case(draw, interpreted=False):
+    """norm_dropout: the layer case plus the norm and the activation, any weight / bias."""
+    case = draw(ldr_case(interpreted=interpreted))
+    case.update(
+        rms=draw(st.booleans()),
+        relu=draw(st.booleans()),
+        affine=draw(st.sampled_from(["both", "none", "weight_only", "bias_only"])),
+        offset=0.0,  # well-conditioned rows: the reference's floor is the op table's (no conditioning term)
+    )
+    return case
+
+
+def check_nd(be, case):
+    dev = be.device
+    x = make_x(case, dev)
+    w, b = make_params(dict(case, affine="both"), dev)
+    w = w if case["affine"] in ("both", "weight_only") else None
+    b = b if case["affine"] in ("both", "bias_only") else None
+    dt = case["dtype"]
+    g = torch.Generator().manual_seed(case["data_seed"] + 5)
+    seed = torch.tensor([case["seed"]], dtype=torch.int64, device=dev)
+    args = dict(x=x, weight=w, bias=b, seed=seed, p=case["p"], eps=1e-5, rms=case["rms"], relu=case["relu"])
+    grad_out = (torch.randn(x.shape, generator=g, dtype=torch.float64) * case["scale"]).to(dt).to(dev)
+    check_against_reference(NORM_DROPOUT, be, Sample(args, grad_out))
+    # the keep mask, bit for bit: with weight 0, bias 1 and no ReLU the output is the scale where kept, else 0
+    m, n = x.numel() // case["n"], case["n"]
+    ones = torch.ones(n, dtype=torch.float32 if case["param_fp32"] else dt, device=dev)
+    probe = be.op("norm_dropout")(x, torch.zeros_like(ones), ones, seed, case["p"], 1e-5, case["rms"], False)[0]
+    keep = R.dropout_keep_mask(case["seed"], m, n, case["p"]).reshape(x.shape)
+    assert torch.equal(probe.cpu() != 0, keep), "dropout keep mask differs from DESIGN.md's Philox"
+
+
+@pytest.mark.parametrize("backend", backend_params(*DEFAULT, "cuda-emulated"))
+def test_fuzz_norm_dropout(backend):
+    require_op(backend, "norm_dropout")
+
+    @settings(max_examples=_examples(backend), deadline=None, suppress_health_check=_HEALTH)
+    @given(case=nd_case(interpreted=backend.interpreted or backend.name == "cuda-emulated"))
+    def inner(case):
+        check_nd(backend, case)
 
     inner()
 

@@ -230,3 +230,41 @@ def test_dropout_add_norm_modules_are_drop_ins(norm, affine, bias):
     out, s = fused(x, r)
     torch.testing.assert_close(out, ref(x + r), rtol=1e-5, atol=1e-5)
     assert torch.equal(s, x + r)
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("affine,bias", [(True, True), (False, False)])
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_norm_dropout_modules_are_drop_ins(norm, affine, bias, activation):
+    """FusedLayerNormDropout / FusedRMSNormDropout: nn.LayerNorm's / nn.RMSNorm's parameters and initialisation,
+    state dicts loading both ways; in eval the unfused norm (→ ReLU), in training the dropout's scale and share."""
+    from gpuopt_ops.modules import FusedLayerNormDropout, FusedRMSNormDropout
+
+    n = 32
+    if norm == "layer":
+        fused = FusedLayerNormDropout(n, p=0.25, elementwise_affine=affine, bias=bias, activation=activation)
+        ref = nn.LayerNorm(n, elementwise_affine=affine, bias=bias)
+    else:
+        fused = FusedRMSNormDropout(n, p=0.25, elementwise_affine=affine, activation=activation)
+        ref = nn.RMSNorm(n, elementwise_affine=affine)
+    assert fused._parameters.keys() == ref._parameters.keys()
+    for (k, a), b in zip(fused.state_dict().items(), ref.state_dict().values()):
+        assert torch.equal(a, b), k
+    _randomize(ref, seed=4)
+    fused.load_state_dict(ref.state_dict())
+    ref.load_state_dict(fused.state_dict())
+    act = torch.relu if activation == "relu" else (lambda t: t)
+    x = torch.randn(64, n, generator=torch.Generator().manual_seed(2))
+    fused.eval()
+    torch.testing.assert_close(fused(x), act(ref(x)), rtol=1e-5, atol=1e-5)
+    fused.train()
+    torch.manual_seed(0)
+    y = fused(x)
+    expect = act(ref(x)) / 0.75
+    kept = y != 0
+    torch.testing.assert_close(y[kept], expect[kept], rtol=1e-5, atol=1e-5)
+    dropped = 1 - kept.float().mean().item() if activation is None else None
+    if dropped is not None:
+        assert 0.2 < dropped < 0.3, dropped
+    with pytest.raises(ValueError, match="activation must be None or 'relu'"):
+        type(fused)(n, activation="gelu")

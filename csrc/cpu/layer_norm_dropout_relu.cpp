@@ -1,4 +1,5 @@
-// C++ CPU kernels of layer_norm_dropout_relu and its backward, fp32 accumulation (fp64 for fp64 x).
+// C++ CPU kernels of layer_norm_dropout_relu and norm_dropout (LayerNorm or RMSNorm, then dropout, then ReLU or
+// nothing: the same loops with two flags) and their backwards, fp32 accumulation (fp64 for fp64 x).
 // fp32/bf16/fp16 inputs run the vectorized fp32 row kernels of cpu/row_kernels.h: forward = one pass for the
 // statistics (plus one over the row while it is in L1) and one for the output; backward = one pass for xhat, dy
 // and the dgamma/dbeta partials, one for dx. The dropout uniforms come from cpu/dropout_mask.h (8 or 16 Philox
@@ -78,14 +79,14 @@ void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, Tensor& out, T
         const uint16_t* u = dropping ? dropout_uniforms_row(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
         for (int64_t r = r0; r < r1; ++r) {
           const float* xr = load_row(x + r * N, xbuf.data(), N);
-          const float mu = cpu::row_sum(xr, N) * inv_n;
+          const float mu = a.rms ? 0.0f : cpu::row_sum(xr, N) * inv_n;  // RMSNorm: the mean square about 0
           const float var = cpu::row_sq_dev_sum(xr, N, mu) * inv_n;
           const float rs = 1.0f / std::sqrt(var + static_cast<float>(eps));
-          mean_out[r] = mu;
+          if (!a.rms) mean_out[r] = mu;
           rstd_out[r] = rs;
           float* yr = result_row(y_out + r * N, ybuf.data());
           cpu::ldr_forward_row(xr, w.data(), b.data(), u ? u + (r - r0) * N : nullptr, drop.threshold, scale, mu, rs,
-                               yr, N);
+                               yr, N, a.relu);
           store_row(y_out + r * N, yr, N);
         }
       }
@@ -135,9 +136,9 @@ void ldr_backward_fp32(const LdrBackwardArgs& args, int64_t seed, Tensor& grad_x
           const float* gr = load_row(g + r * N, gbuf.data(), N);
           const float rs = rstd[r];
           cpu::ldr_backward_row_pass1(xr, gr, w.data(), b.data(), u ? u + (r - r0) * N : nullptr, drop.threshold, scale,
-                                      mean[r], rs, xhat.data(), dxhat.data(), pw, pb, N);
+                                      a.rms ? 0.0f : mean[r], rs, xhat.data(), dxhat.data(), pw, pb, N, a.relu);
           const float c1 = cpu::row_dot(dxhat.data(), xhat.data(), N) * inv_n;
-          const float c2 = cpu::row_sum(dxhat.data(), N) * inv_n;
+          const float c2 = a.rms ? 0.0f : cpu::row_sum(dxhat.data(), N) * inv_n;
           float* dxr = result_row(dx + r * N, dxbuf.data());
           cpu::ldr_backward_row_pass2(xhat.data(), dxhat.data(), rs, c1, c2, dxr, N);
           store_row(dx + r * N, dxr, N);
@@ -171,14 +172,19 @@ void ldr_forward_kernel(const LdrArgs& a, int64_t seed, double eps, Tensor& out,
       const scalar_t* xr = x + r * N;
       for (int64_t j = 0; j < N; ++j) row[j] = static_cast<acc_t>(xr[j]);
       acc_t mu, rs;
-      row_stats(row.data(), N, eps, mu, rs);
-      mean_out[r] = mu;
+      if (a.rms) {  // RMSNorm: rstd from the mean square, no mean
+        mu = acc_t(0);
+        rs = acc_t(1) / std::sqrt(row_dot(row.data(), row.data(), N) / static_cast<acc_t>(N) + static_cast<acc_t>(eps));
+      } else {
+        row_stats(row.data(), N, eps, mu, rs);
+        mean_out[r] = mu;
+      }
       rstd_out[r] = rs;
       if (drop.active()) dropout_keep_row(seed, r * N, N, drop.threshold, keep.data());
       scalar_t* yr = y_out + r * N;
       for (int64_t j = 0; j < N; ++j) {
         const acc_t y = (row[j] - mu) * rs * w[j] + b[j];
-        yr[j] = static_cast<scalar_t>(ldr_forward_element<acc_t>(y, keep[j] != 0, scale));
+        yr[j] = static_cast<scalar_t>(nd_forward_element<acc_t>(y, keep[j] != 0, scale, a.relu));
       }
     }
   });
@@ -213,12 +219,12 @@ void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, Tensor& grad
       for (int64_t r = rb.begin(blk); r < rb.end(blk, M); ++r) {
         const scalar_t* xr = x + r * N;
         const scalar_t* gr = g + r * N;
-        const acc_t mu = mean[r], rs = rstd[r];
+        const acc_t mu = a.rms ? acc_t(0) : mean[r], rs = rstd[r];
         if (drop.active()) dropout_keep_row(seed, r * N, N, drop.threshold, keep.data());
         for (int64_t j = 0; j < N; ++j) {
           const acc_t xh = (static_cast<acc_t>(xr[j]) - mu) * rs;
           const acc_t y = xh * w[j] + b[j];
-          const acc_t dy = ldr_backward_element<acc_t>(static_cast<acc_t>(gr[j]), y, keep[j] != 0, scale);
+          const acc_t dy = nd_backward_element<acc_t>(static_cast<acc_t>(gr[j]), y, keep[j] != 0, scale, a.relu);
           xhat[j] = xh;
           dxhat[j] = dy * w[j];
           if (pw) pw[j] += dy * xh;
@@ -226,7 +232,7 @@ void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, Tensor& grad
         }
         const acc_t inv_n = acc_t(1) / static_cast<acc_t>(N);
         const acc_t c1 = row_dot(dxhat.data(), xhat.data(), N) * inv_n;
-        const acc_t c2 = row_sum(dxhat.data(), N) * inv_n;
+        const acc_t c2 = a.rms ? acc_t(0) : row_sum(dxhat.data(), N) * inv_n;
         scalar_t* dxr = dx + r * N;
         for (int64_t j = 0; j < N; ++j) dxr[j] = static_cast<scalar_t>(rs * (dxhat[j] - xhat[j] * c1 - c2));
       }
@@ -245,12 +251,10 @@ void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, Tensor& grad
 // seed has one element (checked); on the CPU it is read where it lies, whatever its shape or strides.
 int64_t read_seed(const Tensor& seed) { return *data_as<const int64_t>(seed); }
 
-std::tuple<Tensor, Tensor, Tensor> ldr_forward_cpu(const Tensor& x, const std::optional<Tensor>& weight,
-                                                   const std::optional<Tensor>& bias, const Tensor& seed, double p,
-                                                   double eps) {
-  LdrArgs a = check_ldr_forward(x, weight, bias, seed, p, eps);
+// layer_norm_dropout_relu and norm_dropout (checked args: the norm and activation flags are in `a`).
+std::tuple<Tensor, Tensor, Tensor> norm_forward_cpu(const LdrArgs& a, const Tensor& x, const Tensor& seed, double eps) {
   Tensor out = empty_on(a.x, x.sizes(), x.scalar_type());
-  Tensor mean = empty_on(a.x, {a.M}, a.acc_dtype);
+  Tensor mean = empty_on(a.x, {a.rms ? 0 : a.M}, a.acc_dtype);
   Tensor rstd = empty_on(a.x, {a.M}, a.acc_dtype);
   if (a.M == 0) return {out, mean, rstd};
   const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
@@ -265,11 +269,7 @@ std::tuple<Tensor, Tensor, Tensor> ldr_forward_cpu(const Tensor& x, const std::o
   return {out, mean, rstd};
 }
 
-std::tuple<Tensor, Tensor, Tensor> ldr_backward_cpu(const Tensor& grad_out, const Tensor& x,
-                                                    const std::optional<Tensor>& weight,
-                                                    const std::optional<Tensor>& bias, const Tensor& mean,
-                                                    const Tensor& rstd, const Tensor& seed, double p) {
-  LdrBackwardArgs b = check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p);
+std::tuple<Tensor, Tensor, Tensor> norm_backward_cpu(const LdrBackwardArgs& b, const Tensor& x, const Tensor& seed) {
   const LdrArgs& a = b.fwd;
   Tensor grad_x = empty_on(a.x, x.sizes(), x.scalar_type());
   Tensor grad_w = a.weight.defined() ? zeros_on(a.x, {a.N}, a.param_dtype) : empty_on(a.x, {0}, a.param_dtype);
@@ -287,11 +287,41 @@ std::tuple<Tensor, Tensor, Tensor> ldr_backward_cpu(const Tensor& grad_out, cons
   return {grad_x, grad_w, grad_b};
 }
 
+std::tuple<Tensor, Tensor, Tensor> ldr_forward_cpu(const Tensor& x, const std::optional<Tensor>& weight,
+                                                   const std::optional<Tensor>& bias, const Tensor& seed, double p,
+                                                   double eps) {
+  return norm_forward_cpu(check_ldr_forward(x, weight, bias, seed, p, eps), x, seed, eps);
+}
+
+std::tuple<Tensor, Tensor, Tensor> ldr_backward_cpu(const Tensor& grad_out, const Tensor& x,
+                                                    const std::optional<Tensor>& weight,
+                                                    const std::optional<Tensor>& bias, const Tensor& mean,
+                                                    const Tensor& rstd, const Tensor& seed, double p) {
+  return norm_backward_cpu(check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p), x, seed);
+}
+
+std::tuple<Tensor, Tensor, Tensor> nd_forward_cpu(const Tensor& x, const std::optional<Tensor>& weight,
+                                                  const std::optional<Tensor>& bias, const Tensor& seed, double p,
+                                                  double eps, bool rms, bool relu) {
+  return norm_forward_cpu(check_norm_dropout(x, weight, bias, seed, p, eps, rms, relu), x, seed, eps);
+}
+
+std::tuple<Tensor, Tensor, Tensor> nd_backward_cpu(const Tensor& grad_out, const Tensor& x,
+                                                   const std::optional<Tensor>& weight,
+                                                   const std::optional<Tensor>& bias, const Tensor& mean,
+                                                   const Tensor& rstd, const Tensor& seed, double p, bool rms,
+                                                   bool relu) {
+  return norm_backward_cpu(check_norm_dropout_backward(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu), x,
+                           seed);
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {
   m.impl("layer_norm_dropout_relu", TORCH_BOX(&ldr_forward_cpu));
   m.impl("layer_norm_dropout_relu_backward", TORCH_BOX(&ldr_backward_cpu));
+  m.impl("norm_dropout", TORCH_BOX(&nd_forward_cpu));
+  m.impl("norm_dropout_backward", TORCH_BOX(&nd_backward_cpu));
 }
 
 }  // namespace gpuopt

@@ -96,13 +96,15 @@ GPUOPT_CLONES float row_dot(const float* GPUOPT_RESTRICT a, const float* GPUOPT_
 
 GPUOPT_CLONES void ldr_forward_row(const float* GPUOPT_RESTRICT x, const float* GPUOPT_RESTRICT w,
                                    const float* GPUOPT_RESTRICT b, const uint16_t* GPUOPT_RESTRICT u, uint32_t t,
-                                   float scale, float mean, float rstd, float* GPUOPT_RESTRICT out, int64_t n) {
-  // Same expression and select as fused_math.h's ldr_forward_element (keep ? (y <= 0 ? 0 : y * scale) : 0),
-  // written branch-free so it vectorizes; a NaN that survives dropout stays NaN.
+                                   float scale, float mean, float rstd, float* GPUOPT_RESTRICT out, int64_t n,
+                                   bool relu) {
+  // Same expression and select as fused_math.h's nd_forward_element (keep ? (relu && y <= 0 ? 0 : y * scale) : 0),
+  // written branch-free so it vectorizes; a NaN that survives dropout stays NaN. `linear` is loop-invariant.
+  const bool linear = !relu;
   if (u == nullptr) {
     for (int64_t j = 0; j < n; ++j) {
       const float y = (x[j] - mean) * rstd * w[j] + b[j];
-      out[j] = y <= 0.0f ? 0.0f : y;
+      out[j] = (linear | !(y <= 0.0f)) ? y : 0.0f;
     }
     return;
   }
@@ -110,7 +112,7 @@ GPUOPT_CLONES void ldr_forward_row(const float* GPUOPT_RESTRICT x, const float* 
   for (int64_t j = 0; j < n; ++j) {
     const float y = (x[j] - mean) * rstd * w[j] + b[j];
     const float r = y * scale;  // computed unconditionally: selects, no branches, so the loop vectorizes
-    const bool pass = (static_cast<float>(u[j]) >= tf) & !(y <= 0.0f);
+    const bool pass = (static_cast<float>(u[j]) >= tf) & (linear | !(y <= 0.0f));
     out[j] = pass ? r : 0.0f;
   }
 }
@@ -119,14 +121,15 @@ GPUOPT_CLONES void ldr_backward_row_pass1(const float* GPUOPT_RESTRICT x, const 
                                           const float* GPUOPT_RESTRICT w, const float* GPUOPT_RESTRICT b,
                                           const uint16_t* GPUOPT_RESTRICT u, uint32_t t, float scale, float mean,
                                           float rstd, float* GPUOPT_RESTRICT xhat, float* GPUOPT_RESTRICT dxhat,
-                                          float* GPUOPT_RESTRICT pw, float* GPUOPT_RESTRICT pb, int64_t n) {
-  // ldr_backward_element: dy = (keep && y > 0) ? g * scale : 0
+                                          float* GPUOPT_RESTRICT pw, float* GPUOPT_RESTRICT pb, int64_t n, bool relu) {
+  // nd_backward_element: dy = (keep && (!relu || y > 0)) ? g * scale : 0
+  const bool linear = !relu;
   if (u == nullptr) {
     for (int64_t j = 0; j < n; ++j) {
       const float xh = (x[j] - mean) * rstd;
       const float y = xh * w[j] + b[j];
       const float gs = g[j] * scale;
-      const float dy = y > 0.0f ? gs : 0.0f;
+      const float dy = (linear | (y > 0.0f)) ? gs : 0.0f;
       xhat[j] = xh;
       dxhat[j] = dy * w[j];
       pw[j] += dy * xh;
@@ -139,7 +142,7 @@ GPUOPT_CLONES void ldr_backward_row_pass1(const float* GPUOPT_RESTRICT x, const 
     const float xh = (x[j] - mean) * rstd;
     const float y = xh * w[j] + b[j];
     const float gs = g[j] * scale;
-    const bool pass = (static_cast<float>(u[j]) >= tf) & (y > 0.0f);
+    const bool pass = (static_cast<float>(u[j]) >= tf) & (linear | (y > 0.0f));
     const float dy = pass ? gs : 0.0f;
     xhat[j] = xh;
     dxhat[j] = dy * w[j];
