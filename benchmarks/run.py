@@ -40,6 +40,7 @@ of a fp32 statistic. Every provider of a case is charged the same bytes, so GB/s
                   (2*M*N*e) + dgamma, dbeta (2*N*pe)
     add_rms  fwd  x + residual → RMSNorm (no dropout, no bias), the sum returned: as dan_ln with one parameter
                   and one statistic
+    ln_drop       LayerNorm → dropout (BERT's embeddings; gpuopt_ops.norm_dropout): as ldr
     bias_gelu fwd read x (M*N*e) + bias (N*pe); write out (M*N*e)
     bias_gelu bwd read grad_out, x (2*M*N*e) + bias (N*pe); write grad_x (M*N*e) + dbias (N*pe)
     fwd+bwd       the sum of fwd and bwd
@@ -69,8 +70,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-OPS = ("ldr", "bias_relu", "dan_ln", "add_rms", "bias_gelu")
-BLOCK_OPS = ("dan_ln", "add_rms", "bias_gelu")  # the transformer blocks: gpuopt's own op, eager and compile only
+OPS = ("ldr", "bias_relu", "dan_ln", "add_rms", "ln_drop", "bias_gelu")
+# the transformer blocks: gpuopt's own op, eager and compile only
+BLOCK_OPS = ("dan_ln", "add_rms", "ln_drop", "bias_gelu")
 MODES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GPU_NS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -105,7 +107,7 @@ def bytes_moved(op: str, mode: str, m: int, n: int, dtype: torch.dtype) -> int:
     pe, a = e, 4
     if op == "copy":
         return 2 * m * n * e
-    if op == "ldr":
+    if op in ("ldr", "ln_drop"):
         fwd = 2 * m * n * e + 2 * n * pe + 2 * m * a
         bwd = 3 * m * n * e + 4 * n * pe + 2 * m * a
     elif op == "bias_relu":
@@ -274,6 +276,8 @@ def _block_eager(op: str, p: float) -> Callable:
             return F.rms_norm(s, (x.shape[-1],), w, EPS), s
 
         return add_rms
+    if op == "ln_drop":
+        return lambda x, w, b, r: F.dropout(F.layer_norm(x, (x.shape[-1],), w, b, EPS), p, True)
     return lambda x, w, b, r: F.gelu(x + b)
 
 
@@ -291,6 +295,8 @@ def block_forward_fn(provider: str, op: str, device: str, p: float) -> Callable:
             return lambda x, w, b, r: g.dropout_add_norm(
                 x, r, w, None, norm="rms", eps=EPS, prenorm=True, backend=provider
             )
+        if op == "ln_drop":
+            return lambda x, w, b, r: g.norm_dropout(x, w, b, p=p, backend=provider)
         return lambda x, w, b, r: g.bias_act(x, b, act="gelu", backend=provider)
     if provider == "eager":
         return _block_eager(op, p)
@@ -313,7 +319,7 @@ def make_runner(provider: str, op: str, mode: str, device: str, p: float, x, w, 
         return _quack_runner(op, mode, device, x, w, b, g)
     if op in BLOCK_OPS:
         fb = block_forward_fn(provider, op, device, p)
-        inputs = {"dan_ln": (x, r, w, b), "add_rms": (x, r, w), "bias_gelu": (x, b)}[op]
+        inputs = {"dan_ln": (x, r, w, b), "add_rms": (x, r, w), "ln_drop": (x, w, b), "bias_gelu": (x, b)}[op]
 
         def f(x, w, b):
             y = fb(x, w, b, r)

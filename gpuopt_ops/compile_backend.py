@@ -10,6 +10,9 @@ Registered on `import gpuopt_ops`. In the FX graph Dynamo captures it rewrites
   over the last dimension, `F.rms_norm` / `nn.RMSNorm`, or RMSNorm written out as
   `w * (h * rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)` with h = x or x.to(float32). When the
   sum has other users (the next residual of a pre-norm block), they take the op's `sum` output (prenorm);
+- a norm (the same three forms) followed by dropout, by dropout → relu, or (RMSNorm) by relu → dropout or relu,
+  where no residual add comes before it (BERT's embeddings: layer_norm → dropout), into one call of
+  `gpuopt_ops.norm_dropout` (the LayerNorm → ... → relu chains are the first rule's);
 - linear / addmm with a bias (addmm optionally through one view) → an activation into a bias-free matmul and
   `gpuopt_ops.bias_act`: `F.gelu` (both approximations), the tanh GELU written out as
   `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`, and `F.silu`,
@@ -36,7 +39,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from .ops import bias_act, bias_relu, dropout_add_norm, layer_norm_dropout_relu
+from .ops import bias_act, bias_relu, dropout_add_norm, layer_norm_dropout_relu, norm_dropout
 
 _LAYER_NORM = {F.layer_norm, torch.layer_norm}
 _DROPOUT = {F.dropout, torch.dropout}
@@ -67,6 +70,11 @@ def _linear_bias_relu(x, weight, bias):
 def _dropout_add_norm(x, residual, weight, bias, rms, p, training, eps, prenorm):
     norm = "rms" if rms else "layer"
     return dropout_add_norm(x, residual, weight, bias, norm=norm, p=p, training=training, eps=eps, prenorm=prenorm)
+
+
+def _norm_dropout(x, weight, bias, rms, activation, p, training, eps):
+    norm = "rms" if rms else "layer"
+    return norm_dropout(x, weight, bias, norm=norm, activation=activation, p=p, training=training, eps=eps)
 
 
 def _linear_bias_act(x, weight, bias, act):
@@ -460,6 +468,61 @@ def _rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str
     return True
 
 
+def _rewrite_norm_dropout_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
+    """norm → dropout (→ relu), and for RMSNorm also norm → relu (→ dropout): one norm_dropout call."""
+    norm = _match_norm(node)
+    if norm is None or not isinstance(norm.source, torch.fx.Node):
+        return False
+    first = _only_user(norm.result)
+    if first is None:
+        return False
+
+    def dropout(n):  # (p, training) of a constant-parameter, out-of-place dropout node, else None
+        params = _dropout_params(n) if n is not None else None
+        if params is None or n.kwargs.get("inplace", False) or _arg(n, 3, "inplace", False):
+            return None
+        return params
+
+    second = _only_user(first)
+    p, training = 0.0, False
+    if dropout(first) is not None:
+        (p, training), relu = dropout(first), second is not None and _is_relu(second)
+        chain, steps = ([first, second], "dropout → relu") if relu else ([first], "dropout")
+    elif norm.rms and _is_relu(first):
+        relu = True
+        chain, steps = [first], "relu"
+        if dropout(second) is not None:
+            (p, training), chain, steps = dropout(second), [first, second], "relu → dropout"
+    else:
+        return False
+    xv = _value(norm.source)
+    if xv is None or xv.dtype not in _DTYPES or xv.device.type not in ("cpu", "cuda") or xv.dim() < 1:
+        return False
+    if not all(_same_like(n, xv) for n in (norm.result, *chain)):
+        return False  # a result in another dtype or shape: not the same function
+    if not (_param_ok(norm.weight, xv) and _param_ok(norm.bias, xv)):
+        return False
+    if norm.weight is not None and norm.bias is not None and _value(norm.weight).dtype != _value(norm.bias).dtype:
+        return False
+    last = chain[-1]
+    act = "relu" if relu else None
+    with graph.inserting_before(last):
+        new = graph.call_function(
+            _norm_dropout, (norm.source, norm.weight, norm.bias, norm.rms, act, p, training, norm.eps)
+        )
+    new.meta.update(last.meta)
+    last.replace_all_uses_with(new)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for dead in sorted({*norm.nodes, *chain}, key=order.__getitem__, reverse=True):
+        graph.erase_node(dead)
+    kind = "rms_norm" if norm.rms else "layer_norm"
+    log.append(
+        f"{norm.kind} → {steps} ({last.name}, p={p}, training={training}) -> gpuopt::norm_dropout ({kind}"
+        f"{', relu' if relu else ''})"
+    )
+    return True
+
+
 def _match_activation(node: torch.fx.Node):
     """(act name, last node of the activation) when node is the activation's input and it has no other user."""
     users = list(node.users)
@@ -568,7 +631,11 @@ def _rewrite_blocks(gm: torch.fx.GraphModule, log: list[str]) -> int:
     for node in list(graph.nodes):
         if node.graph is not graph or node.op not in ("call_function", "call_method"):
             continue
-        if _rewrite_norm_site(graph, node, log) or _rewrite_bias_act_site(graph, node, log):
+        if (
+            _rewrite_norm_site(graph, node, log)
+            or _rewrite_norm_dropout_site(graph, node, log)
+            or _rewrite_bias_act_site(graph, node, log)
+        ):
             count += 1
     if count:
         graph.lint()

@@ -4,14 +4,18 @@ Inside every nn.Sequential (nested too, subclasses such as torchvision.ops.MLP i
 
 - LayerNorm → Dropout → ReLU, LayerNorm → ReLU → Dropout, LayerNorm → ReLU  ⇒  FusedLayerNormDropoutReLU
   (ReLU then dropout equals dropout then ReLU with the same mask, because the dropout scale is positive);
+- LayerNorm → Dropout (no ReLU after it)  ⇒  FusedLayerNormDropout;
+- RMSNorm → Dropout → ReLU, RMSNorm → ReLU → Dropout, RMSNorm → ReLU, RMSNorm → Dropout  ⇒  FusedRMSNormDropout
+  (with activation "relu" or None); the norm modules of these two rows normalize one dimension;
 - Linear (with bias) → ReLU  ⇒  LinearBiasReLU;
 - Linear (with bias) → GELU (either approximation) / SiLU  ⇒  LinearBiasAct.
 
 The LayerNorm / Linear slot gets the fused module, which takes over the *same* Parameter objects (so an optimizer
 built on the model still holds them), and each consumed Dropout / activation slot gets an nn.Identity: state_dict
-keys and values are unchanged. Only exact nn.LayerNorm / nn.Linear / nn.Dropout / nn.ReLU / nn.GELU / nn.SiLU
-instances match (a subclass may override forward), and a module object that occurs more than once in the model (a
-ReLU reused elsewhere) is never consumed. Forward hooks registered on the replaced modules are not carried over.
+keys and values are unchanged. Only exact nn.LayerNorm / nn.RMSNorm / nn.Linear / nn.Dropout / nn.ReLU / nn.GELU /
+nn.SiLU instances match (a subclass may override forward), and a module object that occurs more than once in the
+model (a ReLU reused elsewhere) is never consumed. Forward hooks registered on the replaced modules are not carried
+over.
 """
 
 from __future__ import annotations
@@ -23,7 +27,13 @@ from typing import Optional
 from torch import nn
 
 from .backends import resolve_backend
-from .modules import FusedLayerNormDropoutReLU, LinearBiasAct, LinearBiasReLU
+from .modules import (
+    FusedLayerNormDropout,
+    FusedLayerNormDropoutReLU,
+    FusedRMSNormDropout,
+    LinearBiasAct,
+    LinearBiasReLU,
+)
 
 # the attribute on a fused module that records what fuse() replaced, for unfuse()
 _RECORD = "_gpuopt_fused_from"
@@ -44,13 +54,19 @@ def _match(children: list[tuple[str, nn.Module]], i: int, uses: Counter):
     head = children[i][1]
     if uses[id(head)] != 1:
         return None
-    if type(head) is nn.LayerNorm:
+    if type(head) in (nn.LayerNorm, nn.RMSNorm):
+        norm = type(head).__name__
+        one_dim = len(head.normalized_shape) == 1
+        if type(head) is nn.RMSNorm and not one_dim:
+            return None
         if single(i + 1, nn.Dropout) is not None and single(i + 2, nn.ReLU) is not None:
-            return "LayerNorm → Dropout → ReLU", children[i + 1 : i + 3]
+            return f"{norm} → Dropout → ReLU", children[i + 1 : i + 3]
         if single(i + 1, nn.ReLU) is not None:
             if single(i + 2, nn.Dropout) is not None:
-                return "LayerNorm → ReLU → Dropout", children[i + 1 : i + 3]
-            return "LayerNorm → ReLU", children[i + 1 : i + 2]
+                return f"{norm} → ReLU → Dropout", children[i + 1 : i + 3]
+            return f"{norm} → ReLU", children[i + 1 : i + 2]
+        if single(i + 1, nn.Dropout) is not None and one_dim:
+            return f"{norm} → Dropout", children[i + 1 : i + 2]
     if type(head) is nn.Linear and head.bias is not None:
         if single(i + 1, nn.ReLU) is not None:
             return "Linear → ReLU", children[i + 1 : i + 2]
@@ -69,17 +85,17 @@ def _activation_name(module: nn.Module) -> str:
 
 def _fused_module(head: nn.Module, consumed, backend: str) -> nn.Module:
     # built on the meta device (no allocation, no draw from torch's generator), then given head's Parameters
-    if isinstance(head, nn.LayerNorm):
+    if isinstance(head, (nn.LayerNorm, nn.RMSNorm)):
         dropouts = [m for _, m in consumed if isinstance(m, nn.Dropout)]
-        fused = FusedLayerNormDropoutReLU(
-            head.normalized_shape,
-            p=dropouts[0].p if dropouts else 0.0,
-            eps=head.eps,
-            elementwise_affine=head.elementwise_affine,
-            bias=head.bias is not None,
-            backend=backend,
-            device="meta",
-        )
+        p = dropouts[0].p if dropouts else 0.0
+        relu = any(isinstance(m, nn.ReLU) for _, m in consumed)
+        affine, factory = head.elementwise_affine, {"backend": backend, "device": "meta"}
+        if isinstance(head, nn.RMSNorm):
+            act = "relu" if relu else None
+            fused = FusedRMSNormDropout(head.normalized_shape, p, head.eps, affine, activation=act, **factory)
+        else:
+            cls = FusedLayerNormDropoutReLU if relu else FusedLayerNormDropout
+            fused = cls(head.normalized_shape, p, head.eps, affine, head.bias is not None, **factory)
         training = dropouts[0].training if dropouts else head.training
     elif isinstance(consumed[0][1], nn.ReLU):
         fused = LinearBiasReLU(head.in_features, head.out_features, backend=backend, device="meta")
@@ -89,14 +105,15 @@ def _fused_module(head: nn.Module, consumed, backend: str) -> nn.Module:
         fused = LinearBiasAct(head.in_features, head.out_features, act=act, backend=backend, device="meta")
         training = head.training
     fused.weight = head.weight
-    fused.bias = head.bias
+    if "bias" in fused._parameters:
+        fused.bias = head.bias
     fused.train(training)
     return fused
 
 
 def fuse(model: nn.Module, *, inplace: bool = False, backend: str = "auto", verbose: bool = False) -> nn.Module:
-    """The model with LayerNorm → Dropout/ReLU and Linear → ReLU runs inside nn.Sequentials swapped for our
-    fused modules (see the module docstring). Returns a deep copy, or `model` itself with inplace=True.
+    """The model with LayerNorm / RMSNorm → Dropout/ReLU and Linear → activation runs inside nn.Sequentials swapped
+    for our fused modules (see the module docstring). Returns a deep copy, or `model` itself with inplace=True.
 
     `backend` ("auto" | "cuda" | "cpu" | "triton") goes to every fused module. verbose=True prints one line per
     replacement: qualified name of the replaced slot, the pattern and the fused module.
@@ -134,18 +151,16 @@ def fuse(model: nn.Module, *, inplace: bool = False, backend: str = "auto", verb
 
 
 def _stock_module(fused: nn.Module, record) -> nn.Module:
+    affine = fused.weight is not None
     if record["head"] == "LayerNorm":
-        stock = nn.LayerNorm(
-            fused.normalized_shape,
-            eps=fused.eps,
-            elementwise_affine=fused.elementwise_affine,
-            bias=fused.bias is not None,
-            device="meta",
-        )
+        stock = nn.LayerNorm(fused.normalized_shape, fused.eps, affine, bias=fused.bias is not None, device="meta")
+    elif record["head"] == "RMSNorm":
+        stock = nn.RMSNorm(fused.normalized_shape, fused.eps, affine, device="meta")
     else:
         stock = nn.Linear(fused.in_features, fused.out_features, device="meta")
     stock.weight = fused.weight
-    stock.bias = fused.bias
+    if "bias" in stock._parameters:
+        stock.bias = fused.bias
     return stock.train(fused.training)
 
 
@@ -153,6 +168,7 @@ def unfuse(model: nn.Module, *, inplace: bool = False) -> nn.Module:
     """Reverses fuse(): every fused module that fuse() put into an nn.Sequential becomes the stock nn.LayerNorm /
     nn.Linear again (same Parameters), and the Identity slots get their Dropout / ReLU back. Fused modules that
     fuse() did not create (a model written with our modules) are left as they are. Deep copy unless inplace=True.
+    (nn.LayerNorm / nn.RMSNorm / nn.Linear by what fuse() replaced.)
     """
     if not inplace:
         model = copy.deepcopy(model)

@@ -8,6 +8,8 @@ Parameter names, shapes and initialisation match the unfused PyTorch modules, so
 - `LinearBiasAct`              ≙ nn.Linear → nn.GELU / nn.GELU("tanh") / nn.SiLU / nn.ReLU
 - `FusedDropoutAddLayerNorm`   ≙ nn.LayerNorm(dropout(x) + residual)   (parameters `weight`, `bias`)
 - `FusedDropoutAddRMSNorm`     ≙ nn.RMSNorm(dropout(x) + residual)     (parameter `weight`)
+- `FusedLayerNormDropout`      ≙ nn.LayerNorm → nn.Dropout (→ nn.ReLU) (parameters `weight`, `bias`)
+- `FusedRMSNormDropout`        ≙ nn.RMSNorm → nn.Dropout (→ nn.ReLU)   (parameter `weight`)
 
 `backend` is "auto" (CUDA kernels on CUDA tensors, C++ on CPU), "cuda", "cpu" or "triton" (see backends.py).
 """
@@ -24,7 +26,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from .backends import resolve_backend
-from .ops import ACTIVATIONS, bias_act, bias_relu, dropout_add_norm, layer_norm_dropout_relu
+from .ops import (
+    ACTIVATIONS,
+    NORM_ACTIVATIONS,
+    bias_act,
+    bias_relu,
+    dropout_add_norm,
+    layer_norm_dropout_relu,
+    norm_dropout,
+)
 
 _ShapeT = Union[int, Sequence[int]]
 
@@ -185,6 +195,23 @@ class LinearBiasAct(nn.Module):
         )
 
 
+def _setup_norm(module: nn.Module, normalized_shape, p, eps, backend) -> None:
+    """The attributes every one-dimensional fused norm module has: normalized_shape, p, eps, backend."""
+    if isinstance(normalized_shape, numbers.Integral):
+        normalized_shape = (int(normalized_shape),)
+    module.normalized_shape = tuple(int(s) for s in normalized_shape)
+    if len(module.normalized_shape) != 1:
+        raise ValueError(
+            f"{type(module).__name__}: normalized_shape must be one dimension (the last of x), "
+            f"got {module.normalized_shape}"
+        )
+    if not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    module.p = float(p)
+    module.eps = eps
+    module.backend = resolve_backend(backend)
+
+
 class _FusedDropoutAddNorm(nn.Module):
     """norm(dropout(x) + residual) in one kernel (gpuopt_ops.dropout_add_norm); forward(x, residual=None).
 
@@ -196,21 +223,9 @@ class _FusedDropoutAddNorm(nn.Module):
     _norm = "layer"
 
     def _setup(self, normalized_shape, p, eps, prenorm, residual_in_fp32, backend) -> None:
-        if isinstance(normalized_shape, numbers.Integral):
-            normalized_shape = (int(normalized_shape),)
-        self.normalized_shape = tuple(int(s) for s in normalized_shape)
-        if len(self.normalized_shape) != 1:
-            raise ValueError(
-                f"{type(self).__name__}: normalized_shape must be one dimension (the last of x), "
-                f"got {self.normalized_shape}"
-            )
-        if not 0.0 <= float(p) <= 1.0:
-            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-        self.p = float(p)
-        self.eps = eps
+        _setup_norm(self, normalized_shape, p, eps, backend)
         self.prenorm = bool(prenorm)
         self.residual_in_fp32 = bool(residual_in_fp32)
-        self.backend = resolve_backend(backend)
 
     def _eps(self, x: torch.Tensor) -> float:
         return float(self.eps)
@@ -287,6 +302,92 @@ class FusedDropoutAddRMSNorm(_FusedDropoutAddNorm):
 
     def reset_parameters(self) -> None:
         _reset_norm_parameters(self)
+
+    def _eps(self, x: torch.Tensor) -> float:
+        return torch.finfo(x.dtype).eps if self.eps is None else float(self.eps)
+
+
+class _FusedNormDropout(nn.Module):
+    """act(dropout(norm(x))) in one kernel (gpuopt_ops.norm_dropout), act None (identity) or "relu". Dropout is
+    drawn from torch's generator on x's device in training and is off in eval()."""
+
+    _norm = "layer"
+
+    def _setup(self, normalized_shape, p, eps, activation, backend) -> None:
+        if activation not in NORM_ACTIVATIONS:
+            raise ValueError(f"{type(self).__name__}: activation must be None or 'relu', got {activation!r}")
+        _setup_norm(self, normalized_shape, p, eps, backend)
+        self.activation = activation
+
+    def _eps(self, x: torch.Tensor) -> float:
+        return float(self.eps)
+
+    def reset_parameters(self) -> None:
+        _reset_norm_parameters(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return norm_dropout(
+            x,
+            self.weight,
+            getattr(self, "bias", None),
+            norm=self._norm,
+            activation=self.activation,
+            p=self.p,
+            training=self.training,
+            eps=self._eps(x),
+            backend=self.backend,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.normalized_shape}, p={self.p}, eps={self.eps}, elementwise_affine={self.weight is not None}, "
+            f"activation={self.activation!r}, backend={self.backend!r}"
+        )
+
+
+class FusedLayerNormDropout(_FusedNormDropout):
+    """act(dropout(LayerNorm(x))), act None or "relu"; nn.LayerNorm's parameters (`weight`, `bias`) and
+    initialisation: a drop-in for nn.LayerNorm → nn.Dropout(p) (→ nn.ReLU)."""
+
+    def __init__(
+        self,
+        normalized_shape: _ShapeT,
+        p: float = 0.1,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        activation: Optional[str] = None,
+        backend: str = "auto",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self._setup(normalized_shape, p, float(eps), activation, backend)
+        _norm_parameters(self, elementwise_affine, bias, {"device": device, "dtype": dtype})
+        self.reset_parameters()
+
+
+class FusedRMSNormDropout(_FusedNormDropout):
+    """act(dropout(RMSNorm(x))), act None or "relu"; nn.RMSNorm's parameter (`weight`), initialisation and eps
+    default (None: torch.finfo(x.dtype).eps): a drop-in for nn.RMSNorm → nn.Dropout(p) (→ nn.ReLU)."""
+
+    _norm = "rms"
+
+    def __init__(
+        self,
+        normalized_shape: _ShapeT,
+        p: float = 0.1,
+        eps: Optional[float] = None,
+        elementwise_affine: bool = True,
+        activation: Optional[str] = None,
+        backend: str = "auto",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self._setup(normalized_shape, p, None if eps is None else float(eps), activation, backend)
+        _norm_parameters(self, elementwise_affine, None, {"device": device, "dtype": dtype})
+        self.reset_parameters()
 
     def _eps(self, x: torch.Tensor) -> float:
         return torch.finfo(x.dtype).eps if self.eps is None else float(self.eps)

@@ -9,7 +9,13 @@ from torch import nn
 
 import gpuopt_ops
 from gpuopt_ops.compile_backend import gpuopt_backend, rewrite_graph
-from gpuopt_ops.modules import FusedLayerNormDropoutReLU, LinearBiasAct, LinearBiasReLU
+from gpuopt_ops.modules import (
+    FusedLayerNormDropout,
+    FusedLayerNormDropoutReLU,
+    FusedRMSNormDropout,
+    LinearBiasAct,
+    LinearBiasReLU,
+)
 
 from backends import backend_params
 
@@ -141,6 +147,10 @@ PATTERNS = {
         FusedLayerNormDropoutReLU,
         0.1,
     ),
+    "layernorm-dropout": (lambda: [nn.LayerNorm(16), nn.Dropout(0.2)], FusedLayerNormDropout, 0.2),
+    "rmsnorm-dropout": (lambda: [nn.RMSNorm(16), nn.Dropout(0.2)], FusedRMSNormDropout, 0.2),
+    "rmsnorm-dropout-relu": (lambda: [nn.RMSNorm(16, eps=1e-6), nn.Dropout(0.3), nn.ReLU()], FusedRMSNormDropout, 0.3),
+    "rmsnorm-relu-no-affine": (lambda: [nn.RMSNorm(16, elementwise_affine=False), nn.ReLU()], FusedRMSNormDropout, 0.0),
     "linear-relu": (lambda: [nn.Linear(16, 16), nn.ReLU()], LinearBiasReLU, None),
     "linear-relu-inplace": (lambda: [nn.Linear(16, 16), nn.ReLU(inplace=True)], LinearBiasReLU, None),
     "linear-gelu": (lambda: [nn.Linear(16, 16), nn.GELU()], LinearBiasAct, None),
@@ -161,7 +171,7 @@ def test_each_pattern_is_fused_and_unfused(name, capsys):
     if p is not None:
         assert fused[1].p == p and fused[1].eps == model[1].eps
         assert (fused[1].weight is None) == (model[1].weight is None)
-        assert (fused[1].bias is None) == (model[1].bias is None)
+        assert (getattr(fused[1], "bias", None) is None) == (getattr(model[1], "bias", None) is None)
     _same_state(model, fused)
     line = capsys.readouterr().out
     assert line.startswith("gpuopt_ops.fuse: 1 (+") and cls.__name__ in line, line
@@ -185,9 +195,11 @@ def test_non_patterns_are_left_alone(capsys):
         nn.Dropout(0.1),
         nn.LayerNorm(16),
         nn.Tanh(),  # dropout before the norm, no ReLU after it
-        nn.LayerNorm(16),
+        nn.LayerNorm((2, 8)),
         nn.Dropout(0.1),
-        nn.Tanh(),  # LN → Dropout without ReLU
+        nn.Tanh(),  # LN over two dimensions → Dropout without ReLU (the norm-dropout modules take one)
+        nn.RMSNorm(16),
+        nn.Tanh(),  # RMSNorm → not ReLU / Dropout
         nn.LayerNorm(16),
         shared_relu,  # this ReLU object is used twice
         nn.Linear(16, 16, bias=False),
@@ -324,7 +336,7 @@ def test_patterns_that_must_not_be_rewritten():
         y = F.layer_norm(x, (16,))
         a = F.relu(y) + y  # layer_norm output used twice
         d = F.dropout(F.layer_norm(x, (16,)), 0.1, True)
-        b = F.relu(d) * d.sum()  # dropout output used twice
+        b = F.relu(d) * d.sum()  # dropout output used twice: no relu fused (layer_norm → dropout alone is a site)
         c = F.gelu(F.layer_norm(x, (16,)))  # not relu
         lin = F.linear(x, w)  # no bias
         e = F.relu(lin)
@@ -334,7 +346,7 @@ def test_patterns_that_must_not_be_rewritten():
     log = []
     torch._dynamo.reset()
     out = torch.compile(f, backend=_capture(log))(torch.randn(4, 16), torch.randn(16, 16))
-    assert log == [] and len(out) == 5
+    assert [line.split(" (")[0] for line in log] == ["layer_norm → dropout"] and len(out) == 5, log
 
     log2 = []
     torch._dynamo.reset()
@@ -433,6 +445,43 @@ def test_block_patterns_that_must_not_be_rewritten():
     x, r = torch.randn(4, 16), torch.randn(4, 16)
     out = torch.compile(f, backend=_capture(log))(x, r, r.to(torch.bfloat16), torch.randn(16, 16))
     assert log == [] and len(out) == 6
+
+
+def test_norm_dropout_sites_are_rewritten_and_match_eager():
+    """norm → dropout (→ relu) without an add before it: LayerNorm (BERT's embeddings), F.rms_norm, the written-out
+    RMSNorm; in training the kept elements carry the norm's value times the scale, in eval the plain function."""
+
+    class NormDropout(nn.Module):
+        def __init__(self, n=32):
+            super().__init__()
+            self.ln, self.rms = nn.LayerNorm(n), nn.RMSNorm(n, eps=1e-6)
+            self.w = nn.Parameter(torch.randn(n))
+
+        def forward(self, x):
+            a = F.dropout(self.ln(x), 0.2, self.training)  # layer_norm → dropout
+            b = torch.relu(F.dropout(self.rms(a * 3), 0.2, self.training))  # rms_norm → dropout → relu
+            h = b.to(torch.float32)
+            c = self.w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+            return a, F.dropout(c, 0.2, self.training)  # written-out RMSNorm → dropout
+
+    torch.manual_seed(0)
+    model = _randomize(NormDropout())
+    x = torch.randn(4, 7, 32)
+    log = []
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=_capture(log))
+    got = compiled.eval()(x)[1]
+    kinds = sorted(line.split(" (")[0] for line in log)
+    assert kinds == sorted(["layer_norm → dropout", "rms_norm → dropout → relu", "written-out RMSNorm → dropout"]), log
+    assert all("gpuopt::norm_dropout" in line for line in log), log
+    torch.testing.assert_close(got, model.eval()(x)[1], atol=1e-5, rtol=1e-5)
+    model.train()
+    torch.manual_seed(3)
+    a, _ = compiled(x)
+    dropped = (a == 0).float().mean().item()
+    assert 0.1 < dropped < 0.3, dropped  # LayerNorm → dropout's share (p = 0.2), drawn in training
+    kept = a != 0
+    torch.testing.assert_close(a[kept], (model.ln(x) / 0.8)[kept], atol=1e-5, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------- benchmark smoke test

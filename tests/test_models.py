@@ -7,8 +7,9 @@ options={"inductor": False}: the rewritten graph as it is, so the test measures 
 time; one test also goes through Inductor.
 
 Fusable sites, L = number of layers:
-- BERT (post-norm): LayerNorm(dropout(dense(h)) + residual) twice per layer; dense → GELU (erf) once per layer.
-  The embeddings' add of the position embeddings broadcasts over the batch (not the same function: left alone).
+- BERT (post-norm): LayerNorm(dropout(dense(h)) + residual) twice per layer; dense → GELU (erf) once per layer;
+  the embeddings' LayerNorm → dropout once (norm_dropout). The embeddings' add of the position embeddings
+  broadcasts over the batch (not the same function as a residual add: left to the norm-dropout rule).
 - GPT-2 (pre-norm): dropout(embeddings) → ln_1 (the dropout output is the first residual), then per layer
   residual + dropout(attn) → ln_2 and residual + dropout(mlp) → next ln_1 / ln_f, the sums reused as residuals;
   addmm → view → gelu_new (the tanh GELU written out) once per layer.
@@ -30,10 +31,10 @@ timm = pytest.importorskip("timm")
 
 LAYERS = 2
 EXPECTED = {  # forward gpuopt ops per model (each runs its _backward once in a training step)
-    "bert": {"dropout_add_norm": 2 * LAYERS, "bias_act": LAYERS},
-    "gpt2": {"dropout_add_norm": 2 * LAYERS + 1, "bias_act": LAYERS},
-    "llama": {"dropout_add_norm": 2 * LAYERS, "bias_act": 0},
-    "vit": {"dropout_add_norm": 2 * LAYERS + 1, "bias_act": LAYERS},
+    "bert": {"dropout_add_norm": 2 * LAYERS, "bias_act": LAYERS, "norm_dropout": 1},
+    "gpt2": {"dropout_add_norm": 2 * LAYERS + 1, "bias_act": LAYERS, "norm_dropout": 0},
+    "llama": {"dropout_add_norm": 2 * LAYERS, "bias_act": 0, "norm_dropout": 0},
+    "vit": {"dropout_add_norm": 2 * LAYERS + 1, "bias_act": LAYERS, "norm_dropout": 0},
 }
 MODELS = list(EXPECTED)
 
