@@ -126,7 +126,7 @@ def check_ldr(ops, m, n, dtype, params, p, *, x_unaligned=False, params_unaligne
 
 
 def test_schemas_are_the_real_ones(emu):
-    names = ["layer_norm_dropout_relu", "bias_relu", "bias_act", "dropout_add_norm"]
+    names = ["layer_norm_dropout_relu", "bias_relu", "bias_act", "dropout_add_norm", "norm_dropout"]
     for name in names + [f"{n}_backward" for n in names]:
         real = str(getattr(cpu, name).default._schema).replace("gpuopt::", "")
         ours = str(getattr(emu, name).default._schema).replace("gpuopt_emu::", "")

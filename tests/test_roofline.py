@@ -170,7 +170,8 @@ _LONG_BACKWARD_TRITON = (
 )
 KNOWN_SHORT: dict[tuple, str] = {
     **{
-        ("cuda", "layer_norm_dropout_relu", "backward", dt, n): _LONG_BACKWARD
+        ("cuda", op, "backward", dt, n): _LONG_BACKWARD
+        for op in ("layer_norm_dropout_relu", "rms_norm_dropout")
         for dt in ("bf16", "fp16", "fp32")
         for n in (12288, 16384)
     },
@@ -268,6 +269,13 @@ def test_model_covers_every_case(model):
         for sfx, dts in (("", ("bf16", "fp16", "fp32")), ("_res32", ("bf16",)))
         for d in ("forward", "backward")
         for dt in dts
+        for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)
+    }
+    # norm_dropout: RMSNorm → dropout (weight only, no ReLU) on CUDA (its launches are layer_norm_dropout_relu's)
+    want |= {
+        ("cuda", "rms_norm_dropout", d, dt, n)
+        for d in ("forward", "backward")
+        for dt in ("bf16", "fp16", "fp32")
         for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)
     }
     assert keys == want

@@ -98,6 +98,11 @@ def test_cuda_mirror_matches_the_launcher(emu, dtype, m, n):
         emu.dropout_add_norm_backward(g, torch.randn(m, n).to(sdt), s, w, None if rms else b, mean, rstd, seed, 0.2,
                                       rms, True)  # fmt: skip
         assert recorded(emu) == mirror[(op, "backward")], op
+    # norm_dropout, as the model's row: RMSNorm, weight only, no ReLU (layer_norm_dropout_relu's launches)
+    _, mean, rstd = emu.norm_dropout(x, w, None, seed, 0.2, 1e-5, True, False)
+    assert recorded(emu) == mirror[("rms_norm_dropout", "forward")]
+    emu.norm_dropout_backward(torch.randn(m, n).to(dt), x, w, None, mean, rstd, seed, 0.2, True, False)
+    assert recorded(emu) == mirror[("rms_norm_dropout", "backward")]
 
 
 def test_mirror_constants_match_the_kernels():

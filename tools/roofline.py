@@ -534,6 +534,7 @@ FLOORS = {  # (op, direction) -> the estimate every row must reach
             "dropout_add_rms_norm",
             "dropout_add_norm_res32",
             "dropout_add_rms_norm_res32",
+            "rms_norm_dropout",
         )
         for d, floor in (("forward", 0.88), ("backward", 0.82))
     },

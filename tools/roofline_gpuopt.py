@@ -31,8 +31,11 @@ DAN_OPS = {  # op label -> (rms, residual_in_fp32)
     "dropout_add_norm_res32": (False, True),
     "dropout_add_rms_norm_res32": (True, True),
 }
-OPS = ("layer_norm_dropout_relu", "bias_relu", *OPS_BIAS_ACT, *DAN_OPS)
-TRITON_OPS = OPS  # every op has Triton launches in the model
+# norm_dropout's row: RMSNorm, no ReLU, a weight and no bias, p > 0. Its CUDA launches are layer_norm_dropout_relu's
+# kernels (rms and relu are launch arguments) without the mean and the bias.
+ND_OPS = ("rms_norm_dropout",)
+OPS = ("layer_norm_dropout_relu", "bias_relu", *OPS_BIAS_ACT, *DAN_OPS, *ND_OPS)
+TRITON_OPS = tuple(op for op in OPS if op not in ND_OPS)  # the ops with Triton launches in the model
 DIRECTIONS = ("forward", "backward")
 DTYPES = ("bf16", "fp16", "fp32")
 NS = (768, 1024, 2048, 4096, 8192, 12288, 16384)
@@ -73,10 +76,11 @@ def ideal_bytes(op: str, direction: str, dtype: str, n: int, m: Optional[int] = 
     e = ELEM[dtype]
     if op in DAN_OPS:
         return dan_ideal_bytes(op, direction, dtype, m, n)
-    if op == "layer_norm_dropout_relu":
+    if op == "layer_norm_dropout_relu" or op in ND_OPS:
+        k = 1 if op in ND_OPS else 2  # statistics (rstd, mean) and parameters (weight, bias)
         if direction == "forward":  # x in, out, mean and rstd out, weight and bias in
-            return 2 * m * n * e + 2 * m * ACC + 2 * n * e
-        return 3 * m * n * e + 2 * m * ACC + 4 * n * e  # dy, x in, dx out, mean, rstd in, w, b in, dw, db out
+            return 2 * m * n * e + k * m * ACC + k * n * e
+        return 3 * m * n * e + k * m * ACC + 2 * k * n * e  # dy, x in, dx out, mean, rstd in, w, b in, dw, db out
     if direction == "forward":
         return 2 * m * n * e + n * e
     if op == "bias_relu":
@@ -243,7 +247,8 @@ def cuda_launches(
         dan_launches(code, op, direction, dtype, n, sms, m, out, column_sums)
         return out
 
-    if op == "layer_norm_dropout_relu":
+    if op == "layer_norm_dropout_relu" or op in ND_OPS:
+        k = 1 if op in ND_OPS else 2  # RMSNorm without bias: rstd alone, the weight alone
         plan = plan_ldr_rows(m, n, e, e, backward=direction == "backward", vec=True)
         flags = f"true, {'true' if plan.warp_row else 'false'}"  # the 16-byte path; one warp a row
 
@@ -268,7 +273,7 @@ def cuda_launches(
 
         if direction == "forward":
             if plan.rows:
-                rows_kernel("forward", 2 * mn * e + 2 * m * ACC + 2 * n * e, mn * e + 2 * n * e)
+                rows_kernel("forward", 2 * mn * e + k * m * ACC + k * n * e, mn * e + k * n * e)
             else:
                 name = f"ldr_forward_looped_kernel<{s}, {s}, float>"
                 g = persistent_grid(m, code.blocks_per_sm(name, LOOPED_THREADS), sms)
@@ -278,9 +283,9 @@ def cuda_launches(
                         (g,),
                         (LOOPED_THREADS,),
                         elements=mn,
-                        bytes=4 * mn * e + 2 * m * ACC + 2 * n * e,  # x read three times
-                        read_bytes=3 * mn * e + 2 * n * e,
-                        reread_bytes=2 * mn * e,  # the second and third passes over a block's row
+                        bytes=(k + 2) * mn * e + k * m * ACC + k * n * e,  # x read three times (RMSNorm: twice)
+                        read_bytes=(k + 1) * mn * e + k * n * e,
+                        reread_bytes=k * mn * e,  # the later passes over a block's row
                         reuse_unit_bytes=n * e,
                         stride_units=m,
                         trips=structural_trips(m / g, _cdiv(_cdiv(n, GROUP), LOOPED_THREADS)),
@@ -288,8 +293,10 @@ def cuda_launches(
                 )
             return out
         if plan.rows:  # + the dgamma / dbeta partial rows, G of each
-            g = rows_kernel("backward", 3 * mn * e + 2 * m * ACC + 2 * n * e, 2 * mn * e + 2 * m * ACC + 2 * n * e, 2)
+            st, pb = k * m * ACC, k * n * e  # mean and rstd, weight and bias
+            g = rows_kernel("backward", 3 * mn * e + st + pb, 2 * mn * e + st + pb, k)
         else:
+            st, pb = k * m * ACC, k * n * e
             stats = f"ldr_backward_row_stats_kernel<{s}, {s}, float, true>"
             sg = persistent_grid(m, code.blocks_per_sm(stats, LOOPED_THREADS), sms)
             tiled = f"ldr_backward_tiled_kernel<{s}, {s}, float, true>"
@@ -301,8 +308,8 @@ def cuda_launches(
                     (sg,),
                     (LOOPED_THREADS,),
                     elements=mn,
-                    bytes=2 * mn * e + 4 * m * ACC + 2 * n * e,
-                    read_bytes=2 * mn * e + 2 * m * ACC + 2 * n * e,
+                    bytes=2 * mn * e + st + 2 * m * ACC + pb,  # + c1, c2 out
+                    read_bytes=2 * mn * e + st + pb,
                     stride_units=m,
                     trips=structural_trips(m / sg, _cdiv(_cdiv(n, GROUP), STATS_GROUPS[e] * LOOPED_THREADS)),
                 )
@@ -314,14 +321,14 @@ def cuda_launches(
                     (t.col_tiles, t.row_blocks),
                     (t.tx, t.ty),
                     elements=mn,
-                    bytes=3 * mn * e + 4 * m * ACC + 2 * n * e + 2 * g * ldp * ACC,
-                    read_bytes=2 * mn * e + 4 * m * ACC + 2 * n * e,
+                    bytes=3 * mn * e + st + 2 * m * ACC + pb + k * g * ldp * ACC,
+                    read_bytes=2 * mn * e + st + 2 * m * ACC + pb,
                     stride_units=steps,
                     stride_axis=1,
                     trips=structural_trips(math.ceil(steps / t.row_blocks / TILED_LDR_ROWS)),
                 )
             )
-        column_sums(g, 2, e)
+        column_sums(g, k, e)
         return out
 
     # bias_relu = bias_act with act 0; bias_act's backward reads the bias (acts 1-3)

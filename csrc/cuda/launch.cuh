@@ -73,11 +73,13 @@ struct LdrForwardBuffers {
   const void* bias;    // nullptr: none
   const int64_t* seed;
   void* out;
-  void* mean;  // accumulation dtype
+  void* mean;  // accumulation dtype; nullptr for RMSNorm
   void* rstd;
   int64_t M, N;
   DType x_dtype, param_dtype;
   double eps;
+  bool rms;   // RMSNorm (norm_dropout); layer_norm_dropout_relu: false
+  bool relu;  // ReLU after the dropout; layer_norm_dropout_relu: true
   DropoutParams dropout;
 };
 
@@ -86,7 +88,7 @@ struct LdrBackwardBuffers {
   const void* x;
   const void* weight;
   const void* bias;
-  const void* mean;
+  const void* mean;  // nullptr for RMSNorm
   const void* rstd;
   const int64_t* seed;
   void* grad_x;
@@ -94,6 +96,7 @@ struct LdrBackwardBuffers {
   void* grad_bias;
   int64_t M, N;  // M > 0
   DType x_dtype, param_dtype;
+  bool rms, relu;  // as LdrForwardBuffers
   DropoutParams dropout;
 };
 
@@ -199,6 +202,8 @@ void run_ldr_forward(const LdrForwardBuffers& b, Launcher& launcher) {
     p.eps = static_cast<A>(b.eps);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
+    p.rms = b.rms;
+    p.relu = b.relu;
     p.x_vec = vector_access(b.N, {b.x, b.out});
     p.p_vec = vector_access(b.N, {b.weight, b.bias});
     const bool vec = p.x_vec && p.p_vec;
@@ -257,7 +262,8 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
     p.x = static_cast<const S*>(b.x);
     p.weight = static_cast<const P*>(b.weight);
     p.bias = static_cast<const P*>(b.bias);
-    p.mean = static_cast<const A*>(b.mean);
+    // RMSNorm has no mean; ldr_backward_tiled_kernel reads it anyway (and drops it): point it at rstd
+    p.mean = static_cast<const A*>(b.rms ? b.rstd : b.mean);
     p.rstd = static_cast<const A*>(b.rstd);
     p.seed = b.seed;
     p.grad_x = static_cast<S*>(b.grad_x);
@@ -267,6 +273,8 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
     p.ldp = partial_stride(b.N);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
+    p.rms = b.rms;
+    p.relu = b.relu;
     p.x_vec = vector_access(b.N, {b.x, b.grad_out, b.grad_x});
     p.p_vec = vector_access(b.N, {b.weight, b.bias});
     const int sms = launcher.sm_count();
@@ -413,6 +421,7 @@ void run_dan_forward(const DanForwardBuffers& b, Launcher& launcher) {
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
     p.rms = b.rms;
+    p.relu = false;  // not read by dropout_add_norm's kernels
     p.x_vec = vector_access(b.N, {b.x, b.out, b.residual, b.sum});
     p.p_vec = vector_access(b.N, {b.weight, b.bias});
     const bool vec = p.x_vec && p.p_vec;

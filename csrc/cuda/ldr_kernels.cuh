@@ -29,6 +29,8 @@ struct LdrForwardParams {
   uint32_t threshold;  // keep <=> 16-bit lane >= threshold
   bool x_vec;          // N % 8 == 0 and x, out 16-byte aligned: 16-byte vector access to rows
   bool p_vec;          // N % 8 == 0 and weight, bias 16-byte aligned
+  bool rms;            // RMSNorm (mean is nullptr): norm_dropout / dropout_add_norm; LayerNorm otherwise
+  bool relu;           // ReLU after the dropout (layer_norm_dropout_relu: true; unused by dropout_add_norm)
 };
 
 template <typename S, typename P, typename A>
@@ -49,6 +51,8 @@ struct LdrBackwardParams {
   uint32_t threshold;
   bool x_vec;  // N % 8 == 0, x, grad_out, grad_x 16-byte aligned
   bool p_vec;
+  bool rms;   // RMSNorm: mean is nullptr, c2 = 0 (norm_dropout)
+  bool relu;  // the ReLU bit enters dy (layer_norm_dropout_relu: true)
 };
 
 // One element's pre-dropout value y = xhat * w + b.
@@ -123,7 +127,9 @@ GPUOPT_DEV void load_row_params(const P* __restrict__ weight, const P* __restric
 
 // ---------------------------------------------------------------------------------------------- fused norm kinds
 // The row kernels below serve two ops; K says which, at compile time:
-//   layer_norm_dropout_relu  (LdrKind) LayerNorm of x, then dropout and ReLU of the affine output.
+//   layer_norm_dropout_relu  (LdrKind) LayerNorm of x, then dropout and ReLU of the affine output; norm_dropout
+//                            runs the same kernels with RMSNorm (p.rms) and the ReLU (p.relu) launch arguments
+//                            (one uniform branch a row, a predicate an element): no instantiation of its own.
 //   dropout_add_norm         (DanKind) s = dropout(x) (+ residual), stored as `sum` in dtype U; LayerNorm or
 //                            RMSNorm (p.rms, a launch argument: one uniform branch a row) of s as stored; the
 //                            affine output. The backward adds grad_sum and applies the dropout to dS last.
@@ -145,7 +151,6 @@ template <typename S, typename U, typename P, typename A>
 struct DanForwardParams : LdrForwardParams<S, P, A> {
   const U* residual;  // nullptr: no residual
   U* sum;             // s = dropout(x) + residual, dtype U
-  bool rms;
 };
 
 // x: the stored sum s (dtype U, the norm's input); grad_x: the op's grad_x (dtype S).
@@ -172,13 +177,10 @@ struct DanBackwardParams {
   bool rms;
 };
 
+// RMSNorm: a launch argument of both kinds (layer_norm_dropout_relu's launches set it false).
 template <class K, class Params>
 GPUOPT_DEV bool is_rms(const Params& p) {
-  if constexpr (K::kDropPre) {
-    return p.rms;
-  } else {
-    return false;
-  }
+  return p.rms;
 }
 
 // DanKind's extra row buffers (nullptr for LdrKind, whose params have none).
@@ -247,7 +249,6 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
   int parity = 0;  // RMSNorm's one row sum a row alternates between the two halves of `red`
   for (int64_t row0 = int64_t(blockIdx.x) * blockDim.y; row0 < p.M; row0 += int64_t(gridDim.x) * blockDim.y) {
     const int64_t row = row0 + threadIdx.y;
-    if constexpr (K::kDropPre) parity ^= 1;
     if (row >= p.M) continue;  // only when R > 1, i.e. one warp a row: nothing below waits for the block
     const int64_t base = row * N;
     const S* __restrict__ xr = p.x + base;
@@ -307,8 +308,11 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
       }
     }
     A mu = A(0), var;
-    if (!rms) {
-      mu = row_sum<kWarpRow>(sum, red) * rc.inv_n;
+    // LdrKind's RMSNorm skips the mean's sum (`sum` goes unused) and takes LayerNorm's centred pass with mu = 0
+    // (x - 0 is x: sq is the sum of x^2), so its code is LayerNorm's plus two uniform branches (a shared-memory
+    // offset chosen at run time, as DanKind's parity, costs the LayerNorm rows 17 registers on the scalar path).
+    if (!K::kDropPre || !rms) {
+      if (!rms) mu = row_sum<kWarpRow>(sum, red) * rc.inv_n;
       A sq = A(0);
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
@@ -323,7 +327,11 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
         }
       }
       var = row_sum<kWarpRow>(sq, red + kWarpSize) * rc.inv_n;
+      // RMSNorm: this is the row's only block sum, so the next row's must not overwrite `red + kWarpSize` before
+      // every thread has read it (LayerNorm's sum into `red` in between is that barrier)
+      if (!kWarpRow && rms) __syncthreads();
     } else {
+      parity ^= 1;
       var = row_sum<kWarpRow>(sum, red + parity * kWarpSize) * rc.inv_n;  // mean of s^2
     }
     const A rs = A(1) / sqrt(var + p.eps);  // IEEE sqrt and division, as on the CPU
@@ -356,7 +364,7 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
           if constexpr (K::kDropPre) {
             o[j] = affine(v[k][j] * rs, wa[j], ba[j]);
           } else {
-            o[j] = ldr_forward_element<A>(affine(v[k][j] * rs, wa[j], ba[j]), keep[j], p.scale);
+            o[j] = nd_forward_element<A>(affine(v[k][j] * rs, wa[j], ba[j]), keep[j], p.scale, p.relu);
           }
         }
         store_group(outr + c0, valid, kVec, o);
@@ -401,7 +409,7 @@ GPUOPT_DEV void norm_forward_looped(const Params& p) {
         A v[kGroup];
         load_group(xr + g * kGroup, group_size(N, g * kGroup), p.x_vec, v);
 #pragma unroll
-        for (int j = 0; j < kGroup; ++j) sum += v[j];
+        for (int j = 0; j < kGroup; ++j) sum += rms ? v[j] * v[j] : v[j];
       }
     } else {
       xr = p.sum + row * N;
@@ -460,7 +468,7 @@ GPUOPT_DEV void norm_forward_looped(const Params& p) {
         const uint32_t keep = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
 #pragma unroll
         for (int j = 0; j < kGroup; ++j)
-          o[j] = ldr_forward_element<A>(affine((v[j] - mu) * rs, w[j], b[j]), (keep >> j) & 1u, p.scale);
+          o[j] = nd_forward_element<A>(affine((v[j] - mu) * rs, w[j], b[j]), (keep >> j) & 1u, p.scale, p.relu);
       } else {
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) o[j] = affine((v[j] - mu) * rs, w[j], b[j]);
@@ -611,7 +619,8 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
             (void)bj;
             dy = in ? static_cast<A>(to_acc(gs[k].v[j])) : A(0);
           } else {
-            dy = in ? ldr_backward_element<A>(to_acc(gs[k].v[j]), affine(xhat[k][j], wj, bj), keep[j], p.scale) : A(0);
+            dy = in ? nd_backward_element<A>(to_acc(gs[k].v[j]), affine(xhat[k][j], wj, bj), keep[j], p.scale, p.relu)
+                    : A(0);
           }
           dxhat[k][j] = dy * wj;
           dw[k][j] += dy * xhat[k][j];
@@ -756,7 +765,8 @@ GPUOPT_DEV void norm_backward_row_stats(const Params& p) {
               (void)bj;
               dy = in ? static_cast<A>(to_acc(gs[u].v[j])) : A(0);
             } else {
-              dy = in ? ldr_backward_element<A>(to_acc(gs[u].v[j]), affine(xhat, wj, bj), keep[j], p.scale) : A(0);
+              dy = in ? nd_backward_element<A>(to_acc(gs[u].v[j]), affine(xhat, wj, bj), keep[j], p.scale, p.relu)
+                      : A(0);
             }
             const A dxhat = dy * wj;
             c1 += dxhat * xhat;
@@ -823,7 +833,9 @@ GPUOPT_DEV void norm_backward_tiled(const Params& p) {
           if constexpr (K::kDropPre) {
             if (p.grad_sum != nullptr) load_raw_group(p.grad_sum + r * N + c0, valid, kVec, gsum[u]);
           }
-          mu[u] = rms ? A(0) : p.mean[r];
+          // LdrKind reads mean unconditionally (RMSNorm: run_ldr_backward points it at rstd) and drops it below:
+          // a load under the flag costs its scalar path 17-24 registers (two blocks a SM become one)
+          mu[u] = K::kDropPre && rms ? A(0) : p.mean[r];
           rs[u] = p.rstd[r];
           c1[u] = p.row_stats[2 * r];
           c2[u] = p.row_stats[2 * r + 1];
@@ -840,12 +852,14 @@ GPUOPT_DEV void norm_backward_tiled(const Params& p) {
 #pragma unroll
           for (int j = 0; j < kGroup; ++j) {
             const bool in = j < valid;
-            const A xhat = in ? (static_cast<A>(to_acc(xs[u].v[j])) - mu[u]) * rs[u] : A(0);
+            const A m = !K::kDropPre && rms ? A(0) : mu[u];
+            const A xhat = in ? (static_cast<A>(to_acc(xs[u].v[j])) - m) * rs[u] : A(0);
             A dy;
             if constexpr (K::kDropPre) {
               dy = in ? static_cast<A>(to_acc(gs[u].v[j])) : A(0);
             } else {
-              dy = in ? ldr_backward_element<A>(to_acc(gs[u].v[j]), affine(xhat, w[j], b[j]), keep[j], p.scale) : A(0);
+              dy = in ? nd_backward_element<A>(to_acc(gs[u].v[j]), affine(xhat, w[j], b[j]), keep[j], p.scale, p.relu)
+                      : A(0);
             }
             const A dxhat = dy * w[j];
             dw[j] += dy * xhat;

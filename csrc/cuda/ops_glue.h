@@ -31,14 +31,12 @@ inline cuda::DType dtype_of(ScalarType t) {
   }
 }
 
+// layer_norm_dropout_relu and norm_dropout (a.rms, a.relu; mean is (0,) for RMSNorm): (out, mean, rstd).
 template <class Backend>
-std::tuple<Tensor, Tensor, Tensor> ldr_forward_op(const Tensor& x, const std::optional<Tensor>& weight,
-                                                  const std::optional<Tensor>& bias, const Tensor& seed, double p,
-                                                  double eps) {
-  LdrArgs a = check_ldr_forward(x, weight, bias, seed, p, eps);
+std::tuple<Tensor, Tensor, Tensor> norm_forward(const LdrArgs& a, const Tensor& x, const Tensor& seed, double eps) {
   Backend be(a.x);
   Tensor out = empty_on(a.x, x.sizes(), x.scalar_type());
-  Tensor mean = empty_on(a.x, {a.M}, a.acc_dtype);
+  Tensor mean = empty_on(a.x, {a.rms ? 0 : a.M}, a.acc_dtype);
   Tensor rstd = empty_on(a.x, {a.M}, a.acc_dtype);
   if (a.M == 0) return {out, mean, rstd};
   const Tensor seed_c = as_contiguous(seed);
@@ -47,25 +45,24 @@ std::tuple<Tensor, Tensor, Tensor> ldr_forward_op(const Tensor& x, const std::op
                             be.in("bias", a.bias),
                             static_cast<const int64_t*>(be.in("seed", seed_c)),
                             be.out("out", out),
-                            be.out("mean", mean),
+                            a.rms ? nullptr : be.out("mean", mean),
                             be.out("rstd", rstd),
                             a.M,
                             a.N,
                             dtype_of(a.x.scalar_type()),
                             dtype_of(a.param_dtype),
                             eps,
+                            a.rms,
+                            a.relu,
                             a.dropout};
   cuda::run_ldr_forward(b, be.launcher());
   be.finish();
   return {out, mean, rstd};
 }
 
+// The backwards of both: (grad_x, grad_weight, grad_bias), an absent parameter's gradient (0,)-shaped.
 template <class Backend>
-std::tuple<Tensor, Tensor, Tensor> ldr_backward_op(const Tensor& grad_out, const Tensor& x,
-                                                   const std::optional<Tensor>& weight,
-                                                   const std::optional<Tensor>& bias, const Tensor& mean,
-                                                   const Tensor& rstd, const Tensor& seed, double p) {
-  LdrBackwardArgs bw = check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p);
+std::tuple<Tensor, Tensor, Tensor> norm_backward(const LdrBackwardArgs& bw, const Tensor& x, const Tensor& seed) {
   const LdrArgs& a = bw.fwd;
   Backend be(a.x);
   const ScalarType pt = a.param_dtype;
@@ -82,7 +79,7 @@ std::tuple<Tensor, Tensor, Tensor> ldr_backward_op(const Tensor& grad_out, const
                              be.in("x", a.x),
                              be.in("weight", a.weight),
                              be.in("bias", a.bias),
-                             be.in("mean", bw.mean),
+                             a.rms ? nullptr : be.in("mean", bw.mean),
                              be.in("rstd", bw.rstd),
                              static_cast<const int64_t*>(be.in("seed", seed_c)),
                              be.out("grad_x", grad_x),
@@ -92,10 +89,45 @@ std::tuple<Tensor, Tensor, Tensor> ldr_backward_op(const Tensor& grad_out, const
                              a.N,
                              dtype_of(a.x.scalar_type()),
                              dtype_of(a.param_dtype),
+                             a.rms,
+                             a.relu,
                              a.dropout};
   cuda::run_ldr_backward(b, be.launcher());
   be.finish();
   return {grad_x, grad_w, grad_b};
+}
+
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor> ldr_forward_op(const Tensor& x, const std::optional<Tensor>& weight,
+                                                  const std::optional<Tensor>& bias, const Tensor& seed, double p,
+                                                  double eps) {
+  return norm_forward<Backend>(check_ldr_forward(x, weight, bias, seed, p, eps), x, seed, eps);
+}
+
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor> ldr_backward_op(const Tensor& grad_out, const Tensor& x,
+                                                   const std::optional<Tensor>& weight,
+                                                   const std::optional<Tensor>& bias, const Tensor& mean,
+                                                   const Tensor& rstd, const Tensor& seed, double p) {
+  return norm_backward<Backend>(check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p), x, seed);
+}
+
+// norm_dropout: layer_norm_dropout_relu with RMSNorm and the ReLU as flags (the same kernels).
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor> nd_forward_op(const Tensor& x, const std::optional<Tensor>& weight,
+                                                 const std::optional<Tensor>& bias, const Tensor& seed, double p,
+                                                 double eps, bool rms, bool relu) {
+  return norm_forward<Backend>(check_norm_dropout(x, weight, bias, seed, p, eps, rms, relu), x, seed, eps);
+}
+
+template <class Backend>
+std::tuple<Tensor, Tensor, Tensor> nd_backward_op(const Tensor& grad_out, const Tensor& x,
+                                                  const std::optional<Tensor>& weight,
+                                                  const std::optional<Tensor>& bias, const Tensor& mean,
+                                                  const Tensor& rstd, const Tensor& seed, double p, bool rms,
+                                                  bool relu) {
+  return norm_backward<Backend>(check_norm_dropout_backward(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu),
+                                x, seed);
 }
 
 template <class Backend>

@@ -128,6 +128,8 @@ STABLE_TORCH_LIBRARY_IMPL(gpuopt_emu, CPU, m) {
   m.impl("bias_act_backward", TORCH_BOX(&gpuopt::bias_act_backward_op<gpuopt::EmuBackend>));
   m.impl("dropout_add_norm", TORCH_BOX(&gpuopt::dan_forward_op<gpuopt::EmuBackend>));
   m.impl("dropout_add_norm_backward", TORCH_BOX(&gpuopt::dan_backward_op<gpuopt::EmuBackend>));
+  m.impl("norm_dropout", TORCH_BOX(&gpuopt::nd_forward_op<gpuopt::EmuBackend>));
+  m.impl("norm_dropout_backward", TORCH_BOX(&gpuopt::nd_backward_op<gpuopt::EmuBackend>));
 }
 
 // Ops without tensor arguments dispatch to CompositeExplicitAutograd (no dispatch key comes from their inputs).
