@@ -2,6 +2,9 @@
 
     torch.ops.gpuopt.triton_layer_norm_dropout_relu(x, weight, bias, seed, p, eps) -> (out, mean, rstd)
     torch.ops.gpuopt.triton_layer_norm_dropout_relu_backward(grad_out, x, weight, bias, mean, rstd, seed, p)
+    torch.ops.gpuopt.triton_norm_dropout(x, weight, bias, seed, p, eps, rms, relu) -> (out, mean, rstd)
+    torch.ops.gpuopt.triton_norm_dropout_backward(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu)
+        -> (grad_x, grad_weight, grad_bias)
     torch.ops.gpuopt.triton_bias_relu(x, bias) -> out
     torch.ops.gpuopt.triton_bias_relu_backward(grad_out, out) -> (grad_x, grad_bias)
     torch.ops.gpuopt.triton_bias_act(x, bias, act) -> out
@@ -12,8 +15,10 @@
         rms, has_residual) -> (grad_x, grad_residual, grad_weight, grad_bias)
 
 Same schemas, input checks (gpuopt_ops/checks.py: the C++ messages word for word), outputs and dropout
-bits as the C++ ops; autograd is that of the C++ ops (ops.register_ldr_autograd / register_bias_relu_autograd /
-register_bias_act_autograd / register_dropout_add_norm_autograd).
+bits as the C++ ops; autograd is that of the C++ ops (ops.register_ldr_autograd / register_norm_dropout_autograd /
+register_bias_relu_autograd / register_bias_act_autograd / register_dropout_add_norm_autograd). norm_dropout runs
+layer_norm_dropout_relu's kernels with its rms / relu flags as constexprs (rms=False, relu=True: the same kernels,
+the same bits).
 The kernels are in triton_kernels/ (repository root), installed as gpuopt_ops.triton_kernels.
 
 On a GPU the ops run compiled Triton kernels, and torch.compile decomposes them into the kernels (Inductor sees
@@ -81,6 +86,7 @@ from .ops import (  # noqa: E402
     register_bias_relu_autograd,
     register_dropout_add_norm_autograd,
     register_ldr_autograd,
+    register_norm_dropout_autograd,
 )
 
 # Whether the kernels were decorated under TRITON_INTERPRET=1 (tests patch this name to simulate the other case).
@@ -113,6 +119,13 @@ _KERNELS = {
         _LDR.ldr_bwd_chunk_kernel,
         _COMMON.sum_partials_kernel,
     ],
+    "gpuopt::triton_norm_dropout": [_LDR.ldr_fwd_fused_kernel, _LDR.ldr_fwd_looped_kernel],
+    "gpuopt::triton_norm_dropout_backward": [
+        _LDR.ldr_bwd_fused_kernel,
+        _LDR.ldr_bwd_row_coef_kernel,
+        _LDR.ldr_bwd_chunk_kernel,
+        _COMMON.sum_partials_kernel,
+    ],
     "gpuopt::triton_bias_relu": [_BR.bias_relu_fwd_kernel],
     "gpuopt::triton_bias_relu_backward": [_BR.bias_relu_bwd_kernel, _COMMON.sum_partials_kernel],
     "gpuopt::triton_bias_act": [_BR.bias_relu_fwd_kernel],
@@ -134,6 +147,14 @@ SCHEMAS = {
     "gpuopt::triton_layer_norm_dropout_relu_backward": (
         "(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, Tensor seed,"
         " float p) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)"
+    ),
+    "gpuopt::triton_norm_dropout": (
+        "(Tensor x, Tensor? weight, Tensor? bias, Tensor seed, float p, float eps, bool rms, bool relu)"
+        " -> (Tensor out, Tensor mean, Tensor rstd)"
+    ),
+    "gpuopt::triton_norm_dropout_backward": (
+        "(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd,"
+        " Tensor seed, float p, bool rms, bool relu) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)"
     ),
     "gpuopt::triton_bias_relu": "(Tensor x, Tensor bias) -> Tensor",
     "gpuopt::triton_bias_relu_backward": "(Tensor grad_out, Tensor out) -> (Tensor grad_x, Tensor grad_bias)",
@@ -231,6 +252,69 @@ def _ldr_backward(
             grad_w,
             grad_b,
             p,
+            wrap=_WRAP,
+        )
+    return grad_x, grad_w, grad_b
+
+
+@_triton_op("gpuopt::triton_norm_dropout")
+def _nd_forward(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    seed: torch.Tensor,
+    p: float,
+    eps: float,
+    rms: bool,
+    relu: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m, _, _ = V.check_norm_dropout(x, weight, bias, seed, p, eps, rms, relu)
+    acc = V.acc_dtype(x.dtype)
+    x = x.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    mean = torch.empty((0,) if rms else (m,), dtype=acc, device=x.device)
+    rstd = torch.empty((m,), dtype=acc, device=x.device)
+    if not _skip_launch(x, "norm_dropout"):
+        _LDR.launch_forward(
+            x, _contig(weight), _contig(bias), seed, out, mean, rstd, p, eps, rms=rms, relu=relu, wrap=_WRAP
+        )
+    return out, mean, rstd
+
+
+@_triton_op("gpuopt::triton_norm_dropout_backward")
+def _nd_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    seed: torch.Tensor,
+    p: float,
+    rms: bool,
+    relu: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _, n, param_dtype = V.check_norm_dropout_backward(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu)
+    x = x.contiguous()
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    # the kernels write every element (the launcher zeroes them when M = 0: sums over no rows)
+    grad_w = torch.empty((n,) if weight is not None else (0,), dtype=param_dtype, device=x.device)
+    grad_b = torch.empty((n,) if bias is not None else (0,), dtype=param_dtype, device=x.device)
+    if not _skip_launch(x, "norm_dropout_backward"):
+        _LDR.launch_backward(
+            grad_out.contiguous(),
+            x,
+            _contig(weight),
+            _contig(bias),
+            mean.contiguous(),
+            rstd.contiguous(),
+            seed,
+            grad_x,
+            grad_w,
+            grad_b,
+            p,
+            rms=rms,
+            relu=relu,
             wrap=_WRAP,
         )
     return grad_x, grad_w, grad_b
@@ -355,6 +439,8 @@ def _dan_backward(
 _OPDEFS = (
     _ldr_forward,
     _ldr_backward,
+    _nd_forward,
+    _nd_backward,
     _bias_relu,
     _bias_relu_backward,
     _bias_act,
@@ -389,6 +475,8 @@ if INTERPRETED:
 
 triton_layer_norm_dropout_relu = torch.ops.gpuopt.triton_layer_norm_dropout_relu
 triton_layer_norm_dropout_relu_backward = torch.ops.gpuopt.triton_layer_norm_dropout_relu_backward
+triton_norm_dropout = torch.ops.gpuopt.triton_norm_dropout
+triton_norm_dropout_backward = torch.ops.gpuopt.triton_norm_dropout_backward
 triton_bias_relu = torch.ops.gpuopt.triton_bias_relu
 triton_bias_relu_backward = torch.ops.gpuopt.triton_bias_relu_backward
 triton_bias_act = torch.ops.gpuopt.triton_bias_act
@@ -397,6 +485,7 @@ triton_dropout_add_norm = torch.ops.gpuopt.triton_dropout_add_norm
 triton_dropout_add_norm_backward = torch.ops.gpuopt.triton_dropout_add_norm_backward
 
 register_ldr_autograd("gpuopt::triton_layer_norm_dropout_relu", triton_layer_norm_dropout_relu_backward)
+register_norm_dropout_autograd("gpuopt::triton_norm_dropout", triton_norm_dropout_backward)
 register_bias_relu_autograd("gpuopt::triton_bias_relu", triton_bias_relu_backward)
 register_bias_act_autograd("gpuopt::triton_bias_act", triton_bias_act_backward)
 register_dropout_add_norm_autograd("gpuopt::triton_dropout_add_norm", triton_dropout_add_norm_backward)
@@ -404,6 +493,8 @@ register_dropout_add_norm_autograd("gpuopt::triton_dropout_add_norm", triton_dro
 __all__ = [
     "triton_layer_norm_dropout_relu",
     "triton_layer_norm_dropout_relu_backward",
+    "triton_norm_dropout",
+    "triton_norm_dropout_backward",
     "triton_bias_relu",
     "triton_bias_relu_backward",
     "triton_bias_act",

@@ -176,7 +176,8 @@ def test_triton_schemas_match_the_cpp_ops():
 
     ops = torch.ops.gpuopt
     names = ("layer_norm_dropout_relu", "layer_norm_dropout_relu_backward", "bias_relu", "bias_relu_backward")
-    for name in (*names, "bias_act", "bias_act_backward"):
+    more = ("bias_act", "dropout_add_norm", "norm_dropout")
+    for name in (*names, *more, *(f"{n}_backward" for n in more)):
         cpp = getattr(ops, name).default._schema
         tri = getattr(ops, "triton_" + name).default._schema
         assert [(a.name, str(a.type)) for a in cpp.arguments] == [(a.name, str(a.type)) for a in tri.arguments]

@@ -176,15 +176,17 @@ KNOWN_SHORT: dict[tuple, str] = {
         for n in (12288, 16384)
     },
     **{
-        ("triton", "layer_norm_dropout_relu", "backward", dt, n): _LONG_BACKWARD_TRITON
+        ("triton", op, "backward", dt, n): _LONG_BACKWARD_TRITON
+        for op in ("layer_norm_dropout_relu", "rms_norm_dropout")
         for dt in ("bf16", "fp16", "fp32")
         for n in (12288, 16384)
     },
     **{
-        ("triton", "layer_norm_dropout_relu", "forward", dt, 16384): (
+        ("triton", op, "forward", dt, 16384): (
             "one pass over four 4096-column chunks holds 32 elements a thread at 16 warps and spills on triton 3.6; "
             "the looped forward reads x twice"
         )
+        for op in ("layer_norm_dropout_relu", "rms_norm_dropout")
         for dt in ("bf16", "fp16", "fp32")
     },
     **{
@@ -271,9 +273,10 @@ def test_model_covers_every_case(model):
         for dt in dts
         for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)
     }
-    # norm_dropout: RMSNorm → dropout (weight only, no ReLU) on CUDA (its launches are layer_norm_dropout_relu's)
+    # norm_dropout: RMSNorm → dropout (weight only, no ReLU), on layer_norm_dropout_relu's kernels in both backends
     want |= {
-        ("cuda", "rms_norm_dropout", d, dt, n)
+        (backend, "rms_norm_dropout", d, dt, n)
+        for backend in ("cuda", "triton")
         for d in ("forward", "backward")
         for dt in ("bf16", "fp16", "fp32")
         for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)

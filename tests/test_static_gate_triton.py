@@ -14,7 +14,7 @@ TRITON_INTERPRET, which conftest sets for the other tests) and every test here r
   would clone every input before each kernel);
 - Inductor's typing of float arguments (fp64): the kernels with float arguments compile with it too.
 
-Marked slow (~15 s: about 70 compiles, two at a time on 2 cores): run it after editing triton_kernels/ (this file,
+Marked slow (~15 s: about 90 compiles, two at a time on 2 cores): run it after editing triton_kernels/ (this file,
 or `python -m tools.triton_resources --checks`); the whole suite and CI run it.
 """
 
@@ -85,6 +85,12 @@ def test_table_covers_every_op_dtype_and_n(gate):
         for dtype in ("fp16", "bf16", "fp32"):
             for n in (768, 1024, 2048, 4096, 8192, 16384):
                 assert (op, dtype, n) in seen, (op, dtype, n)
+    # norm_dropout: the RMSNorm-without-ReLU corner of layer_norm_dropout_relu's kernels (tools.triton_resources'
+    # ND_TABLE), 3-chunk, single-block, widest single-block and looped / chunked rows
+    for op in ("nd_rms_fwd", "nd_rms_bwd"):
+        for dtype in ("bf16", "fp32"):
+            for n in (768, 1024, 8192, 16384):
+                assert (op, dtype, n) in seen, (op, dtype, n)
     assert all(r["regs"] > 0 for r in rows)
 
 
@@ -100,8 +106,8 @@ def test_no_spills_and_shared_memory_within_the_sm90_limit(gate):
 
 def test_n8192_takes_the_fused_backward(gate):
     rows = gate[0]["rows"]
-    for op, prefix in (("ldr_bwd", "ldr"), ("dan_bwd", "dan"), ("dan_rms_bwd", "dan")):
-        for dtype in ("fp16", "bf16", "fp32"):
+    for op, prefix in (("ldr_bwd", "ldr"), ("dan_bwd", "dan"), ("dan_rms_bwd", "dan"), ("nd_rms_bwd", "ldr")):
+        for dtype in ("fp16", "bf16", "fp32") if op != "nd_rms_bwd" else ("bf16", "fp32"):
             kernels = [r["kernel"] for r in rows if r["op"] == op and r["dtype"] == dtype and r["n"] == 8192]
             assert any(k.startswith(f"{prefix}_bwd_fused_kernel") for k in kernels), kernels
             assert not any(k.startswith(f"{prefix}_bwd_row_coef_kernel") for k in kernels), kernels

@@ -35,7 +35,7 @@ DAN_OPS = {  # op label -> (rms, residual_in_fp32)
 # kernels (rms and relu are launch arguments) without the mean and the bias.
 ND_OPS = ("rms_norm_dropout",)
 OPS = ("layer_norm_dropout_relu", "bias_relu", *OPS_BIAS_ACT, *DAN_OPS, *ND_OPS)
-TRITON_OPS = tuple(op for op in OPS if op not in ND_OPS)  # the ops with Triton launches in the model
+TRITON_OPS = OPS  # the ops with Triton launches in the model: all
 DIRECTIONS = ("forward", "backward")
 DTYPES = ("bf16", "fp16", "fp32")
 NS = (768, 1024, 2048, 4096, 8192, 12288, 16384)
@@ -493,17 +493,18 @@ def _triton_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
     mn = m * n
     params = n * e * (int(bool(a.get("HAS_W"))) + int(bool(a.get("HAS_B"))))
     sums = int(bool(a.get("HAS_W"))) + int(bool(a.get("HAS_B")))
+    k = 1 if a.get("RMS") else 2  # row statistics: rstd (RMSNorm, norm_dropout) or mean and rstd; c1 (and c2)
     if kernel == "ldr_fwd_fused_kernel":
-        return 2 * mn * e + 2 * m * ACC + params, mn * e + params
+        return 2 * mn * e + k * m * ACC + params, mn * e + params
     if kernel == "ldr_fwd_looped_kernel":  # x read twice: the output pass re-reads the program's row
-        return 3 * mn * e + 2 * m * ACC + params, 2 * mn * e + params, mn * e, n * e
+        return 3 * mn * e + k * m * ACC + params, 2 * mn * e + params, mn * e, n * e
     if kernel in ("ldr_bwd_fused_kernel", "ldr_bwd_chunk_kernel"):
         groups = a["_grid"][0] if kernel == "ldr_bwd_fused_kernel" else a["_grid"][1]
-        stats = 2 * m * ACC if kernel == "ldr_bwd_fused_kernel" else 4 * m * ACC
+        stats = k * m * ACC if kernel == "ldr_bwd_fused_kernel" else 2 * k * m * ACC
         partials = sums * groups * n * ACC
         return 3 * mn * e + stats + params + partials, 2 * mn * e + stats + params
     if kernel == "ldr_bwd_row_coef_kernel":
-        return 2 * mn * e + 4 * m * ACC + params, 2 * mn * e + 2 * m * ACC + params
+        return 2 * mn * e + 2 * k * m * ACC + params, 2 * mn * e + k * m * ACC + params
     if kernel == "sum_partials_kernel":  # grid (column blocks, 1 or 2 outputs): G partial rows each
         sets, g = a["_grid"][1], int(a["G"])
         return sets * (g * n * ACC + n * int(a["OUT"].element_size())), sets * g * n * ACC
@@ -573,6 +574,8 @@ _TRITON_OP = {
         for op, (rms, _) in DAN_OPS.items()
         for d, short in (("forward", "fwd"), ("backward", "bwd"))
     },
+    ("rms_norm_dropout", "forward"): "nd_rms_fwd",
+    ("rms_norm_dropout", "backward"): "nd_rms_bwd",
 }
 
 

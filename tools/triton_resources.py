@@ -9,11 +9,12 @@ specialization attributes (pointer 16-byte alignment, integer divisibility by 16
 and JITFunction._pack_args, i.e. exactly as a real launch does (a meta tensor's data_ptr() is 0, and torch's CUDA
 allocations are 512-byte aligned, so "16-byte aligned" is what a launch on fresh tensors gets).
 
-Recorded per compiled variant: registers per thread, spill bytes and stack frame from `ptxas -v` (Triton runs
-ptxas with -v; the log is captured), shared memory from the kernel metadata, num_warps, the grid the launcher
-chose, and the blocks per SM those registers/warps/shared memory allow (tools.cuda_resources.occupancy: 65536
-registers and 64 warps per SM, 32 blocks per SM, 228 KiB shared per SM). All figures are compile-time facts; none
-is a measured speed.
+The table: OPS x DTYPES x NS, plus a few norm_dropout cases (ND_TABLE: layer_norm_dropout_relu's kernels with
+RMS=True, RELU=False; ops nd_*). Recorded per compiled variant: registers per thread, spill bytes and stack frame
+from `ptxas -v` (Triton runs ptxas with -v; the log is captured), shared memory from the kernel metadata,
+num_warps, the grid the launcher chose, and the blocks per SM those registers/warps/shared memory allow
+(tools.cuda_resources.occupancy: 65536 registers and 64 warps per SM, 32 blocks per SM, 228 KiB shared per SM).
+All figures are compile-time facts; none is a measured speed.
 
 The persistent grids: on a GPU the launchers size them from the compiled kernel's own facts (n_regs, shared
 memory, warps; triton_kernels.common.programs_per_sm). Here the launchers get the same facts through their
@@ -384,7 +385,9 @@ def launches(
     residual_in_fp32: bool = False,
 ) -> list[Launch]:
     """Runs one launcher on meta tensors; returns the launches it made (recorded in `compiler`, not compiled).
-    max_fused_n (ldr, dan) overrides the longest row of the single-block kernels, to reach the looped ones.
+    max_fused_n (ldr, nd, dan) overrides the longest row of the single-block kernels, to reach the looped ones.
+    The nd ops (norm_dropout: layer_norm_dropout_relu's kernels with the RMS / RELU constexprs) are named
+    nd_{ln|rms}[_relu]_{fwd|bwd}; nd_ln_relu_* is layer_norm_dropout_relu itself.
     The dan ops (dropout_add_norm: dan_* LayerNorm, dan_rms_* RMSNorm) run with a residual and, in the
     backward, grad_sum; residual_in_fp32 makes the sum (and residual, grad_sum, grad_residual) fp32.
     facts: the persistent grids come from the compiled kernels (compiler.facts, as the launchers on a GPU take
@@ -399,12 +402,19 @@ def launches(
     start = len(compiler.launches)
     fused = {} if max_fused_n is None else {"max_fused_n": max_fused_n}
     hook = {"facts": compiler.facts} if facts else {}
+    flags = {}
+    b = w  # the bias (and its gradient) of the ldr launchers: like the weight
+    if op in ND_OPS:  # norm_dropout: the ldr launchers with its flags; RMSNorm with a weight and no bias
+        flags = {"rms": "_rms" in op, "relu": "_relu" in op}
+        if flags["rms"]:
+            mean, b = _meta((0,), acc), None
+        op = "ldr_" + op.rsplit("_", 1)[1]
     if op == "ldr_fwd":
         _call_launcher(
             L.launch_forward,
             x,
             w,
-            w,
+            b,
             seed,
             _meta((m, n), dtype),
             mean,
@@ -413,6 +423,7 @@ def launches(
             1e-5,
             wrap=compiler.wrap,
             _sm_count=sm_count,
+            **flags,
             **fused,
             **hook,
         )
@@ -423,16 +434,17 @@ def launches(
             _meta((m, n), dtype),
             x,
             w,
-            w,
+            b,
             mean,
             rstd,
             seed,
             _meta((m, n), dtype),
             gw,
-            gw,
+            gw if b is not None else None,
             p,
             wrap=compiler.wrap,
             _sm_count=sm_count,
+            **flags,
             **fused,
             **hook,
         )
@@ -518,7 +530,20 @@ def launches(
 # bias_act{1,2,3}: bias_act with gelu, gelu_tanh, silu (the bias-ReLU kernels with ACT = 1, 2, 3)
 BIAS_ACT_OPS = tuple(f"bias_act{act}_{d}" for act in (1, 2, 3) for d in ("fwd", "bwd"))
 DAN_OPS = ("dan_fwd", "dan_bwd", "dan_rms_fwd", "dan_rms_bwd")
+# norm_dropout: nd_{ln|rms}[_relu]_{fwd|bwd}, the ldr kernels with the RMS / RELU constexprs
+ND_OPS = tuple(f"nd_{norm}{act}_{d}" for norm in ("ln", "rms") for act in ("", "_relu") for d in ("fwd", "bwd"))
 OPS = ("ldr_fwd", "ldr_bwd", "bias_relu_fwd", "bias_relu_bwd", *BIAS_ACT_OPS, *DAN_OPS)
+# The table's norm_dropout variants, few (every compile costs CI seconds): RMSNorm (weight, no bias) without ReLU,
+# the flags' other
+# corner from layer_norm_dropout_relu's (RMS=False, RELU=True), whose table covers the same kernels; bf16 and fp32
+# at 3-chunk rows (768), 1024, the widest single-block rows (8192: 4-chunk forward, fused backward) and the looped
+# forward / chunked backward (16384), those of the N in the table.
+ND_TABLE = tuple(
+    (op, dtype, n)
+    for op in ("nd_rms_fwd", "nd_rms_bwd")
+    for dtype in (torch.bfloat16, torch.float32)
+    for n in (768, 1024, 8192, 16384)
+)
 
 
 def record_table(
@@ -529,12 +554,15 @@ def record_table(
     sm_count: int = DEFAULT_SM_COUNT,
     m: int = ROWS,
     facts: bool = False,
+    extra=ND_TABLE,
 ) -> list[tuple[str, torch.dtype, int, Launch]]:
+    """The launches of every (op, dtype, N) of ops x dtypes x ns, then of the `extra` (op, dtype, N) cases whose
+    N is in ns (the norm_dropout variants)."""
+    cases = [(op, dtype, n) for op in ops for dtype in dtypes for n in ns]
+    cases += [(op, dtype, n) for op, dtype, n in extra if n in ns]
     return [
         (op, dtype, n, launch)
-        for op in ops
-        for dtype in dtypes
-        for n in ns
+        for op, dtype, n in cases
         for launch in launches(compiler, op, dtype, n, sm_count, m, facts=facts)
     ]
 
@@ -672,6 +700,14 @@ UNHINTED_DAN = [
         dict(m=2, n=65533, dtype=torch.float64),
     ),
 ]
+# norm_dropout: (what the case covers, its ops, launches() keyword arguments)
+UNHINTED_ND = [
+    (
+        "norm_dropout, RMSNorm without ReLU, generic RNG, bf16",
+        ("nd_rms_fwd", "nd_rms_bwd"),
+        dict(m=8, n=37, dtype=torch.bfloat16),
+    ),
+]
 
 # What each kernel may write (its output pointers); anything else written makes torch.compile clone that input.
 EXPECTED_WRITES = {
@@ -720,7 +756,7 @@ def record_unhinted(
         m, n, dtype = kw.pop("m"), kw.pop("n"), kw.pop("dtype")
         for launch in launches(compiler, op, dtype, n, sm_count, m, **kw):
             recorded.append((case, op, dtype, n, launch))
-    for case, ops, kw in UNHINTED_DAN:
+    for case, ops, kw in UNHINTED_DAN + UNHINTED_ND:
         kw = dict(kw)
         m, n, dtype = kw.pop("m"), kw.pop("n"), kw.pop("dtype")
         for op in ops:

@@ -1,5 +1,10 @@
 """Triton kernels of LayerNorm -> Dropout -> ReLU (forward and backward) and their launch helpers.
 
+The same kernels are norm_dropout's, through two constexprs: RMS (RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps),
+xhat = x * rstd, the mean output not written; the looped forward keeps a running sum of squares; the backward has
+no c2 term) and RELU (the ReLU after the dropout; without it out = keep ? y * scale : 0, dropped elements selected
+to zero). layer_norm_dropout_relu launches RMS=False, RELU=True: its code is that of the kernels without the flags.
+
 Pure ``@triton.jit`` code plus plain-Python launchers: no torch.library here (the registrations live in
 gpuopt_ops/triton_ops.py). The math is that of csrc/fused_math.h, the dropout RNG that of docs/DESIGN.md:
 
@@ -142,10 +147,12 @@ def _fwd_chunk(
     FAST_RNG: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    RELU: tl.constexpr,
 ):
     """ldr_forward_element on a tile of normalized values y (rows from linear index base, columns col0 + cols) with
     its weight and bias columns w, b already loaded ([1, BLOCK_N] or the tile's shape): affine, then
-    keep ? (y <= 0 ? 0 : y * scale) : 0 (a NaN that survives dropout stays NaN)."""
+    keep ? (y <= 0 ? 0 : y * scale) : 0 (a NaN that survives dropout stays NaN). Without RELU (norm_dropout):
+    keep ? y * scale : 0, the dropped elements selected to zero before the multiply."""
     if HAS_W:
         y = y * w.to(y.dtype)
     if HAS_B:
@@ -155,9 +162,14 @@ def _fwd_chunk(
         # the multiply, which the compiler cannot sink past the final conversion onto 16-bit halves
         keep = row_keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
         y = tl.where(keep, y, 0.0)
-        out = tl.where(y <= 0.0, 0.0, y) * scale
-    else:
+        if RELU:
+            out = tl.where(y <= 0.0, 0.0, y) * scale
+        else:
+            out = y * scale
+    elif RELU:
         out = tl.where(y <= 0.0, 0.0, y)
+    else:
+        out = y
     return out
 
 
@@ -187,13 +199,16 @@ def ldr_fwd_fused_kernel(
     HOIST_PARAMS: tl.constexpr,
     EVEN_N: tl.constexpr,
     RTNE_BF16: tl.constexpr,
+    RMS: tl.constexpr,
+    RELU: tl.constexpr,
 ):
     """Single-block forward, persistent: program p takes row tiles p, p + G, ... of BLOCK_M whole rows. A row is
     one chunk of BLOCK_N >= N columns, or CHUNKS = 3 or 4 chunks of BLOCK_N = N / CHUNKS (no padded lanes at
     N = 3 x 2^k; a chunk as wide as one warp's vectors at N = 4 x 2^k, so that the rows lie along the warps and
     each thread holds more of a row). The dropout scale, 1/N and eps are computed once per program; with
     HOIST_PARAMS the weight and bias are loaded (and converted to the accumulation dtype) once per program too,
-    otherwise once per tile."""
+    otherwise once per tile. RMS: RMSNorm (the mean square of x, no centring; MEAN is not written); RELU: the ReLU
+    after the dropout (layer_norm_dropout_relu: RMS=False, RELU=True)."""
     scale = row_dropout_scale(threshold, IS_FP64)
     inv_n = row_inv_n(N, IS_FP64)
     eps = row_eps(eps_hi, eps_lo, IS_FP64)
@@ -229,22 +244,31 @@ def ldr_fwd_fused_kernel(
             x2 = to_acc(tl.load(X + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
         if CHUNKS > 3:
             x3 = to_acc(tl.load(X + offs + 3 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
-        # chunks added element-wise first: one cross-thread reduction per statistic, not one per chunk
-        if CHUNKS == 4:
-            mean = tl.sum(x0 + x1 + x2 + x3, axis=1) * inv_n
-        elif CHUNKS == 3:
-            mean = tl.sum(x0 + x1 + x2, axis=1) * inv_n
+        if RMS:  # no centring: the "deviations" are x itself (masked lanes load zeros)
+            d0 = x0
+            if CHUNKS > 1:
+                d1 = x1
+                d2 = x2
+            if CHUNKS > 3:
+                d3 = x3
         else:
-            mean = tl.sum(x0, axis=1) * inv_n
-        if EVEN_N:  # masked rows load zeros and have mean 0: their deviations are 0 without a select
-            d0 = x0 - mean[:, None]
-        else:
-            d0 = tl.where(mask, x0 - mean[:, None], 0.0)
-        if CHUNKS > 1:  # every chunk full (EVEN_N)
-            d1 = x1 - mean[:, None]
-            d2 = x2 - mean[:, None]
+            # chunks added element-wise first: one cross-thread reduction per statistic, not one per chunk
+            if CHUNKS == 4:
+                mean = tl.sum(x0 + x1 + x2 + x3, axis=1) * inv_n
+            elif CHUNKS == 3:
+                mean = tl.sum(x0 + x1 + x2, axis=1) * inv_n
+            else:
+                mean = tl.sum(x0, axis=1) * inv_n
+            if EVEN_N:  # masked rows load zeros and have mean 0: their deviations are 0 without a select
+                d0 = x0 - mean[:, None]
+            else:
+                d0 = tl.where(mask, x0 - mean[:, None], 0.0)
+            if CHUNKS > 1:  # every chunk full (EVEN_N)
+                d1 = x1 - mean[:, None]
+                d2 = x2 - mean[:, None]
+            if CHUNKS > 3:
+                d3 = x3 - mean[:, None]
         if CHUNKS == 4:
-            d3 = x3 - mean[:, None]
             q = tl.sum(d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3, axis=1)
         elif CHUNKS == 3:
             q = tl.sum(d0 * d0 + d1 * d1 + d2 * d2, axis=1)
@@ -262,25 +286,26 @@ def ldr_fwd_fused_kernel(
             if CHUNKS > 3:
                 w3 = row_load_param_tile(W, 3 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
                 b3 = row_load_param_tile(B, 3 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
-        tl.store(MEAN + rows, mean, mask=row_mask)
+        if not RMS:
+            tl.store(MEAN + rows, mean, mask=row_mask)
         tl.store(RSTD + rows, rstd, mask=row_mask)
         _fwd_store_chunk(
             OUT, offs, mask, d0, rstd, w0, b0, seed, base, 0, cols, threshold, scale,
-            HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16,
+            HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16, RELU,
         )  # fmt: skip
         if CHUNKS > 1:
             _fwd_store_chunk(
                 OUT, offs, mask, d1, rstd, w1, b1, seed, base, BLOCK_N, cols, threshold, scale,
-                HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16,
+                HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16, RELU,
             )  # fmt: skip
             _fwd_store_chunk(
                 OUT, offs, mask, d2, rstd, w2, b2, seed, base, 2 * BLOCK_N, cols, threshold, scale,
-                HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16,
+                HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16, RELU,
             )  # fmt: skip
         if CHUNKS > 3:
             _fwd_store_chunk(
                 OUT, offs, mask, d3, rstd, w3, b3, seed, base, 3 * BLOCK_N, cols, threshold, scale,
-                HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16,
+                HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16, RELU,
             )  # fmt: skip
 
 
@@ -288,12 +313,13 @@ def ldr_fwd_fused_kernel(
 def _fwd_store_chunk(
     OUT, offs, mask, d, rstd, w, b, seed, base, col0, cols, threshold, scale,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr, RELU: tl.constexpr,
 ):  # fmt: skip
-    """The output of one chunk of a single-block forward tile (deviations d from the mean) at OUT + offs + col0."""
+    """The output of one chunk of a single-block forward tile (deviations d from the mean, or x for RMSNorm) at
+    OUT + offs + col0."""
     out = _fwd_chunk(
         d * rstd[:, None], w, b, seed, base, col0, cols, threshold, scale,
-        HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N,
+        HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RELU,
     )  # fmt: skip
     tl.store(OUT + offs + col0, to_out(out, OUT, RTNE_BF16), mask=mask)
 
@@ -319,8 +345,11 @@ def ldr_fwd_looped_kernel(
     IS_FP64: tl.constexpr,
     BLOCK_N: tl.constexpr,
     RTNE_BF16: tl.constexpr,
+    RMS: tl.constexpr,
+    RELU: tl.constexpr,
 ):
-    """Looped forward for long rows: one row per program, BLOCK_N-column chunks, two passes over x."""
+    """Looped forward for long rows: one row per program, BLOCK_N-column chunks, two passes over x. Pass 1 merges
+    the chunks' statistics (Chan's formula for LayerNorm, the running sum of squares for RMSNorm)."""
     scale = row_dropout_scale(threshold, IS_FP64)
     seed = row_load_seed(SEED, DROPOUT)
     row = tl.program_id(0).to(tl.int64)
@@ -332,20 +361,24 @@ def ldr_fwd_looped_kernel(
     for col0 in range(0, N, BLOCK_N):
         cmask = (col0 + cols) < N
         x = to_acc(tl.load(X + base[:, None] + col0 + cols[None, :], mask=cmask[None, :], other=0.0), IS_FP64)
-        n_b = tl.minimum(N - col0, BLOCK_N)
-        # Chan et al.: merge (col0, mean, m2) with (n_b, mean_b, m2_b); every division correctly rounded
-        n_a = to_acc(col0 + tl.zeros([1], dtype=tl.int32), IS_FP64)
-        n_b_f = to_acc(n_b + tl.zeros([1], dtype=tl.int32), IS_FP64)
-        mean_b = row_div(tl.sum(x, axis=1), n_b_f, IS_FP64)
-        d = tl.where(cmask[None, :], x - mean_b[:, None], 0.0)
-        m2_b = tl.sum(d * d, axis=1)
-        tot = n_a + n_b_f
-        delta = mean_b - mean
-        mean = mean + delta * row_div(n_b_f, tot, IS_FP64)
-        m2 = m2 + m2_b + delta * delta * row_div(n_a * n_b_f, tot, IS_FP64)
+        if RMS:  # masked lanes load zeros
+            m2 += tl.sum(x * x, axis=1)
+        else:
+            n_b = tl.minimum(N - col0, BLOCK_N)
+            # Chan et al.: merge (col0, mean, m2) with (n_b, mean_b, m2_b); every division correctly rounded
+            n_a = to_acc(col0 + tl.zeros([1], dtype=tl.int32), IS_FP64)
+            n_b_f = to_acc(n_b + tl.zeros([1], dtype=tl.int32), IS_FP64)
+            mean_b = row_div(tl.sum(x, axis=1), n_b_f, IS_FP64)
+            d = tl.where(cmask[None, :], x - mean_b[:, None], 0.0)
+            m2_b = tl.sum(d * d, axis=1)
+            tot = n_a + n_b_f
+            delta = mean_b - mean
+            mean = mean + delta * row_div(n_b_f, tot, IS_FP64)
+            m2 = m2 + m2_b + delta * delta * row_div(n_a * n_b_f, tot, IS_FP64)
     var = m2 * row_inv_n(N, IS_FP64)
     rstd = row_rsqrt(var + row_eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
-    tl.store(MEAN + rows, mean)
+    if not RMS:
+        tl.store(MEAN + rows, mean)
     tl.store(RSTD + rows, rstd)
     for col0 in range(0, N, BLOCK_N):
         cmask = (col0 + cols) < N
@@ -353,8 +386,12 @@ def ldr_fwd_looped_kernel(
         x = to_acc(tl.load(X + offs, mask=cmask[None, :], other=0.0), IS_FP64)
         w = row_load_param_tile(W, col0, cols, cmask, HAS_W, 1)
         b = row_load_param_tile(B, col0, cols, cmask, HAS_B, 1)
+        if RMS:
+            xhat = x * rstd[:, None]
+        else:
+            xhat = (x - mean[:, None]) * rstd[:, None]
         out = _fwd_chunk(
-            (x - mean[:, None]) * rstd[:, None],
+            xhat,
             w,
             b,
             seed,
@@ -369,6 +406,7 @@ def ldr_fwd_looped_kernel(
             FAST_RNG,
             1,
             BLOCK_N,
+            RELU,
         )
         tl.store(OUT + offs, to_out(out, OUT, RTNE_BF16), mask=cmask[None, :])
 
@@ -395,22 +433,35 @@ def _bwd_chunk(
     FAST_RNG: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    RMS: tl.constexpr,
+    RELU: tl.constexpr,
 ):
-    """From a tile's loaded x and grad_out (accumulation dtype) and its rows' mean and rstd: xhat, the keep and
-    ReLU bits, and returns (xhat, dy, dxhat), each computed once, where dy is the gradient with respect to the
-    pre-dropout y (ldr_backward_element) and dxhat = dy * w (w, b: [1, BLOCK_N] or the tile's shape)."""
-    xhat = (x - mean[:, None]) * rstd[:, None]
-    y = xhat
+    """From a tile's loaded x and grad_out (accumulation dtype) and its rows' mean (unused for RMS) and rstd: xhat,
+    the keep and ReLU bits, and returns (xhat, dy, dxhat), each computed once, where dy is the gradient with
+    respect to the pre-dropout y (ldr_backward_element; without RELU keep ? g * scale : 0) and dxhat = dy * w
+    (w, b: [1, BLOCK_N] or the tile's shape)."""
+    if RMS:
+        xhat = x * rstd[:, None]
+    else:
+        xhat = (x - mean[:, None]) * rstd[:, None]
     if HAS_W:
         wa = w.to(xhat.dtype)
-        y = y * wa
-    if HAS_B:
-        y = y + b.to(xhat.dtype)
-    pass_grad = y > 0.0
-    if DROPOUT:
+    if RELU:  # the ReLU bit from y recomputed
+        y = xhat
+        if HAS_W:
+            y = y * wa
+        if HAS_B:
+            y = y + b.to(xhat.dtype)
+        pass_grad = y > 0.0
+        if DROPOUT:
+            keep = row_keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
+            pass_grad = pass_grad & keep
+        dy = tl.where(pass_grad, g * scale, 0.0)
+    elif DROPOUT:
         keep = row_keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
-        pass_grad = pass_grad & keep
-    dy = tl.where(pass_grad, g * scale, 0.0)
+        dy = tl.where(keep, g * scale, 0.0)
+    else:
+        dy = g * scale  # scale = 1
     dy = tl.where(mask, dy, 0.0)
     if HAS_W:
         dxhat = dy * wa
@@ -443,12 +494,15 @@ def ldr_bwd_fused_kernel(
     BLOCK_N: tl.constexpr,
     CHUNKS: tl.constexpr,
     RTNE_BF16: tl.constexpr,
+    RMS: tl.constexpr,
+    RELU: tl.constexpr,
 ):
     """Single-block backward, persistent: program p handles row tiles p, p + G, ...; rows are 1 chunk of
     BLOCK_N >= N columns or 3 chunks of N / 3, as the forward. A tile's loads (x, grad_out, mean, rstd, weight
     and bias of every chunk) are all issued before its reductions; xhat, dy and dxhat are computed once.
     dgamma/dbeta accumulate element-wise in [BLOCK_M, BLOCK_N] register tiles per chunk, reduced over the rows
-    once at the end into the program's partial row."""
+    once at the end into the program's partial row. RMS: RMSNorm (MEAN is not read, no c2 term); RELU: the ReLU
+    after the dropout."""
     scale = row_dropout_scale(threshold, IS_FP64)
     inv_n = row_inv_n(N, IS_FP64)
     pid = tl.program_id(0)
@@ -476,7 +530,10 @@ def ldr_bwd_fused_kernel(
             g1 = to_acc(tl.load(DY + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
             x2 = to_acc(tl.load(X + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
             g2 = to_acc(tl.load(DY + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
-        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+        if RMS:
+            mean = tl.zeros([BLOCK_M], dtype=x0.dtype)  # unused
+        else:
+            mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
         rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
         # weight and bias per tile (L1 hits): held across the loop they cost ~10-20 registers per thread, which
         # at N = 4096 halves the resident programs (the dgamma/dbeta accumulators are live across it too)
@@ -507,10 +564,13 @@ def ldr_bwd_fused_kernel(
             FAST_RNG,
             BLOCK_M,
             BLOCK_N,
+            RMS,
+            RELU,
         )
         if CHUNKS == 1:
             c1 = tl.sum(dxhat0 * xhat0, axis=1)
-            c2 = tl.sum(dxhat0, axis=1)
+            if not RMS:
+                c2 = tl.sum(dxhat0, axis=1)
         else:
             xhat1, dy1, dxhat1 = _bwd_chunk(
                 x1,
@@ -532,6 +592,8 @@ def ldr_bwd_fused_kernel(
                 FAST_RNG,
                 BLOCK_M,
                 BLOCK_N,
+                RMS,
+                RELU,
             )
             xhat2, dy2, dxhat2 = _bwd_chunk(
                 x2,
@@ -553,22 +615,34 @@ def ldr_bwd_fused_kernel(
                 FAST_RNG,
                 BLOCK_M,
                 BLOCK_N,
+                RMS,
+                RELU,
             )
             # chunks added element-wise first: one cross-thread reduction per coefficient
             c1 = tl.sum(dxhat0 * xhat0 + dxhat1 * xhat1 + dxhat2 * xhat2, axis=1)
-            c2 = tl.sum(dxhat0 + dxhat1 + dxhat2, axis=1)
+            if not RMS:
+                c2 = tl.sum(dxhat0 + dxhat1 + dxhat2, axis=1)
         c1 = c1 * inv_n
-        c2 = c2 * inv_n
-        dx = rstd[:, None] * (dxhat0 - xhat0 * c1[:, None] - c2[:, None])
+        if RMS:
+            dx = rstd[:, None] * (dxhat0 - xhat0 * c1[:, None])
+        else:
+            c2 = c2 * inv_n
+            dx = rstd[:, None] * (dxhat0 - xhat0 * c1[:, None] - c2[:, None])
         tl.store(DX + offs, to_out(dx, DX, RTNE_BF16), mask=mask)
         if HAS_W:
             dw0 += dy0 * xhat0
         if HAS_B:
             db0 += dy0
         if CHUNKS == 3:
-            dx = rstd[:, None] * (dxhat1 - xhat1 * c1[:, None] - c2[:, None])
+            if RMS:
+                dx = rstd[:, None] * (dxhat1 - xhat1 * c1[:, None])
+            else:
+                dx = rstd[:, None] * (dxhat1 - xhat1 * c1[:, None] - c2[:, None])
             tl.store(DX + offs + BLOCK_N, to_out(dx, DX, RTNE_BF16), mask=mask)
-            dx = rstd[:, None] * (dxhat2 - xhat2 * c1[:, None] - c2[:, None])
+            if RMS:
+                dx = rstd[:, None] * (dxhat2 - xhat2 * c1[:, None])
+            else:
+                dx = rstd[:, None] * (dxhat2 - xhat2 * c1[:, None] - c2[:, None])
             tl.store(DX + offs + 2 * BLOCK_N, to_out(dx, DX, RTNE_BF16), mask=mask)
             if HAS_W:
                 dw1 += dy1 * xhat1
@@ -610,14 +684,20 @@ def ldr_bwd_row_coef_kernel(
     IS_FP64: tl.constexpr,
     BLOCK_N: tl.constexpr,
     RTNE_BF16: tl.constexpr,
+    RMS: tl.constexpr,
+    RELU: tl.constexpr,
 ):
-    """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program."""
+    """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program (RMS: c1 only,
+    C2 is not written)."""
     scale = row_dropout_scale(threshold, IS_FP64)
     seed = row_load_seed(SEED, DROPOUT)
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)
     row_mask = rows < M
     base = rows * N
-    mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+    if RMS:
+        mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)  # unused
+    else:
+        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
     rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
     cols = tl.arange(0, BLOCK_N)
     s1 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
@@ -649,12 +729,16 @@ def ldr_bwd_row_coef_kernel(
             FAST_RNG,
             1,
             BLOCK_N,
+            RMS,
+            RELU,
         )
         s1 += tl.sum(dxhat * xhat, axis=1)
-        s2 += tl.sum(dxhat, axis=1)
+        if not RMS:
+            s2 += tl.sum(dxhat, axis=1)
     inv_n = row_inv_n(N, IS_FP64)
     tl.store(C1 + rows, s1 * inv_n, mask=row_mask)
-    tl.store(C2 + rows, s2 * inv_n, mask=row_mask)
+    if not RMS:
+        tl.store(C2 + rows, s2 * inv_n, mask=row_mask)
 
 
 @triton.jit
@@ -682,9 +766,11 @@ def ldr_bwd_chunk_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     RTNE_BF16: tl.constexpr,
+    RMS: tl.constexpr,
+    RELU: tl.constexpr,
 ):
     """Looped backward, kernel B: grid (column chunks, row groups); dx and the dgamma/dbeta partials. A program
-    keeps one column chunk, so its weight and bias columns are loaded once."""
+    keeps one column chunk, so its weight and bias columns are loaded once. RMS: MEAN and C2 are not read."""
     scale = row_dropout_scale(threshold, IS_FP64)
     col0 = tl.program_id(0) * BLOCK_N
     pid = tl.program_id(1)
@@ -703,10 +789,14 @@ def ldr_bwd_chunk_kernel(
         seed = row_tile_seed(seed0, tile, threshold)
         x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
         g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
-        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+        if RMS:
+            mean = tl.zeros([BLOCK_M], dtype=x.dtype)  # unused
+        else:
+            mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
         rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
         c1 = tl.load(C1 + rows, mask=row_mask, other=0.0)
-        c2 = tl.load(C2 + rows, mask=row_mask, other=0.0)
+        if not RMS:
+            c2 = tl.load(C2 + rows, mask=row_mask, other=0.0)
         xhat, dy, dxhat = _bwd_chunk(
             x,
             g,
@@ -727,8 +817,13 @@ def ldr_bwd_chunk_kernel(
             FAST_RNG,
             BLOCK_M,
             BLOCK_N,
+            RMS,
+            RELU,
         )
-        dx = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
+        if RMS:
+            dx = rstd[:, None] * (dxhat - xhat * c1[:, None])
+        else:
+            dx = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
         tl.store(DX + offs, to_out(dx, DX, RTNE_BF16), mask=mask)
         if HAS_W:
             dw_acc += dy * xhat
@@ -793,12 +888,17 @@ def launch_forward(
     p: float,
     eps: float,
     *,
+    rms: bool = False,
+    relu: bool = True,
     wrap=launch_directly,
     max_fused_n: int | None = None,
     sm_count: Optional[int] = None,
     facts=None,
 ) -> None:
     """Runs the forward on contiguous x (M, N) view into the preallocated out, mean, rstd, under x's device.
+
+    rms / relu: norm_dropout's flags (RMSNorm instead of LayerNorm, then mean is the (0,) tensor and never
+    written; the ReLU after the dropout); the defaults are layer_norm_dropout_relu.
 
     `wrap` is applied to each kernel before launching (torch.library.wrap_triton inside a triton_op). The
     single-block kernel is persistent: SMs x the resident programs per SM of its compiled kernel
@@ -820,11 +920,14 @@ def launch_forward(
         IS_FP64=x.dtype == torch.float64,
         BLOCK_N=cfg.block_n,
         RTNE_BF16=INTERPRETED,
+        RMS=bool(rms),
+        RELU=bool(relu),
         num_warps=cfg.num_warps,
     )
     w = weight if weight is not None else x  # never read when HAS_W is False
     b = bias if bias is not None else x
-    args = (x, w, b, seed, out, mean, rstd, m, n, eps_hi, eps_lo, t)
+    mu = rstd if rms else mean  # never written for RMSNorm
+    args = (x, w, b, seed, out, mu, rstd, m, n, eps_hi, eps_lo, t)
     launch_rows_forward(
         ldr_fwd_fused_kernel, ldr_fwd_looped_kernel, cfg, m, n, x.device, args, kwargs,
         wrap=wrap, sm_count=sm_count, facts=facts,
@@ -844,13 +947,15 @@ def launch_backward(
     grad_b,
     p: float,
     *,
+    rms: bool = False,
+    relu: bool = True,
     wrap=launch_directly,
     max_fused_n: int | None = None,
     sm_count: Optional[int] = None,
     facts=None,
 ) -> None:
     """Runs the backward on contiguous inputs into the uninitialised grad_x and (when weight/bias exist)
-    grad_w/grad_b, under x's device.
+    grad_w/grad_b, under x's device. rms / relu as in launch_forward (for RMSNorm mean is never read).
 
     The dgamma/dbeta partials go to one buffer of two (G, N) sets in the accumulation dtype, reduced in a fixed
     order by one stage-2 launch. G (and with it the bits of dgamma/dbeta) is fixed by (shape, dtype, device): SMs x
@@ -879,11 +984,14 @@ def launch_backward(
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         RTNE_BF16=INTERPRETED,
+        RMS=bool(rms),
+        RELU=bool(relu),
         num_warps=cfg.num_warps,
     )
     w = weight if has_w else x
     b = bias if has_b else x
-    head = (grad_out, x, w, b, mean, rstd, seed)
+    mu = rstd if rms else mean  # never read for RMSNorm
+    head = (grad_out, x, w, b, mu, rstd, seed)
     coef_kwargs = {k: v for k, v in kwargs.items() if k != "BLOCK_M"}
     coef_kwargs["num_warps"] = num_warps_for(cfg.block_n, 8)
 
