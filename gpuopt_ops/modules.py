@@ -195,24 +195,45 @@ class LinearBiasAct(nn.Module):
         )
 
 
-def _setup_norm(module: nn.Module, normalized_shape, p, eps, backend) -> None:
-    """The attributes every one-dimensional fused norm module has: normalized_shape, p, eps, backend."""
-    if isinstance(normalized_shape, numbers.Integral):
-        normalized_shape = (int(normalized_shape),)
-    module.normalized_shape = tuple(int(s) for s in normalized_shape)
-    if len(module.normalized_shape) != 1:
-        raise ValueError(
-            f"{type(module).__name__}: normalized_shape must be one dimension (the last of x), "
-            f"got {module.normalized_shape}"
+class _FusedNorm(nn.Module):
+    """What the one-dimensional fused norm modules share: normalized_shape, p, eps (None: torch.finfo(x.dtype).eps,
+    nn.RMSNorm's default), backend, nn.LayerNorm's / nn.RMSNorm's initialisation, the op's keyword arguments."""
+
+    _norm = "layer"
+
+    def _setup(self, normalized_shape, p, eps, backend) -> None:
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (int(normalized_shape),)
+        self.normalized_shape = tuple(int(s) for s in normalized_shape)
+        if len(self.normalized_shape) != 1:
+            raise ValueError(
+                f"{type(self).__name__}: normalized_shape must be one dimension (the last of x), "
+                f"got {self.normalized_shape}"
+            )
+        if not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = float(p)
+        self.eps = None if eps is None else float(eps)
+        self.backend = resolve_backend(backend)
+
+    def reset_parameters(self) -> None:
+        _reset_norm_parameters(self)
+
+    def _op_kwargs(self, x: torch.Tensor) -> dict:
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        return dict(norm=self._norm, p=self.p, training=self.training, eps=eps, backend=self.backend)
+
+    def _params(self) -> tuple:
+        return self.weight, getattr(self, "bias", None)
+
+    def _repr(self, extra: str) -> str:
+        return (
+            f"{self.normalized_shape}, p={self.p}, eps={self.eps}, elementwise_affine={self.weight is not None}, "
+            f"{extra}, backend={self.backend!r}"
         )
-    if not 0.0 <= float(p) <= 1.0:
-        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-    module.p = float(p)
-    module.eps = eps
-    module.backend = resolve_backend(backend)
 
 
-class _FusedDropoutAddNorm(nn.Module):
+class _FusedDropoutAddNorm(_FusedNorm):
     """norm(dropout(x) + residual) in one kernel (gpuopt_ops.dropout_add_norm); forward(x, residual=None).
 
     Returns the normalized output, or (output, sum) with prenorm=True, the sum being the next block's residual
@@ -220,36 +241,23 @@ class _FusedDropoutAddNorm(nn.Module):
     device in training and is off in eval(); p = 0 and no residual is the plain norm.
     """
 
-    _norm = "layer"
-
-    def _setup(self, normalized_shape, p, eps, prenorm, residual_in_fp32, backend) -> None:
-        _setup_norm(self, normalized_shape, p, eps, backend)
+    def _setup_dan(self, normalized_shape, p, eps, prenorm, residual_in_fp32, backend) -> None:
+        self._setup(normalized_shape, p, eps, backend)
         self.prenorm = bool(prenorm)
         self.residual_in_fp32 = bool(residual_in_fp32)
-
-    def _eps(self, x: torch.Tensor) -> float:
-        return float(self.eps)
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
         return dropout_add_norm(
             x,
             residual,
-            self.weight,
-            getattr(self, "bias", None),
-            norm=self._norm,
-            p=self.p,
-            training=self.training,
-            eps=self._eps(x),
+            *self._params(),
             prenorm=self.prenorm,
             residual_in_fp32=self.residual_in_fp32,
-            backend=self.backend,
+            **self._op_kwargs(x),
         )
 
     def extra_repr(self) -> str:
-        return (
-            f"{self.normalized_shape}, p={self.p}, eps={self.eps}, elementwise_affine={self.weight is not None}, "
-            f"prenorm={self.prenorm}, residual_in_fp32={self.residual_in_fp32}, backend={self.backend!r}"
-        )
+        return self._repr(f"prenorm={self.prenorm}, residual_in_fp32={self.residual_in_fp32}")
 
 
 class FusedDropoutAddLayerNorm(_FusedDropoutAddNorm):
@@ -269,12 +277,9 @@ class FusedDropoutAddLayerNorm(_FusedDropoutAddNorm):
         dtype=None,
     ) -> None:
         super().__init__()
-        self._setup(normalized_shape, p, float(eps), prenorm, residual_in_fp32, backend)
+        self._setup_dan(normalized_shape, p, float(eps), prenorm, residual_in_fp32, backend)
         _norm_parameters(self, elementwise_affine, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        _reset_norm_parameters(self)
 
 
 class FusedDropoutAddRMSNorm(_FusedDropoutAddNorm):
@@ -296,53 +301,26 @@ class FusedDropoutAddRMSNorm(_FusedDropoutAddNorm):
         dtype=None,
     ) -> None:
         super().__init__()
-        self._setup(normalized_shape, p, None if eps is None else float(eps), prenorm, residual_in_fp32, backend)
+        self._setup_dan(normalized_shape, p, eps, prenorm, residual_in_fp32, backend)
         _norm_parameters(self, elementwise_affine, None, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        _reset_norm_parameters(self)
 
-    def _eps(self, x: torch.Tensor) -> float:
-        return torch.finfo(x.dtype).eps if self.eps is None else float(self.eps)
-
-
-class _FusedNormDropout(nn.Module):
+class _FusedNormDropout(_FusedNorm):
     """act(dropout(norm(x))) in one kernel (gpuopt_ops.norm_dropout), act None (identity) or "relu". Dropout is
     drawn from torch's generator on x's device in training and is off in eval()."""
 
-    _norm = "layer"
-
-    def _setup(self, normalized_shape, p, eps, activation, backend) -> None:
+    def _setup_nd(self, normalized_shape, p, eps, activation, backend) -> None:
         if activation not in NORM_ACTIVATIONS:
             raise ValueError(f"{type(self).__name__}: activation must be None or 'relu', got {activation!r}")
-        _setup_norm(self, normalized_shape, p, eps, backend)
+        self._setup(normalized_shape, p, eps, backend)
         self.activation = activation
 
-    def _eps(self, x: torch.Tensor) -> float:
-        return float(self.eps)
-
-    def reset_parameters(self) -> None:
-        _reset_norm_parameters(self)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return norm_dropout(
-            x,
-            self.weight,
-            getattr(self, "bias", None),
-            norm=self._norm,
-            activation=self.activation,
-            p=self.p,
-            training=self.training,
-            eps=self._eps(x),
-            backend=self.backend,
-        )
+        return norm_dropout(x, *self._params(), activation=self.activation, **self._op_kwargs(x))
 
     def extra_repr(self) -> str:
-        return (
-            f"{self.normalized_shape}, p={self.p}, eps={self.eps}, elementwise_affine={self.weight is not None}, "
-            f"activation={self.activation!r}, backend={self.backend!r}"
-        )
+        return self._repr(f"activation={self.activation!r}")
 
 
 class FusedLayerNormDropout(_FusedNormDropout):
@@ -362,7 +340,7 @@ class FusedLayerNormDropout(_FusedNormDropout):
         dtype=None,
     ) -> None:
         super().__init__()
-        self._setup(normalized_shape, p, float(eps), activation, backend)
+        self._setup_nd(normalized_shape, p, float(eps), activation, backend)
         _norm_parameters(self, elementwise_affine, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
@@ -385,12 +363,9 @@ class FusedRMSNormDropout(_FusedNormDropout):
         dtype=None,
     ) -> None:
         super().__init__()
-        self._setup(normalized_shape, p, None if eps is None else float(eps), activation, backend)
+        self._setup_nd(normalized_shape, p, eps, activation, backend)
         _norm_parameters(self, elementwise_affine, None, {"device": device, "dtype": dtype})
         self.reset_parameters()
-
-    def _eps(self, x: torch.Tensor) -> float:
-        return torch.finfo(x.dtype).eps if self.eps is None else float(self.eps)
 
 
 # ---------------------------------------------------------------------------------------------- unfused twins

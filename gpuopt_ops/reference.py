@@ -115,26 +115,30 @@ def norm_dropout(
     dt = compute_dtype or x.dtype
     n = x.shape[-1]
     m = x.numel() // n
-    xc = x.to(dt)
-    w = None if weight is None else weight.to(dt)
-    b = None if bias is None else bias.to(dt)
+    y, mean, rstd = _affine_norm(x.to(dt), weight, bias, eps, rms)
+    keep = dropout_keep_mask(seed_value(seed), m, n, p, device=x.device).reshape(x.shape)
+    scale = dropout_scale(p, x.dtype)  # the op's constant: fp32 unless x is fp64, whatever compute_dtype is
+    y = torch.where(keep, y * scale, torch.zeros((), dtype=dt, device=x.device))
+    return (torch.relu(y) if relu else y), mean, rstd
+
+
+def _affine_norm(xc: torch.Tensor, weight, bias, eps: float, rms: bool):
+    """(norm(xc) * weight + bias, mean, rstd) over the last dim in xc's dtype: LayerNorm (two-pass variance) or
+    RMSNorm (mean empty); the parameters, each optional, are cast to xc's dtype."""
     if rms:
         rstd = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + eps)
         y = xc * rstd
         mean = xc.new_empty((0,))
     else:
-        mean = xc.mean(-1, keepdim=True)
-        var = ((xc - mean) ** 2).mean(-1, keepdim=True)
-        rstd = torch.rsqrt(var + eps)
-        y = (xc - mean) * rstd
-    if w is not None:
-        y = y * w
-    if b is not None:
-        y = y + b
-    keep = dropout_keep_mask(seed_value(seed), m, n, p, device=x.device).reshape(x.shape)
-    scale = dropout_scale(p, x.dtype)  # the op's constant: fp32 unless x is fp64, whatever compute_dtype is
-    y = torch.where(keep, y * scale, torch.zeros((), dtype=dt, device=x.device))
-    return (torch.relu(y) if relu else y), mean.reshape(-1), rstd.reshape(-1)
+        mu = xc.mean(-1, keepdim=True)
+        rstd = torch.rsqrt(((xc - mu) ** 2).mean(-1, keepdim=True) + eps)
+        y = (xc - mu) * rstd
+        mean = mu.reshape(-1)
+    if weight is not None:
+        y = y * weight.to(xc.dtype)
+    if bias is not None:
+        y = y + bias.to(xc.dtype)
+    return y, mean, rstd.reshape(-1)
 
 
 def dropout_add_norm(
@@ -166,21 +170,8 @@ def dropout_add_norm(
     d = xc if dropout_threshold(p) == 0 else torch.where(keep, xc * scale, torch.zeros((), dtype=dt, device=x.device))
     s = d + residual.to(dt) if residual is not None else d
     stored = s.to(s_dtype)
-    sc = stored.to(dt)
-    if rms:
-        mean = sc.new_empty((0,))
-        rstd = torch.rsqrt((sc * sc).mean(-1, keepdim=True) + eps)
-        y = sc * rstd
-    else:
-        mu = sc.mean(-1, keepdim=True)
-        rstd = torch.rsqrt(((sc - mu) ** 2).mean(-1, keepdim=True) + eps)
-        y = (sc - mu) * rstd
-        mean = mu.reshape(-1)
-    if weight is not None:
-        y = y * weight.to(dt)
-    if bias is not None:
-        y = y + bias.to(dt)
-    return y, stored, mean, rstd.reshape(-1)
+    y, mean, rstd = _affine_norm(stored.to(dt), weight, bias, eps, rms)
+    return y, stored, mean, rstd
 
 
 def eager_dropout_add_norm(x, residual, weight, bias, p: float, training: bool = True, eps: float = 1e-5, rms=False):
@@ -223,18 +214,6 @@ def eager_layer_norm_dropout_relu(x, weight, bias, p: float, training: bool = Tr
     """What a user writes without gpuopt (the benchmarks' `eager` provider); torch's own dropout RNG."""
     y = torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     return torch.relu(torch.nn.functional.dropout(y, p, training))
-
-
-def eager_norm_dropout(x, weight, bias, p: float, training: bool = True, eps: float = 1e-5, rms=False, relu=False):
-    """What a user writes without gpuopt: nn.LayerNorm / nn.RMSNorm, then dropout (torch's RNG), then maybe ReLU."""
-    n = (x.shape[-1],)
-    if rms:
-        y = torch.nn.functional.rms_norm(x, n, weight, eps)
-        y = y + bias if bias is not None else y
-    else:
-        y = torch.nn.functional.layer_norm(x, n, weight, bias, eps)
-    y = torch.nn.functional.dropout(y, p, training)
-    return torch.relu(y) if relu else y
 
 
 def eager_bias_relu(x, bias):

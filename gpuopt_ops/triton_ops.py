@@ -202,105 +202,28 @@ def _triton_op(name: str):
     return triton_op(name, mutates_args=())
 
 
-@_triton_op("gpuopt::triton_layer_norm_dropout_relu")
-def _ldr_forward(
-    x: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    bias: Optional[torch.Tensor],
-    seed: torch.Tensor,
-    p: float,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    m, _, _ = V.check_ldr_forward(x, weight, bias, seed, p, eps)
-    acc = V.acc_dtype(x.dtype)
-    x = x.contiguous()
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    mean = torch.empty((m,), dtype=acc, device=x.device)
-    rstd = torch.empty((m,), dtype=acc, device=x.device)
-    if not _skip_launch(x, "layer_norm_dropout_relu"):
-        _LDR.launch_forward(x, _contig(weight), _contig(bias), seed, out, mean, rstd, p, eps, wrap=_WRAP)
-    return out, mean, rstd
-
-
-@_triton_op("gpuopt::triton_layer_norm_dropout_relu_backward")
-def _ldr_backward(
-    grad_out: torch.Tensor,
-    x: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    bias: Optional[torch.Tensor],
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
-    seed: torch.Tensor,
-    p: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _, n, param_dtype = V.check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p)
-    x = x.contiguous()
-    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    # the kernels write every element (the launcher zeroes them when M = 0: sums over no rows)
-    grad_w = torch.empty((n,) if weight is not None else (0,), dtype=param_dtype, device=x.device)
-    grad_b = torch.empty((n,) if bias is not None else (0,), dtype=param_dtype, device=x.device)
-    if not _skip_launch(x, "layer_norm_dropout_relu_backward"):
-        _LDR.launch_backward(
-            grad_out.contiguous(),
-            x,
-            _contig(weight),
-            _contig(bias),
-            mean.contiguous(),
-            rstd.contiguous(),
-            seed,
-            grad_x,
-            grad_w,
-            grad_b,
-            p,
-            wrap=_WRAP,
-        )
-    return grad_x, grad_w, grad_b
-
-
-@_triton_op("gpuopt::triton_norm_dropout")
-def _nd_forward(
-    x: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    bias: Optional[torch.Tensor],
-    seed: torch.Tensor,
-    p: float,
-    eps: float,
-    rms: bool,
-    relu: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    m, _, _ = V.check_norm_dropout(x, weight, bias, seed, p, eps, rms, relu)
+def _norm_forward(op: str, m: int, x, weight, bias, seed, p: float, eps: float, rms: bool, relu: bool):
+    """layer_norm_dropout_relu's / norm_dropout's forward (checked: m rows): outputs, then the launch."""
     acc = V.acc_dtype(x.dtype)
     x = x.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     mean = torch.empty((0,) if rms else (m,), dtype=acc, device=x.device)
     rstd = torch.empty((m,), dtype=acc, device=x.device)
-    if not _skip_launch(x, "norm_dropout"):
+    if not _skip_launch(x, op):
         _LDR.launch_forward(
             x, _contig(weight), _contig(bias), seed, out, mean, rstd, p, eps, rms=rms, relu=relu, wrap=_WRAP
         )
     return out, mean, rstd
 
 
-@_triton_op("gpuopt::triton_norm_dropout_backward")
-def _nd_backward(
-    grad_out: torch.Tensor,
-    x: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    bias: Optional[torch.Tensor],
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
-    seed: torch.Tensor,
-    p: float,
-    rms: bool,
-    relu: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _, n, param_dtype = V.check_norm_dropout_backward(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu)
+def _norm_backward(op: str, n: int, param_dtype, grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu):
+    """layer_norm_dropout_relu's / norm_dropout's backward (checked: n columns, the parameters' dtype)."""
     x = x.contiguous()
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     # the kernels write every element (the launcher zeroes them when M = 0: sums over no rows)
     grad_w = torch.empty((n,) if weight is not None else (0,), dtype=param_dtype, device=x.device)
     grad_b = torch.empty((n,) if bias is not None else (0,), dtype=param_dtype, device=x.device)
-    if not _skip_launch(x, "norm_dropout_backward"):
+    if not _skip_launch(x, op):
         _LDR.launch_backward(
             grad_out.contiguous(),
             x,
@@ -318,6 +241,68 @@ def _nd_backward(
             wrap=_WRAP,
         )
     return grad_x, grad_w, grad_b
+
+
+@_triton_op("gpuopt::triton_layer_norm_dropout_relu")
+def _ldr_forward(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    seed: torch.Tensor,
+    p: float,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m, _, _ = V.check_ldr_forward(x, weight, bias, seed, p, eps)
+    return _norm_forward("layer_norm_dropout_relu", m, x, weight, bias, seed, p, eps, False, True)
+
+
+@_triton_op("gpuopt::triton_layer_norm_dropout_relu_backward")
+def _ldr_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    seed: torch.Tensor,
+    p: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _, n, param_dtype = V.check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p)
+    args = (grad_out, x, weight, bias, mean, rstd, seed, p, False, True)
+    return _norm_backward("layer_norm_dropout_relu_backward", n, param_dtype, *args)
+
+
+@_triton_op("gpuopt::triton_norm_dropout")
+def _nd_forward(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    seed: torch.Tensor,
+    p: float,
+    eps: float,
+    rms: bool,
+    relu: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m, _, _ = V.check_norm_dropout(x, weight, bias, seed, p, eps, rms, relu)
+    return _norm_forward("norm_dropout", m, x, weight, bias, seed, p, eps, rms, relu)
+
+
+@_triton_op("gpuopt::triton_norm_dropout_backward")
+def _nd_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    seed: torch.Tensor,
+    p: float,
+    rms: bool,
+    relu: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _, n, param_dtype = V.check_norm_dropout_backward(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu)
+    args = (grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu)
+    return _norm_backward("norm_dropout_backward", n, param_dtype, *args)
 
 
 @_triton_op("gpuopt::triton_bias_relu")

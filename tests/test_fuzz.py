@@ -242,9 +242,7 @@ def dan_case(draw, interpreted=False):
 def check_dan(be, case):
     dev = be.device
     x = make_x(case, dev)
-    w, b = make_params(dict(case, affine="both"), dev)
-    w = w if case["affine"] in ("both", "weight_only") else None
-    b = b if case["affine"] in ("both", "bias_only") else None
+    w, b = _case_params(case, dev)
     dt = case["dtype"]
     s_dtype = torch.float32 if case["residual_in_fp32"] else dt
     g = torch.Generator().manual_seed(case["data_seed"] + 5)
@@ -285,16 +283,28 @@ def check_dan(be, case):
     assert torch.equal(gx.cpu() != 0, keep), "dropout keep mask differs from DESIGN.md's Philox"
 
 
-@pytest.mark.parametrize("backend", backend_params(*DEFAULT, "cuda-emulated"))
-def test_fuzz_dropout_add_norm(backend):
-    require_op(backend, "dropout_add_norm")
+def _fuzz_with_emulator(op: str, check, backend, strategy):
+    """_fuzz for the ops that also run on the emulated CUDA source (its few examples drawn as the interpreter's)."""
+    require_op(backend, op)
 
     @settings(max_examples=_examples(backend), deadline=None, suppress_health_check=_HEALTH)
-    @given(case=dan_case(interpreted=backend.interpreted or backend.name == "cuda-emulated"))
+    @given(case=strategy(interpreted=backend.interpreted or backend.name == "cuda-emulated"))
     def inner(case):
-        check_dan(backend, case)
+        check(backend, case)
 
     inner()
+
+
+def _case_params(case, dev):
+    """(weight, bias) of a case whose affine is "both", "none", "weight_only" or "bias_only"."""
+    w, b = make_params(dict(case, affine="both"), dev)
+    keep_w, keep_b = case["affine"] in ("both", "weight_only"), case["affine"] in ("both", "bias_only")
+    return (w if keep_w else None), (b if keep_b else None)
+
+
+@pytest.mark.parametrize("backend", backend_params(*DEFAULT, "cuda-emulated"))
+def test_fuzz_dropout_add_norm(backend):
+    _fuzz_with_emulator("dropout_add_norm", check_dan, backend, dan_case)
 
 
 @st.composite
@@ -313,9 +323,7 @@ def nd_case(draw, interpreted=False):
 def check_nd(be, case):
     dev = be.device
     x = make_x(case, dev)
-    w, b = make_params(dict(case, affine="both"), dev)
-    w = w if case["affine"] in ("both", "weight_only") else None
-    b = b if case["affine"] in ("both", "bias_only") else None
+    w, b = _case_params(case, dev)
     dt = case["dtype"]
     g = torch.Generator().manual_seed(case["data_seed"] + 5)
     seed = torch.tensor([case["seed"]], dtype=torch.int64, device=dev)
@@ -332,14 +340,7 @@ def check_nd(be, case):
 
 @pytest.mark.parametrize("backend", backend_params(*DEFAULT, "cuda-emulated"))
 def test_fuzz_norm_dropout(backend):
-    require_op(backend, "norm_dropout")
-
-    @settings(max_examples=_examples(backend), deadline=None, suppress_health_check=_HEALTH)
-    @given(case=nd_case(interpreted=backend.interpreted or backend.name == "cuda-emulated"))
-    def inner(case):
-        check_nd(backend, case)
-
-    inner()
+    _fuzz_with_emulator("norm_dropout", check_nd, backend, nd_case)
 
 
 # shrunk failures found by the fuzzer, kept as regular tests
