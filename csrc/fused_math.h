@@ -34,28 +34,17 @@ inline DropoutParams make_dropout_params(double p) {
 
 GPUOPT_HD bool dropout_keep(uint32_t u, uint32_t threshold) { return u >= threshold; }
 
-// Forward of one element: y = xhat * w + b (pre-dropout), out = relu(dropout(y)).
-template <typename acc_t>
-GPUOPT_HD acc_t ldr_forward_element(acc_t y, bool keep, acc_t scale) {
-  // select, never multiply by an infinite scale; relu(y * scale) == relu(y) * scale for scale > 0.
-  // Written as `y <= 0 ? 0 : ...` so a NaN that survives dropout stays NaN, as torch.relu keeps it.
-  return keep ? (y <= acc_t(0) ? acc_t(0) : y * scale) : acc_t(0);
-}
-
-// Gradient with respect to y (pre-dropout) of one element, given the upstream gradient g.
-// The ReLU bit is recomputed from y, the keep bit from the seed: nothing of the forward is stored.
-template <typename acc_t>
-GPUOPT_HD acc_t ldr_backward_element(acc_t g, acc_t y, bool keep, acc_t scale) {
-  return (keep && y > acc_t(0)) ? g * scale : acc_t(0);
-}
-
-// norm_dropout's elements: layer_norm_dropout_relu's with the ReLU optional (relu = false: the dropout alone).
-// relu = true gives ldr_forward_element / ldr_backward_element bit for bit.
+// Forward of one element of layer_norm_dropout_relu / norm_dropout: y = xhat * w + b (pre-dropout),
+// out = act(dropout(y)), act ReLU when relu (layer_norm_dropout_relu), else the identity.
+// A select, never a multiply by an infinite scale; relu(y * scale) == relu(y) * scale for scale > 0.
+// Written as `y <= 0 ? 0 : ...` so a NaN that survives dropout stays NaN, as torch.relu keeps it.
 template <typename acc_t>
 GPUOPT_HD acc_t nd_forward_element(acc_t y, bool keep, acc_t scale, bool relu) {
   return keep ? ((relu && y <= acc_t(0)) ? acc_t(0) : y * scale) : acc_t(0);
 }
 
+// Gradient with respect to y (pre-dropout) of one element, given the upstream gradient g.
+// The ReLU bit is recomputed from y, the keep bit from the seed: nothing of the forward is stored.
 template <typename acc_t>
 GPUOPT_HD acc_t nd_backward_element(acc_t g, acc_t y, bool keep, acc_t scale, bool relu) {
   return (keep && (!relu || y > acc_t(0))) ? g * scale : acc_t(0);

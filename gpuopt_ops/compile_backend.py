@@ -485,14 +485,16 @@ def _rewrite_norm_dropout_site(graph: torch.fx.Graph, node: torch.fx.Node, log: 
 
     second = _only_user(first)
     p, training = 0.0, False
-    if dropout(first) is not None:
-        (p, training), relu = dropout(first), second is not None and _is_relu(second)
+    first_drop = dropout(first)
+    if first_drop is not None:
+        (p, training), relu = first_drop, second is not None and _is_relu(second)
         chain, steps = ([first, second], "dropout → relu") if relu else ([first], "dropout")
     elif norm.rms and _is_relu(first):
         relu = True
         chain, steps = [first], "relu"
-        if dropout(second) is not None:
-            (p, training), chain, steps = dropout(second), [first, second], "relu → dropout"
+        second_drop = dropout(second)
+        if second_drop is not None:
+            (p, training), chain, steps = second_drop, [first, second], "relu → dropout"
     else:
         return False
     xv = _value(norm.source)

@@ -118,15 +118,13 @@ def register_ldr_autograd(forward_op, backward_op) -> None:
     Saved for backward: x, weight, bias, mean, rstd, seed (DESIGN.md); the mask is recomputed from the seed.
     The mean/rstd outputs are statistics, not differentiable results: gradients flowing into them are ignored.
     """
-    _register_norm_autograd(forward_op, backward_op, flags=False)
+    register_norm_dropout_autograd(forward_op, backward_op)
 
 
 def register_norm_dropout_autograd(forward_op, backward_op) -> None:
-    """Autograd of a norm_dropout op (C++ or Triton): layer_norm_dropout_relu's, plus the rms / relu flags."""
-    _register_norm_autograd(forward_op, backward_op, flags=True)
+    """Autograd of a norm_dropout op (C++ or Triton): layer_norm_dropout_relu's, plus the rms / relu flags, which
+    the backward op takes after p (layer_norm_dropout_relu has none)."""
 
-
-def _register_norm_autograd(forward_op, backward_op, flags: bool) -> None:
     def setup_context(ctx, inputs, output):
         x, weight, bias, seed, p, eps = inputs[:6]
         _, mean, rstd = output
@@ -142,7 +140,7 @@ def _register_norm_autograd(forward_op, backward_op, flags: bool) -> None:
             grad_x if need_x else None,
             grad_w if weight is not None and need_w else None,
             grad_b if bias is not None and need_b else None,
-            *(None,) * (5 if flags else 3),
+            *(None,) * (3 + len(ctx.flags)),  # seed, p, eps and the flags
         )
 
     torch.library.register_autograd(forward_op, backward, setup_context=setup_context)

@@ -1,4 +1,4 @@
-// The per-element formulas are fused_math.h's (ldr_forward_element, ldr_backward_element, bias_relu_*_element),
+// The per-element formulas are fused_math.h's (nd_forward_element, nd_backward_element, bias_relu_*_element),
 // written out here as flat selects with unconditional loads: GCC does not if-convert the header's nested
 // `keep ? (y <= 0 ? 0 : y * scale) : 0` / `keep && y > 0 ? g * scale : 0`, so calling them kept every loop
 // scalar. Same operations in the same order, same NaN behaviour (the CPU kernel tests check it).

@@ -177,12 +177,6 @@ struct DanBackwardParams {
   bool rms;
 };
 
-// RMSNorm: a launch argument of both kinds (layer_norm_dropout_relu's launches set it false).
-template <class K, class Params>
-GPUOPT_DEV bool is_rms(const Params& p) {
-  return p.rms;
-}
-
 // DanKind's extra row buffers (nullptr for LdrKind, whose params have none).
 template <class K, class Params>
 GPUOPT_DEV auto grad_sum_of(const Params& p) {
@@ -239,7 +233,7 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
   const int64_t N = rc.N;
   const int groups = static_cast<int>(rc.groups);  // rows path: N <= 16384, so column offsets fit an int
   const int T = kWarpRow ? kWarpSize : blockDim.x, tx = threadIdx.x;
-  const bool rms = is_rms<K>(p);
+  const bool rms = p.rms;  // a launch argument of both kinds
   constexpr int kHeld = kHold ? VPT : 1;
   R w[kHeld][kGroup], b[kHeld][kGroup];
   if (kHold) load_row_params<kVec>(p.weight, p.bias, N, groups, w, b);
@@ -397,7 +391,7 @@ GPUOPT_DEV void norm_forward_looped(const Params& p) {
   GPUOPT_SHARED_ARRAY(A, red, 2 * kWarpSize);
   const RowConsts<A> rc(p);
   const int64_t N = rc.N, groups = rc.groups;
-  const bool rms = is_rms<K>(p);
+  const bool rms = p.rms;  // a launch argument of both kinds
   int parity = 0;
 
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x) {
@@ -547,7 +541,7 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
   const int groups = static_cast<int>(rc.groups);  // rows path: N <= 8192
   [[maybe_unused]] const bool has_gs = K::kDropPre && grad_sum_of<K>(p) != nullptr;
   const int T = kWarpRow ? kWarpSize : blockDim.x, tx = threadIdx.x;
-  const bool rms = is_rms<K>(p);
+  const bool rms = p.rms;  // a launch argument of both kinds
   // the bias enters only layer_norm_dropout_relu's math (its ReLU bit)
   const P* __restrict__ bias = K::kDropPre ? nullptr : p.bias;
   // The plan keeps (VPT - 1) * T <= groups: only a thread's last group can lie past the row.
@@ -713,7 +707,7 @@ GPUOPT_DEV void norm_backward_row_stats(const Params& p) {
   const GroupDropout<kVec && sizeof(A) == 4> drop(rc.seed, p.threshold);  // every lane is active here
   const int64_t N = rc.N, groups = rc.groups;
   const int T = blockDim.x;
-  const bool rms = is_rms<K>(p);
+  const bool rms = p.rms;  // a launch argument of both kinds
   const P one = from_acc<P>(acc_t_of<P>(1)), zero = from_acc<P>(acc_t_of<P>(0));
   int parity = 0;
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x) {
@@ -809,7 +803,7 @@ GPUOPT_DEV void norm_backward_tiled(const Params& p) {
   const RowConsts<A> rc(p);
   const GroupDropout<kVec> drop(rc.seed, p.threshold);  // every lane is active here
   const int64_t N = rc.N, M = p.M;
-  const bool rms = is_rms<K>(p);
+  const bool rms = p.rms;  // a launch argument of both kinds
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kGroup;
   const int valid = c0 < N ? (kVec ? kGroup : group_size(N, c0)) : 0;
   A dw[kGroup], db[kGroup], w[kGroup], b[kGroup];
