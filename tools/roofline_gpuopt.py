@@ -35,7 +35,7 @@ DAN_OPS = {  # op label -> (rms, residual_in_fp32)
 # kernels (rms and relu are launch arguments) without the mean and the bias.
 ND_OPS = ("rms_norm_dropout",)
 OPS = ("layer_norm_dropout_relu", "bias_relu", *OPS_BIAS_ACT, *DAN_OPS, *ND_OPS)
-TRITON_OPS = OPS  # the ops with Triton launches in the model: all
+TRITON_OPS = OPS  # every op has Triton launches in the model
 DIRECTIONS = ("forward", "backward")
 DTYPES = ("bf16", "fp16", "fp32")
 NS = (768, 1024, 2048, 4096, 8192, 12288, 16384)
@@ -292,11 +292,10 @@ def cuda_launches(
                     )
                 )
             return out
+        st, pb = k * m * ACC, k * n * e  # the row statistics (mean and) rstd, the parameters weight (and bias)
         if plan.rows:  # + the dgamma / dbeta partial rows, G of each
-            st, pb = k * m * ACC, k * n * e  # mean and rstd, weight and bias
             g = rows_kernel("backward", 3 * mn * e + st + pb, 2 * mn * e + st + pb, k)
         else:
-            st, pb = k * m * ACC, k * n * e
             stats = f"ldr_backward_row_stats_kernel<{s}, {s}, float, true>"
             sg = persistent_grid(m, code.blocks_per_sm(stats, LOOPED_THREADS), sms)
             tiled = f"ldr_backward_tiled_kernel<{s}, {s}, float, true>"
