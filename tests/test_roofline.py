@@ -287,6 +287,14 @@ def test_model_covers_every_case(model):
 
 
 @pytest.mark.slow
+def test_triton_cubins_are_read_in_one_pass(model):
+    """Every Triton cubin's SASS came from the one-pass disassembly (none fell back to a disassembler run of its
+    own, about 0.3 s of CPU each), and its listing of the largest cubin matched `cuobjdump -sass`."""
+    reads = model["sass_reads"]
+    assert reads["cubins"] > 200 and reads["alone"] == 0 and reads["checked"], reads
+
+
+@pytest.mark.slow
 # ids other than the bare backend names: conftest skips any test keyed `cuda` on a machine without a GPU
 @pytest.mark.parametrize("backend", ["cuda", "triton"], ids=["cuda-kernels", "triton-kernels"])
 def test_gate(model, backend):

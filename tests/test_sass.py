@@ -266,3 +266,26 @@ def test_sass_of_built_extension():
     assert any(i.opcode.startswith("LDG.E.128") for i in fn.instrs)
     with pytest.raises(ToolError, match="no_such_kernel"):
         S.sass_of(so, ["no_such_kernel"])
+
+
+def test_one_pass_disassembly_matches_cuobjdump(tmp_path):
+    """sass_of_cubins (one raw-instruction pass of the disassembler for many cubins, the performance model's way
+    of reading Triton's cubins) gives every function of the built extension's dropout-add-norm forward cubin with
+    the instructions of `cuobjdump -sass` on that cubin: the branch, convergence and return targets that raw mode
+    prints as stream addresses included."""
+    try:
+        so = _built_extension()
+        S.find_nvdisasm(S.find_cuobjdump())
+        cubins = S.extract_cubins(so, "sm_90", "dan_forward_rows_kernel", tmp_path)
+    except ToolError as e:
+        pytest.skip(f"needs cuobjdump, nvdisasm and the built CUDA extension: {e}")
+    if not cubins:
+        pytest.skip(f"{so} has no sm_90 CUDA kernels (a CPU-only build?)")
+    (cubin,) = cubins
+    alone: list[int] = []
+    (batched,) = S.sass_of_cubins([cubin.read_bytes()], alone=alone)
+    ref = S.sass_of(cubin)
+    assert alone == [] and list(batched) == list(ref) and len(ref) > 20
+    assert all(batched[n].instrs == ref[n].instrs for n in ref)
+    targets = {i.text.split()[0].split(".")[0] for n in ref for i in ref[n].instrs if i.target is not None}
+    assert "BRA" in targets

@@ -687,6 +687,134 @@ def sass_of(
     return {n: found[n] for n in functions}
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Many cubins with one disassembler run
+# The disassembler costs about 0.3 s of CPU a run whatever the input (its set-up for the architecture), and
+# `cuobjdump -sass` runs it once per cubin: for the performance model's ~300 Triton cubins that was over a minute
+# and a half of CPU, against ~3 s for the same code as one raw instruction stream. sass_of_cubins lays the
+# functions of many cubins end to end, disassembles the stream with `nvdisasm --binary SM<arch>` (raw
+# instructions, printed in cuobjdump's format) and splits the listing again. Raw mode prints the targets of
+# relative branches (BRA, BSSY, CALL.REL, RET.REL, WARPSYNC.COLLECTIVE ...) as addresses in the stream; rather
+# than trust a list of such opcodes, the stream is disassembled twice, at two base addresses: a number that moves
+# with the base is an address and is taken back to the function's own offset, any other difference between the
+# two listings sends the cubin to sass_of. Each instruction's text is then that of `cuobjdump -sass` on the cubin
+# alone (tests/test_sass.py compares them on the built extension's cubins). A cubin this cannot read the same way
+# (another architecture, relocations in its code) goes through sass_of too.
+_HEX_RE = re.compile(r"0x[0-9a-fA-F]+")
+_SECOND_BASE = 1 << 32  # the second listing's base address: beyond any stream
+
+
+def _cubin_texts(blob: bytes) -> Optional[tuple[int, list[tuple[str, bytes]]]]:
+    """(SM number, [(function, code)]) of a little-endian 64-bit cubin whose `.text.<function>` sections have no
+    relocations (an empty relocation section is none); None for anything else."""
+    import struct
+
+    if len(blob) < 64 or blob[:4] != b"\x7fELF" or blob[4] != 2 or blob[5] != 1:
+        return None
+    if struct.unpack_from("<H", blob, 18)[0] != EM_CUDA:
+        return None
+    (flags,) = struct.unpack_from("<I", blob, 0x30)
+    # the SM number's place in e_flags depends on the cubin ABI (EI_OSABI 0x33: bits 0-7; 0x41: bits 8-15)
+    sm = {0x33: flags & 0xFF, 0x41: (flags >> 8) & 0xFF}.get(blob[7])
+    if sm is None:
+        return None
+    (shoff,) = struct.unpack_from("<Q", blob, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", blob, 0x3A)
+    try:
+        heads = [struct.unpack_from("<IIQQQQ", blob, shoff + i * shentsize) for i in range(shnum)]
+        names_at = heads[shstrndx][4]
+        names = [blob[names_at + h[0] : blob.index(b"\0", names_at + h[0])].decode() for h in heads]
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError):
+        return None
+    texts = []
+    for name, (_, _, _, _, off, size) in zip(names, heads):
+        if name.startswith((".rel.text.", ".rela.text.")) and size:
+            return None
+        if name.startswith(".text."):
+            if size % 16:
+                return None
+            texts.append((name[len(".text.") :], bytes(blob[off : off + size])))
+    return sm, texts
+
+
+def _raw_listing(path: str, arch: int, base: int) -> subprocess.Popen:
+    exe = os.path.join(find_nvdisasm(find_cuobjdump()), "nvdisasm")
+    return subprocess.Popen(
+        [exe, "--binary", f"SM{arch}", "--base-address", hex(base), path],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
+
+
+def _instr_lines(proc: subprocess.Popen, what: str) -> list[tuple[int, str]]:
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise ToolError(f"nvdisasm {what} failed ({proc.returncode}): {err.strip()[-2000:]}")
+    return [(int(m.group(1), 16), m.group(2)) for m in map(_INSTR_RE.match, out.splitlines()) if m]
+
+
+def _rebased(text: str, moved: str, start: int) -> Optional[str]:
+    """`text` (listed at base 0) with every number that moved by _SECOND_BASE in `moved` (the same instruction at
+    that base) made relative to the function at `start`; None if the two differ in any other way."""
+    if _HEX_RE.sub("#", text) != _HEX_RE.sub("#", moved):
+        return None
+    nums, moved_nums = _HEX_RE.findall(text), _HEX_RE.findall(moved)
+    parts = _HEX_RE.split(text)
+    out = [parts[0]]
+    for n, mv, rest in zip(nums, moved_nums, parts[1:]):
+        a, b = int(n, 16), int(mv, 16)
+        if a == b:
+            out.append(n)
+        elif b - a == _SECOND_BASE:
+            out.append(hex(a - start))
+        else:
+            return None
+        out.append(rest)
+    return "".join(out)
+
+
+def sass_of_cubins(cubins: Sequence[bytes], arch: int = 90, alone: Optional[list[int]] = None) -> list[ParsedSass]:
+    """sass_of for each of `cubins` (bytes), disassembled in one pass of the disassembler (see above); the indices
+    of the cubins read by sass_of instead are appended to `alone`."""
+    read = [_cubin_texts(c) for c in cubins]
+    stream = bytearray()
+    segments: list[tuple[int, str, int, int]] = []  # (cubin, function, offset in the stream, size)
+    for i, r in enumerate(read):
+        if r is not None and r[0] == arch:
+            for name, code in r[1]:
+                segments.append((i, name, len(stream), len(code)))
+                stream += code
+    listing: list[tuple[int, str]] = []
+    moved: list[tuple[int, str]] = []
+    if stream:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "code.bin")
+            with open(path, "wb") as f:
+                f.write(stream)
+            procs = [_raw_listing(path, arch, base) for base in (0, _SECOND_BASE)]
+            listing, moved = (_instr_lines(p, f"--binary SM{arch}") for p in procs)
+    if len(listing) != len(moved) or len(listing) != len(stream) // 16:
+        raise ToolError(f"nvdisasm --binary SM{arch} listed {len(listing)} instructions for {len(stream) // 16}")
+    out: list[Optional[ParsedSass]] = [ParsedSass() if r is not None and r[0] == arch else None for r in read]
+    for i, name, start, size in segments:
+        raw: list[tuple[int, str]] = []
+        for k in range(start // 16, (start + size) // 16):
+            (addr, text), (addr2, text2) = listing[k], moved[k]
+            rebased = _rebased(text, text2, start)
+            if addr != start + 16 * (k - start // 16) or addr2 - addr != _SECOND_BASE or rebased is None:
+                out[i] = None
+                break
+            raw.append((addr - start, rebased))
+        parsed = out[i]
+        if parsed is not None:
+            parsed._add(name, raw, {})
+    if alone is not None:
+        alone += [i for i, p in enumerate(out) if p is None]
+    return [p if p is not None else sass_of(c) for p, c in zip(out, cubins)]
+
+
 def extract_cubins(elf: os.PathLike, arch: str, containing: str, workdir: os.PathLike) -> list[Path]:
     """The cubins of `elf` for `arch` whose bytes contain `containing` (e.g. a kernel's symbol): runs
     `cuobjdump -xelf all -arch <arch>` in workdir (for libraries too large to disassemble whole), then looks
