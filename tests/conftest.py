@@ -1,5 +1,12 @@
 import os
 
+# Inductor's CPU code in the tests is scalar C++ (no vector instruction set): torch.compile tests check how the
+# ops behave inside compiled graphs, not Inductor's own vectorization, and a process's first vectorized compile
+# costs ~25 s more CPU (it builds and runs a probe per instruction set, and the vector headers are heavy): 37 s
+# against 15 s for the training loop's --compile run. Set before torch is imported (Inductor reads it then);
+# TORCHINDUCTOR_VEC_ISA_OK=1 in the environment keeps the vector code.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
+
 # Triton kernels run on CPU tensors under the interpreter when there is no GPU. The variable is read when
 # @triton.jit decorates a kernel, so it must be set before anything imports triton.
 try:
