@@ -268,7 +268,7 @@ def test_sass_of_built_extension():
         S.sass_of(so, ["no_such_kernel"])
 
 
-def test_one_pass_disassembly_matches_cuobjdump(tmp_path):
+def test_one_pass_disassembly_matches_cuobjdump(tmp_path, monkeypatch):
     """sass_of_cubins (one raw-instruction pass of the disassembler for many cubins, the performance model's way
     of reading Triton's cubins) gives every function of the built extension's dropout-add-norm forward cubin with
     the instructions of `cuobjdump -sass` on that cubin: the branch, convergence and return targets that raw mode
@@ -289,3 +289,8 @@ def test_one_pass_disassembly_matches_cuobjdump(tmp_path):
     assert all(batched[n].instrs == ref[n].instrs for n in ref)
     targets = {i.text.split()[0].split(".")[0] for n in ref for i in ref[n].instrs if i.target is not None}
     assert "BRA" in targets
+    # a listing that is not one line per 16 bytes: every cubin is read on its own instead
+    listed = S._instr_lines
+    monkeypatch.setattr(S, "_instr_lines", lambda proc, what: listed(proc, what)[1:])
+    (again,) = S.sass_of_cubins([cubin.read_bytes()], alone=alone)
+    assert alone == [0] and list(again) == list(ref)
