@@ -242,12 +242,12 @@ def prefetch_sass(codes, jobs: int) -> None:
         if key not in _CODE_CACHE and (isinstance(code, (bytes, bytearray)) or not str(code).endswith(".sass")):
             todo.setdefault(key, code)
     cubins = {k: bytes(c) for k, c in todo.items() if isinstance(c, (bytes, bytearray))}
+    blobs = list(cubins.values())
     alone: list[int] = []
-    parsed = S.sass_of_cubins(list(cubins.values()), alone=alone)
+    parsed = S.sass_of_cubins(blobs, alone=alone)
     for key, fns in zip(cubins, parsed):
         _CODE_CACHE[key] = fns
-    if cubins:
-        blobs = list(cubins.values())
+    if blobs:
         big = max(range(len(blobs)), key=lambda i: len(blobs[i]))
         ref = S.sass_of(blobs[big])
         if list(ref) != list(parsed[big]) or any(ref[n].instrs != parsed[big][n].instrs for n in ref):

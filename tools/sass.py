@@ -34,6 +34,7 @@ import importlib.util
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -700,15 +701,13 @@ def sass_of(
 # two listings sends the cubin to sass_of. Each instruction's text is then that of `cuobjdump -sass` on the cubin
 # alone (tests/test_sass.py compares them on the built extension's cubins). A cubin this cannot read the same way
 # (another architecture, relocations in its code, a listing that is not one line per 16 bytes) goes through sass_of.
-_HEX_RE = re.compile(r"0x[0-9a-fA-F]+")
+_HEX_SPLIT_RE = re.compile(r"(0x[0-9a-fA-F]+)")  # split() keeps the numbers, at the odd positions
 _SECOND_BASE = 1 << 32  # the second listing's base address: beyond any stream
 
 
 def _cubin_texts(blob: bytes) -> Optional[tuple[int, list[tuple[str, bytes]]]]:
     """(SM number, [(function, code)]) of a little-endian 64-bit cubin whose `.text.<function>` sections have no
     relocations (an empty relocation section is none); None for anything else."""
-    import struct
-
     if len(blob) < 64 or blob[:4] != b"\x7fELF" or blob[4] != 2 or blob[5] != 1:
         return None
     if struct.unpack_from("<H", blob, 18)[0] != EM_CUDA:
@@ -737,8 +736,7 @@ def _cubin_texts(blob: bytes) -> Optional[tuple[int, list[tuple[str, bytes]]]]:
     return sm, texts
 
 
-def _raw_listing(path: str, arch: int, base: int) -> subprocess.Popen:
-    exe = os.path.join(find_nvdisasm(find_cuobjdump()), "nvdisasm")
+def _raw_listing(exe: str, path: str, arch: int, base: int) -> subprocess.Popen:
     return subprocess.Popen(
         [exe, "--binary", f"SM{arch}", "--base-address", hex(base), path],
         stdout=subprocess.PIPE,
@@ -758,31 +756,26 @@ def _instr_lines(proc: subprocess.Popen, what: str) -> list[tuple[int, str]]:
 def _rebased(text: str, moved: str, start: int) -> Optional[str]:
     """`text` (listed at base 0) with every number that moved by _SECOND_BASE in `moved` (the same instruction at
     that base) made relative to the function at `start`; None if the two differ in any other way."""
-    if _HEX_RE.sub("#", text) != _HEX_RE.sub("#", moved):
+    parts, moved_parts = _HEX_SPLIT_RE.split(text), _HEX_SPLIT_RE.split(moved)
+    if len(parts) != len(moved_parts) or parts[0::2] != moved_parts[0::2]:
         return None
-    nums, moved_nums = _HEX_RE.findall(text), _HEX_RE.findall(moved)
-    parts = _HEX_RE.split(text)
-    out = [parts[0]]
-    for n, mv, rest in zip(nums, moved_nums, parts[1:]):
-        a, b = int(n, 16), int(mv, 16)
-        if a == b:
-            out.append(n)
-        elif b - a == _SECOND_BASE:
-            out.append(hex(a - start))
-        else:
+    for i in range(1, len(parts), 2):
+        a, b = int(parts[i], 16), int(moved_parts[i], 16)
+        if b - a == _SECOND_BASE:
+            parts[i] = hex(a - start)
+        elif a != b:
             return None
-        out.append(rest)
-    return "".join(out)
+    return "".join(parts)
 
 
 def sass_of_cubins(cubins: Sequence[bytes], arch: int = 90, alone: Optional[list[int]] = None) -> list[ParsedSass]:
     """sass_of for each of `cubins` (bytes), disassembled in one pass of the disassembler (see above); the indices
     of the cubins read by sass_of instead are appended to `alone`."""
-    read = [_cubin_texts(c) for c in cubins]
+    read = [r if r is not None and r[0] == arch else None for r in map(_cubin_texts, cubins)]
     stream = bytearray()
     segments: list[tuple[int, str, int, int]] = []  # (cubin, function, offset in the stream, size)
     for i, r in enumerate(read):
-        if r is not None and r[0] == arch:
+        if r is not None:
             for name, code in r[1]:
                 segments.append((i, name, len(stream), len(code)))
                 stream += code
@@ -793,9 +786,10 @@ def sass_of_cubins(cubins: Sequence[bytes], arch: int = 90, alone: Optional[list
             path = os.path.join(tmp, "code.bin")
             with open(path, "wb") as f:
                 f.write(stream)
-            procs = [_raw_listing(path, arch, base) for base in (0, _SECOND_BASE)]
+            exe = os.path.join(find_nvdisasm(find_cuobjdump()), "nvdisasm")
+            procs = [_raw_listing(exe, path, arch, base) for base in (0, _SECOND_BASE)]
             listing, moved = (_instr_lines(p, f"--binary SM{arch}") for p in procs)
-    out: list[Optional[ParsedSass]] = [ParsedSass() if r is not None and r[0] == arch else None for r in read]
+    out: list[Optional[ParsedSass]] = [ParsedSass() if r is not None else None for r in read]
     if len(listing) != len(moved) or len(listing) != len(stream) // 16:  # not one line per 16 bytes: read each alone
         segments, out = [], [None] * len(cubins)
     for i, name, start, size in segments:
