@@ -6,15 +6,16 @@ the constexpr ACT (csrc/fused_math.h's codes: 0 relu, 1 gelu, 2 gelu_tanh, 3 sil
 in fp32 (fp64 for fp64 x): z = x + b; relu: out = (z <= 0) ? 0 : z, so a NaN propagates as in torch.relu, and
 grad_x = grad_out * [out > 0] from the saved output; the others recompute z from the saved x and bias:
 gelu = z * (0.5 + 0.5 erf(z / sqrt 2)), gelu_tanh = z * sigmoid(2u) (= 0.5 z (1 + tanh u)), silu =
-z * sigmoid(z), sigmoid(v) = 1 / (1 + exp(-v)) (fp32: the hardware's 2^x and division, within a few ulp; the
+z * sigmoid(z), sigmoid(v) = 1 / (1 + exp(-v)) (fp32: the hardware's 2^x and reciprocal, within a few ulp; the
 normal cdf from fused_math.h's fitted erfc form, one exponential shared with the pdf),
 grad_x = grad_out * act'(z). grad_bias = sum over rows of grad_x, returned in the accumulation dtype (fp32, fp64
 for fp64): AMP's fp32 bias gets the unrounded sum.
 
 Tuning (from N on the host, no autotune):
 
-- Forward: 2-D grid (row tiles, column tiles), tile BLOCK_M x BLOCK_N with BLOCK_N = min(next_pow2(N), 1024)
-  and BLOCK_M = clamp(4096 // BLOCK_N, 1, 64) (>= 4096 elements per program), num_warps from the tile
+- Forward: 2-D grid (row tiles, column tiles), tile BLOCK_M x BLOCK_N with BLOCK_N the power of two from
+  min(next_pow2(N), 1024) down to 128 that pads N least (the widest of those: 256 at N = 768) and
+  BLOCK_M = clamp(4096 // BLOCK_N, 1, 64) (>= 4096 elements per program), num_warps from the tile
   (4096 elements -> 8 warps, 16 per thread).
 - Backward: grid (column tiles, G row groups), column tiles x G ~ SMs x resident programs per SM (from the
   registers and shared memory of the compiled kernel, common.programs_per_sm; 8 groups on the interpreter);
@@ -49,6 +50,21 @@ from .common import (
 
 ACT_RELU, ACT_GELU, ACT_GELU_TANH, ACT_SILU = 0, 1, 2, 3
 
+# The compiled kernels take the hardware's approximate reciprocal, as fused_math.h's ActMath::rcp; the interpreter
+# has no inline assembly and divides.
+_HW_RCP = tl.constexpr(not INTERPRETED)
+
+
+@triton.jit
+def _rcp(v):
+    """1 / v for fp32 v: rcp.approx.ftz.f32 (one MUFU.RCP, within 1 ulp; Triton's fp32 `/` is div.full.f32,
+    seven more instructions of range checks and scaling an element)."""
+    if _HW_RCP:
+        r = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [v], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        r = 1.0 / v
+    return r
+
 
 @triton.jit
 def _const(value, IS_FP64: tl.constexpr):
@@ -58,11 +74,11 @@ def _const(value, IS_FP64: tl.constexpr):
 
 @triton.jit
 def _sigmoid(v, IS_FP64: tl.constexpr):
-    """1 / (1 + exp(-v)); fp32 through the hardware's 2^x (tl.exp2)."""
+    """1 / (1 + exp(-v)); fp32 through the hardware's 2^x (tl.exp2) and reciprocal (_rcp)."""
     if IS_FP64:
         r = 1.0 / (1.0 + tl.exp(-v))
     else:
-        r = 1.0 / (1.0 + tl.exp2(v * -1.4426950408889634))
+        r = _rcp(1.0 + tl.exp2(v * -1.4426950408889634))
     return r
 
 
@@ -76,7 +92,7 @@ def _normal(z, IS_FP64: tl.constexpr):
         pdf = _const(0.39894228040143267794, IS_FP64) * tl.exp(-0.5 * z * z)
     else:
         w = tl.abs(z) * 0.84932180028801907  # a sqrt(log2 e): exp(-a^2) = 2^(-w^2)
-        t = 1.0 / (1.0 + w * 0.32428002104592329)
+        t = _rcp(1.0 + w * 0.32428002104592329)
         e = tl.exp2(-(w * w))
         q = -1.144559701e-01 * t + 4.480553714e-01
         q = q * t - 3.249990437e-01
@@ -190,9 +206,16 @@ def bias_relu_bwd_kernel(
 
 
 def _tile(n: int):
+    """(BLOCK_M, BLOCK_N) of the forward: the widest power-of-two column tile from min(next_pow2(N), 1024) down to
+    128 that pads N least (N = 768: 256 columns, where 1024 would leave a quarter of every tile masked off), and
+    4096 // BLOCK_N rows (at most 64)."""
     block_n = min(triton.next_power_of_2(n), 1024)
-    block_m = max(1, min(64, 4096 // block_n))
-    return block_m, block_n
+    best = block_n
+    while block_n > 128:
+        block_n //= 2
+        if triton.cdiv(n, block_n) * block_n < triton.cdiv(n, best) * best:
+            best = block_n
+    return max(1, min(64, 4096 // best)), best
 
 
 def launch_forward(
@@ -253,12 +276,12 @@ def launch_backward(
         grad_b.zero_()  # a sum over no rows
         return
     is_fp64 = out.dtype == torch.float64
-    block_m, block_n, warps = backward_tile(n)
-    col_tiles = triton.cdiv(n, block_n)
     sms = sm_count if sm_count is not None else device_sm_count(out.device)
     with device_guard(out.device):
         partial = torch.empty((n,), dtype=torch.float64 if is_fp64 else torch.float32, device=out.device)
         args = [grad_out, out, grad_x, partial, m, n]
+        block_m, block_n, warps = backward_tile(n)
+        col_tiles = triton.cdiv(n, block_n)
         kwargs = dict(IS_FP64=is_fp64, BLOCK_M=block_m, BLOCK_N=block_n, RTNE_BF16=INTERPRETED, num_warps=warps)
         kwargs.update(B=bias if act != 0 else out, ACT=act)  # relu reads no bias
         resident = sms * programs_per_sm(bias_relu_bwd_kernel, out.device, args, kwargs, facts)
