@@ -615,6 +615,26 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
     assert asked == [("ldr_bwd_fused_kernel", 16)]
 
 
+def test_triton_bias_act_tiles_and_row_groups():
+    """Launch planning of bias_act (no GPU needed): the forward's column tile is the power of two that pads N least
+    (N = 768: 256 columns, not 1024 with a quarter masked off); the backward's row groups fill whole waves, taking
+    two waves where one leaves more than 3 % of the slots idle (N = 12288: 48 tiles x 5 = 240 on 264 slots)."""
+    pytest.importorskip("triton")
+    from gpuopt_ops.triton_kernels import bias_relu as br_kernels
+    from gpuopt_ops.triton_kernels import common
+
+    assert br_kernels._tile(768) == (16, 256)
+    assert br_kernels._tile(1536) == (8, 512)
+    assert br_kernels._tile(4096) == (4, 1024) and br_kernels._tile(12288) == (4, 1024)
+    assert br_kernels._tile(1000) == (4, 1024)  # every width pads it to 1024: the widest
+    assert br_kernels._tile(100) == (32, 128)
+    assert common.column_groups(32, 264, 132) == 8  # one full wave
+    assert common.column_groups(3, 264, 132) == 88
+    assert common.column_groups(48, 396, 132) == 8  # 384 of 396 slots: >= 97 %
+    assert common.column_groups(48, 264, 132) == 11  # 528 programs: two full waves of 264
+    assert common.column_groups(200, 264, 132) == 1  # nothing fills better: one group
+
+
 class _GuardRecorder:
     """Stands in for torch.cuda.device: records which device is current while the launchers run."""
 

@@ -528,6 +528,20 @@ def check_bias_relu(ops, m, n, dtype, bias_dtype, aligned=True):
     assert torch.equal(gb, gb2), "dbias is deterministic"
 
 
+def test_bias_relu_grid_takes_two_full_waves(emu):
+    """A 3-SM device with 2 blocks an SM: N = 1024 is 4 column tiles, so one wave would hold 4 of its 6 slots;
+    the plan takes 3 row blocks (12 blocks: two full waves), and the results stay right and deterministic."""
+    old = emu.configure(3, 2)
+    try:
+        emu.take_launches()
+        check_bias_relu(emu, 24, 1024, torch.float32, torch.float32)
+        launches = emu.take_launches()
+        grids = [s.split("grid=")[1].split(" ")[0] for s in launches if s.startswith("bias_act_backward_kernel")]
+        assert grids and set(grids) == {"(4,3,1)"}, grids
+    finally:
+        emu.configure(*old)
+
+
 @pytest.mark.parametrize("act", [1, 2, 3])
 def test_bias_act_unaligned_and_deterministic(small_device, act):
     """Unaligned views take the scalar path; the column sums are deterministic; names the launches."""

@@ -51,6 +51,16 @@ def test_wave_efficiency():
     assert eff == pytest.approx((1000 / 198) / 6)
 
 
+def test_tiled_plan_fills_its_waves():
+    """The tiled CUDA kernels' grid (csrc/cuda/launch_config.h plan_tiled, mirrored here): one wave of row blocks,
+    or two where one leaves more than 3 % of the slots idle and the rows allow it."""
+    t = G.plan_tiled(5461, 12288, 264)  # 48 column tiles: 5 row blocks would fill 240 of 264 slots
+    assert (t.tx, t.ty, t.col_tiles, t.row_blocks) == (32, 8, 48, 11)
+    assert G.plan_tiled(8192, 8192, 264).row_blocks == 8  # 32 x 8 = 256 of 264: one wave
+    assert G.plan_tiled(16, 12288, 264).row_blocks == 2  # held by the rows (2 steps of 8): no second wave
+    assert G.plan_tiled(24, 1024, 6).row_blocks == 3  # 4 tiles on 6 slots: 4 x 3 = 12, two full waves
+
+
 def test_copy_kernel_reaches_copy_speed():
     """A full grid of 16-byte copies keeps 32 KB in flight per SM: DRAM-bound, only the launch cost lost."""
     est = R.estimate([copy_launch(132 * 8, 256)], 2 * M * 4, M)
@@ -203,35 +213,6 @@ KNOWN_SHORT: dict[tuple, str] = {
         for op in G.DAN_OPS
         for dt in G.op_dtypes(op)
     },
-    ("cuda", "bias_relu", "backward", "fp32", 12288): (
-        "48 column tiles x 5 row blocks = 240 blocks on 264 slots (98 registers: 2 blocks a SM)"
-    ),
-    # bias_act's backward (acts 1-3) on the same tiled kernel: its fp32 rows keep the same grid (estimate 0.877,
-    # above the 0.82 floor, but a wave efficiency of 0.906)
-    **{
-        ("cuda", op, "backward", "fp32", 12288): (
-            "48 column tiles x 5 row blocks = 240 blocks on 264 slots (more than 85 registers: 2 blocks a SM)"
-        )
-        for op in ("bias_act_gelu", "bias_act_gelu_tanh", "bias_act_silu")
-    },
-    # Triton's bias_act: the erf-form GELU compiles to ~30 instructions an element in the 16-bit forward (budget
-    # 27.2; N = 768 also pads its 1024-column tiles) and its 16-bit backward holds too few loads in flight
-    # (16.3 KB a SM, 17.3 KB needed); not yet tuned
-    **{
-        ("triton", "bias_act_gelu", d, dt, n): (
-            "erf-form GELU: ~30 instructions an element (16-bit forward) / 16.3 KB in flight a SM (16-bit backward)"
-        )
-        for d in ("forward", "backward")
-        for dt in ("bf16", "fp16")
-        for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)
-    },
-    **{
-        ("triton", "bias_act_gelu_tanh", "forward", dt, 768): (
-            "1024-column tiles for 768 columns: 27.4-28.3 instructions an element (budget 27.2)"
-        )
-        for dt in ("bf16", "fp16")
-    },
-    ("triton", "bias_act_silu", "backward", "fp32", 12288): "the row-group grid fills 0.90 of its last wave",
     **{
         ("cuda", op, "backward", dt, n): _LONG_BACKWARD
         for op in G.DAN_OPS

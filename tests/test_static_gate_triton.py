@@ -113,10 +113,11 @@ def test_n8192_takes_the_fused_backward(gate):
             assert not any(k.startswith(f"{prefix}_bwd_row_coef_kernel") for k in kernels), kernels
 
 
-def test_persistent_grids_are_one_full_wave(gate):
+def test_persistent_grids_fill_their_waves(gate):
     """The grid of each persistent kernel (SMs x programs per SM from the compiled kernel's registers, warps and
     shared memory, which the launchers take through their `facts` hook here) fits what the compiled kernel allows
-    on an SM; the 1-D grids (M = 16384 rows: more tiles than programs) fill it exactly. The launchers' rule
+    on an SM, or fills two waves of it (the 2-D grids whose one wave would leave slots idle); the 1-D grids
+    (M = 16384 rows: more tiles than programs) fill it exactly. The launchers' rule
     and the gate's occupancy model agree on every compiled variant."""
     rows = gate[0]["rows"]
     checked = 0
@@ -124,7 +125,9 @@ def test_persistent_grids_are_one_full_wave(gate):
         assert r["launcher_blocks_per_sm"] == r["blocks_per_sm"], r
         name = r["kernel"].split("[")[0]
         if name in PERSISTENT:
-            assert r["programs_per_sm"] <= r["blocks_per_sm"], r
+            per_sm, fit = r["programs_per_sm"], r["blocks_per_sm"]
+            # one wave, or two full ones (common.column_groups: where one wave would leave > 3 % of it idle)
+            assert per_sm <= fit or (per_sm <= 2 * fit and per_sm / (2 * fit) >= 0.97), r
             if name in ONE_AXIS:
                 assert r["programs_per_sm"] == r["blocks_per_sm"], r
             checked += 1

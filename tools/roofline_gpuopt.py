@@ -181,8 +181,16 @@ def plan_tiled(m: int, n: int, resident: int) -> TilePlan:
     ty = TILED_THREADS // tx
     col_tiles = _cdiv(groups, tx)
     steps = max(1, _cdiv(m, ty))
+    resident = max(resident, 1)
     per_wave = max(1, min(resident // col_tiles, MAX_GRID_Y))
-    return TilePlan(tx, ty, col_tiles, balanced_grid(steps, per_wave))
+    row_blocks = balanced_grid(steps, per_wave)
+    if row_blocks == per_wave and col_tiles * per_wave * 100 < resident * 97:  # csrc/cuda/launch_config.h
+        for rb in range(per_wave + 1, min(2 * resident // col_tiles, MAX_GRID_Y) + 1):
+            blocks = col_tiles * balanced_grid(steps, rb)
+            if blocks * 100 >= _cdiv(blocks, resident) * resident * 97:
+                row_blocks = balanced_grid(steps, rb)
+                break
+    return TilePlan(tx, ty, col_tiles, row_blocks)
 
 
 def partial_stride(n: int) -> int:

@@ -279,13 +279,20 @@ def persistent_programs(num_tiles: int, device: torch.device, per_sm: int, sms: 
 
 
 def column_groups(col_tiles: int, resident: int, sms: int) -> int:
-    """Row groups of a (column tiles x groups) grid that holds at most `resident` programs (SMs x resident per
-    SM): the most groups whose grid fills its waves over `sms` SMs to >= 97 % (col_tiles x groups close to a
-    multiple of the SMs: no SM left with one program fewer than the others), else resident // col_tiles."""
+    """Row groups of a (column tiles x groups) grid of programs that each walk every G-th row tile of their column
+    tile, for `resident` slots (SMs x resident programs per SM): the most groups up to resident // col_tiles whose
+    grid fills its waves over `sms` SMs to >= 97 % (col_tiles x groups close to a multiple of the SMs: no SM left
+    with one program fewer than the others); else the fewest above that, up to two waves, whose grid fills its
+    waves of `resident` programs to >= 97 % (N = 12288 in 256-column tiles: 48 x 5 = 240 programs leave 24 of
+    264 slots idle, 48 x 11 = 528 are two full waves); else resident // col_tiles."""
     top = max(1, resident // col_tiles)
     for g in range(top, 0, -1):
         total = col_tiles * g
         if total / (-(-total // sms) * sms) >= 0.97:
+            return g
+    for g in range(top + 1, 2 * resident // col_tiles + 1):
+        total = col_tiles * g
+        if total / (-(-total // resident) * resident) >= 0.97:
             return g
     return top
 

@@ -145,7 +145,10 @@ struct TilePlan {
 
 // tx: a power of two <= 32 covering the row's groups; ty = 256 / tx. col_tiles x row_blocks <= one wave of
 // `resident` blocks: row_blocks = resident / col_tiles rounded down (at least 1; rounding up would start a
-// second, nearly empty wave), <= 65535, then evened out over the row steps (balanced_grid).
+// second, nearly empty wave), <= 65535, evened out over the row steps (balanced_grid). Where that grid is held
+// by the residency and leaves more than 3 % of the wave idle, the fewest row blocks up to two waves whose
+// (evened-out) grid fills its waves to >= 97 %, if any (N = 12288 on 264 slots: 48 tiles x 5 = 240 blocks leave
+// 24 idle; 48 x 11 = 528 fill two waves).
 inline TilePlan plan_tiled(int64_t M, int64_t N, int64_t resident) {
   TilePlan t;
   const int64_t groups = ceil_div(N, kGroup);
@@ -156,8 +159,19 @@ inline TilePlan plan_tiled(int64_t M, int64_t N, int64_t resident) {
   if (t.col_tiles > 2147483647LL)
     throw std::runtime_error("gpuopt: N = " + std::to_string(N) + " is too large for the CUDA grid");
   const int64_t steps = std::max<int64_t>(1, ceil_div(M, t.ty));
+  resident = std::max<int64_t>(resident, 1);
   const int64_t per_wave = std::max<int64_t>(1, std::min<int64_t>(resident / t.col_tiles, int64_t(kMaxGridY)));
   t.row_blocks = balanced_grid(steps, per_wave);
+  if (t.row_blocks == per_wave && t.col_tiles * per_wave * 100 < resident * 97) {
+    const int64_t last = std::min<int64_t>(2 * resident / t.col_tiles, int64_t(kMaxGridY));
+    for (int64_t rb = per_wave + 1; rb <= last; ++rb) {
+      const int64_t blocks = t.col_tiles * balanced_grid(steps, rb);
+      if (blocks * 100 >= ceil_div(blocks, resident) * resident * 97) {
+        t.row_blocks = balanced_grid(steps, rb);
+        break;
+      }
+    }
+  }
   return t;
 }
 
