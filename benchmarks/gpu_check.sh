@@ -181,8 +181,9 @@ else
 fi
 
 # ---------------------------------------------------------------------------------------------- 6. benchmarks
-# (a) every provider but torch.compile over a sweep of N; (b) torch.compile (max-autotune, slow to compile) on
-# a few cases with all providers, for the speed-ups against compile. --time-budget stops each cleanly; the CSV
+# (a) every provider but torch.compile over a sweep of N; (b) a few of its cases timed as CUDA-graph replays;
+# (c) torch.compile (max-autotune, slow to compile) on a few cases with all providers, for the speed-ups against
+# compile. --time-budget stops each cleanly; the CSV
 # is written row by row, so a timeout still leaves what was measured.
 bench() {  # bench NAME CAP RESERVE args...
   local name=$1 cap=$2 reserve=$3
@@ -194,12 +195,17 @@ bench() {  # bench NAME CAP RESERVE args...
   step "$name" "$cap" "$reserve" -- "$PY" -m benchmarks.run --device cuda --time-budget $((limit > 40 ? limit - 30 : 10)) "$@"
 }
 if [ "$BUILD_OK" = 1 ]; then
-  bench bench_sweep 130 55 --out "$OUT_DIR/bench_sweep" --providers cuda,triton,eager,liger,quack,copy \
+  bench bench_sweep 130 95 --out "$OUT_DIR/bench_sweep" --providers cuda,triton,eager,liger,quack,copy \
     --dtypes bf16,fp32 --ns 256,1024,4096,16384,65536 --rep-ms 50
+  # the same ops timed as CUDA-graph replays: the kernels without the host's launch cost (against the sweep's
+  # event times of the same cases, what the host adds)
+  bench bench_graphs 45 55 --out "$OUT_DIR/bench_graphs" --providers cuda,triton,copy --dtypes bf16 \
+    --ns 1024,4096 --modes fwd,bwd --graphs --rep-ms 50
   bench bench_compile 110 15 --out "$OUT_DIR/bench_compile" --providers cuda,triton,eager,compile,liger,copy \
     --dtypes bf16 --ns 1024,8192 --modes fwd,fwd+bwd --rep-ms 50
 else
   skip bench_sweep "extension did not build/import"
+  skip bench_graphs "extension did not build/import"
   skip bench_compile "extension did not build/import"
 fi
 

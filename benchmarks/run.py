@@ -49,9 +49,12 @@ ratio_copy = GB/s / GB/s of the copy measured in the same case; speedup_vs_eager
 speedup_vs_compile = compile ms / ms (empty when that provider did not run).
 
 M (rows) is chosen per (dtype, N) so that the forward's bytes are at least --mbytes MB (default 256 MB on GPU,
-16 MB on CPU), unless --m fixes it. Timing: triton.testing.do_bench (quantiles 0.5, 0.2, 0.8) on GPU;
-torch.utils.benchmark.Timer.blocked_autorange on CPU (all threads torch uses), median / p20 / p80 of its
-per-run times.
+16 MB on CPU), unless --m fixes it. Timing: triton.testing.do_bench (quantiles 0.5, 0.2, 0.8) on GPU: wall
+time between events, so the host's cost of planning and launching the kernels shows where it exceeds their GPU
+time; with --graphs, triton.testing.do_bench_cudagraph instead: replays of a CUDA graph of the runner (the
+kernels alone; a provider that cannot be captured is noted and left out). A run with and one without --graphs
+on the same cases separate the two. torch.utils.benchmark.Timer.blocked_autorange on CPU (all threads torch
+uses), median / p20 / p80 of its per-run times.
 """
 
 from __future__ import annotations
@@ -356,10 +359,13 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_gpu(fn, warmup_ms: float, rep_ms: float):
+def time_gpu(fn, warmup_ms: float, rep_ms: float, graphs: bool = False):
     import triton.testing
 
-    med, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+    if graphs:  # fn is called once (warm-up) and timed, then captured and replayed
+        med, p20, p80 = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+    else:
+        med, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
     return [med], [p20], [p80]
 
 
@@ -448,6 +454,11 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds per case (CPU 3, GPU 1)")
     ap.add_argument("--min-run-time", type=float, default=None, help="CPU: seconds per provider per round")
     ap.add_argument("--rep-ms", type=float, default=None, help="GPU: do_bench rep (ms), default 100")
+    ap.add_argument(
+        "--graphs",
+        action="store_true",
+        help="GPU: time CUDA-graph replays of each runner (the kernels without the host's launch cost)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="CPU: torch.set_num_threads (default: torch's)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -456,6 +467,8 @@ def parse_args(argv=None):
     gpu = args.device == "cuda"
     if gpu and not torch.cuda.is_available():
         ap.error("--device cuda but torch.cuda.is_available() is False")
+    if args.graphs and not gpu:
+        ap.error("--graphs times CUDA graphs: it needs --device cuda")
     args.ops = [s for s in args.ops.split(",") if s]
     args.modes = [s for s in args.modes.split(",") if s]
     for o in args.ops:
@@ -502,6 +515,8 @@ def run(args) -> str:
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"bench_{device}.csv")
     meta = metadata(device)
+    if gpu:
+        meta["timing"] = "CUDA graph replays (--graphs)" if args.graphs else "events around each call (do_bench)"
     notes: list[str] = []
     t_start = time.monotonic()
     # bias_relu's fused ops need gpuopt too; load it once so import time is not charged to a case
@@ -565,7 +580,7 @@ def run(args) -> str:
                 for prov, fn in runners.items():
                     try:
                         if gpu:
-                            med, lo, hi = time_gpu(fn, 10.0 if args.quick else 25.0, args.rep_ms)
+                            med, lo, hi = time_gpu(fn, 10.0 if args.quick else 25.0, args.rep_ms, args.graphs)
                             samples[prov][0] += med
                             samples[prov][1] += lo
                             samples[prov][2] += hi

@@ -134,6 +134,7 @@ def test_gpu_check_dry_run_lists_every_step(tmp_path):
         "san_initcheck",
         "memory",
         "bench_sweep",
+        "bench_graphs",
         "bench_compile",
         "plots",
     ], summary
@@ -181,3 +182,13 @@ def test_host_cost_times_every_launcher():
         assert r["launches"] >= 1 and r["host_us"] > 0, r
         k = ideal[r["op"]][r["direction"] == "bwd"]
         assert r["gpu_us_at_copy"] == pytest.approx(k * 4 * m * 256 / 1e6), r
+
+
+def test_graph_timing_is_a_gpu_option(capsys):
+    """--graphs (CUDA-graph replays, the kernels without the host's launch cost) is refused on the CPU, clearly."""
+    from benchmarks import run as BR
+
+    with pytest.raises(SystemExit):
+        BR.parse_args(["--device", "cpu", "--graphs"])
+    assert "--graphs times CUDA graphs: it needs --device cuda" in capsys.readouterr().err
+    assert not BR.parse_args(["--device", "cpu"]).graphs
