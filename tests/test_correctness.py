@@ -561,6 +561,72 @@ def test_triton_three_chunk_rows_on_persistent_grids(backend, m, n, dtype):
     assert torch.equal(probe.cpu() != 0, R.dropout_keep_mask(2**35 + 3, m, n, 0.2))
 
 
+@pytest.mark.parametrize("backend", TRITON)
+def test_triton_n16384_one_pass_forward_matches_reference(backend):
+    """N = 16384 runs the single-block forward over four 4096-column chunks (the interpreter has no compiled
+    kernel to report spills, so it always does): the reference, and the mask bit for bit."""
+    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+
+    n = 16384
+    assert ldr_kernels.forward_config(n, torch.bfloat16).fused
+    sample = LDR.sample((2,), n, torch.bfloat16, backend.device, p=0.1, seed=2**33 + 5)
+    check_against_reference(LDR, backend, sample)
+    w = sample.args["weight"]
+    probe = backend.op("layer_norm_dropout_relu")(
+        sample.args["x"], torch.zeros_like(w), torch.ones_like(w), sample.args["seed"], 0.1, EPS
+    )[0]
+    assert torch.equal(probe.cpu() != 0, R.dropout_keep_mask(2**33 + 5, 2, n, 0.1))
+
+
+@pytest.mark.parametrize("op", ["layer_norm_dropout_relu", "dropout_add_norm"])
+def test_triton_n16384_forward_is_one_pass_unless_the_compiled_kernel_spills(op):
+    """Launch planning (no GPU needed: meta tensors, launches recorded, the compiled kernel's facts stood in for):
+    N = 16384 takes the single-block forward over four 4096-column chunks at 16 warps, one program an SM; where
+    that compiled kernel spills registers, the looped kernel (a program a row, 4096-column steps) instead.
+    12288 (three chunks) never falls back."""
+    pytest.importorskip("triton")
+    from gpuopt_ops.triton_kernels import common
+    from gpuopt_ops.triton_kernels import dropout_add_norm as dan_kernels
+    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+
+    bf16 = torch.bfloat16
+    cfg = ldr_kernels.forward_config(16384, bf16)
+    assert cfg.fused and (cfg.chunks, cfg.block_n, cfg.block_m, cfg.num_warps) == (4, 4096, 1, 16)
+    assert ldr_kernels.wide_fallback(cfg, 16384, bf16) == ldr_kernels.forward_config(16384, bf16, 8192)
+    assert ldr_kernels.wide_fallback(ldr_kernels.forward_config(12288, bf16), 12288, bf16) is None
+    launched = []
+
+    def wrap(kernel):
+        class Launch:
+            def __getitem__(self, grid):
+                return lambda *a, **k: launched.append((kernel.__name__, tuple(grid), k["num_warps"]))
+
+        return Launch()
+
+    meta = lambda *s, dt=torch.bfloat16: torch.empty(s, device="meta", dtype=dt)  # noqa: E731
+    m, n, f32 = 64, 16384, torch.float32
+    prefix = "ldr" if op == "layer_norm_dropout_relu" else "dan"
+    fused, looped = (f"{prefix}_fwd_fused_kernel", (64,), 16), (f"{prefix}_fwd_looped_kernel", (m,), 8)
+    for spills, want in ((0, fused), (24, looped)):
+        launched.clear()
+
+        def facts(kernel, args, kwargs, spills=spills):  # 128 registers at 16 warps: one program an SM
+            assert kernel.__name__.endswith("_fwd_fused_kernel")
+            return common.KernelFacts(128, 0, kwargs["num_warps"], spills)
+
+        x, w, seed, out = meta(m, n), meta(n), meta(1, dt=torch.int64), meta(m, n)
+        if op == "layer_norm_dropout_relu":
+            ldr_kernels.launch_forward(
+                x, w, w, seed, out, meta(m, dt=f32), meta(m, dt=f32), 0.1, 1e-5, wrap=wrap, sm_count=64, facts=facts
+            )
+        else:
+            dan_kernels.launch_forward(
+                x, meta(m, n), w, w, seed, out, meta(m, n), meta(m, dt=f32), meta(m, dt=f32), 0.1, 1e-5, False,
+                wrap=wrap, sm_count=64, facts=facts,
+            )  # fmt: skip
+        assert launched == [want], launched
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dtype):
     """Launch planning (no GPU needed: meta tensors, launches recorded): N = 8192 takes the single-block

@@ -192,26 +192,10 @@ KNOWN_SHORT: dict[tuple, str] = {
         for n in (12288, 16384)
     },
     **{
-        ("triton", op, "forward", dt, 16384): (
-            "one pass over four 4096-column chunks holds 32 elements a thread at 16 warps and spills on triton 3.6; "
-            "the looped forward reads x twice"
-        )
-        for op in ("layer_norm_dropout_relu", "rms_norm_dropout")
-        for dt in ("bf16", "fp16", "fp32")
-    },
-    **{
         ("triton", op, "backward", dt, n): _LONG_BACKWARD_TRITON
         for op in G.DAN_OPS
         for dt in G.op_dtypes(op)
         for n in (12288, 16384)
-    },
-    **{
-        ("triton", op, "forward", dt, 16384): (
-            "one pass over four 4096-column chunks holds 32 elements a thread at 16 warps (as the LayerNorm forward); "
-            "the looped forward writes the sum and reads it back"
-        )
-        for op in G.DAN_OPS
-        for dt in G.op_dtypes(op)
     },
     **{
         ("cuda", op, "backward", dt, n): _LONG_BACKWARD

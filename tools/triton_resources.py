@@ -195,7 +195,7 @@ class Compiler:
         return launch
 
     def facts(self, kernel, args, kwargs):
-        """The launchers' `facts` hook: the kernel's sm_90 compile (registers, shared memory, warps) with the
+        """The launchers' `facts` hook: the kernel's sm_90 compile (registers, shared memory, warps, spills) with the
         specialization of this launch, compiled now if it was not yet (the same key its launch then records)."""
         _, _, C = _kernels()
         launch = self.record(kernel, (1,), args, kwargs)
@@ -204,7 +204,7 @@ class Compiler:
             job = self.pending.pop(launch.key)
             self.cache[launch.key] = _variant(job, _compile(job))
         v = self.cache[launch.key]
-        return C.KernelFacts(v.regs, v.shared, v.num_warps)
+        return C.KernelFacts(v.regs, v.shared, v.num_warps, v.spill_stores + v.spill_loads)
 
     def wrap(self, kernel):
         compiler = self

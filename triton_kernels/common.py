@@ -171,11 +171,13 @@ def device_guard(device: torch.device):
 
 @dataclass(frozen=True)
 class KernelFacts:
-    """What a compiled kernel uses per program: registers per thread, static shared memory (bytes), warps."""
+    """What a compiled kernel uses per program: registers per thread, static shared memory (bytes), warps; and
+    the spills of its registers to local memory (0 where unknown)."""
 
     regs: int
     shared: int
     num_warps: int
+    spills: int = 0
 
 
 # One SM of sm_90 (H100/H200): 65536 registers allocated per warp in units of 256 (8 per thread), 64 warps,
@@ -240,7 +242,8 @@ def compiled_facts(kernel, device: torch.device, args, kwargs) -> Optional[Kerne
             with torch.cuda.device(idx):
                 ck = kernel.warmup(*dtypes, grid=(1,), **kwargs)
                 ck._init_handles()
-            _FACTS[key] = KernelFacts(int(ck.n_regs), int(ck.metadata.shared), int(ck.metadata.num_warps))
+            spills = int(getattr(ck, "n_spills", 0) or 0)
+            _FACTS[key] = KernelFacts(int(ck.n_regs), int(ck.metadata.shared), int(ck.metadata.num_warps), spills)
         except Exception as err:  # noqa: BLE001  (a Triton without these hooks: plan as without a GPU)
             warnings.warn(
                 f"gpuopt: could not read the compiled facts of {getattr(kernel, '__name__', kernel)} "
@@ -258,11 +261,16 @@ def compiled_facts(kernel, device: torch.device, args, kwargs) -> Optional[Kerne
 PLANNING_REGS = 128
 
 
+def kernel_facts(kernel, device: torch.device, args, kwargs, facts=None) -> Optional[KernelFacts]:
+    """The compiled facts of `kernel` launched with (args, kwargs): `facts(kernel, args, kwargs)` when given
+    (tools/triton_resources.py passes the sm_90 compile), else compiled_facts on the device (None without one)."""
+    return facts(kernel, args, kwargs) if facts is not None else compiled_facts(kernel, device, args, kwargs)
+
+
 def programs_per_sm(kernel, device: torch.device, args, kwargs, facts=None) -> int:
-    """Resident programs per SM of a persistent kernel launched with (args, kwargs), from its compiled facts:
-    `facts(kernel, args, kwargs)` when given (tools/triton_resources.py passes the sm_90 compile), else
-    compiled_facts on x's device, else PLANNING_REGS registers and no shared memory."""
-    got = facts(kernel, args, kwargs) if facts is not None else compiled_facts(kernel, device, args, kwargs)
+    """Resident programs per SM of a persistent kernel launched with (args, kwargs), from its compiled facts
+    (kernel_facts), else PLANNING_REGS registers and no shared memory."""
+    got = kernel_facts(kernel, device, args, kwargs, facts)
     if got is None:
         got = KernelFacts(PLANNING_REGS, 0, int(kwargs.get("num_warps", 4)))
     return resident_programs_per_sm(got)

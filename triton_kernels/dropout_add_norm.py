@@ -520,7 +520,7 @@ def launch_forward(
     args = (x, r, w, b, seed, out, sum_, mu, rstd, m, n, eps_hi, eps_lo, t)
     launch_rows_forward(
         dan_fwd_fused_kernel, dan_fwd_looped_kernel, cfg, m, n, x.device, args, kwargs,
-        wrap=wrap, sm_count=sm_count, facts=facts,
+        wrap=wrap, sm_count=sm_count, facts=facts, looped_cfg=_LDR.wide_fallback(cfg, n, x.dtype),
     )  # fmt: skip
 
 

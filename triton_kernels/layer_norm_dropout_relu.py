@@ -44,8 +44,9 @@ tests): no configuration spills. Not yet timed on a GPU. Every launch runs under
   kernel itself (common.programs_per_sm: on a GPU kernel.warmup for the device with 16-byte-aligned pointers, then
   its n_regs, shared memory and warps; tools/triton_resources.py passes the same facts from its sm_90 compile), so
   the grid is one full wave. 8 programs on the interpreter.
-- Forward, single-block path when N <= 8192, or N = 12288 (three chunks of 4096; four chunks at 16384 hold 32
-  elements a thread at 16 warps and spill on triton 3.6, so 16384 is looped; fp64: N <= 4096):
+- Forward, single-block path when N <= 8192, or N = 12288 (three chunks of 4096) or 16384 (four chunks of 4096,
+  32 elements a thread at 16 warps; where that compiled kernel spills registers, as triton 3.6's bf16 one does,
+  the looped path runs instead: wide_fallback, rows.launch_rows_forward; fp64: N <= 4096):
   BLOCK_M = clamp(4096 // next_power_of_2(N), 1, 64) rows per tile. Rows of N = 2^k >= 1024 (not fp64) are four
   chunks of N / 4, so the tile's warps lie along the rows (one warp per row
   at N = 1024) and each thread holds 32 elements of its row: the row's reductions and the per-tile work are
@@ -121,8 +122,7 @@ from .rows import (  # noqa: F401  (LdrConfig, dropout_threshold, eps_pair, row_
 # Longest rows of the single-block kernels: 16 warps x 32 threads x (elements per thread, see _warps_for).
 FWD_MAX_FUSED_N = 16384
 # Past this, a row takes the single-block forward only when it splits into whole chunks (N = 3 x 2^k or 2^k): a
-# padded chunk of next_power_of_2(N) would waste up to half the lanes and registers. Past 8192, forward_config
-# also requires three chunks (12288).
+# padded chunk of next_power_of_2(N) would waste up to half the lanes and registers (past 8192: 12288, 16384).
 FWD_MAX_PADDED_N = 8192
 FWD_MAX_FUSED_N_FP64 = 4096
 BWD_MAX_FUSED_N = 8192
@@ -847,15 +847,23 @@ def forward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -
     if max_fused_n is None:
         max_fused_n = FWD_MAX_FUSED_N_FP64 if fp64 else FWD_MAX_FUSED_N
     padded_ok = n <= FWD_MAX_PADDED_N or n == triton.next_power_of_2(n) or row_chunks(n)[0] == 3
-    # past 8192 only rows of three chunks (12288): four 4096-column chunks (16384) hold 32 elements a thread at
-    # 16 warps, which spills on triton 3.6 (and 32 warps cap it at 64 registers: more spills)
-    wide_ok = n <= 8192 or row_chunks(n)[0] == 3
-    if n <= max_fused_n and padded_ok and wide_ok:
+    # past 8192: rows of three chunks (12288) and of four 4096-column chunks (16384: 32 elements a thread at 16
+    # warps, where 32 warps would cap the registers at 64); where that compiled kernel spills (triton 3.6's
+    # bf16 LayerNorm-dropout-ReLU: 24 bytes) the looped kernel runs instead (wide_fallback, launch_rows_forward)
+    if n <= max_fused_n and padded_ok:
         quarters = not fp64
         return row_fused_config(n, fp64, 4096, per_thread, 4 if fp64 else 8, 4 if fp64 else 8, quarters)
     block_n = 2048 if fp64 else 4096
     block_n = max(8, min(block_n, triton.next_power_of_2(max_fused_n)))  # tests shrink max_fused_n
     return LdrConfig(False, 1, block_n, num_warps_for(block_n, per_thread), n % 8 == 0)
+
+
+def wide_fallback(cfg: LdrConfig, n: int, dtype: torch.dtype) -> Optional[LdrConfig]:
+    """The looped forward's config where cfg is the single-block kernel over four chunks past 8192 columns (32
+    elements a thread): launch_rows_forward runs it instead where that compiled kernel spills registers."""
+    if cfg.fused and cfg.chunks == 4 and n > 8192:
+        return forward_config(n, dtype, max_fused_n=8192)
+    return None
 
 
 def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -> LdrConfig:
@@ -930,7 +938,7 @@ def launch_forward(
     args = (x, w, b, seed, out, mu, rstd, m, n, eps_hi, eps_lo, t)
     launch_rows_forward(
         ldr_fwd_fused_kernel, ldr_fwd_looped_kernel, cfg, m, n, x.device, args, kwargs,
-        wrap=wrap, sm_count=sm_count, facts=facts,
+        wrap=wrap, sm_count=sm_count, facts=facts, looped_cfg=wide_fallback(cfg, n, x.dtype),
     )  # fmt: skip
 
 

@@ -18,14 +18,18 @@ import triton
 import triton.language as tl
 
 from .common import (
+    PLANNING_REGS,
+    KernelFacts,
     column_groups,
     device_guard,
     device_sm_count,
+    kernel_facts,
     launch_sum_partials,
     num_warps_for,
     partial_slab,
     persistent_programs,
     programs_per_sm,
+    resident_programs_per_sm,
 )
 
 
@@ -288,7 +292,7 @@ def row_fused_config(
 
 # ----------------------------------------------------------------------------------------------- launches
 def launch_rows_forward(
-    fused_kernel, looped_kernel, cfg, m: int, n: int, device, args, kwargs, *, wrap, sm_count, facts
+    fused_kernel, looped_kernel, cfg, m: int, n: int, device, args, kwargs, *, wrap, sm_count, facts, looped_cfg=None
 ):
     """The forward launch of a row-normalization op (cfg from its forward_config): the single-block kernel, persistent
     over cdiv(m, BLOCK_M) row tiles (SMs x its resident programs per SM: common.programs_per_sm, `facts` replacing
@@ -296,20 +300,27 @@ def launch_rows_forward(
     bias across its persistent loop (converted to the accumulation dtype once) for short rows (several per tile),
     where a tile's parameter loads and conversions are a large share of its work, and at 16 warps (N > 8192),
     where one program per SM is resident anyway; other long rows amortize them, and holding them would cost the
-    registers of a resident program."""
+    registers of a resident program. looped_cfg (the widest rows, 32 elements a thread): where the compiled
+    single-block kernel spills registers, the looped kernel runs with it instead."""
     with device_guard(device):
         if cfg.fused:
-            kwargs.update(
+            fused_kwargs = dict(
+                kwargs,
                 BLOCK_M=cfg.block_m,
                 CHUNKS=cfg.chunks,
                 HOIST_PARAMS=cfg.block_m > 1 or cfg.num_warps == 16,
                 EVEN_N=cfg.chunks * cfg.block_n == n,
             )
-            per_sm = programs_per_sm(fused_kernel, device, args, kwargs, facts)
-            grid = (persistent_programs(triton.cdiv(m, cfg.block_m), device, per_sm, sm_count),)
-            wrap(fused_kernel)[grid](*args, **kwargs)
-        else:
-            wrap(looped_kernel)[(m,)](*args, **kwargs)
+            got = kernel_facts(fused_kernel, device, args, fused_kwargs, facts)
+            if looped_cfg is None or got is None or not got.spills:
+                got = got if got is not None else KernelFacts(PLANNING_REGS, 0, cfg.num_warps)  # no GPU to ask
+                tiles = triton.cdiv(m, cfg.block_m)
+                grid = (persistent_programs(tiles, device, resident_programs_per_sm(got), sm_count),)
+                wrap(fused_kernel)[grid](*args, **fused_kwargs)
+                return
+            kwargs = dict(kwargs, BLOCK_N=looped_cfg.block_n, FAST_RNG=looped_cfg.fast_rng)
+            kwargs.update(num_warps=looped_cfg.num_warps)
+        wrap(looped_kernel)[(m,)](*args, **kwargs)
 
 
 def launch_rows_backward(
