@@ -276,12 +276,12 @@ def launch_backward(
         grad_b.zero_()  # a sum over no rows
         return
     is_fp64 = out.dtype == torch.float64
+    block_m, block_n, warps = backward_tile(n)
+    col_tiles = triton.cdiv(n, block_n)
     sms = sm_count if sm_count is not None else device_sm_count(out.device)
     with device_guard(out.device):
         partial = torch.empty((n,), dtype=torch.float64 if is_fp64 else torch.float32, device=out.device)
         args = [grad_out, out, grad_x, partial, m, n]
-        block_m, block_n, warps = backward_tile(n)
-        col_tiles = triton.cdiv(n, block_n)
         kwargs = dict(IS_FP64=is_fp64, BLOCK_M=block_m, BLOCK_N=block_n, RTNE_BF16=INTERPRETED, num_warps=warps)
         kwargs.update(B=bias if act != 0 else out, ACT=act)  # relu reads no bias
         resident = sms * programs_per_sm(bias_relu_bwd_kernel, out.device, args, kwargs, facts)
