@@ -581,9 +581,10 @@ def test_triton_n16384_one_pass_forward_matches_reference(backend):
 @pytest.mark.parametrize("op", ["layer_norm_dropout_relu", "dropout_add_norm"])
 def test_triton_n16384_forward_is_one_pass_unless_the_compiled_kernel_spills(op):
     """Launch planning (no GPU needed: meta tensors, launches recorded, the compiled kernel's facts stood in for):
-    N = 16384 takes the single-block forward over four 4096-column chunks at 16 warps, one program an SM; where
-    that compiled kernel spills registers, the looped kernel (a program a row, 4096-column steps) instead.
-    12288 (three chunks) never falls back."""
+    N = 16384 takes the single-block forward over four 4096-column chunks at 16 warps, one program an SM, holding
+    the weight and bias across its rows; where that compiled kernel spills registers, the same kernel without
+    holding them; where that spills too, the looped kernel (a program a row, 4096-column steps). 12288 (three
+    chunks) never falls back."""
     pytest.importorskip("triton")
     from gpuopt_ops.triton_kernels import common
     from gpuopt_ops.triton_kernels import dropout_add_norm as dan_kernels
@@ -599,20 +600,27 @@ def test_triton_n16384_forward_is_one_pass_unless_the_compiled_kernel_spills(op)
     def wrap(kernel):
         class Launch:
             def __getitem__(self, grid):
-                return lambda *a, **k: launched.append((kernel.__name__, tuple(grid), k["num_warps"]))
+                return lambda *a, **k: launched.append(
+                    (kernel.__name__, tuple(grid), k["num_warps"], k.get("HOIST_PARAMS"))
+                )
 
         return Launch()
 
     meta = lambda *s, dt=torch.bfloat16: torch.empty(s, device="meta", dtype=dt)  # noqa: E731
     m, n, f32 = 64, 16384, torch.float32
     prefix = "ldr" if op == "layer_norm_dropout_relu" else "dan"
-    fused, looped = (f"{prefix}_fwd_fused_kernel", (64,), 16), (f"{prefix}_fwd_looped_kernel", (m,), 8)
-    for spills, want in ((0, fused), (24, looped)):
+    fused, looped = f"{prefix}_fwd_fused_kernel", f"{prefix}_fwd_looped_kernel"
+    cases = (  # (spills of the kernel holding the parameters, without them), what launches
+        ((0, 0), (fused, (64,), 16, True)),
+        ((24, 0), (fused, (64,), 16, False)),
+        ((24, 8), (looped, (m,), 8, None)),
+    )
+    for spills, want in cases:
         launched.clear()
 
         def facts(kernel, args, kwargs, spills=spills):  # 128 registers at 16 warps: one program an SM
-            assert kernel.__name__.endswith("_fwd_fused_kernel")
-            return common.KernelFacts(128, 0, kwargs["num_warps"], spills)
+            assert kernel.__name__ == fused
+            return common.KernelFacts(128, 0, kwargs["num_warps"], spills[0 if kwargs["HOIST_PARAMS"] else 1])
 
         x, w, seed, out = meta(m, n), meta(n), meta(1, dt=torch.int64), meta(m, n)
         if op == "layer_norm_dropout_relu":

@@ -46,7 +46,8 @@ tests): no configuration spills. Not yet timed on a GPU. Every launch runs under
   the grid is one full wave. 8 programs on the interpreter.
 - Forward, single-block path when N <= 8192, or N = 12288 (three chunks of 4096) or 16384 (four chunks of 4096,
   32 elements a thread at 16 warps; where that compiled kernel spills registers, as triton 3.6's bf16 one does,
-  the looped path runs instead: wide_fallback, rows.launch_rows_forward; fp64: N <= 4096):
+  it runs without holding the weight and bias, and where that spills too, the looped path: wide_fallback,
+  rows.launch_rows_forward; fp64: N <= 4096):
   BLOCK_M = clamp(4096 // next_power_of_2(N), 1, 64) rows per tile. Rows of N = 2^k >= 1024 (not fp64) are four
   chunks of N / 4, so the tile's warps lie along the rows (one warp per row
   at N = 1024) and each thread holds 32 elements of its row: the row's reductions and the per-tile work are
@@ -849,7 +850,8 @@ def forward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -
     padded_ok = n <= FWD_MAX_PADDED_N or n == triton.next_power_of_2(n) or row_chunks(n)[0] == 3
     # past 8192: rows of three chunks (12288) and of four 4096-column chunks (16384: 32 elements a thread at 16
     # warps, where 32 warps would cap the registers at 64); where that compiled kernel spills (triton 3.6's
-    # bf16 LayerNorm-dropout-ReLU: 24 bytes) the looped kernel runs instead (wide_fallback, launch_rows_forward)
+    # bf16 LayerNorm-dropout-ReLU: 24 bytes) it runs without holding the parameters, else the looped kernel
+    # (wide_fallback, launch_rows_forward)
     if n <= max_fused_n and padded_ok:
         quarters = not fp64
         return row_fused_config(n, fp64, 4096, per_thread, 4 if fp64 else 8, 4 if fp64 else 8, quarters)

@@ -301,23 +301,26 @@ def launch_rows_forward(
     where a tile's parameter loads and conversions are a large share of its work, and at 16 warps (N > 8192),
     where one program per SM is resident anyway; other long rows amortize them, and holding them would cost the
     registers of a resident program. looped_cfg (the widest rows, 32 elements a thread): where the compiled
-    single-block kernel spills registers, the looped kernel runs with it instead."""
+    single-block kernel spills registers, it is tried again without holding the parameters, and where that
+    spills too, the looped kernel runs with looped_cfg instead."""
     with device_guard(device):
         if cfg.fused:
-            fused_kwargs = dict(
-                kwargs,
-                BLOCK_M=cfg.block_m,
-                CHUNKS=cfg.chunks,
-                HOIST_PARAMS=cfg.block_m > 1 or cfg.num_warps == 16,
-                EVEN_N=cfg.chunks * cfg.block_n == n,
-            )
-            got = kernel_facts(fused_kernel, device, args, fused_kwargs, facts)
-            if looped_cfg is None or got is None or not got.spills:
-                got = got if got is not None else KernelFacts(PLANNING_REGS, 0, cfg.num_warps)  # no GPU to ask
-                tiles = triton.cdiv(m, cfg.block_m)
-                grid = (persistent_programs(tiles, device, resident_programs_per_sm(got), sm_count),)
-                wrap(fused_kernel)[grid](*args, **fused_kwargs)
-                return
+            held = cfg.block_m > 1 or cfg.num_warps == 16
+            for hoist in (held, False) if looped_cfg is not None and held else (held,):
+                fused_kwargs = dict(
+                    kwargs,
+                    BLOCK_M=cfg.block_m,
+                    CHUNKS=cfg.chunks,
+                    HOIST_PARAMS=hoist,
+                    EVEN_N=cfg.chunks * cfg.block_n == n,
+                )
+                got = kernel_facts(fused_kernel, device, args, fused_kwargs, facts)
+                if looped_cfg is None or got is None or not got.spills:
+                    got = got if got is not None else KernelFacts(PLANNING_REGS, 0, cfg.num_warps)  # no GPU to ask
+                    tiles = triton.cdiv(m, cfg.block_m)
+                    grid = (persistent_programs(tiles, device, resident_programs_per_sm(got), sm_count),)
+                    wrap(fused_kernel)[grid](*args, **fused_kwargs)
+                    return
             kwargs = dict(kwargs, BLOCK_N=looped_cfg.block_n, FAST_RNG=looped_cfg.fast_rng)
             kwargs.update(num_warps=looped_cfg.num_warps)
         wrap(looped_kernel)[(m,)](*args, **kwargs)
