@@ -521,6 +521,18 @@ def test_triton_looped_path_fp64_dropout_precision(triton_looped, backend):
     )
 
 
+def check_ldr_and_its_mask(backend, m, n, dtype, p, seed):
+    """layer_norm_dropout_relu on (m, n) against the reference, and its mask bit for bit: a probe with weight 0 and
+    bias 1 is nonzero exactly where an element is kept."""
+    sample = LDR.sample((m,), n, dtype, backend.device, p=p, seed=seed)
+    check_against_reference(LDR, backend, sample)
+    w = sample.args["weight"]
+    probe = backend.op("layer_norm_dropout_relu")(
+        sample.args["x"], torch.zeros_like(w), torch.ones_like(w), sample.args["seed"], p, EPS
+    )[0]
+    assert torch.equal(probe.cpu() != 0, R.dropout_keep_mask(seed, m, n, p))
+
+
 @pytest.mark.parametrize("backend", TRITON)
 def test_triton_real_long_row(backend):
     """Past the single-block limits with the real chunking (no fixture): forward 4096-column chunks, backward the
@@ -531,13 +543,7 @@ def test_triton_real_long_row(backend):
     n = 8200 if backend.interpreted else 65536
     assert not ldr_kernels.forward_config(n, torch.float32).fused
     assert not ldr_kernels.backward_config(n, torch.float32).fused
-    sample = LDR.sample((2,), n, torch.float32, backend.device, p=0.1, seed=2**40 + 1)
-    check_against_reference(LDR, backend, sample)
-    w = sample.args["weight"]
-    probe = backend.op("layer_norm_dropout_relu")(
-        sample.args["x"], torch.zeros_like(w), torch.ones_like(w), sample.args["seed"], 0.1, EPS
-    )[0]
-    assert torch.equal(probe.cpu() != 0, R.dropout_keep_mask(2**40 + 1, 2, n, 0.1))
+    check_ldr_and_its_mask(backend, 2, n, torch.float32, 0.1, 2**40 + 1)
 
 
 @pytest.mark.parametrize("backend", TRITON)
@@ -552,13 +558,7 @@ def test_triton_three_chunk_rows_on_persistent_grids(backend, m, n, dtype):
     for cfg in (ldr_kernels.forward_config(n, dtype), ldr_kernels.backward_config(n, dtype)):
         assert cfg.fused and cfg.chunks == 3 and cfg.block_n == n // 3
         assert -(-m // cfg.block_m) > 8
-    sample = LDR.sample((m,), n, dtype, backend.device, p=0.2, seed=2**35 + 3)
-    check_against_reference(LDR, backend, sample)
-    w = sample.args["weight"]
-    probe = backend.op("layer_norm_dropout_relu")(
-        sample.args["x"], torch.zeros_like(w), torch.ones_like(w), sample.args["seed"], 0.2, EPS
-    )[0]
-    assert torch.equal(probe.cpu() != 0, R.dropout_keep_mask(2**35 + 3, m, n, 0.2))
+    check_ldr_and_its_mask(backend, m, n, dtype, 0.2, 2**35 + 3)
 
 
 @pytest.mark.parametrize("backend", TRITON)
@@ -569,13 +569,7 @@ def test_triton_n16384_one_pass_forward_matches_reference(backend):
 
     n = 16384
     assert ldr_kernels.forward_config(n, torch.bfloat16).fused
-    sample = LDR.sample((2,), n, torch.bfloat16, backend.device, p=0.1, seed=2**33 + 5)
-    check_against_reference(LDR, backend, sample)
-    w = sample.args["weight"]
-    probe = backend.op("layer_norm_dropout_relu")(
-        sample.args["x"], torch.zeros_like(w), torch.ones_like(w), sample.args["seed"], 0.1, EPS
-    )[0]
-    assert torch.equal(probe.cpu() != 0, R.dropout_keep_mask(2**33 + 5, 2, n, 0.1))
+    check_ldr_and_its_mask(backend, 2, n, torch.bfloat16, 0.1, 2**33 + 5)
 
 
 @pytest.mark.parametrize("op", ["layer_norm_dropout_relu", "dropout_add_norm"])
