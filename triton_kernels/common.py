@@ -267,13 +267,16 @@ def kernel_facts(kernel, device: torch.device, args, kwargs, facts=None) -> Opti
     return facts(kernel, args, kwargs) if facts is not None else compiled_facts(kernel, device, args, kwargs)
 
 
+def resident_programs(got: Optional[KernelFacts], num_warps: int) -> int:
+    """Resident programs per SM of a kernel with these compiled facts, or, where there are none (no compiled
+    kernel to ask), of PLANNING_REGS registers and no shared memory at num_warps."""
+    return resident_programs_per_sm(got if got is not None else KernelFacts(PLANNING_REGS, 0, num_warps))
+
+
 def programs_per_sm(kernel, device: torch.device, args, kwargs, facts=None) -> int:
     """Resident programs per SM of a persistent kernel launched with (args, kwargs), from its compiled facts
-    (kernel_facts), else PLANNING_REGS registers and no shared memory."""
-    got = kernel_facts(kernel, device, args, kwargs, facts)
-    if got is None:
-        got = KernelFacts(PLANNING_REGS, 0, int(kwargs.get("num_warps", 4)))
-    return resident_programs_per_sm(got)
+    (kernel_facts; resident_programs)."""
+    return resident_programs(kernel_facts(kernel, device, args, kwargs, facts), int(kwargs.get("num_warps", 4)))
 
 
 def persistent_programs(num_tiles: int, device: torch.device, per_sm: int, sms: Optional[int] = None) -> int:

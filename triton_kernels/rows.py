@@ -18,8 +18,6 @@ import triton
 import triton.language as tl
 
 from .common import (
-    PLANNING_REGS,
-    KernelFacts,
     column_groups,
     device_guard,
     device_sm_count,
@@ -29,7 +27,7 @@ from .common import (
     partial_slab,
     persistent_programs,
     programs_per_sm,
-    resident_programs_per_sm,
+    resident_programs,
 )
 
 
@@ -316,9 +314,8 @@ def launch_rows_forward(
                 )
                 got = kernel_facts(fused_kernel, device, args, fused_kwargs, facts)
                 if looped_cfg is None or got is None or not got.spills:
-                    got = got if got is not None else KernelFacts(PLANNING_REGS, 0, cfg.num_warps)  # no GPU to ask
-                    tiles = triton.cdiv(m, cfg.block_m)
-                    grid = (persistent_programs(tiles, device, resident_programs_per_sm(got), sm_count),)
+                    per_sm = resident_programs(got, cfg.num_warps)
+                    grid = (persistent_programs(triton.cdiv(m, cfg.block_m), device, per_sm, sm_count),)
                     wrap(fused_kernel)[grid](*args, **fused_kwargs)
                     return
             kwargs = dict(kwargs, BLOCK_N=looped_cfg.block_n, FAST_RNG=looped_cfg.fast_rng)
