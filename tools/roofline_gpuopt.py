@@ -186,9 +186,9 @@ def plan_tiled(m: int, n: int, resident: int) -> TilePlan:
     row_blocks = balanced_grid(steps, per_wave)
     if row_blocks == per_wave and col_tiles * per_wave * 100 < resident * 97:  # csrc/cuda/launch_config.h
         for rb in range(per_wave + 1, min(2 * resident // col_tiles, MAX_GRID_Y) + 1):
-            blocks = col_tiles * balanced_grid(steps, rb)
-            if blocks * 100 >= _cdiv(blocks, resident) * resident * 97:
-                row_blocks = balanced_grid(steps, rb)
+            rows = balanced_grid(steps, rb)
+            if col_tiles * rows * 100 >= _cdiv(col_tiles * rows, resident) * resident * 97:
+                row_blocks = rows
                 break
     return TilePlan(tx, ty, col_tiles, row_blocks)
 

@@ -165,9 +165,9 @@ inline TilePlan plan_tiled(int64_t M, int64_t N, int64_t resident) {
   if (t.row_blocks == per_wave && t.col_tiles * per_wave * 100 < resident * 97) {
     const int64_t last = std::min<int64_t>(2 * resident / t.col_tiles, int64_t(kMaxGridY));
     for (int64_t rb = per_wave + 1; rb <= last; ++rb) {
-      const int64_t blocks = t.col_tiles * balanced_grid(steps, rb);
+      const int64_t rows = balanced_grid(steps, rb), blocks = t.col_tiles * rows;
       if (blocks * 100 >= ceil_div(blocks, resident) * resident * 97) {
-        t.row_blocks = balanced_grid(steps, rb);
+        t.row_blocks = rows;
         break;
       }
     }
