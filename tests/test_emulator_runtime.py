@@ -79,7 +79,7 @@ def check_block_sum(ops, blocks, threads, method):
 # Correct kernels.
 
 
-@pytest.mark.parametrize("method", ["tree", "xor", "xor_double", "down"])
+@pytest.mark.parametrize("method", ["tree", "xor", "xor_double", "down", "dynamic"])
 def test_block_sum_1024_threads(ops, method):
     # 300 blocks of 1024 threads also bounds the emulator's cost per barrier / shuffle
     start = time.perf_counter()
@@ -313,6 +313,22 @@ ERRORS = {
         r"static shared memory of a block would be 50176 bytes > 48 KiB \(49152 bytes\) at "
         rf"GPUOPT_SHARED_ARRAY\(float, big, \.\.\.\) at {site('shared_big')} \(46080 bytes\) "
         r"in kernel shared_49k, block \(0,0,0\), thread \(0,0,0\)"
+    ),
+    "dynamic_oob_load16": lambda: (
+        rf"out-of-bounds 16-byte load at {ADDR} = dynamic shared memory \+ 256 bytes \(the launch gave 256 bytes\) "
+        r"in kernel dynamic_oob_load16, block \(0,0,0\), thread \(0,0,0\)"
+    ),
+    "dynamic_none": lambda: (
+        rf"GPUOPT_DYNAMIC_SHARED\(\.\.\., dyn\) at {site('dynamic_none')}: the launch gave no dynamic shared memory "
+        r"in kernel dynamic_none, block \(0,0,0\), thread \(0,0,0\)"
+    ),
+    "dynamic_plus_static": lambda: (
+        r"shared memory of a block would be 4096 static \+ 229376 dynamic bytes > 227 KiB \(232448 bytes\) at "
+        rf"GPUOPT_SHARED_ARRAY\(float, tile, \.\.\.\) at {site('dynamic_plus_static')} "
+        r"in kernel dynamic_plus_static, block \(0,0,0\), thread \(0,0,0\)"
+    ),
+    "dynamic_228k": lambda: (
+        r"launch of kernel noop_kernel: 233472 bytes of dynamic shared memory > 227 KiB \(232448 bytes\) a block"
     ),
     "shared_size_mismatch": lambda: (
         rf"GPUOPT_SHARED_ARRAY\(float, buf, \.\.\.\) at {site('shared_mismatch')}: this thread declares 132 "

@@ -40,6 +40,10 @@ inline void store16(void* p, const uint4& v) { gpuopt_emu_store16(p, v); }
 #define GPUOPT_DEV __device__ __forceinline__
 #define GPUOPT_HOST_DEV __host__ __device__ __forceinline__
 #define GPUOPT_SHARED_ARRAY(T, name, count) __shared__ T name[count]
+// The launch's dynamic shared memory (the third <<<>>> parameter), 16-byte aligned.
+#define GPUOPT_DYNAMIC_SHARED(T, name)                                  \
+  extern __shared__ __align__(16) unsigned char gpuopt_dynamic_shared_[]; \
+  T* name = reinterpret_cast<T*>(gpuopt_dynamic_shared_)
 
 namespace gpuopt {
 namespace dev {

@@ -61,7 +61,26 @@ __global__ void __launch_bounds__(1024) block_sum_warp(const float* __restrict__
   out[row + t] = static_cast<float>(v);
 }
 
-// method: "tree", "xor" (float), "xor_double", "down" (float)
+// The tree over dynamic shared memory, each value 64 bytes apart (1024 threads: 64 KiB, past the static limit),
+// written and read as 16-byte vectors.
+__global__ void __launch_bounds__(1024) block_sum_dynamic(const float* __restrict__ x, float* __restrict__ out) {
+  GPUOPT_DYNAMIC_SHARED(float, s);
+  const unsigned t = threadIdx.x;
+  const size_t row = static_cast<size_t>(blockIdx.x) * blockDim.x;
+  const float v = x[row + t];
+  uint4 q;
+  std::memcpy(&q, &v, sizeof v);
+  q.y = q.z = q.w = 0;
+  gpuopt_emu_store16(s + 16 * t, q);
+  __syncthreads();
+  for (unsigned stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (t < stride) s[16 * t] += s[16 * (t + stride)];
+    __syncthreads();
+  }
+  out[row + t] = s[0];
+}
+
+// method: "tree", "xor" (float), "xor_double", "down" (float), "dynamic" (the tree in dynamic shared memory)
 inline void block_sum(const float* x, float* out, int blocks, int threads, const std::string& method) {
   const size_t n = static_cast<size_t>(blocks) * threads;
   gpuopt_emu::DeviceBuffer dx("x", x, n * sizeof(float)), dout("out", n * sizeof(float));
@@ -75,6 +94,9 @@ inline void block_sum(const float* x, float* out, int blocks, int threads, const
                       dout.data_as<float>());
   } else if (method == "down") {
     GPUOPT_EMU_LAUNCH((block_sum_warp<float, true>), grid, block, 1024, dx.data_as<float>(), dout.data_as<float>());
+  } else if (method == "dynamic") {
+    gpuopt_emu::launch_kernel_shared("block_sum_dynamic", grid, block, 1024, size_t(threads) * 64, block_sum_dynamic,
+                                     dx.data_as<float>(), dout.data_as<float>());
   } else {
     throw std::invalid_argument("block_sum: unknown method " + method);
   }
@@ -342,6 +364,22 @@ __global__ void shared_49k(float* out) {
   out[threadIdx.x] = small[threadIdx.x] + big[threadIdx.x];
 }
 
+__global__ void dynamic_oob_load16() {
+  GPUOPT_DYNAMIC_SHARED(float, dyn);
+  if (threadIdx.x == 0) (void)gpuopt_emu_load16(dyn + 64);  // the launch gives 256 bytes
+}
+
+__global__ void dynamic_none(float* out) {
+  GPUOPT_DYNAMIC_SHARED(float, dyn);  // @dynamic_none
+  out[threadIdx.x] = dyn[threadIdx.x];
+}
+
+__global__ void dynamic_plus_static(float* out) {
+  GPUOPT_SHARED_ARRAY(float, tile, 1024);  // @dynamic_plus_static (4 KiB, next to 224 KiB of dynamic memory)
+  tile[threadIdx.x] = 0.0f;
+  out[threadIdx.x] = tile[threadIdx.x];
+}
+
 __global__ void shared_size_mismatch(float* out) {
   GPUOPT_SHARED_ARRAY(float, buf, 32 + (threadIdx.x == 7 ? 1 : 0));  // @shared_mismatch
   buf[threadIdx.x % 32] = 1.0f;
@@ -420,6 +458,15 @@ inline void run_error_case(const std::string& name) {
     GPUOPT_EMU_LAUNCH(shared_oob_load16, dim3(1), dim3(32), 1024);
   } else if (name == "shared_49k") {
     GPUOPT_EMU_LAUNCH(shared_49k, dim3(1), dim3(256), 1024, o);
+  } else if (name == "dynamic_oob_load16") {
+    gpuopt_emu::launch_kernel_shared("dynamic_oob_load16", dim3(1), dim3(32), 1024, 256, dynamic_oob_load16);
+  } else if (name == "dynamic_none") {
+    GPUOPT_EMU_LAUNCH(dynamic_none, dim3(1), dim3(32), 1024, o);
+  } else if (name == "dynamic_plus_static") {
+    gpuopt_emu::launch_kernel_shared("dynamic_plus_static", dim3(1), dim3(32), 1024, 224 * 1024, dynamic_plus_static,
+                                     o);
+  } else if (name == "dynamic_228k") {
+    gpuopt_emu::launch_kernel_shared("noop_kernel", dim3(1), dim3(32), 1024, 228 * 1024, noop_kernel, o);
   } else if (name == "shared_size_mismatch") {
     GPUOPT_EMU_LAUNCH(shared_size_mismatch, dim3(1), dim3(32), 1024, o);
   } else if (name == "kernel_fail") {

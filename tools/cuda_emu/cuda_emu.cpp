@@ -96,7 +96,9 @@ namespace {
 
 constexpr size_t kStackBytes = 256 * 1024;       // per fiber
 constexpr size_t kStackGuardBytes = 64 * 1024;   // PROT_NONE below each fiber stack
-constexpr size_t kSharedLimit = 48 * 1024;
+constexpr size_t kSharedLimit = 48 * 1024;             // static shared memory of a block
+constexpr size_t kBlockSharedLimit = 227 * 1024;       // static + dynamic of a block (sm_90's opt-in maximum)
+constexpr size_t kArenaBytes = kSharedLimit + kBlockSharedLimit;  // static arrays, then the dynamic region
 constexpr unsigned kMaxThreads = 1024;
 
 enum class FState : unsigned char { runnable, at_barrier, at_warp, exited, failed };
@@ -155,8 +157,9 @@ struct LaunchState {
   bool failed = false;
   std::string error;
   unsigned at_warp = 0;
-  unsigned char* arena = nullptr;  // kSharedLimit bytes, 256-aligned
+  unsigned char* arena = nullptr;  // kArenaBytes, 256-aligned: static arrays from 0, dynamic memory from kSharedLimit
   size_t arena_used = 0;
+  size_t dynamic_bytes = 0;  // the launch's dynamic shared memory
   std::vector<SharedAlloc> allocs;
   std::vector<BufferRange> buffers;  // registered device buffers' data ranges at launch start, sorted
 };
@@ -301,7 +304,7 @@ struct StackPool {
 thread_local StackPool t_stacks;
 
 struct ArenaHolder {
-  unsigned char* p = static_cast<unsigned char*>(std::aligned_alloc(256, kSharedLimit));
+  unsigned char* p = static_cast<unsigned char*>(std::aligned_alloc(256, kArenaBytes));
   ~ArenaHolder() { std::free(p); }
 };
 thread_local ArenaHolder t_arena;
@@ -656,7 +659,7 @@ bool resolve_barrier(LaunchState& ls) {
 // Runs one block to completion; false on error (ls.error set).
 bool run_block(LaunchState& ls) {
   const unsigned n = ls.nthreads;
-  std::memset(ls.arena, 0xFF, kSharedLimit);
+  std::memset(ls.arena, 0xFF, kSharedLimit + ls.dynamic_bytes);
   ls.arena_used = 0;
   ls.allocs.clear();
   ls.at_warp = 0;
@@ -777,6 +780,11 @@ std::string describe_impl(const void* p) {
       }
       return "shared memory + " + std::to_string(a - arena) + " bytes (outside every shared array)";
     }
+    if (a >= arena + kSharedLimit && a < arena + kArenaBytes) {
+      const size_t off = a - arena - kSharedLimit;
+      return "dynamic shared memory + " + std::to_string(off) + " bytes" +
+             (off < ls->dynamic_bytes ? "" : " (the launch gave " + std::to_string(ls->dynamic_bytes) + " bytes)");
+    }
     for (const Fiber& f : ls->fibers) {
       if (a >= reinterpret_cast<uintptr_t>(f.stack_lo) && a < reinterpret_cast<uintptr_t>(f.stack_hi)) {
         return &f == ls->current ? std::string("the thread's own stack (local memory)")
@@ -868,9 +876,23 @@ void* shared_array(const SharedSite* site, size_t bytes, size_t align) {
     fail("static shared memory of a block would be " + std::to_string(offset + bytes) +
          " bytes > 48 KiB (49152 bytes) at " + decl() + " (" + std::to_string(bytes) + " bytes)");
   }
+  if (offset + bytes + ls->dynamic_bytes > kBlockSharedLimit) {
+    fail("shared memory of a block would be " + std::to_string(offset + bytes) + " static + " +
+         std::to_string(ls->dynamic_bytes) + " dynamic bytes > 227 KiB (232448 bytes) at " + decl());
+  }
   ls->allocs.push_back(SharedAlloc{site, offset, bytes});
   ls->arena_used = offset + bytes;
   return ls->arena + offset;
+}
+
+void* dynamic_shared(const char* name, size_t align, unsigned line, const char* file) {
+  LaunchState* ls = t_active;
+  Fiber* f = ls ? ls->current : nullptr;
+  auto decl = [&]() { return std::string("GPUOPT_DYNAMIC_SHARED(..., ") + name + ") at " + fmt_site(file, line); };
+  if (!f) fail(decl() + " executed outside a kernel");
+  if (ls->dynamic_bytes == 0) fail(decl() + ": the launch gave no dynamic shared memory");
+  if (align > 16) fail(decl() + ": alignment " + std::to_string(align) + " > 16 is not supported");
+  return ls->arena + kSharedLimit;
 }
 
 void check_vector_access(const void* p, size_t bytes, bool is_store) {
@@ -889,6 +911,8 @@ void check_vector_access(const void* p, size_t bytes, bool is_store) {
         for (const SharedAlloc& al : ls->allocs) {
           if (a >= arena + al.offset && a + bytes <= arena + al.offset + al.bytes) return;
         }
+      } else if (a >= arena + kSharedLimit && a < arena + kArenaBytes) {
+        if (a + bytes <= arena + kSharedLimit + ls->dynamic_bytes) return;
       } else if (a >= reinterpret_cast<uintptr_t>(f->stack_lo) &&
                  a + bytes <= reinterpret_cast<uintptr_t>(f->stack_hi)) {
         return;
@@ -944,6 +968,11 @@ std::string describe_address(const void* p) { return detail::describe_impl(p); }
 
 void launch(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_block,
             const std::function<void()>& body) {
+  launch(kernel_name, grid, block, max_threads_per_block, 0, body);
+}
+
+void launch(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_block, size_t dynamic_shared_bytes,
+            const std::function<void()>& body) {
   std::string name = kernel_name ? kernel_name : "<unnamed>";
   if (name.size() > 2 && name.front() == '(' && name.back() == ')') name = name.substr(1, name.size() - 2);
   if (detail::current_fiber()) {
@@ -958,6 +987,9 @@ void launch(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_
       if (std::strcmp(order, "reverse") == 0) reverse = true;
       else err = "GPUOPT_EMU_BLOCK_ORDER='" + std::string(order) + "' is neither 'forward' nor 'reverse'";
     }
+  }
+  if (err.empty() && dynamic_shared_bytes > detail::kBlockSharedLimit) {
+    err = std::to_string(dynamic_shared_bytes) + " bytes of dynamic shared memory > 227 KiB (232448 bytes) a block";
   }
   if (err.empty() && !body) err = "empty kernel body";
   if (!err.empty()) {
@@ -976,6 +1008,7 @@ void launch(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_
   ls.error.clear();
   ls.current = nullptr;
   ls.arena = detail::t_arena.p;
+  ls.dynamic_bytes = dynamic_shared_bytes;
   detail::t_stacks.ensure(ls.nthreads);
   ls.fibers.resize(ls.nthreads);
   for (unsigned i = 0; i < ls.nthreads; ++i) {

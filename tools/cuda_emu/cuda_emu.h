@@ -18,6 +18,7 @@
 //   __shfl_sync __shfl_up_sync __shfl_down_sync __shfl_xor_sync (T trivially copyable, sizeof(T) <= 8)
 //   __ballot_sync __all_sync __any_sync; __ldg; __threadfence(_block) (no-ops); atomicAdd/Max/Min/Exch/CAS
 //   GPUOPT_SHARED_ARRAY(T, name, count)        declares T* name: the block's static shared array
+//   GPUOPT_DYNAMIC_SHARED(T, name)             declares T* name: the launch's dynamic shared memory
 //   gpuopt_emu_load16 / gpuopt_emu_store16     checked 16-byte vector access (uint4)
 //   gpuopt_emu_load8 / gpuopt_emu_store8       checked 8-byte vector access (uint2)
 // Host-side surface (namespace gpuopt_emu): DeviceBuffer, launch(), launch_kernel(), launch_log(), fail().
@@ -97,6 +98,7 @@ struct SharedSite {
   int line;
 };
 void* shared_array(const SharedSite* site, size_t bytes, size_t align);
+void* dynamic_shared(const char* name, size_t align, unsigned line, const char* file);
 
 // Checks a `bytes`-wide access at p (alignment and bounds, see gpuopt_emu_load16); fails the launch if bad.
 void check_vector_access(const void* p, size_t bytes, bool is_store);
@@ -246,9 +248,16 @@ inline T atomicCAS(T* p, T compare, T v) {
   T* name = static_cast<T*>(::gpuopt_emu::detail::shared_array(                                              \
       &gpuopt_emu_shared_site_##name, sizeof(T) * static_cast<size_t>(count), alignof(T)))
 
+// GPUOPT_DYNAMIC_SHARED(T, name) declares `T* name` (CUDA: the block's `extern __shared__` array) pointing at the
+// launch's dynamic shared memory (launch()'s dynamic_shared_bytes; none is an error), 16-byte aligned, filled with
+// 0xFF before each block like the static arrays. Static + dynamic shared memory beyond 227 KiB a block is an error.
+#define GPUOPT_DYNAMIC_SHARED(T, name) \
+  T* name = static_cast<T*>(::gpuopt_emu::detail::dynamic_shared(#name, alignof(T), __LINE__, __FILE__))
+
 // ---------------------------------------------------------------------------------------------------------------
 // 6. Checked vector access. Inside a launch, the address must be a multiple of the width, and the whole access
-// must lie inside one registered DeviceBuffer's data, inside one GPUOPT_SHARED_ARRAY of the current block, or
+// must lie inside one registered DeviceBuffer's data, inside one GPUOPT_SHARED_ARRAY of the current block or its
+// dynamic shared memory, or
 // on the calling emulated thread's own stack (local memory); otherwise the launch fails with e.g.
 //   "misaligned 16-byte load at 0x7f12... = buffer 'x' + 6 bytes in kernel K, block (0,0,0), thread (5,0,0)".
 // Outside a launch the same checks (device buffers only) throw std::runtime_error.
@@ -349,12 +358,22 @@ class DeviceBuffer {
 
 void launch(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_block,
             const std::function<void()>& body);
+// The same with `dynamic_shared_bytes` of dynamic shared memory a block (the third <<<>>> parameter).
+void launch(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_block, size_t dynamic_shared_bytes,
+            const std::function<void()>& body);
 
 // Copies args once (CUDA passes kernel arguments by value) and calls kernel(args...) in every thread.
 template <typename Kernel, typename... Args>
 void launch_kernel(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_block, Kernel&& kernel,
                    Args... args) {
   launch(kernel_name, grid, block, max_threads_per_block, [&]() { kernel(args...); });
+}
+
+// launch_kernel with dynamic shared memory.
+template <typename Kernel, typename... Args>
+void launch_kernel_shared(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_block,
+                          size_t dynamic_shared_bytes, Kernel&& kernel, Args... args) {
+  launch(kernel_name, grid, block, max_threads_per_block, dynamic_shared_bytes, [&]() { kernel(args...); });
 }
 
 // GPUOPT_EMU_LAUNCH(kernel, grid, block, max_threads_per_block, args...): launch_kernel named after the kernel
