@@ -10,8 +10,9 @@ groups = ceil(N / 8):
             or parameters: 2 first) (N <= 16384; fp64: 128 threads, N <= 4096); else the looped kernel (512
             threads, grid stride over the row's groups).
   backward  one warp a row while N <= 512; one block a row of ceil(groups / VPT) threads up to 256, VPT 4 or 2
-            (fp64 and the scalar path: 2) (N <= 8192; fp64: 128 threads, N <= 2048); else looped: the row-stats
-            kernel and the tiled kernel (32 x 8 threads).
+            (fp64 and the scalar path: 2) (N <= 8192; fp64: 128 threads, N <= 2048); then on the 16-byte path of
+            16-bit and fp32 x the wide kernel, a block a row of up to 384 threads, VPT 3, 4 or 6, dgamma / dbeta
+            and dxhat in dynamic shared memory (N <= 18432); else looped: the row-stats and tiled kernels.
   both      N % 8 == 0: one Philox call per group and, with 16-byte aligned pointers, 16-byte vectors; else one
             call per element and scalar access. dgamma / dbeta: partial rows, then column_sum_kernel.
   bias-ReLU the tiled kernels: TX = the power of two <= 32 covering the groups, TY = 256 / TX, N / (8 TX) column
@@ -149,20 +150,23 @@ LDR_N = [
     1096,  # one block a row both ways: bf16 forward VPT 3 (64 threads), fp32 forward VPT 2 (96), backward VPT 2 (96)
     4104,  # one block a row both ways, N % 8 == 0 but not a power of two: the last warp part-filled
     8192,  # one block a row both ways, backward at its 256-thread bound (the longest backward row)
-    8200,  # forward a block a row (288 threads); backward looped (the shortest looped backward, N % 8 == 0)
-    16384,  # forward a block a row at its 512-thread bound (the longest forward row); backward looped
-    16392,  # looped both ways (the shortest looped forward, N % 8 == 0), a tail: 2049 groups over 512 threads
+    8200,  # forward a block a row (288 threads); backward wide (352 threads, 3 groups: the shortest wide row)
+    12288,  # forward a block a row; backward wide, 4 groups a thread (384 threads, its bound)
+    16384,  # forward a block a row at its 512-thread bound (the longest forward row); backward wide, 6 groups a
+    # thread (352 threads)
+    16392,  # forward looped (the shortest looped forward, N % 8 == 0); backward wide, 6 groups a thread, a tail:
+    # 2049 groups over 352 threads
     131072,  # looped both ways, the longest row: 32 block strides of sums per thread against the fp64 reference
 ]
-# Pruned: 65536 and 65544 took the looped kernels both ways, as 16392 (N % 8 == 0, a tail of groups) and 131072
-# (a power of two) do.
+# Pruned: 65536 and 65544 took the looped kernels both ways, as 131072 (a power of two) and test_ldr_rows_more_than_
+# grid's 40000 (the fast lane's looped rows both ways) do.
 
 
 def _every_n_params():
     for dtype in (torch.float32, torch.bfloat16):
         for n in LDR_N:
             # bf16 on the block-a-row and looped paths repeats fp32's launches with 16-bit storage, which the
-            # fast lane runs there too (test_ldr_dtypes_params_p at 4104); 131072 repeats 16392's kernels
+            # fast lane runs there too (test_ldr_dtypes_params_p at 4104); 131072 repeats 40000's kernels
             marks = [slow] if n == 131072 or (dtype == torch.bfloat16 and n >= 4104) else []
             yield pytest.param(n, dtype, marks=marks, id=f"{str(dtype)[6:]}-{n}")
 
@@ -178,8 +182,8 @@ def test_ldr_every_n(small_device, n, dtype):
 #   768   forward warp rows (3 groups a lane), backward a block a row (one warp, 4 groups a thread; fp64: 64
 #         threads, 2 groups)
 #   4104  a block a row both ways; fp64: looped both ways (past its 4096 / 2048 bounds)
-#   8200  forward a block a row, backward looped (row stats + tiled kernels), for fp32 / fp16 / bf16 (slow: the
-#         fast lane runs the looped backward at 8200, 16384 and 16392 in test_ldr_every_n and in fp64 at 4104)
+#   8200  forward a block a row, backward wide (3 groups a thread), for fp32 / fp16 / bf16; slow but for three
+#         cases of the wide kernel's parameter paths (none, fp32 with 16-bit x, and p = 1 with fp32 parameters)
 # Pruned: 8200 x fp64 took the looped kernels both ways, as 4104 x fp64 does (same params and p).
 def _dtypes_params_p():
     for n in (33, 768, 4104, 8200):
@@ -190,8 +194,13 @@ def _dtypes_params_p():
                 if params == "fp32" and dtype == torch.float32:
                     continue  # fp32 params of fp32 x are the 'x' case
                 for p in (0.0, 0.3, 1.0):
+                    fast = n != 8200 or (str(dtype)[6:], params, p) in (
+                        ("bfloat16", "none", 0.3),
+                        ("bfloat16", "fp32", 0.0),
+                        ("float16", "fp32", 1.0),
+                    )
                     yield pytest.param(
-                        n, dtype, params, p, marks=[slow] if n == 8200 else [], id=f"{n}-{str(dtype)[6:]}-{params}-{p}"
+                        n, dtype, params, p, marks=[] if fast else [slow], id=f"{n}-{str(dtype)[6:]}-{params}-{p}"
                     )
 
 
@@ -261,8 +270,13 @@ def test_ldr_paths_taken(small_device):
         "ldr_backward_rows_kernel (256,1,1)",
         "column_sum_kernel (32,4,1)",
     ]
-    assert kernels(8200)[1] == "ldr_backward_row_stats_kernel (512,1,1)"
-    assert kernels(16384, torch.bfloat16)[0] == "ldr_forward_rows_kernel (512,1,1)"
+    assert kernels(8200)[1] == "ldr_backward_wide_kernel (352,1,1)"  # 3 groups a thread: 31 idle, 4 would idle 127
+    assert kernels(12288)[1] == "ldr_backward_wide_kernel (384,1,1)"
+    assert kernels(16384, torch.bfloat16)[:2] == [
+        "ldr_forward_rows_kernel (512,1,1)",
+        "ldr_backward_wide_kernel (352,1,1)",  # 6 groups a thread
+    ]
+    assert kernels(18440)[1] == "ldr_backward_row_stats_kernel (512,1,1)"  # past 6 x 384 groups
     assert kernels(4096, torch.float64)[:2] == [
         "ldr_forward_rows_kernel (128,1,1)",
         "ldr_backward_row_stats_kernel (512,1,1)",
@@ -385,23 +399,26 @@ def check_dan(ops, m, n, dtype, *, rms=False, r32=False, params="x", p=0.3, resi
 #   768    forward warp rows (3 groups a lane); backward a block a row (one warp, 3 groups)
 #   1000   forward warp rows (4th group on lanes 0..28 only); backward a block a row
 #   4104   a block a row both ways, the last warp part-filled
-#   8200   forward a block a row; backward looped (row stats + tiled)
-#   16392  looped both ways, a tail of groups
+#   8200   forward a block a row; backward wide (352 threads, 3 groups a thread, sums in dynamic shared memory)
+#   16392  forward looped; backward wide (6 groups a thread, a tail of groups), but looped with 16-bit x and an
+#          fp32 sum (launch_config.h dan_wide_allowed)
+#   18440  looped both ways (the vector looped backward: past the wide kernel's 6 x 384 groups)
 # fp64 takes the looped kernels at every N. Each with LayerNorm and RMSNorm, and for 16-bit x the sum in x's dtype
 # and in fp32 (residual_in_fp32); fp16 repeats bf16's launches and runs at two points; at 16392 the fast lane runs
-# bf16 LayerNorm with an fp32 sum and fp32 RMSNorm (slow: the rest).
+# bf16 LayerNorm with an fp32 sum (looped) and fp32 RMSNorm (wide), at 18440 bf16 LayerNorm (slow: the rest).
 def _dan_params():
-    for n in (33, 768, 1000, 4104, 8200, 16392):
+    for n in (33, 768, 1000, 4104, 8200, 16392, 18440):
         for dtype in DTYPES:
             if dtype == torch.float64 and n > 768 or dtype == torch.float16 and n not in (768, 4104):
                 continue
             for rms in (False, True):
                 for r32 in (False, True) if dtype in (torch.float16, torch.bfloat16) else (False,):
                     norm = "rms" if rms else "ln"
-                    # the longest rows: two of them in the fast lane (the vector looped kernels, each norm)
-                    fast = n != 16392 or (dtype, rms, r32) in (
-                        (torch.bfloat16, False, True),
-                        (torch.float32, True, False),
+                    # the longest rows: a few of them in the fast lane
+                    fast = n < 16392 or (dtype, rms, r32) in (
+                        ((torch.bfloat16, False, True), (torch.float32, True, False))
+                        if n == 16392
+                        else ((torch.bfloat16, False, False),)
                     )
                     yield pytest.param(
                         n,
@@ -440,6 +457,17 @@ def test_dan_switches(small_device, n, opts):
         assert torch.equal(ours["grad_x"], torch.zeros_like(ours["grad_x"]))
 
 
+@pytest.mark.parametrize("n,dtype,r32", [(12288, torch.bfloat16, True), (16384, torch.bfloat16, False)])
+def test_dan_wide_rows(small_device, n, dtype, r32):
+    """The wide backward at 4 groups a thread (N = 12288, 384 threads) and 6 (16384, 352 threads), more rows than
+    the grid's blocks (one an SM: 150 and 204 KiB of shared memory): each block adds several rows into its sums.
+    (6 groups with an fp32 sum: 16392 in test_dan_paths_dtypes; fp32 x reads the sum again after the row sum.)"""
+    small_device.take_launches()
+    check_dan(small_device, 9, n, dtype, r32=r32)
+    wide = [k for k in small_device.take_launches() if k.startswith("dan_backward_wide_kernel")]
+    assert len(wide) == 1 and int(wide[0].split("grid=(")[1].split(",")[0]) < 9, wide
+
+
 @pytest.mark.parametrize("n,dtype", [(768, torch.float32), (8200, torch.bfloat16)])
 def test_dan_unaligned_rows(small_device, n, dtype):
     """x, grad_out and the residual one element past a 16-byte boundary: the looped kernels' scalar path."""
@@ -456,7 +484,11 @@ def test_dan_paths_taken(small_device):
     assert kernels(8192)[:2] == ["dan_forward_rows_kernel (256,1,1)", "dan_backward_rows_kernel (256,1,1)"]
     # residual_in_fp32: the plans of fp32 rows (2 groups a thread forward)
     assert kernels(8192, r32=True)[:2] == ["dan_forward_rows_kernel (512,1,1)", "dan_backward_rows_kernel (256,1,1)"]
-    assert kernels(8200)[1:3] == ["dan_backward_row_stats_kernel (512,1,1)", "dan_backward_tiled_kernel (32,8,1)"]
+    assert kernels(8200)[1] == "dan_backward_wide_kernel (352,1,1)"
+    assert kernels(16384, torch.float32)[1] == "dan_backward_wide_kernel (352,1,1)"  # 6 groups, the sum read again
+    # 16-bit x with an fp32 sum at 6 groups a thread: the looped kernels (launch_config.h dan_wide_allowed)
+    assert kernels(16384, r32=True)[1] == "dan_backward_row_stats_kernel (512,1,1)"
+    assert kernels(18440)[1:3] == ["dan_backward_row_stats_kernel (512,1,1)", "dan_backward_tiled_kernel (32,8,1)"]
     looped = ["dan_forward_looped_kernel (512,1,1)", "dan_backward_row_stats_kernel (512,1,1)"]
     assert kernels(768, torch.float64)[:2] == looped
 

@@ -1,6 +1,6 @@
 """The performance model's mirror of the CUDA launcher (tools/roofline_gpuopt.py) makes the launches the CUDA source
 itself makes: the same kernels, grids and blocks as the emulated CUDA backend records, on the emulated device's
-occupancy rule, for every path (one warp a row, a block a row, looped, tiled, the column sums)."""
+occupancy rule, for every path (one warp a row, a block a row, the wide backward, looped, tiled, the column sums)."""
 
 from pathlib import Path
 
@@ -30,8 +30,9 @@ def emu():
 class EmulatedOccupancy:
     """The emulator's occupancy rule (tools/cuda_emu/emulated_ops.cpp) in place of the cubin's."""
 
-    def blocks_per_sm(self, name: str, threads: int) -> int:
-        return max(1, min(MAX_BLOCKS, 2048 // max(threads, 1), 32))
+    def blocks_per_sm(self, name: str, threads: int, dynamic_shared: int = 0) -> int:
+        by_shared = 228 * 1024 // (dynamic_shared + 1024) if dynamic_shared else 32
+        return max(1, min(MAX_BLOCKS, 2048 // max(threads, 1), 32, by_shared))
 
     def launch(self, short, grid, block, **kw):
         grid = tuple(grid) + (1,) * (3 - len(grid))
@@ -116,3 +117,10 @@ def test_mirror_constants_match_the_kernels():
     stats = re.search(r"ldr_stats_groups\(\) \{\s*return (.*?);", src, re.S).group(1)
     assert stats.split() == "!kVec || sizeof(S) == 8 ? 1 : (sizeof(S) == 2 && sizeof(P) == 2 ? 4 : 2)".split()
     assert G.STATS_GROUPS == {2: 4, 4: 2}
+    src = (ROOT / "csrc" / "cuda" / "launch_config.h").read_text()
+    assert int(re.search(r"constexpr int kWideThreads = (\d+);", src).group(1)) == G.WIDE_THREADS
+    assert int(re.search(r"constexpr int64_t kWideStaticShared = (\d+);", src).group(1)) == G.WIDE_STATIC_SHARED
+    assert re.search(r"wide_slots\(int vpt\) \{ return 6 \* vpt \+ 1; \}", src)
+    wide = re.search(r"wide_backward_shared\(int vpt, int threads\) \{ return (.*?); \}", src).group(1)
+    assert wide == "int64_t(threads) * wide_slots(vpt) * 16"
+    assert G.wide_backward_shared(4, 512) == 512 * 25 * 16

@@ -114,10 +114,21 @@ def ldr_rows_backward_max_threads(warp_row: bool, elem: int) -> int:
     return 128 if warp_row or elem == 8 else 256
 
 
+WIDE_THREADS = 384  # kWideThreads
+WIDE_STATIC_SHARED = 1024  # kWideStaticShared
+SHARED_PER_BLOCK = 227 * 1024  # an H100 / H200 block's shared memory (cudaDevAttrMaxSharedMemoryPerBlockOptin)
+
+
+def wide_backward_shared(vpt: int, threads: int) -> int:
+    return threads * (6 * vpt + 1) * 16  # wide_slots(vpt) 16-byte slots a thread
+
+
 @dataclass
 class RowsPlan:
     rows: bool = False
     warp_row: bool = False
+    wide: bool = False
+    shared: int = 0
     vpt: int = 0
     threads_x: int = 0
     rows_per_block: int = 1
@@ -125,7 +136,9 @@ class RowsPlan:
     blocks_needed: int = 0
 
 
-def plan_ldr_rows(m: int, n: int, elem: int, param_elem: int, backward: bool, vec: bool) -> RowsPlan:
+def plan_ldr_rows(
+    m: int, n: int, elem: int, param_elem: int, backward: bool, vec: bool, max_shared: int = 0
+) -> RowsPlan:
     groups = _cdiv(n, GROUP)
     max_vpt = 2 if backward else 4
     p = RowsPlan()
@@ -146,6 +159,20 @@ def plan_ldr_rows(m: int, n: int, elem: int, param_elem: int, backward: bool, ve
             t = _cdiv(_cdiv(groups, v), WARP) * WARP
             if t <= bound and (v - 1) * t <= groups and (p.vpt == 0 or (backward and t * v - groups < idle)):
                 p.vpt, p.threads_x, idle = v, t, t * v - groups
+        if p.vpt == 0 and backward and vec and elem != 8:  # the wide backward
+            for v in (3, 4, 6):
+                t = _cdiv(_cdiv(groups, v), WARP) * WARP
+                if (
+                    t <= WIDE_THREADS
+                    and (v - 1) * t <= groups
+                    and wide_backward_shared(v, t) <= max_shared
+                    and (p.vpt == 0 or t * v - groups < idle)
+                ):
+                    p.vpt, p.threads_x, idle = v, t, t * v - groups
+            if p.vpt:
+                p.wide, p.shared, p.rows = True, wide_backward_shared(p.vpt, p.threads_x), True
+                p.max_threads, p.blocks_needed = WIDE_THREADS, m
+                return p
         if p.vpt == 0:
             return RowsPlan()
     p.rows = True
@@ -213,9 +240,9 @@ class CudaCode:
             raise CR.ToolError(f"no kernel {short} in {self.path}; the build has: {close}")
         return self.rows[short]
 
-    def blocks_per_sm(self, short: str, threads: int) -> int:
+    def blocks_per_sm(self, short: str, threads: int, dynamic_shared: int = 0) -> int:
         r = self.kernel(short)
-        return CR.occupancy(r.regs, threads, static_shared=r.shared).blocks_per_sm
+        return CR.occupancy(r.regs, threads, static_shared=r.shared, dynamic_shared=dynamic_shared).blocks_per_sm
 
     def launch(self, short: str, grid, block, **kw) -> KernelLaunch:
         r = self.kernel(short)
@@ -257,14 +284,18 @@ def cuda_launches(
 
     if op == "layer_norm_dropout_relu" or op in ND_OPS:
         k = 1 if op in ND_OPS else 2  # RMSNorm without bias: rstd alone, the weight alone
-        plan = plan_ldr_rows(m, n, e, e, backward=direction == "backward", vec=True)
+        plan = plan_ldr_rows(
+            m, n, e, e, backward=direction == "backward", vec=True, max_shared=SHARED_PER_BLOCK - WIDE_STATIC_SHARED
+        )
         flags = f"true, {'true' if plan.warp_row else 'false'}"  # the 16-byte path; one warp a row
 
         def rows_kernel(which: str, nbytes: int, read: int, partials: int = 0) -> int:
             """The rows kernel's persistent launch (`partials` partial-row buffers of G rows); returns G."""
             name = f"ldr_{which}_rows_kernel<{s}, {s}, float, {flags}, {plan.vpt}>"
+            if plan.wide:
+                name = f"ldr_backward_wide_kernel<{s}, {s}, float, {plan.vpt}>"
             threads = plan.threads_x * plan.rows_per_block
-            g = persistent_grid(plan.blocks_needed, code.blocks_per_sm(name, threads), sms)
+            g = persistent_grid(plan.blocks_needed, code.blocks_per_sm(name, threads, plan.shared), sms)
             out.append(
                 code.launch(
                     name,
@@ -275,6 +306,7 @@ def cuda_launches(
                     read_bytes=read,
                     stride_units=plan.blocks_needed,
                     trips=structural_trips(plan.blocks_needed / g),
+                    dynamic_shared=plan.shared,
                 )
             )
             return g
@@ -391,14 +423,23 @@ def dan_launches(code, op: str, direction: str, dtype: str, n: int, sms: int, m:
     params = (1 if rms else 2) * n * e
     sums = 1 if rms else 2  # dweight (and dbias) partial rows
     backward = direction == "backward"
-    plan = plan_ldr_rows(m, n, max(e, u), e, backward=backward, vec=True)
+    plan = plan_ldr_rows(
+        m, n, max(e, u), e, backward=backward, vec=True, max_shared=SHARED_PER_BLOCK - WIDE_STATIC_SHARED
+    )
+    if plan.wide and plan.vpt == 6 and e == 2 and u == 4:  # dan_wide_allowed: the looped kernels
+        plan = RowsPlan()
     types = f"{s}, {us}, {s}, float"
     if plan.rows:
         name = f"dan_{direction}_rows_kernel<{types}, {'true' if plan.warp_row else 'false'}, {plan.vpt}>"
+        if plan.wide:
+            name = f"dan_backward_wide_kernel<{types}, {plan.vpt}>"
         threads = plan.threads_x * plan.rows_per_block
-        g = persistent_grid(plan.blocks_needed, code.blocks_per_sm(name, threads), sms)
+        g = persistent_grid(plan.blocks_needed, code.blocks_per_sm(name, threads, plan.shared), sms)
+        reread = 0
         if backward:  # reads grad_out, sum, grad_sum, stats, weight; writes grad_x, grad_residual, the partials
-            read = mn * (e + 2 * u) + stats + n * e
+            # (the wide kernel at 6 groups a thread with an fp32 sum reads the sum again after the row sum)
+            reread = mn * u if plan.wide and plan.vpt > 4 and u == 4 else 0
+            read = mn * (e + 2 * u) + stats + n * e + reread
             nbytes = read + mn * (e + u) + sums * g * ldp * ACC
         else:  # reads x, residual, params; writes sum, out, stats
             read = mn * (e + u) + params
@@ -411,8 +452,11 @@ def dan_launches(code, op: str, direction: str, dtype: str, n: int, sms: int, m:
                 elements=mn,
                 bytes=nbytes,
                 read_bytes=read,
+                reread_bytes=reread,
+                reuse_unit_bytes=n * u if reread else 0,
                 stride_units=plan.blocks_needed,
                 trips=structural_trips(plan.blocks_needed / g),
+                dynamic_shared=plan.shared,
             )
         )
         if backward:

@@ -1,6 +1,6 @@
 // The GPU Backend of ops_glue.h and its Launcher (launch.cuh), on the LibTorch stable ABI: x's device made
 // current (accelerator::DeviceGuard), launches on torch's current stream for that device (the AOTI C shim),
-// occupancy and SM count cached per (device, kernel, block size), scratch memory from torch's caching allocator
+// occupancy and SM count cached per (device, kernel, block size, dynamic shared memory), scratch memory from torch's caching allocator
 // (torch::stable::empty; freed when the op returns: stream-ordered, so safe once the launches are enqueued).
 // Before a kernel's first launch on a device, the runtime is asked whether the build has code for that GPU, so
 // a GPU outside TORCH_CUDA_ARCH_LIST gets cuda/arch_message.h's error instead of "no kernel image".
@@ -13,6 +13,7 @@
 #include <torch/csrc/stable/accelerator.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <set>
@@ -46,6 +47,32 @@ inline int cached_sm_count(int device) {
   return n;
 }
 
+// The shared memory one block may have on `device` (static + dynamic, the opt-in maximum), bytes.
+inline int64_t cached_shared_per_block(int device) {
+  static std::mutex mutex;
+  static std::map<int, int64_t> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  int n = 0;
+  GPUOPT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cache.emplace(device, int64_t(n));
+  return n;
+}
+
+// Lets `kernel` take `bytes` of dynamic shared memory on the current device (CUDA's default limit is 48 KiB);
+// raised once per (kernel, device) to the most any launch asked for.
+inline void allow_dynamic_shared(const void* kernel, int64_t bytes, int device) {
+  if (bytes <= 48 * 1024) return;
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int64_t> allowed;
+  std::lock_guard<std::mutex> lock(mutex);
+  int64_t& have = allowed[{kernel, device}];
+  if (have >= bytes) return;
+  GPUOPT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  have = bytes;
+}
+
 // Throws the arch error when the build has no code for `device` (checked once per kernel and device).
 inline void check_kernel_image(const void* kernel, int device) {
   static std::mutex mutex;
@@ -75,19 +102,21 @@ inline void check_kernel_image(const void* kernel, int device) {
   checked.insert({kernel, device});
 }
 
-inline int cached_blocks_per_sm(const void* kernel, int threads, int device) {
-  using Key = std::tuple<const void*, int, int>;
+inline int cached_blocks_per_sm(const void* kernel, int threads, int64_t dynamic_shared, int device) {
+  using Key = std::tuple<const void*, int, int64_t, int>;
   static std::mutex mutex;
   static std::map<Key, int> cache;
-  const Key key{kernel, threads, device};
+  const Key key{kernel, threads, dynamic_shared, device};
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
   check_kernel_image(kernel, device);
+  allow_dynamic_shared(kernel, dynamic_shared, device);
   int per_sm = 0;
-  GPUOPT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  GPUOPT_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, static_cast<size_t>(dynamic_shared)));
   GPUOPT_CHECK(per_sm > 0, "gpuopt: internal error: a kernel cannot run with ", threads,
                " threads per block on this device (too many registers or too much shared memory)");
   std::lock_guard<std::mutex> lock(mutex);
@@ -111,16 +140,19 @@ struct CudaLauncher {
   explicit CudaLauncher(const Tensor& x) : device(x.get_device_index()), stream(current_stream(device)), like(x) {}
 
   int sm_count() const { return cached_sm_count(device); }
+  int64_t shared_per_block() const { return cached_shared_per_block(device); }
 
   template <class P>
-  int blocks_per_sm(void (*kernel)(P), int threads) const {
-    return cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, device);
+  int blocks_per_sm(void (*kernel)(P), int threads, int64_t dynamic_shared = 0) const {
+    return cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, dynamic_shared, device);
   }
 
   template <class P>
-  void run(const char* name, void (*kernel)(P), dim3 grid, dim3 block, int, const P& params) {
+  void run(const char* name, void (*kernel)(P), dim3 grid, dim3 block, int, const P& params,
+           int64_t dynamic_shared = 0) {
     check_kernel_image(reinterpret_cast<const void*>(kernel), device);
-    kernel<<<grid, block, 0, stream>>>(params);
+    allow_dynamic_shared(reinterpret_cast<const void*>(kernel), dynamic_shared, device);
+    kernel<<<grid, block, static_cast<size_t>(dynamic_shared), stream>>>(params);
     const cudaError_t err = cudaGetLastError();
     GPUOPT_CHECK(err == cudaSuccess, "gpuopt: launching the CUDA kernel ", name, " failed: ", cudaGetErrorString(err));
   }

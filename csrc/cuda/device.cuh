@@ -27,6 +27,8 @@ inline float to_acc(bfloat16_t v) { return ::gpuopt_emu::to_float(v); }
 // 16 bytes at p, which must be 16-byte aligned; the emulator checks the alignment and the bounds.
 inline uint4 load16(const void* p) { return gpuopt_emu_load16(p); }
 inline void store16(void* p, const uint4& v) { gpuopt_emu_store16(p, v); }
+inline uint4 load16_shared(const void* p) { return gpuopt_emu_load16(p); }
+inline int opaque_block_dim_x() { return static_cast<int>(blockDim.x); }
 
 }  // namespace dev
 }  // namespace gpuopt
@@ -41,7 +43,7 @@ inline void store16(void* p, const uint4& v) { gpuopt_emu_store16(p, v); }
 #define GPUOPT_HOST_DEV __host__ __device__ __forceinline__
 #define GPUOPT_SHARED_ARRAY(T, name, count) __shared__ T name[count]
 // The launch's dynamic shared memory (the third <<<>>> parameter), 16-byte aligned.
-#define GPUOPT_DYNAMIC_SHARED(T, name)                                  \
+#define GPUOPT_DYNAMIC_SHARED(T, name)                                    \
   extern __shared__ __align__(16) unsigned char gpuopt_dynamic_shared_[]; \
   T* name = reinterpret_cast<T*>(gpuopt_dynamic_shared_)
 
@@ -65,6 +67,14 @@ __device__ __forceinline__ uint4 load16(const void* p) {
   return v;
 }
 __device__ __forceinline__ void store16(void* p, const uint4& v) { *reinterpret_cast<uint4*>(p) = v; }
+// 16 bytes of shared memory (or memory the kernel writes): an ordinary load the compiler may schedule.
+__device__ __forceinline__ uint4 load16_shared(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+// blockDim.x, read where it is called (volatile: the compiler neither hoists nor reuses it).
+__device__ __forceinline__ int opaque_block_dim_x() {
+  int v;
+  asm volatile("mov.u32 %0, %%ntid.x;" : "=r"(v));
+  return v;
+}
 
 }  // namespace dev
 }  // namespace gpuopt

@@ -2,6 +2,7 @@
 // 16-byte vectors when aligned, deterministic warp and row sums, dropout keep bits. Raw pointers only.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/device.cuh"
 #include "cuda/launch_config.h"
@@ -85,6 +86,37 @@ GPUOPT_DEV void load_param_group(const T* __restrict__ p, int64_t c0, int valid,
     for (int j = 0; j < kGroup; ++j) v[j] = absent;
   } else {
     load_group(p + c0, valid, vec, v);
+  }
+}
+
+// A raw group's 8 values in the accumulation type. bf16 pairs come straight from their 32-bit words (a shift and
+// a mask), so the compiler does not first move each 16-bit value into a register of its own.
+template <typename T, typename A>
+GPUOPT_DEV void unpack_group(const Group<T>& g, A (&out)[kGroup]) {
+#if !defined(GPUOPT_CUDA_EMULATOR)
+  if constexpr (std::is_same<T, __nv_bfloat16>::value && sizeof(A) == 4) {
+    uint32_t w[kGroup / 2];
+    memcpy(w, g.v, sizeof(w));
+#pragma unroll
+    for (int i = 0; i < kGroup / 2; ++i) {
+      out[2 * i] = __uint_as_float(w[i] << 16);
+      out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+    return;
+  }
+#endif
+#pragma unroll
+  for (int j = 0; j < kGroup; ++j) out[j] = static_cast<A>(to_acc(g.v[j]));
+}
+
+// The raw 16-byte-path group of a weight or bias at column c0 (p == nullptr: `absent` everywhere).
+template <typename T>
+GPUOPT_DEV void load_raw_param(const T* __restrict__ p, int64_t c0, T absent, Group<T>& g) {
+  if (p == nullptr) {
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) g.v[j] = absent;
+  } else {
+    load_raw_group(p + c0, kGroup, true, g);
   }
 }
 

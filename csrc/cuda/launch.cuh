@@ -2,8 +2,10 @@
 // the launches through a Launcher, so the same code drives the GPU (csrc/cuda/*.cu) and the CPU
 // emulation of the CUDA execution model (tools/cuda_emu). A Launcher provides
 //   int sm_count();
-//   template <class P> int blocks_per_sm(void (*kernel)(P), int threads);   // occupancy, cached by the caller
-//   template <class P> void run(const char* name, void (*kernel)(P), dim3 grid, dim3 block, int max_threads, const P&);
+//   int64_t shared_per_block();  // shared memory a block may have (static + dynamic), bytes
+//   template <class P> int blocks_per_sm(void (*kernel)(P), int threads, int64_t dynamic_shared = 0);  // occupancy
+//   template <class P> void run(const char* name, void (*kernel)(P), dim3 grid, dim3 block, int max_threads, const P&,
+//                               int64_t dynamic_shared = 0);
 //   template <class T> T* scratch(int64_t count);                          // device memory alive until the op returns
 // No ATen here.
 #pragma once
@@ -167,6 +169,12 @@ auto ldr_forward_rows(const RowsPlan& plan, bool vec) -> void (*)(dev::LdrForwar
 template <typename S, typename P, typename A, bool kVec>
 auto ldr_backward_rows(const RowsPlan& plan) -> void (*)(dev::LdrBackwardParams<S, P, A>) {
   static_assert(ldr_rows_max_vpt(true) == 2, "instantiate every VPT the plan can pick");
+  if constexpr (kVec && sizeof(S) != 8) {
+    if (plan.wide) {
+      if (plan.vpt == 6) return dev::ldr_backward_wide_kernel<S, P, A, 6>;
+      return plan.vpt == 4 ? dev::ldr_backward_wide_kernel<S, P, A, 4> : dev::ldr_backward_wide_kernel<S, P, A, 3>;
+    }
+  }
   if (!plan.warp_row) {  // a block a row: 4, 3 or 2 groups a thread (plan_ldr_rows; fp64 and the scalar path: 2)
     if constexpr (kVec && sizeof(S) != 8) {
       if (plan.vpt == 4) return dev::ldr_backward_rows_kernel<S, P, A, kVec, false, 4>;
@@ -199,6 +207,7 @@ void run_ldr_forward(const LdrForwardBuffers& b, Launcher& launcher) {
     p.rstd = static_cast<A*>(b.rstd);
     p.M = b.M;
     p.N = b.N;
+    p.inv_n = A(1) / static_cast<A>(b.N);  // IEEE division: the value a kernel would compute
     p.eps = static_cast<A>(b.eps);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
@@ -270,6 +279,7 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
     p.row_stats = nullptr;
     p.M = b.M;
     p.N = b.N;
+    p.inv_n = A(1) / static_cast<A>(b.N);  // IEEE division: the value a kernel would compute
     p.ldp = partial_stride(b.N);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
@@ -279,7 +289,8 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
     p.p_vec = vector_access(b.N, {b.weight, b.bias});
     const int sms = launcher.sm_count();
     const bool vec = p.x_vec && p.p_vec;
-    const RowsPlan plan = plan_ldr_rows(b.M, b.N, sizeof(S), sizeof(P), /*backward=*/true, vec);
+    const RowsPlan plan = plan_ldr_rows(b.M, b.N, sizeof(S), sizeof(P), /*backward=*/true, vec,
+                                        launcher.shared_per_block() - kWideStaticShared);
     int64_t G = 0;
     auto alloc_partials = [&] {
       p.partial_w = b.grad_weight != nullptr ? launcher.template scratch<A>(G * p.ldp) : nullptr;
@@ -287,11 +298,12 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
     };
     if (plan.rows) {
       auto kernel = ldr_backward_rows<S, P, A>(plan, vec);
-      const int per_sm = launcher.blocks_per_sm(kernel, plan.threads_x * plan.rows_per_block);
+      const int per_sm = launcher.blocks_per_sm(kernel, plan.threads_x * plan.rows_per_block, plan.shared);
       G = persistent_grid(plan.blocks_needed, per_sm, sms);
       alloc_partials();
-      launcher.run("ldr_backward_rows_kernel", kernel, dim3(static_cast<unsigned>(G)),
-                   dim3(plan.threads_x, plan.rows_per_block), plan.max_threads, p);
+      launcher.run(plan.wide ? "ldr_backward_wide_kernel" : "ldr_backward_rows_kernel", kernel,
+                   dim3(static_cast<unsigned>(G)), dim3(plan.threads_x, plan.rows_per_block), plan.max_threads, p,
+                   plan.shared);
     } else {
       p.row_stats = launcher.template scratch<A>(2 * b.M);
       auto stats =
@@ -389,6 +401,12 @@ auto dan_forward_rows(const RowsPlan& plan) -> void (*)(dev::DanForwardParams<S,
 
 template <typename S, typename U, typename P, typename A>
 auto dan_backward_rows(const RowsPlan& plan) -> void (*)(dev::DanBackwardParams<S, U, P, A>) {
+  if (plan.wide) {  // 6 (not with 16-bit x and an fp32 sum: dan_wide_allowed), 4 or 3 groups a thread
+    if constexpr (dan_wide_allowed(6, sizeof(S), sizeof(U))) {
+      if (plan.vpt == 6) return dev::dan_backward_wide_kernel<S, U, P, A, 6>;
+    }
+    return plan.vpt == 4 ? dev::dan_backward_wide_kernel<S, U, P, A, 4> : dev::dan_backward_wide_kernel<S, U, P, A, 3>;
+  }
   if (!plan.warp_row) {  // a block a row: 4, 3 or 2 groups a thread (plan_ldr_rows, the vector path)
     if (plan.vpt == 4) return dev::dan_backward_rows_kernel<S, U, P, A, false, 4>;
     if (plan.vpt == 3) return dev::dan_backward_rows_kernel<S, U, P, A, false, 3>;
@@ -417,6 +435,7 @@ void run_dan_forward(const DanForwardBuffers& b, Launcher& launcher) {
     p.rstd = static_cast<A*>(b.rstd);
     p.M = b.M;
     p.N = b.N;
+    p.inv_n = A(1) / static_cast<A>(b.N);  // IEEE division: the value a kernel would compute
     p.eps = static_cast<A>(b.eps);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
@@ -465,6 +484,7 @@ void run_dan_backward(const DanBackwardBuffers& b, Launcher& launcher) {
     p.row_stats = nullptr;
     p.M = b.M;
     p.N = b.N;
+    p.inv_n = A(1) / static_cast<A>(b.N);  // IEEE division: the value a kernel would compute
     p.ldp = partial_stride(b.N);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
@@ -473,7 +493,9 @@ void run_dan_backward(const DanBackwardBuffers& b, Launcher& launcher) {
     p.p_vec = vector_access(b.N, {b.weight});  // the bias is not read
     const int sms = launcher.sm_count();
     const bool vec = p.x_vec && p.p_vec && sizeof(S) != 8;  // fp64 takes the scalar looped kernels
-    const RowsPlan plan = plan_ldr_rows(b.M, b.N, dan_elem(sizeof(S), sizeof(U)), sizeof(P), /*backward=*/true, true);
+    RowsPlan plan = plan_ldr_rows(b.M, b.N, dan_elem(sizeof(S), sizeof(U)), sizeof(P), /*backward=*/true, true,
+                                  launcher.shared_per_block() - kWideStaticShared);
+    if (plan.wide && !dan_wide_allowed(plan.vpt, sizeof(S), sizeof(U))) plan = RowsPlan{};  // looped
     int64_t G = 0;
     auto alloc_partials = [&] {
       p.partial_w = b.grad_weight != nullptr ? launcher.template scratch<A>(G * p.ldp) : nullptr;
@@ -483,11 +505,12 @@ void run_dan_backward(const DanBackwardBuffers& b, Launcher& launcher) {
     if constexpr (sizeof(S) != 8) {
       if (vec && plan.rows) {
         auto kernel = dan_backward_rows<S, U, P, A>(plan);
-        const int per_sm = launcher.blocks_per_sm(kernel, plan.threads_x * plan.rows_per_block);
+        const int per_sm = launcher.blocks_per_sm(kernel, plan.threads_x * plan.rows_per_block, plan.shared);
         G = persistent_grid(plan.blocks_needed, per_sm, sms);
         alloc_partials();
-        launcher.run("dan_backward_rows_kernel", kernel, dim3(static_cast<unsigned>(G)),
-                     dim3(plan.threads_x, plan.rows_per_block), plan.max_threads, p);
+        launcher.run(plan.wide ? "dan_backward_wide_kernel" : "dan_backward_rows_kernel", kernel,
+                     dim3(static_cast<unsigned>(G)), dim3(plan.threads_x, plan.rows_per_block), plan.max_threads, p,
+                     plan.shared);
         done = true;
       }
     }

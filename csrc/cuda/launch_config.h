@@ -9,7 +9,11 @@
 //           one row a block of ceil(groups / VPT) threads (forward: 4 groups a thread (3, or 2 for fp32 x or
 //           parameters, see plan_ldr_rows), N <= 16384; backward: 4 (or 2), N <= 8192; fp64 less). The forward
 //           reads x once; the backward reads x and grad_out once and keeps its columns' dgamma / dbeta in
-//           registers across the rows of a persistent, one-wave grid. Weight and bias are loaded once a thread
+//           registers across the rows of a persistent, one-wave grid.
+//   wide    the backward at 8192 < N <= 18432 (16-bit and fp32 x, the 16-byte path): a row a block of up to 384
+//           threads, 6, 4 or 3 groups a thread; the dgamma / dbeta sums and the row's dxhat live in dynamic
+//           shared memory (12 bytes a column slot and 16 a thread: 203.5 KiB at N = 16384), where the device
+//           allows that much a block (else looped). It reads x and grad_out once, as the rows path. Weight and bias are loaded once a thread
 //           where its registers hold them (hold_params, ldr_kernels.cuh). A row's loads all issue before its math.
 //   looped  longer rows: the forward reads x three times (sum, centred squares, output; the re-reads come
 //           mostly from L2); the backward runs a row kernel (the two row means of the grad_x formula) and a
@@ -46,12 +50,28 @@ constexpr int ldr_rows_forward_max_threads(bool warp_row, int elem) { return war
 // one block a row has at most 256 threads (255 registers a thread).
 constexpr int ldr_rows_backward_max_threads(bool warp_row, int elem) { return warp_row || elem == 8 ? 128 : 256; }
 constexpr int kLoopedThreads = 512;  // ldr_forward_looped_kernel, ldr_backward_row_stats_kernel
-constexpr int kTiledThreads = 256;   // tiled kernels
-constexpr int kColumnSumTile = 32;   // column_sum_kernel: 32 x 32 threads
+// ldr_backward_wide_kernel, dan_backward_wide_kernel: 12 warps, 3 on each of an SM's 4 schedulers, so 168
+// registers a thread (13 to 16 warps would leave 128)
+constexpr int kWideThreads = 384;
+// Static shared memory the wide kernels may use next to their dynamic memory (their row-sum scratch: 512 bytes).
+constexpr int64_t kWideStaticShared = 1024;
+// Dynamic shared memory of a wide backward block: dgamma and dbeta (fp32) of each thread's VPT groups, the row's
+// dxhat, and 16 bytes of padding a thread (ldr_kernels.cuh, wide_slot): 6 VPT + 1 slots of 16 bytes a thread.
+constexpr int wide_slots(int vpt) { return 6 * vpt + 1; }
+constexpr int64_t wide_backward_shared(int vpt, int threads) { return int64_t(threads) * wide_slots(vpt) * 16; }
+constexpr int kTiledThreads = 256;  // tiled kernels
+constexpr int kColumnSumTile = 32;  // column_sum_kernel: 32 x 32 threads
 
 // dropout_add_norm's rows kernels take layer_norm_dropout_relu's bounds and plans at the element size of the
 // wider of x and the stored sum (fp32 with residual_in_fp32): its rows hold both.
 constexpr int dan_elem(int x_elem, int sum_elem) { return x_elem > sum_elem ? x_elem : sum_elem; }
+// Except the wide backward at 6 groups a thread with 16-bit x and an fp32 sum: its registers cannot hold the
+// row's sum across the row sum, and reading it again a group at a time leaves too few bytes in flight (the
+// performance model: 0.57 of copy speed at N = 16384, the looped kernels 0.69), so those rows take the looped
+// path.
+constexpr bool dan_wide_allowed(int vpt, int x_elem, int sum_elem) {
+  return !(vpt == 6 && x_elem == 2 && sum_elem == 4);
+}
 
 // Largest VPT (groups a thread) of one warp a row.
 constexpr int ldr_rows_max_vpt(bool backward) { return backward ? 2 : 4; }
@@ -80,6 +100,8 @@ inline int64_t persistent_grid(int64_t blocks_needed, int blocks_per_sm, int sm_
 struct RowsPlan {
   bool rows = false;      // false: looped path
   bool warp_row = false;  // one warp a row (blockDim (32, 4)), else one block a row
+  bool wide = false;      // the wide backward (a block a row, sums in dynamic shared memory)
+  int64_t shared = 0;     // its dynamic shared memory a block
   int vpt = 0;            // groups per thread: 1 .. 4 (one warp a row: 1 or 2 in the backward)
   int threads_x = 0;      // threads per row (32 .. the kernel's bound)
   int rows_per_block = 1;
@@ -97,9 +119,14 @@ struct RowsPlan {
 //             earlier), e.g. 3 at N = 768 (32 threads x 3 groups, none idle); a 256-thread bound: 255 registers
 //             hold 4 groups' xhat, dxhat and dgamma / dbeta; fp64 and the scalar path (whose registers do not
 //             hold 4 groups): 2 only.
+// A backward row too long for 256 threads takes the wide kernel when vec, elem != 8 and its shared memory fits
+// max_shared (the device's shared memory a block, less kWideStaticShared; 0: never): of VPT 3, 4 and 6 at up to
+// 384 threads the one that leaves the fewest idle group slots (ties: the fewer groups a thread, so more warps),
+// e.g. 3 x 352 threads at N = 8200, 4 x 384 at 12288, 6 x 352 at 16384.
 // Every plan keeps (VPT - 1) x T <= groups, so only a thread's last group can lie past the row (the kernels test
 // no other). elem / param_elem: sizeof of x's / the parameters' dtype; vec: the 16-byte vector path.
-inline RowsPlan plan_ldr_rows(int64_t M, int64_t N, int elem, int param_elem, bool backward, bool vec) {
+inline RowsPlan plan_ldr_rows(int64_t M, int64_t N, int elem, int param_elem, bool backward, bool vec,
+                              int64_t max_shared = 0) {
   RowsPlan p;
   const int64_t groups = ceil_div(N, kGroup);
   const int max_vpt = ldr_rows_max_vpt(backward);
@@ -122,6 +149,25 @@ inline RowsPlan plan_ldr_rows(int64_t M, int64_t N, int elem, int param_elem, bo
         p.vpt = vpts[i];
         p.threads_x = static_cast<int>(t);
         idle = t * vpts[i] - groups;
+      }
+    }
+    if (p.vpt == 0 && backward && vec && elem != 8) {
+      for (int v : {3, 4, 6}) {
+        const int64_t t = round_up(ceil_div(groups, v), kWarpSize);
+        if (t <= kWideThreads && (v - 1) * t <= groups && wide_backward_shared(v, int(t)) <= max_shared &&
+            (p.vpt == 0 || t * v - groups < idle)) {
+          p.vpt = v;
+          p.threads_x = static_cast<int>(t);
+          idle = t * v - groups;
+        }
+      }
+      if (p.vpt != 0) {
+        p.wide = true;
+        p.shared = wide_backward_shared(p.vpt, p.threads_x);
+        p.rows = true;
+        p.max_threads = kWideThreads;
+        p.blocks_needed = M;
+        return p;
       }
     }
     if (p.vpt == 0) return RowsPlan{};  // looped

@@ -36,15 +36,22 @@ struct EmuLauncher {
 
   int sm_count() const { return device().sm_count; }
 
-  // Occupancy model: the 2048 threads of an SM, at most 32 blocks, capped by the emulated device.
+  // sm_90's: 227 KiB a block.
+  int64_t shared_per_block() const { return 227 * 1024; }
+
+  // Occupancy model: the 2048 threads of an SM, at most 32 blocks, the 228 KiB of shared memory an SM (dynamic
+  // memory plus 1 KiB a block), capped by the emulated device.
   template <class P>
-  int blocks_per_sm(void (*)(P), int threads) const {
-    return std::max(1, std::min({device().max_blocks_per_sm, 2048 / std::max(threads, 1), 32}));
+  int blocks_per_sm(void (*)(P), int threads, int64_t dynamic_shared = 0) const {
+    const int by_shared = dynamic_shared > 0 ? static_cast<int>(228 * 1024 / (dynamic_shared + 1024)) : 32;
+    return std::max(1, std::min({device().max_blocks_per_sm, 2048 / std::max(threads, 1), 32, by_shared}));
   }
 
   template <class P>
-  void run(const char* name, void (*kernel)(P), dim3 grid, dim3 block, int max_threads, const P& params) {
-    gpuopt_emu::launch_kernel(name, grid, block, max_threads, kernel, params);
+  void run(const char* name, void (*kernel)(P), dim3 grid, dim3 block, int max_threads, const P& params,
+           int64_t dynamic_shared = 0) {
+    gpuopt_emu::launch_kernel_shared(name, grid, block, max_threads, static_cast<size_t>(dynamic_shared), kernel,
+                                     params);
   }
 
   template <class T>
