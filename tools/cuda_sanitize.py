@@ -15,8 +15,9 @@ ops = torch.ops.gpuopt
 def main():
     seed = torch.tensor([5], device="cuda")
     for dtype in (torch.float32, torch.bfloat16):
-        # warp rows (VPT 1 .. 4), block rows (VPT 2, 3, 4), looped, generic N
-        for n in (7, 64, 600, 768, 1000, 1096, 4096, 8192, 16384, 65536, 131072):
+        # warp rows (VPT 1 .. 4), block rows (VPT 2, 3, 4), the wide backward (VPT 3, 4, 6: 8200, 12288, 16384;
+        # dynamic shared memory past 48 KiB), looped, generic N
+        for n in (7, 64, 600, 768, 1000, 1096, 4096, 8192, 8200, 12288, 16384, 65536, 131072):
             for affine in (True, False):
                 for p in (0.0, 0.1, 1.0):
                     x = torch.randn(3, n, device="cuda", dtype=dtype)
