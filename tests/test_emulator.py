@@ -323,6 +323,24 @@ def test_ldr_h200_sized_device(emu):
         emu.configure(*old)
 
 
+def test_wide_backward_follows_the_devices_shared_memory(emu):
+    """The wide backward only where the device allows its shared memory a block (A100: 163 KiB after the static
+    allowance; 8.6 / 8.9 GPUs: 99 KiB), else the looped kernels; the same results either way."""
+
+    def backward_kernel(n, shared):
+        old = emu.configure(4, 2, shared)
+        try:
+            emu.take_launches()
+            check_ldr(emu, 3, n, torch.bfloat16, "x", 0.3)
+            return [k.split(" ")[0] + " " + k.split("block=")[1] for k in emu.take_launches()][1]
+        finally:
+            emu.configure(*old)
+
+    assert backward_kernel(12288, 164 * 1024) == "ldr_backward_wide_kernel (384,1,1)"  # 150 KiB
+    assert backward_kernel(16384, 164 * 1024) == "ldr_backward_row_stats_kernel (512,1,1)"  # needs 203.5 KiB
+    assert backward_kernel(8200, 99 * 1024) == "ldr_backward_row_stats_kernel (512,1,1)"  # needs 104.5 KiB
+
+
 def test_ldr_empty_rows(emu):
     x = torch.empty(0, 64)
     w, b = torch.ones(64), torch.zeros(64)

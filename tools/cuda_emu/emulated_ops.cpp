@@ -24,6 +24,7 @@ namespace {
 struct EmulatedDevice {
   int sm_count = 4;
   int max_blocks_per_sm = 2;
+  int64_t shared_per_block = 227 * 1024;  // sm_90's opt-in maximum
 };
 EmulatedDevice& device() {
   static EmulatedDevice d;
@@ -36,8 +37,7 @@ struct EmuLauncher {
 
   int sm_count() const { return device().sm_count; }
 
-  // sm_90's: 227 KiB a block.
-  int64_t shared_per_block() const { return 227 * 1024; }
+  int64_t shared_per_block() const { return device().shared_per_block; }
 
   // Occupancy model: the 2048 threads of an SM, at most 32 blocks, the 228 KiB of shared memory an SM (dynamic
   // memory plus 1 KiB a block), capped by the emulated device.
@@ -87,12 +87,16 @@ struct EmuBackend {
   }
 };
 
-// Sets the emulated device (SM count, occupancy cap); returns the previous [sm_count, max_blocks_per_sm].
-std::vector<int64_t> configure(int64_t sm_count, int64_t max_blocks_per_sm) {
-  GPUOPT_CHECK(sm_count >= 1 && max_blocks_per_sm >= 1, "gpuopt_emu.configure: both must be >= 1");
-  std::vector<int64_t> old{device().sm_count, device().max_blocks_per_sm};
+// Sets the emulated device (SM count, occupancy cap, shared memory a block: what the launch plans see; the
+// emulator itself allows 227 KiB); returns the previous [sm_count, max_blocks_per_sm, shared_per_block].
+std::vector<int64_t> configure(int64_t sm_count, int64_t max_blocks_per_sm, int64_t shared_per_block) {
+  GPUOPT_CHECK(sm_count >= 1 && max_blocks_per_sm >= 1, "gpuopt_emu.configure: both counts must be >= 1");
+  GPUOPT_CHECK(shared_per_block >= 0 && shared_per_block <= 227 * 1024,
+               "gpuopt_emu.configure: shared_per_block must be in [0, 232448]");
+  std::vector<int64_t> old{device().sm_count, device().max_blocks_per_sm, device().shared_per_block};
   device().sm_count = static_cast<int>(sm_count);
   device().max_blocks_per_sm = static_cast<int>(max_blocks_per_sm);
+  device().shared_per_block = shared_per_block;
   return old;
 }
 
@@ -121,7 +125,7 @@ std::string missing_arch_message(int64_t major, int64_t minor, int64_t device, s
 // The real schemas (csrc/schemas.h) under this namespace, registered through the stable ABI as _C's are.
 STABLE_TORCH_LIBRARY(gpuopt_emu, m) {
   gpuopt::define_schemas(m);
-  m.def("configure(int sm_count, int max_blocks_per_sm) -> int[]");
+  m.def("configure(int sm_count, int max_blocks_per_sm, int shared_per_block=232448) -> int[]");
   m.def("take_launches() -> str[]");
   m.def("missing_arch_message(int major, int minor, int device, str name, str built_for) -> str");
 }
