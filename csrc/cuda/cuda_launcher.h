@@ -34,30 +34,27 @@ namespace gpuopt {
                  ")");                                                                                             \
   } while (0)
 
-inline int cached_sm_count(int device) {
+// A device attribute, read once per (attribute, device).
+inline int cached_device_attribute(cudaDeviceAttr attr, int device) {
   static std::mutex mutex;
-  static std::map<int, int> cache;
+  static std::map<std::pair<int, int>, int> cache;
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(device);
+  const std::pair<int, int> key{static_cast<int>(attr), device};
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  int n = 0;
-  GPUOPT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  n = std::max(n, 1);
-  cache.emplace(device, n);
-  return n;
+  int v = 0;
+  GPUOPT_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, device));
+  cache.emplace(key, v);
+  return v;
+}
+
+inline int cached_sm_count(int device) {
+  return std::max(cached_device_attribute(cudaDevAttrMultiProcessorCount, device), 1);
 }
 
 // The shared memory one block may have on `device` (static + dynamic, the opt-in maximum), bytes.
 inline int64_t cached_shared_per_block(int device) {
-  static std::mutex mutex;
-  static std::map<int, int64_t> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(device);
-  if (it != cache.end()) return it->second;
-  int n = 0;
-  GPUOPT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  cache.emplace(device, int64_t(n));
-  return n;
+  return cached_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
 }
 
 // Lets `kernel` take `bytes` of dynamic shared memory on the current device (CUDA's default limit is 48 KiB);
