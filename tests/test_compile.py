@@ -180,6 +180,37 @@ def test_hand_captured_cuda_graph_draws_a_new_mask_each_replay(backend):
     assert not torch.equal(seen[0][1], seen[1][1]), "each replay draws a new mask"
 
 
+_WIDE_FIRST_IN_A_GRAPH = """
+import torch, gpuopt_ops
+ops = torch.ops.gpuopt
+x = torch.randn(64, 12288, device="cuda", dtype=torch.bfloat16)
+w, b = torch.randn(12288, device="cuda"), torch.randn(12288, device="cuda")
+seed = torch.tensor([3], device="cuda")
+out, mean, rstd = ops.layer_norm_dropout_relu(x, w, b, seed, 0.1, 1e-5)
+g = torch.randn_like(out)
+torch.cuda.synchronize()
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):  # the wide kernel's first launch: its shared-memory attribute and occupancy query
+    static = ops.layer_norm_dropout_relu_backward(g, x, w, b, mean, rstd, seed, 0.1)
+graph.replay()
+eager = ops.layer_norm_dropout_relu_backward(g, x, w, b, mean, rstd, seed, 0.1)
+torch.cuda.synchronize()
+assert all(torch.equal(a, e) for a, e in zip(static, eager))
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("backend", backend_params("cuda"))
+def test_wide_backward_first_launched_inside_a_cuda_graph(backend):
+    """The CUDA wide backward (N = 12288) launched for the first time in the process inside a graph capture: setting
+    its dynamic shared memory limit and the occupancy query happen there, and the replay equals eager."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", _WIDE_FIRST_IN_A_GRAPH], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout[-2000:] + res.stderr[-4000:]
+
+
 @pytest.mark.parametrize("backend", backend_params("cuda", "triton"))
 def test_compile_reduce_overhead_cuda_graphs_draw_new_masks(backend):
     torch._dynamo.reset()
