@@ -264,8 +264,10 @@ def cuda_launches(
     out: list[KernelLaunch] = []
 
     def column_sums(g: int, sums: int, out_elem: int) -> None:
-        name = f"column_sum_kernel<float, {s if out_elem == e else 'float'}>"
-        tiles = _cdiv(n, COLUMN_SUM_TILE)
+        # column_sum_cols: a 16-byte vector of columns a thread where that still gives every SM a block
+        cols = 16 // ACC if _cdiv(n, COLUMN_SUM_TILE * 16 // ACC) * sums >= sms else 1
+        name = f"column_sum_kernel<float, {s if out_elem == e else 'float'}, {cols}>"
+        tiles = _cdiv(n, COLUMN_SUM_TILE * cols)
         out.append(
             code.launch(
                 name,

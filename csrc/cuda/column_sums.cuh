@@ -31,9 +31,12 @@ GPUOPT_DEV void write_tile_partials(const A (&acc)[kGroup], A* __restrict__ part
 }
 
 // ------------------------------------------------------------------------------------------------- stage 2
-// out[c] = sum over g = 0 .. G-1 of partial[g * ldp + c], always in the same order: a 32 x 32 block takes 32
-// columns, thread (tx, ty) sums rows ty, ty + TY, ... of column tx (a warp reads 32 consecutive columns of a
-// partial row; TY = blockDim.y = min(G, 32)), then thread (tx, 0) adds the TY results in ty order. blockIdx.y picks one of two sums.
+// out[c] = sum over g = 0 .. G-1 of partial[g * ldp + c], always in the same order. A block of 32 x TY threads
+// (TY = min(G, 32)) takes 32 x V columns (V = 1, or 16 / sizeof(A): cuda::column_sum_cols): thread (tx, ty) sums
+// rows ty, ty + TY, ... of the V columns at V * tx, with one 16-byte load a row when V > 1 (a warp reads 512
+// consecutive bytes of a partial row; the partial rows' stride is a multiple of 8, so every vector is aligned and
+// inside the row's stride), then the block's threads add the TY results of a column in ty order, one column a
+// thread. Every column's sum is the same whatever V. blockIdx.y picks one of two sums.
 template <typename A, typename O>
 struct ColumnSumParams {
   const A* partial0;  // blockIdx.y == 0
@@ -43,35 +46,57 @@ struct ColumnSumParams {
   int64_t G, N, ldp;
 };
 
-template <typename A, typename O>
+template <typename A, typename O, int V>
 __global__ void __launch_bounds__(cuda::kColumnSumTile* cuda::kColumnSumTile)
     column_sum_kernel(ColumnSumParams<A, O> p) {
-  GPUOPT_SHARED_ARRAY(A, sums, cuda::kColumnSumTile * (cuda::kColumnSumTile + 1));
+  static_assert(V == 1 || V == cuda::column_sum_vec(sizeof(A)), "one column, or one 16-byte vector of them");
+  constexpr int kCols = cuda::kColumnSumTile * V;  // the block's columns
+  GPUOPT_SHARED_ARRAY(A, sums, cuda::kColumnSumTile * (kCols + 1));
   const A* __restrict__ partial = blockIdx.y == 0 ? p.partial0 : p.partial1;
   O* __restrict__ out = blockIdx.y == 0 ? p.out0 : p.out1;
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int TY = blockDim.y;  // min(G, 32): no idle rows of threads when there are few partial rows
-  const int64_t col = int64_t(blockIdx.x) * cuda::kColumnSumTile + tx;
-  A s = A(0);
-  if (col < p.N) {
+  const int64_t col0 = int64_t(blockIdx.x) * kCols;
+  const int64_t c = col0 + int64_t(tx) * V;
+  A s[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) s[v] = A(0);
+  if (c < p.N) {
     // rows ty, ty + TY, ... in order; eight loads issued before their adds, so a thread has eight in flight
     constexpr int kBatch = 8;
+    auto load = [&](int64_t g, A(&v)[V]) {
+      if constexpr (V == 1) {
+        v[0] = partial[g * p.ldp + c];
+      } else {
+        const uint4 raw = load16(partial + g * p.ldp + c);
+        memcpy(v, &raw, sizeof(v));
+      }
+    };
     int64_t g = ty;
     for (; g + (kBatch - 1) * TY < p.G; g += kBatch * TY) {
-      A v[kBatch];
+      A v[kBatch][V];
 #pragma unroll
-      for (int k = 0; k < kBatch; ++k) v[k] = partial[(g + k * TY) * p.ldp + col];
+      for (int k = 0; k < kBatch; ++k) load(g + k * TY, v[k]);
 #pragma unroll
-      for (int k = 0; k < kBatch; ++k) s += v[k];
+      for (int k = 0; k < kBatch; ++k)
+#pragma unroll
+        for (int i = 0; i < V; ++i) s[i] += v[k][i];
     }
-    for (; g < p.G; g += TY) s += partial[g * p.ldp + col];
+    for (; g < p.G; g += TY) {
+      A v[V];
+      load(g, v);
+#pragma unroll
+      for (int i = 0; i < V; ++i) s[i] += v[i];
+    }
   }
-  sums[ty * (cuda::kColumnSumTile + 1) + tx] = s;
+#pragma unroll
+  for (int v = 0; v < V; ++v) sums[ty * (kCols + 1) + tx * V + v] = s[v];
   __syncthreads();
-  if (ty == 0 && col < p.N) {
+  for (int k = ty * cuda::kColumnSumTile + tx; k < kCols; k += cuda::kColumnSumTile * TY) {
+    if (col0 + k >= p.N) continue;
     A t = A(0);
-    for (int k = 0; k < TY; ++k) t += sums[k * (cuda::kColumnSumTile + 1) + tx];
-    out[col] = from_acc<O>(t);
+    for (int r = 0; r < TY; ++r) t += sums[r * (kCols + 1) + k];
+    out[col0 + k] = from_acc<O>(t);
   }
 }
 

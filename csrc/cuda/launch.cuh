@@ -253,11 +253,14 @@ void run_column_sums(const A* partial0, O* out0, const A* partial1, O* out1, int
   p.N = N;
   p.ldp = ldp;
   const unsigned sums = partial1 != nullptr ? 2u : 1u;
-  const int64_t tiles = column_sum_blocks(N);
+  const int cols = column_sum_cols(N, static_cast<int>(sums), sizeof(A), launcher.sm_count());
+  const int64_t tiles = column_sum_blocks(N, cols);
   if (tiles > 2147483647LL)
     throw std::runtime_error("gpuopt: N = " + std::to_string(N) + " is too large for the CUDA grid");
-  launcher.run("column_sum_kernel", dev::column_sum_kernel<A, O>, dim3(static_cast<unsigned>(tiles), sums),
-               dim3(kColumnSumTile, column_sum_rows(G)), kColumnSumTile * kColumnSumTile, p);
+  constexpr int kVec = column_sum_vec(sizeof(A));
+  launcher.run("column_sum_kernel", cols == 1 ? dev::column_sum_kernel<A, O, 1> : dev::column_sum_kernel<A, O, kVec>,
+               dim3(static_cast<unsigned>(tiles), sums), dim3(kColumnSumTile, column_sum_rows(G)),
+               kColumnSumTile * kColumnSumTile, p);
 }
 
 template <class Launcher>

@@ -221,8 +221,15 @@ inline TilePlan plan_tiled(int64_t M, int64_t N, int64_t resident) {
   return t;
 }
 
-// Stage 2: ceil(N / 32) x (number of sums) blocks of 32 x min(G, 32) threads.
-inline int64_t column_sum_blocks(int64_t N) { return ceil_div(N, kColumnSumTile); }
+// Stage 2: ceil(N / (32 V)) x (number of sums) blocks of 32 x min(G, 32) threads, V columns a thread: one 16-byte
+// vector of them (V = 4 in fp32, 2 in fp64) where that still gives every SM a block, else one column (V = 1),
+// so that short rows keep their blocks (N = 768: 24 blocks a sum, not 6).
+constexpr int column_sum_vec(int acc_elem) { return 16 / acc_elem; }
+inline int column_sum_cols(int64_t N, int sums, int acc_elem, int sm_count) {
+  const int v = column_sum_vec(acc_elem);
+  return ceil_div(N, int64_t(kColumnSumTile) * v) * sums >= sm_count ? v : 1;
+}
+inline int64_t column_sum_blocks(int64_t N, int cols) { return ceil_div(N, int64_t(kColumnSumTile) * cols); }
 inline unsigned column_sum_rows(int64_t G) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(G, kColumnSumTile)));
 }
