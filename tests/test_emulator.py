@@ -299,10 +299,11 @@ def test_ldr_column_sums_deterministic(small_device):
             assert torch.equal(u, v)
 
 
-def test_ldr_block_order_independent(small_device, monkeypatch):
+@pytest.mark.parametrize("n,m", [(1000, 50), (12288, 11)])  # block rows; the wide backward (4 groups a thread)
+def test_ldr_block_order_independent(small_device, monkeypatch, n, m):
     """Blocks run in reverse order give the same bits: no kernel depends on the order blocks run in."""
-    x, w, b = inputs(50, 1000, torch.bfloat16, "fp32")
-    g = torch.randn(50, 1000).to(torch.bfloat16)
+    x, w, b = inputs(m, n, torch.bfloat16, "fp32")
+    g = torch.randn(m, n).to(torch.bfloat16)
     a = run_ldr(small_device, x, w, b, seed_tensor(9), 0.3, g)
     monkeypatch.setenv("GPUOPT_EMU_BLOCK_ORDER", "reverse")
     c = run_ldr(small_device, x, w, b, seed_tensor(9), 0.3, g)
