@@ -155,20 +155,23 @@ def plan_ldr_rows(
         if backward:
             vpts = (2,) if elem == 8 or not vec else (4, 3, 2)
         idle = 0
-        for v in vpts:
+
+        def consider(v: int, max_t: int, fewest_idle: bool, fits=lambda v, t: True) -> None:
+            nonlocal idle
             t = _cdiv(_cdiv(groups, v), WARP) * WARP
-            if t <= bound and (v - 1) * t <= groups and (p.vpt == 0 or (backward and t * v - groups < idle)):
+            if (
+                t <= max_t
+                and (v - 1) * t <= groups
+                and fits(v, t)
+                and (p.vpt == 0 or (fewest_idle and t * v - groups < idle))
+            ):
                 p.vpt, p.threads_x, idle = v, t, t * v - groups
+
+        for v in vpts:
+            consider(v, bound, backward)
         if p.vpt == 0 and backward and vec and elem != 8:  # the wide backward
             for v in (3, 4, 6):
-                t = _cdiv(_cdiv(groups, v), WARP) * WARP
-                if (
-                    t <= WIDE_THREADS
-                    and (v - 1) * t <= groups
-                    and wide_backward_shared(v, t) <= max_shared
-                    and (p.vpt == 0 or t * v - groups < idle)
-                ):
-                    p.vpt, p.threads_x, idle = v, t, t * v - groups
+                consider(v, WIDE_THREADS, True, lambda v, t: wide_backward_shared(v, t) <= max_shared)
             if p.vpt:
                 p.wide, p.shared, p.rows = True, wide_backward_shared(p.vpt, p.threads_x), True
                 p.max_threads, p.blocks_needed = WIDE_THREADS, m

@@ -13,8 +13,9 @@
 //   wide    the backward at 8192 < N <= 18432 (16-bit and fp32 x, the 16-byte path): a row a block of up to 384
 //           threads, 6, 4 or 3 groups a thread; the dgamma / dbeta sums and the row's dxhat live in dynamic
 //           shared memory (12 bytes a column slot and 16 a thread: 203.5 KiB at N = 16384), where the device
-//           allows that much a block (else looped). It reads x and grad_out once, as the rows path. Weight and bias are loaded once a thread
-//           where its registers hold them (hold_params, ldr_kernels.cuh). A row's loads all issue before its math.
+//           allows that much a block (else looped). It reads x and grad_out once, as the rows path.
+//           Rows and wide: a row's loads all issue before its math. Weight and bias are loaded once a thread where
+//           its registers hold them (hold_params, ldr_kernels.cuh).
 //   looped  longer rows: the forward reads x three times (sum, centred squares, output; the re-reads come
 //           mostly from L2); the backward runs a row kernel (the two row means of the grad_x formula) and a
 //           tiled kernel (grad_x and dgamma / dbeta partials).
@@ -143,24 +144,21 @@ inline RowsPlan plan_ldr_rows(int64_t M, int64_t N, int elem, int param_elem, bo
     if (backward) vpts = elem == 8 || !vec ? kVpts[3] : kVpts[2];
     p.rows_per_block = 1;
     int64_t idle = 0;  // the backward takes the VPT that leaves the fewest idle group slots (t x VPT - groups)
-    for (int i = 0; i < 3 && vpts[i] != 0; ++i) {
-      const int64_t t = round_up(ceil_div(groups, vpts[i]), kWarpSize);
-      if (t <= bound && (vpts[i] - 1) * t <= groups && (p.vpt == 0 || (backward && t * vpts[i] - groups < idle))) {
-        p.vpt = vpts[i];
+    // Takes v groups a thread at t = ceil(groups / v) threads rounded to warps where t <= max_t, (v - 1) t <= groups
+    // and `fits` holds, if it is the first such VPT or (fewest_idle) leaves fewer idle group slots.
+    auto consider = [&](int v, int64_t max_t, bool fewest_idle, auto fits) {
+      const int64_t t = round_up(ceil_div(groups, v), kWarpSize);
+      if (t <= max_t && (v - 1) * t <= groups && fits(v, t) && (p.vpt == 0 || (fewest_idle && t * v - groups < idle))) {
+        p.vpt = v;
         p.threads_x = static_cast<int>(t);
-        idle = t * vpts[i] - groups;
+        idle = t * v - groups;
       }
-    }
+    };
+    for (int i = 0; i < 3 && vpts[i] != 0; ++i) consider(vpts[i], bound, backward, [](int, int64_t) { return true; });
     if (p.vpt == 0 && backward && vec && elem != 8) {
-      for (int v : {3, 4, 6}) {
-        const int64_t t = round_up(ceil_div(groups, v), kWarpSize);
-        if (t <= kWideThreads && (v - 1) * t <= groups && wide_backward_shared(v, int(t)) <= max_shared &&
-            (p.vpt == 0 || t * v - groups < idle)) {
-          p.vpt = v;
-          p.threads_x = static_cast<int>(t);
-          idle = t * v - groups;
-        }
-      }
+      for (int v : {3, 4, 6})
+        consider(v, kWideThreads, true,
+                 [&](int vv, int64_t t) { return wide_backward_shared(vv, int(t)) <= max_shared; });
       if (p.vpt != 0) {
         p.wide = true;
         p.shared = wide_backward_shared(p.vpt, p.threads_x);
