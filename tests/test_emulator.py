@@ -419,12 +419,12 @@ def check_dan(ops, m, n, dtype, *, rms=False, r32=False, params="x", p=0.3, resi
 #   1000   forward warp rows (4th group on lanes 0..28 only); backward a block a row
 #   4104   a block a row both ways, the last warp part-filled
 #   8200   forward a block a row; backward wide (352 threads, 3 groups a thread, sums in dynamic shared memory)
-#   16392  forward looped; backward wide (6 groups a thread, a tail of groups), but looped with 16-bit x and an
-#          fp32 sum (launch_config.h dan_wide_allowed)
+#   16392  forward looped; backward wide (6 groups a thread, a tail of groups; with an fp32 sum it reads the
+#          sum again after the row sum: the whole row at once with 16-bit parameters)
 #   18440  looped both ways (the vector looped backward: past the wide kernel's 6 x 384 groups)
 # fp64 takes the looped kernels at every N. Each with LayerNorm and RMSNorm, and for 16-bit x the sum in x's dtype
 # and in fp32 (residual_in_fp32); fp16 repeats bf16's launches and runs at two points; at 16392 the fast lane runs
-# bf16 LayerNorm with an fp32 sum (looped) and fp32 RMSNorm (wide), at 18440 bf16 LayerNorm (slow: the rest).
+# bf16 LayerNorm with an fp32 sum and fp32 RMSNorm (both wide), at 18440 bf16 LayerNorm (slow: the rest).
 def _dan_params():
     for n in (33, 768, 1000, 4104, 8200, 16392, 18440):
         for dtype in DTYPES:
@@ -494,9 +494,9 @@ def test_dan_unaligned_rows(small_device, n, dtype):
 
 
 def test_dan_paths_taken(small_device):
-    def kernels(n, dtype=torch.bfloat16, r32=False):
+    def kernels(n, dtype=torch.bfloat16, r32=False, params="x"):
         small_device.take_launches()
-        check_dan(small_device, 4, n, dtype, r32=r32)
+        check_dan(small_device, 4, n, dtype, r32=r32, params=params)
         return [k.split(" ")[0] + " " + k.split("block=")[1] for k in small_device.take_launches()]
 
     assert kernels(768)[:2] == ["dan_forward_rows_kernel (32,4,1)", "dan_backward_rows_kernel (32,1,1)"]
@@ -505,8 +505,10 @@ def test_dan_paths_taken(small_device):
     assert kernels(8192, r32=True)[:2] == ["dan_forward_rows_kernel (512,1,1)", "dan_backward_rows_kernel (256,1,1)"]
     assert kernels(8200)[1] == "dan_backward_wide_kernel (352,1,1)"
     assert kernels(16384, torch.float32)[1] == "dan_backward_wide_kernel (352,1,1)"  # 6 groups, the sum read again
-    # 16-bit x with an fp32 sum at 6 groups a thread: the looped kernels (launch_config.h dan_wide_allowed)
-    assert kernels(16384, r32=True)[1] == "dan_backward_row_stats_kernel (512,1,1)"
+    # 16-bit x with an fp32 sum at 6 groups a thread: wide with 16-bit parameters (the sum's row read again at
+    # once), the looped kernels with fp32 ones (launch_config.h dan_wide_allowed)
+    assert kernels(16384, r32=True)[1] == "dan_backward_wide_kernel (352,1,1)"
+    assert kernels(16384, r32=True, params="fp32")[1] == "dan_backward_row_stats_kernel (512,1,1)"
     assert kernels(18440)[1:3] == ["dan_backward_row_stats_kernel (512,1,1)", "dan_backward_tiled_kernel (32,8,1)"]
     looped = ["dan_forward_looped_kernel (512,1,1)", "dan_backward_row_stats_kernel (512,1,1)"]
     assert kernels(768, torch.float64)[:2] == looped

@@ -196,11 +196,6 @@ _LONG_BACKWARD_TRITON = (
     "N > 8192 backward: two kernels (row coefficients over an (M,) grid, then chunks) read x and grad_out twice "
     "from DRAM; a single pass would need more than 128 registers a thread at 16 warps"
 )
-_WIDE_RES32 = (
-    "residual_in_fp32 at N = 16384: two kernels (row coefficients, then grad_x and the partials) read the sum and "
-    "grad_out twice; the wide kernel at 6 groups a thread has no registers to hold the fp32 sum across the row "
-    "sum, and reading it again a group at a time estimates lower (0.57) than the looped kernels (0.69)"
-)
 KNOWN_SHORT: dict[tuple, str] = {
     **{
         ("triton", op, "backward", dt, n): _LONG_BACKWARD_TRITON
@@ -213,10 +208,6 @@ KNOWN_SHORT: dict[tuple, str] = {
         for op in G.DAN_OPS
         for dt in G.op_dtypes(op)
         for n in (12288, 16384)
-    },
-    **{
-        ("cuda", op, "backward", "bf16", 16384): _WIDE_RES32
-        for op in ("dropout_add_norm_res32", "dropout_add_rms_norm_res32")
     },
 }
 

@@ -431,8 +431,8 @@ def dan_launches(code, op: str, direction: str, dtype: str, n: int, sms: int, m:
     plan = plan_ldr_rows(
         m, n, max(e, u), e, backward=backward, vec=True, max_shared=SHARED_PER_BLOCK - WIDE_STATIC_SHARED
     )
-    if plan.wide and plan.vpt == 6 and e == 2 and u == 4:  # dan_wide_allowed: the looped kernels
-        plan = RowsPlan()
+    # (dan_wide_allowed sends 16-bit x with an fp32 sum and fp32 parameters at 6 groups a thread to the looped
+    # kernels; the model's rows take the parameters in x's dtype, so their wide plans all stand)
     types = f"{s}, {us}, {s}, float"
     if plan.rows:
         name = f"dan_{direction}_rows_kernel<{types}, {'true' if plan.warp_row else 'false'}, {plan.vpt}>"

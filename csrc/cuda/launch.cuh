@@ -404,8 +404,8 @@ auto dan_forward_rows(const RowsPlan& plan) -> void (*)(dev::DanForwardParams<S,
 
 template <typename S, typename U, typename P, typename A>
 auto dan_backward_rows(const RowsPlan& plan) -> void (*)(dev::DanBackwardParams<S, U, P, A>) {
-  if (plan.wide) {  // 6 (not with 16-bit x and an fp32 sum: dan_wide_allowed), 4 or 3 groups a thread
-    if constexpr (dan_wide_allowed(6, sizeof(S), sizeof(U))) {
+  if (plan.wide) {  // 6 (never planned where dan_wide_allowed is false: plan_dan_backward), 4 or 3 groups
+    if constexpr (dan_wide_allowed(6, sizeof(S), sizeof(U), sizeof(P))) {
       if (plan.vpt == 6) return dev::dan_backward_wide_kernel<S, U, P, A, 6>;
     }
     return plan.vpt == 4 ? dev::dan_backward_wide_kernel<S, U, P, A, 4> : dev::dan_backward_wide_kernel<S, U, P, A, 3>;
@@ -496,9 +496,8 @@ void run_dan_backward(const DanBackwardBuffers& b, Launcher& launcher) {
     p.p_vec = vector_access(b.N, {b.weight});  // the bias is not read
     const int sms = launcher.sm_count();
     const bool vec = p.x_vec && p.p_vec && sizeof(S) != 8;  // fp64 takes the scalar looped kernels
-    RowsPlan plan = plan_ldr_rows(b.M, b.N, dan_elem(sizeof(S), sizeof(U)), sizeof(P), /*backward=*/true, true,
-                                  launcher.shared_per_block() - kWideStaticShared);
-    if (plan.wide && !dan_wide_allowed(plan.vpt, sizeof(S), sizeof(U))) plan = RowsPlan{};  // looped
+    const RowsPlan plan =
+        plan_dan_backward(b.M, b.N, sizeof(S), sizeof(U), sizeof(P), launcher.shared_per_block() - kWideStaticShared);
     int64_t G = 0;
     auto alloc_partials = [&] {
       p.partial_w = b.grad_weight != nullptr ? launcher.template scratch<A>(G * p.ldp) : nullptr;

@@ -66,12 +66,13 @@ constexpr int kColumnSumTile = 32;  // column_sum_kernel: 32 x 32 threads
 // dropout_add_norm's rows kernels take layer_norm_dropout_relu's bounds and plans at the element size of the
 // wider of x and the stored sum (fp32 with residual_in_fp32): its rows hold both.
 constexpr int dan_elem(int x_elem, int sum_elem) { return x_elem > sum_elem ? x_elem : sum_elem; }
-// Except the wide backward at 6 groups a thread with 16-bit x and an fp32 sum: its registers cannot hold the
-// row's sum across the row sum, and reading it again a group at a time leaves too few bytes in flight (the
-// performance model: 0.57 of copy speed at N = 16384, the looped kernels 0.69), so those rows take the looped
-// path.
-constexpr bool dan_wide_allowed(int vpt, int x_elem, int sum_elem) {
-  return !(vpt == 6 && x_elem == 2 && sum_elem == 4);
+// Except the wide backward at 6 groups a thread with 16-bit x, an fp32 sum and fp32 parameters: its registers
+// hold neither the row's sum across the row sum nor more than one group of it read again after, which leaves
+// too few bytes in flight (the performance model: 0.57 of copy speed at N = 16384, the looped kernels 0.69), so
+// those rows take the looped path. The other wide plans at 6 groups with an fp32 sum read the whole row's sum
+// again at once.
+constexpr bool dan_wide_allowed(int vpt, int x_elem, int sum_elem, int param_elem) {
+  return !(vpt == 6 && x_elem == 2 && sum_elem == 4 && param_elem == 4);
 }
 
 // Largest VPT (groups a thread) of one warp a row.
@@ -175,6 +176,14 @@ inline RowsPlan plan_ldr_rows(int64_t M, int64_t N, int elem, int param_elem, bo
       backward ? ldr_rows_backward_max_threads(p.warp_row, elem) : ldr_rows_forward_max_threads(p.warp_row, elem);
   p.blocks_needed = ceil_div(M, p.rows_per_block);
   return p;
+}
+
+// dropout_add_norm's backward plan: plan_ldr_rows at dan_elem, except the wide plans dan_wide_allowed sends to
+// the looped kernels (which dan_backward_rows therefore never instantiates).
+inline RowsPlan plan_dan_backward(int64_t M, int64_t N, int x_elem, int sum_elem, int param_elem, int64_t max_shared) {
+  const RowsPlan plan =
+      plan_ldr_rows(M, N, dan_elem(x_elem, sum_elem), param_elem, /*backward=*/true, true, max_shared);
+  return plan.wide && !dan_wide_allowed(plan.vpt, x_elem, sum_elem, param_elem) ? RowsPlan{} : plan;
 }
 
 // Row stride of the (G, N) partial-sum buffers: a multiple of 8, so every group of partials is 16-byte aligned.

@@ -596,7 +596,7 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
   // At 6 groups a thread (kTight) the wide kernel saves registers where 4 and 3 spend instructions: the row's
   // dxhat waits in shared memory (kPark; dropout_add_norm's always), LayerNorm-dropout-ReLU with 16-bit x takes
   // xhat again from x's raw group after the row sum (kRecompute), and dropout_add_norm with an fp32 sum reads
-  // the sum again, from L2, there, a group at a time (kReloadSum), rather than hold them across it.
+  // the sum again, from L2, there (kReloadSum: the row's groups at once; two at a time with fp16 x), rather than hold them across it.
   constexpr bool kTight = kWide && VPT > 4;
   constexpr bool kPark = kTight || (kWide && K::kDropPre);
   constexpr bool kRecompute = kTight && !K::kDropPre && sizeof(U) == 2;
@@ -758,36 +758,47 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
         }
       }
     } else {
+      // kReloadSum: the row's sum again, kAgain groups at a time, their loads first: the whole row (enough bytes
+      // in flight), except with fp16 x, whose 168 registers hold two groups at a time (3 or 6 spill)
+      constexpr int kAgain = kReloadSum && std::is_same_v<S, half_t> ? 2 : VPT;
+      static_assert(VPT % kAgain == 0);
 #pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        if constexpr (kReloadSum) {  // the group's sum again (more at once do not fit the registers)
-          const int gl = has(k, tx + k * Tr) ? tx + k * Tr : 0;
-          load_raw_group(p.x + base + gl * kGroup, kGroup, true, xs[k]);
-        }
-        const int g = tx + k * Tr;
-        if (has(k, g)) {
-          const int c0 = g * kGroup;
-          const int valid = kVec ? kGroup : group_size(N, c0);
-          if constexpr (kPark) wide_load(wide_acc, 4 * VPT + 2 * k, dxhat[k]);
-          bool keep[kGroup];
-          group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
-          A ds[kGroup], o[kGroup];
-          [[maybe_unused]] A xu[kTight ? kGroup : 1];
-          if constexpr (kTight) unpack_group(xs[k], xu);
+      for (int k0 = 0; k0 < VPT; k0 += kAgain) {
+        if constexpr (kReloadSum) {
 #pragma unroll
-          for (int j = 0; j < kGroup; ++j) {
-            // a block row takes xhat again from the sum's raw group (16-bit: half the registers of holding it)
-            if constexpr (kWide) {  // two FMAs an element, as the LayerNorm-dropout-ReLU kind
-              const A xj = kTight ? xu[kTight ? j : 0] : static_cast<A>(to_acc(xs[k].v[j]));
-              ds[j] = (dxhat[k][j] - rs_c2) - rs2_c1 * (xj - mu);
-            } else {
-              const A xh = kWarpRow ? xhat[k][j] : (j < valid ? (static_cast<A>(to_acc(xs[k].v[j])) - mu) * rs : A(0));
-              ds[j] = dxhat[k][j] - rs * (xh * c1 + c2);
-            }
-            o[j] = dan_dropout<A>(ds[j], keep[j], p.scale);
+          for (int k = k0; k < k0 + kAgain; ++k) {
+            const int gl = has(k, tx + k * Tr) ? tx + k * Tr : 0;
+            load_raw_group(p.x + base + gl * kGroup, kGroup, true, xs[k]);
           }
-          if (grad_residual_of<K>(p) != nullptr) store_group(grad_residual_of<K>(p) + base + c0, valid, kVec, ds);
-          store_group(gxr + c0, valid, kVec, o);
+        }
+#pragma unroll
+        for (int k = k0; k < k0 + kAgain; ++k) {
+          const int g = tx + k * Tr;
+          if (has(k, g)) {
+            const int c0 = g * kGroup;
+            const int valid = kVec ? kGroup : group_size(N, c0);
+            if constexpr (kPark) wide_load(wide_acc, 4 * VPT + 2 * k, dxhat[k]);
+            bool keep[kGroup];
+            group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
+            A ds[kGroup], o[kGroup];
+            [[maybe_unused]] A xu[kTight ? kGroup : 1];
+            if constexpr (kTight) unpack_group(xs[k], xu);
+#pragma unroll
+            for (int j = 0; j < kGroup; ++j) {
+              // a block row takes xhat again from the sum's raw group (16-bit: half the registers of holding it)
+              if constexpr (kWide) {  // two FMAs an element, as the LayerNorm-dropout-ReLU kind
+                const A xj = kTight ? xu[kTight ? j : 0] : static_cast<A>(to_acc(xs[k].v[j]));
+                ds[j] = (dxhat[k][j] - rs_c2) - rs2_c1 * (xj - mu);
+              } else {
+                const A xh =
+                    kWarpRow ? xhat[k][j] : (j < valid ? (static_cast<A>(to_acc(xs[k].v[j])) - mu) * rs : A(0));
+                ds[j] = dxhat[k][j] - rs * (xh * c1 + c2);
+              }
+              o[j] = dan_dropout<A>(ds[j], keep[j], p.scale);
+            }
+            if (grad_residual_of<K>(p) != nullptr) store_group(grad_residual_of<K>(p) + base + c0, valid, kVec, ds);
+            store_group(gxr + c0, valid, kVec, o);
+          }
         }
       }
     }
