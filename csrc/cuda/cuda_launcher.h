@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
-#include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -57,25 +56,8 @@ inline int64_t cached_shared_per_block(int device) {
   return cached_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
 }
 
-// Lets `kernel` take `bytes` of dynamic shared memory on the current device (CUDA's default limit is 48 KiB);
-// raised once per (kernel, device) to the most any launch asked for.
-inline void allow_dynamic_shared(const void* kernel, int64_t bytes, int device) {
-  if (bytes <= 48 * 1024) return;
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, int64_t> allowed;
-  std::lock_guard<std::mutex> lock(mutex);
-  int64_t& have = allowed[{kernel, device}];
-  if (have >= bytes) return;
-  GPUOPT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  have = bytes;
-}
-
-// Throws the arch error when the build has no code for `device` (checked once per kernel and device).
+// Throws the arch error when the build has no code for `device`.
 inline void check_kernel_image(const void* kernel, int device) {
-  static std::mutex mutex;
-  static std::set<std::pair<const void*, int>> checked;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (checked.count({kernel, device})) return;
   cudaFuncAttributes attr{};
   const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
   if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction ||
@@ -96,7 +78,29 @@ inline void check_kernel_image(const void* kernel, int device) {
                 "backend=\"triton\"."));
   }
   GPUOPT_CUDA_CHECK(err);
-  checked.insert({kernel, device});
+}
+
+// What a launch of `kernel` on `device` needs first, under one lock and one lookup per launch: the arch check
+// (check_kernel_image, once per kernel and device) and, past CUDA's default 48 KiB, the kernel's dynamic shared
+// memory limit (raised once per kernel and device to the most any launch asked for).
+inline void prepare_launch(const void* kernel, int64_t dynamic_shared, int device) {
+  struct State {
+    bool image_checked = false;
+    int64_t dynamic_allowed = 48 * 1024;
+  };
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, State> states;
+  std::lock_guard<std::mutex> lock(mutex);
+  State& state = states[{kernel, device}];
+  if (!state.image_checked) {
+    check_kernel_image(kernel, device);  // throws (the state stays unchecked) when the build has no code for it
+    state.image_checked = true;
+  }
+  if (dynamic_shared > state.dynamic_allowed) {
+    GPUOPT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_shared)));
+    state.dynamic_allowed = dynamic_shared;
+  }
 }
 
 inline int cached_blocks_per_sm(const void* kernel, int threads, int64_t dynamic_shared, int device) {
@@ -109,8 +113,7 @@ inline int cached_blocks_per_sm(const void* kernel, int threads, int64_t dynamic
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
-  check_kernel_image(kernel, device);
-  allow_dynamic_shared(kernel, dynamic_shared, device);
+  prepare_launch(kernel, dynamic_shared, device);
   int per_sm = 0;
   GPUOPT_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, static_cast<size_t>(dynamic_shared)));
@@ -147,8 +150,7 @@ struct CudaLauncher {
   template <class P>
   void run(const char* name, void (*kernel)(P), dim3 grid, dim3 block, int, const P& params,
            int64_t dynamic_shared = 0) {
-    check_kernel_image(reinterpret_cast<const void*>(kernel), device);
-    allow_dynamic_shared(reinterpret_cast<const void*>(kernel), dynamic_shared, device);
+    prepare_launch(reinterpret_cast<const void*>(kernel), dynamic_shared, device);
     kernel<<<grid, block, static_cast<size_t>(dynamic_shared), stream>>>(params);
     const cudaError_t err = cudaGetLastError();
     GPUOPT_CHECK(err == cudaSuccess, "gpuopt: launching the CUDA kernel ", name, " failed: ", cudaGetErrorString(err));
