@@ -194,7 +194,8 @@ def model(triton_store):
 # row that misses a criterion, and on a listed row that meets them all: the list only shrinks.
 _LONG_BACKWARD_TRITON = (
     "N > 8192 backward: two kernels (row coefficients over an (M,) grid, then chunks) read x and grad_out twice "
-    "from DRAM; a single pass would need more than 128 registers a thread at 16 warps"
+    "from DRAM; a single pass would need more than 128 registers a thread at 16 warps, a row split over a CTA "
+    "cluster (num_ctas) does not compile on triton 3.6 and fences every cluster barrier on 3.8 (DESIGN.md)"
 )
 KNOWN_SHORT: dict[tuple, str] = {
     **{
