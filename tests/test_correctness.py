@@ -683,6 +683,79 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
     assert asked == [("ldr_bwd_fused_kernel", 16)]
 
 
+@pytest.mark.parametrize("backend", TRITON)
+@pytest.mark.parametrize("op,rms", [("norm_dropout", True), ("layer_norm_dropout_relu", False)])
+def test_triton_n12288_one_pass_backward_matches_reference(backend, op, rms):
+    """N = 12288 plans the single-block backward over three 4096-column chunks (the interpreter has no compiled
+    kernel to report spills, so it always runs it; on a GPU LayerNorm's falls back to the looped kernels): the
+    fp64 reference, every output and gradient."""
+    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+
+    n = 12288
+    cfg = ldr_kernels.backward_config(n, torch.bfloat16)
+    assert cfg.fused and (cfg.chunks, cfg.block_n, cfg.block_m, cfg.num_warps) == (3, 4096, 1, 16)
+    spec = OPS_BY_NAME[op]
+    extra = dict(rms=rms) if op == "norm_dropout" else {}
+    check_against_reference(spec, backend, spec.sample((2,), n, torch.bfloat16, backend.device, p=0.2, **extra))
+
+
+@pytest.mark.parametrize("op", ["layer_norm_dropout_relu", "dropout_add_norm"])
+def test_triton_n12288_backward_is_one_pass_unless_the_compiled_kernel_spills(op):
+    """Launch planning (meta tensors, launches recorded, the compiled kernel's facts stood in for): the
+    LayerNorm-dropout-ReLU launcher (and norm_dropout's) runs N = 12288 on the single-block backward where that
+    compiled kernel fits its registers, else the looped kernels (row coefficients, then chunks); dropout_add_norm,
+    whose kernels spill there, plans the looped ones without asking."""
+    pytest.importorskip("triton")
+    from gpuopt_ops.triton_kernels import common
+    from gpuopt_ops.triton_kernels import dropout_add_norm as dan_kernels
+    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+
+    bf16, f32 = torch.bfloat16, torch.float32
+    m, n = 64, 12288
+    cfg = ldr_kernels.backward_config(n, bf16)
+    assert ldr_kernels.wide_backward_fallback(cfg, n, bf16) == ldr_kernels.backward_config(n, bf16, 8192)
+    assert ldr_kernels.wide_backward_fallback(ldr_kernels.backward_config(8192, bf16), 8192, bf16) is None
+    assert not ldr_kernels.backward_config(n, torch.float64).fused
+    assert not ldr_kernels.backward_config(n, bf16, wide=False).fused
+    launched = []
+
+    def wrap(kernel):
+        class Launch:
+            def __getitem__(self, grid):
+                return lambda *a, **k: launched.append((kernel.__name__, k.get("BLOCK_N")))
+
+        return Launch()
+
+    meta = lambda *s, dt=bf16: torch.empty(s, device="meta", dtype=dt)  # noqa: E731
+    prefix = "ldr" if op == "layer_norm_dropout_relu" else "dan"
+    for spills in (0, 56):
+        launched.clear()
+        asked = []
+
+        def facts(kernel, args, kwargs, spills=spills, asked=asked):  # 128 registers at 16 warps: one an SM
+            asked.append(kernel.__name__)
+            return common.KernelFacts(128, 0, kwargs["num_warps"], spills if "fused" in kernel.__name__ else 0)
+
+        if op == "layer_norm_dropout_relu":
+            ldr_kernels.launch_backward(
+                meta(m, n), meta(m, n), meta(n), meta(n), meta(m, dt=f32), meta(m, dt=f32), meta(1, dt=torch.int64),
+                meta(m, n), meta(n), meta(n), 0.1, wrap=wrap, sm_count=64, facts=facts,
+            )  # fmt: skip
+        else:
+            dan_kernels.launch_backward(
+                meta(m, n), meta(m, n), meta(m, n), meta(n), meta(n), meta(m, dt=f32), meta(m, dt=f32),
+                meta(1, dt=torch.int64), meta(m, n), meta(m, n), meta(n), meta(n), 0.1, False,
+                wrap=wrap, sm_count=64, facts=facts,
+            )  # fmt: skip
+        names = [k for k, _ in launched]
+        if op == "layer_norm_dropout_relu" and not spills:
+            assert names == ["ldr_bwd_fused_kernel", "sum_partials_kernel"] and launched[0][1] == 4096
+        else:
+            assert names == [f"{prefix}_bwd_row_coef_kernel", f"{prefix}_bwd_chunk_kernel", "sum_partials_kernel"]
+            assert launched[1][1] == 1024  # the looped kernels' own chunks
+        assert (f"{prefix}_bwd_fused_kernel" in asked) == (op == "layer_norm_dropout_relu")
+
+
 def test_triton_bias_act_tiles_and_row_groups():
     """Launch planning of bias_act (no GPU needed): the forward's column tile is the power of two that pads N least
     (N = 768: 256 columns, not 1024 with a quarter masked off); the backward's row groups fill whole waves, taking

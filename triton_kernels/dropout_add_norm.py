@@ -559,7 +559,7 @@ def launch_backward(
     t = dropout_threshold(p)
     is_fp64 = grad_out.dtype == torch.float64
     acc = torch.float64 if is_fp64 else torch.float32
-    cfg = _LDR.backward_config(n, grad_out.dtype, max_fused_n)
+    cfg = _LDR.backward_config(n, grad_out.dtype, max_fused_n, wide=False)  # its kernels spill at N = 12288
     kwargs = dict(
         HAS_GS=grad_sum is not None,
         HAS_R=grad_res is not None,

@@ -71,8 +71,11 @@ tests): no configuration spills. Not yet timed on a GPU. Every launch runs under
   them live (~30 registers).
   ``sum_partials_kernel`` reduces the G partial rows of dgamma and dbeta in one launch, in a fixed order
   (deterministic: no float atomics; the bits depend on (shape, dtype, device, Triton version), never on
-  timing). N = 16384 would need 32 elements per thread at 16 warps (> 128 registers: spills or less than one
-  block per SM), so it stays on the looped path.
+  timing). N = 12288 (not fp64): one row a tile in three 4096-column chunks at 16 warps, 24 elements a thread,
+  where the compiled kernel fits its 128 registers (RMSNorm-dropout does on triton 3.8); where it spills
+  (LayerNorm with its two accumulators) launch_rows_backward runs the looped kernels instead
+  (wide_backward_fallback). N = 16384 would need 32 elements per thread at 16 warps (> 128 registers: spills or
+  less than one block per SM), so it stays on the looped path.
 - Backward, looped path: kernel A computes c1, c2 of one row per program (1024-column chunks, 4 warps);
   kernel B runs a (1024-column chunk x row group) grid, tiles of 2 rows, computing dx and the dgamma/dbeta
   partials with its chunk's weight and bias loaded once; then the same reduction. x and grad_out are read twice.
@@ -868,15 +871,21 @@ def wide_fallback(cfg: LdrConfig, n: int, dtype: torch.dtype) -> Optional[LdrCon
     return None
 
 
-def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -> LdrConfig:
+def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None, wide: bool = True) -> LdrConfig:
     """Backward tiling: 8 elements per thread (4 for fp64) up to 16 warps: x, grad_out, xhat, dy, dxhat and the
     dgamma/dbeta accumulator tiles are live together. Rows of N = 2^k >= 1024 (not fp64) take one row per tile
     at 16 elements per thread (N / 512 warps: 2 at 1024 .. 16 at 8192), so that a thread holds 16 elements of
     its row and the row's reductions, address math and Philox keys are spread over twice as many elements (more
-    programs, so more partial rows G, which stage 2 reads back)."""
+    programs, so more partial rows G, which stage 2 reads back). N = 12288 (`wide`, not fp64, default limits):
+    one row a tile in three 4096-column chunks at 16 warps, 24 elements a thread, where the compiled kernel fits
+    its 128 registers (RMSNorm-dropout does; LayerNorm's two accumulators spill, so launch_rows_backward takes
+    wide_backward_fallback's looped kernels there; dropout_add_norm, whose kernels spill there too, asks
+    without `wide`)."""
     fp64 = dtype == torch.float64
     per_thread = 4 if fp64 else 8
     if max_fused_n is None:
+        if wide and not fp64 and n == 3 * 4096:
+            return LdrConfig(True, 1, 4096, 16, True, 3)
         max_fused_n = BWD_MAX_FUSED_N_FP64 if fp64 else BWD_MAX_FUSED_N
     if n <= max_fused_n:
         if not fp64 and n >= 1024 and n == triton.next_power_of_2(n):
@@ -885,6 +894,14 @@ def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) 
     block_n = max(8, min(1024, triton.next_power_of_2(max_fused_n)))
     block_m = max(1, min(16, 2048 // block_n))
     return LdrConfig(False, block_m, block_n, num_warps_for(block_m * block_n, per_thread), n % 8 == 0)
+
+
+def wide_backward_fallback(cfg: LdrConfig, n: int, dtype: torch.dtype) -> Optional[LdrConfig]:
+    """The looped backward's config where cfg is the single-block kernel past 8192 columns (N = 12288, three
+    chunks): launch_rows_backward runs it instead where that compiled kernel spills registers."""
+    if cfg.fused and n > BWD_MAX_FUSED_N:
+        return backward_config(n, dtype, max_fused_n=BWD_MAX_FUSED_N)
+    return None
 
 
 def launch_forward(
@@ -984,31 +1001,38 @@ def launch_backward(
     t = dropout_threshold(p)
     is_fp64 = x.dtype == torch.float64
     acc = torch.float64 if is_fp64 else torch.float32
-    cfg = backward_config(n, x.dtype, max_fused_n)
-    kwargs = dict(
-        HAS_W=has_w,
-        HAS_B=has_b,
-        DROPOUT=t != 0,
-        FAST_RNG=cfg.fast_rng,
-        IS_FP64=is_fp64,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        RTNE_BF16=INTERPRETED,
-        RMS=bool(rms),
-        RELU=bool(relu),
-        num_warps=cfg.num_warps,
-    )
     w = weight if has_w else x
     b = bias if has_b else x
     mu = rstd if rms else mean  # never read for RMSNorm
     head = (grad_out, x, w, b, mu, rstd, seed)
-    coef_kwargs = {k: v for k, v in kwargs.items() if k != "BLOCK_M"}
-    coef_kwargs["num_warps"] = num_warps_for(cfg.block_n, 8)
 
-    def launch_coef(c1, c2):
-        wrap(ldr_bwd_row_coef_kernel)[(m,)](*head, c1, c2, m, n, t, **coef_kwargs)
+    def plan(cfg):  # (cfg, the kernels' constexprs and num_warps, the row-coefficient launch of the looped path)
+        kwargs = dict(
+            HAS_W=has_w,
+            HAS_B=has_b,
+            DROPOUT=t != 0,
+            FAST_RNG=cfg.fast_rng,
+            IS_FP64=is_fp64,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            RTNE_BF16=INTERPRETED,
+            RMS=bool(rms),
+            RELU=bool(relu),
+            num_warps=cfg.num_warps,
+        )
+        coef_kwargs = {k: v for k, v in kwargs.items() if k != "BLOCK_M"}
+        coef_kwargs["num_warps"] = num_warps_for(cfg.block_n, 8)
 
+        def launch_coef(c1, c2):
+            wrap(ldr_bwd_row_coef_kernel)[(m,)](*head, c1, c2, m, n, t, **coef_kwargs)
+
+        return cfg, kwargs, launch_coef
+
+    cfg = backward_config(n, x.dtype, max_fused_n)
+    looped = wide_backward_fallback(cfg, n, x.dtype)
+    cfg, kwargs, launch_coef = plan(cfg)
     launch_rows_backward(
         ldr_bwd_fused_kernel, ldr_bwd_chunk_kernel, launch_coef, cfg, m, n, x.device, acc, head, (grad_x,), t,
         grad_w if has_w else None, grad_b if has_b else None, kwargs, wrap=wrap, sm_count=sm_count, facts=facts,
+        looped=plan(looped) if looped is not None else None,
     )  # fmt: skip

@@ -342,6 +342,7 @@ def launch_rows_backward(
     wrap,
     sm_count,
     facts,
+    looped=None,
 ) -> None:
     """The backward launches of a row-normalization op (cfg from its backward_config; grad_w / grad_b None where
     the op has no weight / bias; kwargs the kernels' constexprs and num_warps). The kernels take
@@ -350,19 +351,22 @@ def launch_rows_backward(
     persistent over the row tiles; the chunk kernel's grid is (column chunks, groups), the SMs' programs spread
     over the chunks. The dgamma / dbeta partials go to one buffer of (groups, N) sets in the accumulation dtype,
     reduced in a fixed order by one stage-2 launch: groups, and with it the bits of dgamma / dbeta, is fixed by
-    (shape, dtype, device)."""
+    (shape, dtype, device). looped: (cfg, kwargs, launch_coef) of the looped kernels, run instead where the
+    compiled single-block kernel of cfg spills registers (the widest rows: wide_backward_fallback)."""
     has_w, has_b = grad_w is not None, grad_b is not None
-    num_tiles = triton.cdiv(m, cfg.block_m)
     sets = int(has_w) + int(has_b)
     placeholder = torch.empty((1,), dtype=acc, device=device)  # the partial pointers' dtype, for the facts
     with device_guard(device):
         if cfg.fused:
-            kernel = fused_kernel
             kwargs["CHUNKS"] = cfg.chunks
             args = [*head, *outs, placeholder, placeholder, m, n, threshold]
-            groups = persistent_programs(
-                num_tiles, device, programs_per_sm(kernel, device, args, kwargs, facts), sm_count
-            )
+            got = kernel_facts(fused_kernel, device, args, kwargs, facts)
+            if looped is not None and got is not None and got.spills:
+                cfg, kwargs, launch_coef = looped
+        num_tiles = triton.cdiv(m, cfg.block_m)
+        if cfg.fused:
+            kernel = fused_kernel
+            groups = persistent_programs(num_tiles, device, resident_programs(got, cfg.num_warps), sm_count)
             grid = (groups,)
         else:
             kernel = chunk_kernel
