@@ -684,27 +684,28 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
 
 
 @pytest.mark.parametrize("backend", TRITON)
-@pytest.mark.parametrize("op,rms", [("norm_dropout", True), ("layer_norm_dropout_relu", False)])
-def test_triton_n12288_one_pass_backward_matches_reference(backend, op, rms):
-    """N = 12288 plans the single-block backward over three 4096-column chunks (the interpreter has no compiled
-    kernel to report spills, so it always runs it; on a GPU LayerNorm's falls back to the looped kernels): the
-    fp64 reference, every output and gradient."""
+@pytest.mark.parametrize(
+    "op,extra",
+    [("norm_dropout", dict(rms=True)), ("layer_norm_dropout_relu", {}), ("dropout_add_norm", dict(rms=False))],
+)
+def test_triton_n12288_one_pass_backward_matches_reference(backend, op, extra):
+    """N = 12288 plans the single-block backward over three 4096-column chunks (dropout_add_norm's WIDE form; the
+    interpreter has no compiled kernel to report spills, so it always runs it, where a GPU runs the looped kernels
+    for the kinds that spill): the fp64 reference, every output and gradient."""
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
 
     n = 12288
     cfg = ldr_kernels.backward_config(n, torch.bfloat16)
     assert cfg.fused and (cfg.chunks, cfg.block_n, cfg.block_m, cfg.num_warps) == (3, 4096, 1, 16)
     spec = OPS_BY_NAME[op]
-    extra = dict(rms=rms) if op == "norm_dropout" else {}
     check_against_reference(spec, backend, spec.sample((2,), n, torch.bfloat16, backend.device, p=0.2, **extra))
 
 
 @pytest.mark.parametrize("op", ["layer_norm_dropout_relu", "dropout_add_norm"])
 def test_triton_n12288_backward_is_one_pass_unless_the_compiled_kernel_spills(op):
-    """Launch planning (meta tensors, launches recorded, the compiled kernel's facts stood in for): the
-    LayerNorm-dropout-ReLU launcher (and norm_dropout's) runs N = 12288 on the single-block backward where that
-    compiled kernel fits its registers, else the looped kernels (row coefficients, then chunks); dropout_add_norm,
-    whose kernels spill there, plans the looped ones without asking."""
+    """Launch planning (meta tensors, launches recorded, the compiled kernel's facts stood in for): N = 12288 runs
+    the single-block backward (dropout_add_norm's with WIDE) where that compiled kernel fits its registers, else
+    the looped kernels (row coefficients, then chunks)."""
     pytest.importorskip("triton")
     from gpuopt_ops.triton_kernels import common
     from gpuopt_ops.triton_kernels import dropout_add_norm as dan_kernels
@@ -716,13 +717,12 @@ def test_triton_n12288_backward_is_one_pass_unless_the_compiled_kernel_spills(op
     assert ldr_kernels.wide_backward_fallback(cfg, n, bf16) == ldr_kernels.backward_config(n, bf16, 8192)
     assert ldr_kernels.wide_backward_fallback(ldr_kernels.backward_config(8192, bf16), 8192, bf16) is None
     assert not ldr_kernels.backward_config(n, torch.float64).fused
-    assert not ldr_kernels.backward_config(n, bf16, wide=False).fused
     launched = []
 
     def wrap(kernel):
         class Launch:
             def __getitem__(self, grid):
-                return lambda *a, **k: launched.append((kernel.__name__, k.get("BLOCK_N")))
+                return lambda *a, **k: launched.append((kernel.__name__, k.get("BLOCK_N"), k.get("WIDE")))
 
         return Launch()
 
@@ -747,13 +747,14 @@ def test_triton_n12288_backward_is_one_pass_unless_the_compiled_kernel_spills(op
                 meta(1, dt=torch.int64), meta(m, n), meta(m, n), meta(n), meta(n), 0.1, False,
                 wrap=wrap, sm_count=64, facts=facts,
             )  # fmt: skip
-        names = [k for k, _ in launched]
-        if op == "layer_norm_dropout_relu" and not spills:
-            assert names == ["ldr_bwd_fused_kernel", "sum_partials_kernel"] and launched[0][1] == 4096
+        names = [k for k, _, _ in launched]
+        assert asked[0] == f"{prefix}_bwd_fused_kernel"
+        if not spills:
+            assert names == [f"{prefix}_bwd_fused_kernel", "sum_partials_kernel"] and launched[0][1] == 4096
+            assert launched[0][2] == (True if prefix == "dan" else None)  # dropout_add_norm's WIDE form
         else:
             assert names == [f"{prefix}_bwd_row_coef_kernel", f"{prefix}_bwd_chunk_kernel", "sum_partials_kernel"]
-            assert launched[1][1] == 1024  # the looped kernels' own chunks
-        assert (f"{prefix}_bwd_fused_kernel" in asked) == (op == "layer_norm_dropout_relu")
+            assert launched[1][1] == 1024 and launched[1][2] is None  # the looped kernels' own chunks
 
 
 def test_triton_bias_act_tiles_and_row_groups():

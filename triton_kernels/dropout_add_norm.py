@@ -22,9 +22,11 @@ single-block kernels take rows of N = 3 x 2^k as three chunks of N / 3 and (forw
 chunks, without padded lanes; they are persistent, SMs x the resident programs per SM of the compiled kernel
 (common.programs_per_sm), 8 programs on the interpreter. Every load of a tile (x and the residual of every chunk
 in the forward; the sum, grad_out and, later, grad_sum in the backward) is issued before its first reduction, so
-a row is read from DRAM once. Longer rows take the looped kernels: the forward writes the sum in pass 1 (with
-the row's statistics) and re-reads it in pass 2; the backward computes c1, c2 per row and then runs a (column
-chunk x row group) grid for grad_x, grad_residual and the partials.
+a row is read from DRAM once; the backward at N = 12288 (WIDE) loads and sums chunk by chunk instead and forms
+dxhat again after the row sums, and runs only where that compiled kernel does not spill (else looped, see
+layer_norm_dropout_relu.wide_backward_fallback). Longer rows take the looped kernels: the forward writes the sum
+in pass 1 (with the row's statistics) and re-reads it in pass 2; the backward computes c1, c2 per row and then
+runs a (column chunk x row group) grid for grad_x, grad_residual and the partials.
 
 All indexing is int64 (row * N).
 """
@@ -123,6 +125,17 @@ def _xhat_dxhat(s, g, mean, rstd, w, HAS_W: tl.constexpr, RMS: tl.constexpr):
     else:
         dxhat = g
     return xhat, dxhat
+
+
+@triton.jit
+def _dxhat_again(g, W, col0, cols, cmask, HAS_W: tl.constexpr, BLOCK_M: tl.constexpr):
+    """dxhat = grad_out * weight of a chunk formed again after the row sums, the weight reloaded (from L1), so that
+    it is not held across them (the WIDE backward)."""
+    if HAS_W:
+        dxhat = g * row_load_param_tile(W, col0, cols, cmask, HAS_W, BLOCK_M).to(g.dtype)
+    else:
+        dxhat = g
+    return dxhat
 
 
 @triton.jit
@@ -306,12 +319,15 @@ def dan_bwd_fused_kernel(
     DY, GS, S, W, MEAN, RSTD, SEED, DX, DRES, PDW, PDB, M, N, threshold,
     HAS_GS: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
     DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, RTNE_BF16: tl.constexpr,
+    BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, RTNE_BF16: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """Single-block backward, persistent over row tiles (1 chunk of BLOCK_N >= N columns or 3 chunks of N / 3):
     the sum and grad_out of every chunk are loaded before the reductions (c1, c2), xhat and dxhat computed once;
     grad_sum is read as each chunk's dS is formed. dgamma / dbeta accumulate element-wise in [BLOCK_M, BLOCK_N]
-    register tiles, reduced over the rows once at the end into the program's partial row."""
+    register tiles, reduced over the rows once at the end into the program's partial row. WIDE (N = 12288, 24
+    elements a thread): fewer registers live across the row sums, so that the 128 of 16 warps may hold the row
+    (the launcher asks the compiled kernel): each chunk's loads come just before its math and its sums, and dxhat
+    is formed again after the row sums (grad_out x the weight, reloaded from L1) rather than held."""
     scale = row_dropout_scale(threshold, IS_FP64)
     inv_n = row_inv_n(N, IS_FP64)
     pid = tl.program_id(0)
@@ -332,30 +348,52 @@ def dan_bwd_fused_kernel(
         offs, mask = row_tile_offsets(rows, row_mask, 0, cols, cmask, N)
         base = rows * N
         seed = row_tile_seed(seed0, tile, threshold)
-        s0 = to_acc(tl.load(S + offs, mask=mask, other=0.0), IS_FP64)
-        g0 = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
-        if CHUNKS == 3:
-            s1 = to_acc(tl.load(S + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
-            g1 = to_acc(tl.load(DY + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
-            s2 = to_acc(tl.load(S + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
-            g2 = to_acc(tl.load(DY + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
         if RMS:
-            mean = tl.zeros([BLOCK_M], dtype=s0.dtype)
+            mean = tl.zeros([BLOCK_M], dtype=dw0.dtype)
         else:
             mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
         rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-        w0 = row_load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)  # per tile (L1 hits), as the LayerNorm kernels
-        xhat0, dxhat0 = _xhat_dxhat(s0, g0, mean, rstd, w0, HAS_W, RMS)
-        if CHUNKS == 3:
+        if WIDE:  # CHUNKS == 3: a chunk's loads, then its math and sums, one chunk at a time
+            s0 = to_acc(tl.load(S + offs, mask=mask, other=0.0), IS_FP64)
+            g0 = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
+            w0 = row_load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
+            xhat0, dxhat0 = _xhat_dxhat(s0, g0, mean, rstd, w0, HAS_W, RMS)
+            c1 = tl.sum(dxhat0 * xhat0, axis=1)
+            c2 = tl.sum(dxhat0, axis=1)
+            s1 = to_acc(tl.load(S + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
+            g1 = to_acc(tl.load(DY + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
             w1 = row_load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-            w2 = row_load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
             xhat1, dxhat1 = _xhat_dxhat(s1, g1, mean, rstd, w1, HAS_W, RMS)
+            c1 += tl.sum(dxhat1 * xhat1, axis=1)
+            c2 += tl.sum(dxhat1, axis=1)
+            s2 = to_acc(tl.load(S + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
+            g2 = to_acc(tl.load(DY + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
+            w2 = row_load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
             xhat2, dxhat2 = _xhat_dxhat(s2, g2, mean, rstd, w2, HAS_W, RMS)
-            c1 = tl.sum(dxhat0 * xhat0 + dxhat1 * xhat1 + dxhat2 * xhat2, axis=1) * inv_n
-            c2 = tl.sum(dxhat0 + dxhat1 + dxhat2, axis=1) * inv_n
+            c1 = (c1 + tl.sum(dxhat2 * xhat2, axis=1)) * inv_n
+            c2 = (c2 + tl.sum(dxhat2, axis=1)) * inv_n
         else:
-            c1 = tl.sum(dxhat0 * xhat0, axis=1) * inv_n
-            c2 = tl.sum(dxhat0, axis=1) * inv_n
+            s0 = to_acc(tl.load(S + offs, mask=mask, other=0.0), IS_FP64)
+            g0 = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
+            if CHUNKS == 3:
+                s1 = to_acc(tl.load(S + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
+                g1 = to_acc(tl.load(DY + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
+                s2 = to_acc(tl.load(S + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
+                g2 = to_acc(tl.load(DY + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
+            w0 = row_load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)  # per tile (L1 hits), as the LayerNorm kernels
+            xhat0, dxhat0 = _xhat_dxhat(s0, g0, mean, rstd, w0, HAS_W, RMS)
+            if CHUNKS == 3:
+                w1 = row_load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+                w2 = row_load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+                xhat1, dxhat1 = _xhat_dxhat(s1, g1, mean, rstd, w1, HAS_W, RMS)
+                xhat2, dxhat2 = _xhat_dxhat(s2, g2, mean, rstd, w2, HAS_W, RMS)
+                c1 = tl.sum(dxhat0 * xhat0 + dxhat1 * xhat1 + dxhat2 * xhat2, axis=1) * inv_n
+                c2 = tl.sum(dxhat0 + dxhat1 + dxhat2, axis=1) * inv_n
+            else:
+                c1 = tl.sum(dxhat0 * xhat0, axis=1) * inv_n
+                c2 = tl.sum(dxhat0, axis=1) * inv_n
+        if WIDE:  # dxhat again after the row sums: grad_out x the reloaded weight
+            dxhat0 = _dxhat_again(g0, W, 0, cols, cmask, HAS_W, BLOCK_M)
         _grad_chunk(
             DX, DRES, GS, offs, mask, xhat0, dxhat0, rstd, c1, c2, seed, base, 0, cols, threshold, scale,
             HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
@@ -365,10 +403,14 @@ def dan_bwd_fused_kernel(
         if HAS_B:
             db0 += g0
         if CHUNKS == 3:
+            if WIDE:
+                dxhat1 = _dxhat_again(g1, W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
             _grad_chunk(
                 DX, DRES, GS, offs, mask, xhat1, dxhat1, rstd, c1, c2, seed, base, BLOCK_N, cols, threshold, scale,
                 HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
             )  # fmt: skip
+            if WIDE:
+                dxhat2 = _dxhat_again(g2, W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
             _grad_chunk(
                 DX, DRES, GS, offs, mask, xhat2, dxhat2, rstd, c1, c2, seed, base, 2 * BLOCK_N, cols, threshold,
                 scale, HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
@@ -559,34 +601,44 @@ def launch_backward(
     t = dropout_threshold(p)
     is_fp64 = grad_out.dtype == torch.float64
     acc = torch.float64 if is_fp64 else torch.float32
-    cfg = _LDR.backward_config(n, grad_out.dtype, max_fused_n, wide=False)  # its kernels spill at N = 12288
-    kwargs = dict(
-        HAS_GS=grad_sum is not None,
-        HAS_R=grad_res is not None,
-        HAS_W=has_w,
-        HAS_B=has_b,
-        RMS=bool(rms),
-        DROPOUT=t != 0,
-        FAST_RNG=cfg.fast_rng,
-        IS_FP64=is_fp64,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        RTNE_BF16=INTERPRETED,
-        num_warps=cfg.num_warps,
-    )
     gs = grad_sum if grad_sum is not None else sum_  # never read without grad_sum
     dres = grad_res if grad_res is not None else grad_x  # never written without a residual
     w = weight if has_w else sum_
     mu = mean if not rms else rstd  # never read for RMSNorm
     head = (grad_out, gs, sum_, w, mu, rstd, seed)
 
-    def launch_coef(c1, c2):
-        wrap(dan_bwd_row_coef_kernel)[(m,)](
-            grad_out, sum_, w, mu, rstd, c1, c2, m, n,
-            HAS_W=has_w, RMS=bool(rms), IS_FP64=is_fp64, BLOCK_N=cfg.block_n, num_warps=num_warps_for(cfg.block_n, 8),
-        )  # fmt: skip
+    def plan(cfg):  # (cfg, the kernels' constexprs and num_warps, the row-coefficient launch of the looped path)
+        kwargs = dict(
+            HAS_GS=grad_sum is not None,
+            HAS_R=grad_res is not None,
+            HAS_W=has_w,
+            HAS_B=has_b,
+            RMS=bool(rms),
+            DROPOUT=t != 0,
+            FAST_RNG=cfg.fast_rng,
+            IS_FP64=is_fp64,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            RTNE_BF16=INTERPRETED,
+            num_warps=cfg.num_warps,
+        )
+        if cfg.fused:  # the single-block kernel's form for N = 12288
+            kwargs["WIDE"] = n > _LDR.BWD_MAX_FUSED_N
 
+        def launch_coef(c1, c2):
+            wrap(dan_bwd_row_coef_kernel)[(m,)](
+                grad_out, sum_, w, mu, rstd, c1, c2, m, n,
+                HAS_W=has_w, RMS=bool(rms), IS_FP64=is_fp64, BLOCK_N=cfg.block_n,
+                num_warps=num_warps_for(cfg.block_n, 8),
+            )  # fmt: skip
+
+        return cfg, kwargs, launch_coef
+
+    cfg = _LDR.backward_config(n, grad_out.dtype, max_fused_n)
+    looped = _LDR.wide_backward_fallback(cfg, n, grad_out.dtype)
+    cfg, kwargs, launch_coef = plan(cfg)
     launch_rows_backward(
         dan_bwd_fused_kernel, dan_bwd_chunk_kernel, launch_coef, cfg, m, n, sum_.device, acc, head, (grad_x, dres), t,
         grad_w if has_w else None, grad_b if has_b else None, kwargs, wrap=wrap, sm_count=sm_count, facts=facts,
+        looped=plan(looped) if looped is not None else None,
     )  # fmt: skip

@@ -871,20 +871,19 @@ def wide_fallback(cfg: LdrConfig, n: int, dtype: torch.dtype) -> Optional[LdrCon
     return None
 
 
-def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None, wide: bool = True) -> LdrConfig:
+def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -> LdrConfig:
     """Backward tiling: 8 elements per thread (4 for fp64) up to 16 warps: x, grad_out, xhat, dy, dxhat and the
     dgamma/dbeta accumulator tiles are live together. Rows of N = 2^k >= 1024 (not fp64) take one row per tile
     at 16 elements per thread (N / 512 warps: 2 at 1024 .. 16 at 8192), so that a thread holds 16 elements of
     its row and the row's reductions, address math and Philox keys are spread over twice as many elements (more
-    programs, so more partial rows G, which stage 2 reads back). N = 12288 (`wide`, not fp64, default limits):
-    one row a tile in three 4096-column chunks at 16 warps, 24 elements a thread, where the compiled kernel fits
-    its 128 registers (RMSNorm-dropout does; LayerNorm's two accumulators spill, so launch_rows_backward takes
-    wide_backward_fallback's looped kernels there; dropout_add_norm, whose kernels spill there too, asks
-    without `wide`)."""
+    programs, so more partial rows G, which stage 2 reads back). N = 12288 (not fp64, default limits): one row a
+    tile in three 4096-column chunks at 16 warps, 24 elements a thread, where the compiled kernel fits its 128
+    registers (RMSNorm-dropout's does on triton 3.8, and dropout_add_norm's WIDE kernel with bf16 x, or fp16 x
+    and RMSNorm; elsewhere launch_rows_backward takes wide_backward_fallback's looped kernels)."""
     fp64 = dtype == torch.float64
     per_thread = 4 if fp64 else 8
     if max_fused_n is None:
-        if wide and not fp64 and n == 3 * 4096:
+        if not fp64 and n == 3 * 4096:
             return LdrConfig(True, 1, 4096, 16, True, 3)
         max_fused_n = BWD_MAX_FUSED_N_FP64 if fp64 else BWD_MAX_FUSED_N
     if n <= max_fused_n:
