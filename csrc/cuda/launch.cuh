@@ -69,6 +69,12 @@ inline bool vector_access(int64_t N, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
+// The rows kernels' 1 / N (a launch argument, rounded once here): IEEE division, the value a kernel would compute.
+template <typename A>
+A inv_n_of(int64_t N) {
+  return A(1) / static_cast<A>(N);
+}
+
 struct LdrForwardBuffers {
   const void* x;
   const void* weight;  // nullptr: none
@@ -207,7 +213,7 @@ void run_ldr_forward(const LdrForwardBuffers& b, Launcher& launcher) {
     p.rstd = static_cast<A*>(b.rstd);
     p.M = b.M;
     p.N = b.N;
-    p.inv_n = A(1) / static_cast<A>(b.N);  // IEEE division: the value a kernel would compute
+    p.inv_n = inv_n_of<A>(b.N);
     p.eps = static_cast<A>(b.eps);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
@@ -282,7 +288,7 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
     p.row_stats = nullptr;
     p.M = b.M;
     p.N = b.N;
-    p.inv_n = A(1) / static_cast<A>(b.N);  // IEEE division: the value a kernel would compute
+    p.inv_n = inv_n_of<A>(b.N);
     p.ldp = partial_stride(b.N);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
@@ -438,7 +444,7 @@ void run_dan_forward(const DanForwardBuffers& b, Launcher& launcher) {
     p.rstd = static_cast<A*>(b.rstd);
     p.M = b.M;
     p.N = b.N;
-    p.inv_n = A(1) / static_cast<A>(b.N);  // IEEE division: the value a kernel would compute
+    p.inv_n = inv_n_of<A>(b.N);
     p.eps = static_cast<A>(b.eps);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
@@ -487,7 +493,7 @@ void run_dan_backward(const DanBackwardBuffers& b, Launcher& launcher) {
     p.row_stats = nullptr;
     p.M = b.M;
     p.N = b.N;
-    p.inv_n = A(1) / static_cast<A>(b.N);  // IEEE division: the value a kernel would compute
+    p.inv_n = inv_n_of<A>(b.N);
     p.ldp = partial_stride(b.N);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;

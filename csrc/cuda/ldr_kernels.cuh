@@ -553,9 +553,10 @@ GPUOPT_DEV void wide_store(A* base, int slot, const A (&v)[kGroup]) {
 // DanKind: x is the stored sum and dy is grad_out itself (no ReLU, no dropout before the norm); after the row
 // reduction the row's grad_sum groups are loaded together, then dS = norm backward + grad_sum is stored as
 // grad_residual and, through the dropout, as grad_x. RMSNorm: no mean, and c2 = 0.
-// kWide (8192 < N <= 16384, 512 threads, fp32 accumulation, the 16-byte path): the registers hold the row's
-// xhat and dxhat only; dgamma / dbeta accumulate in dynamic shared memory (wide_add), and each group's weight
-// and bias are loaded with its math (from L1).
+// kWide (8192 < N <= 18432, up to cuda::kWideThreads threads, fp32 accumulation, the 16-byte path): the
+// registers hold the row's groups and their xhat / dxhat; dgamma / dbeta accumulate in dynamic shared memory
+// (wide_load / wide_store), the weight and bias are loaded raw with the row (fp32 ones at 6 groups a thread with
+// each group's math), and at 6 groups a thread the row's dxhat waits in shared memory too (kTight below).
 template <class K, typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT, bool kWide = false,
           class Params>
 GPUOPT_DEV void norm_backward_rows(const Params& p) {
@@ -596,7 +597,8 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
   // At 6 groups a thread (kTight) the wide kernel saves registers where 4 and 3 spend instructions: the row's
   // dxhat waits in shared memory (kPark; dropout_add_norm's always), LayerNorm-dropout-ReLU with 16-bit x takes
   // xhat again from x's raw group after the row sum (kRecompute), and dropout_add_norm with an fp32 sum reads
-  // the sum again, from L2, there (kReloadSum: the row's groups at once; two at a time with fp16 x), rather than hold them across it.
+  // the sum again, from L2, there (kReloadSum: the row's groups at once; two at a time with fp16 x), rather than
+  // hold them across it.
   constexpr bool kTight = kWide && VPT > 4;
   constexpr bool kPark = kTight || (kWide && K::kDropPre);
   constexpr bool kRecompute = kTight && !K::kDropPre && sizeof(U) == 2;
