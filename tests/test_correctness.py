@@ -633,14 +633,16 @@ def test_triton_n16384_forward_is_one_pass_unless_the_compiled_kernel_spills(op)
 def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dtype):
     """Launch planning (no GPU needed: meta tensors, launches recorded): N = 8192 takes the single-block
     backward on SMs x resident programs per SM (of the compiled kernel, or what `facts` reports), 16384 the
-    looped one; stage 2 is one launch with one program per 32 columns of dgamma and of dbeta."""
+    wide one, and 16384 with a smaller limit the looped one; stage 2 is one launch with one program per 32
+    columns of dgamma and of dbeta."""
     pytest.importorskip("triton")
     from gpuopt_ops.triton_kernels import common
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
 
     cfg = ldr_kernels.backward_config(8192, dtype)
     assert cfg.fused and cfg.block_m == 1 and cfg.block_n == 8192 and cfg.num_warps == 16
-    assert not ldr_kernels.backward_config(16384, dtype).fused
+    assert ldr_kernels.backward_config(16384, dtype).chunks == (4 if dtype.itemsize == 2 else 8)
+    assert not ldr_kernels.backward_config(16384, dtype, 8192).fused
     launched = []
 
     def wrap(kernel):
@@ -685,34 +687,51 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
 
 @pytest.mark.parametrize("backend", TRITON)
 @pytest.mark.parametrize(
-    "op,extra",
-    [("norm_dropout", dict(rms=True)), ("layer_norm_dropout_relu", {}), ("dropout_add_norm", dict(rms=False))],
+    "n,dtype,op,extra",
+    [
+        (12288, torch.bfloat16, "norm_dropout", dict(rms=True)),
+        (12288, torch.bfloat16, "layer_norm_dropout_relu", {}),
+        (12288, torch.bfloat16, "dropout_add_norm", dict(rms=False)),
+        (16384, torch.float16, "layer_norm_dropout_relu", dict(affine=False)),
+        (16384, torch.float32, "norm_dropout", dict(rms=False, relu=True, p=0.0)),
+        (
+            16384,
+            torch.bfloat16,
+            "dropout_add_norm",
+            dict(rms=True, prenorm=True, residual_in_fp32=True, params="bias", param_dtype=torch.float32),
+        ),
+    ],
 )
-def test_triton_n12288_one_pass_backward_matches_reference(backend, op, extra):
-    """N = 12288 plans the single-block backward over three 4096-column chunks (dropout_add_norm's WIDE form; the
-    interpreter has no compiled kernel to report spills, so it always runs it, where a GPU runs the looped kernels
-    for the kinds that spill): the fp64 reference, every output and gradient."""
+def test_triton_wide_backward_matches_reference(backend, n, dtype, op, extra):
+    """N = 12288 and 16384 plan the wide single-block backward (ldr_bwd_wide_kernel / dan_bwd_wide_kernel: 4096-column
+    chunks at 16 warps; the interpreter has no compiled kernel to report spills, so it always runs it, where a GPU
+    runs the looped kernels for the kinds that spill): the fp64 reference, every output and gradient; ReLU or
+    not, no parameters, bias only in fp32, p = 0, prenorm and an fp32 sum."""
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
 
-    n = 12288
-    cfg = ldr_kernels.backward_config(n, torch.bfloat16)
-    assert cfg.fused and (cfg.chunks, cfg.block_n, cfg.block_m, cfg.num_warps) == (3, 4096, 1, 16)
+    held = torch.float32 if extra.get("residual_in_fp32") else dtype  # the sum dropout_add_norm's kernel holds
+    cfg = ldr_kernels.backward_config(n, dtype, held=held)
+    # 4096-column chunks at 16 warps where every held operand is 16-bit, else 2048 at 8 (255 registers)
+    want = (n // 4096, 4096, 1, 16) if held.itemsize == 2 else (n // 2048, 2048, 1, 8)
+    assert cfg.fused and (cfg.chunks, cfg.block_n, cfg.block_m, cfg.num_warps) == want
     spec = OPS_BY_NAME[op]
-    check_against_reference(spec, backend, spec.sample((2,), n, torch.bfloat16, backend.device, p=0.2, **extra))
+    kw = {"p": 0.2, **extra}
+    check_against_reference(spec, backend, spec.sample((2,), n, dtype, backend.device, **kw))
 
 
 @pytest.mark.parametrize("op", ["layer_norm_dropout_relu", "dropout_add_norm"])
-def test_triton_n12288_backward_is_one_pass_unless_the_compiled_kernel_spills(op):
-    """Launch planning (meta tensors, launches recorded, the compiled kernel's facts stood in for): N = 12288 runs
-    the single-block backward (dropout_add_norm's with WIDE) where that compiled kernel fits its registers, else
-    the looped kernels (row coefficients, then chunks)."""
+@pytest.mark.parametrize("n", [12288, 16384])
+def test_triton_wide_backward_is_one_pass_unless_the_compiled_kernel_spills(op, n):
+    """Launch planning (meta tensors, launches recorded, the compiled kernel's facts stood in for): N = 12288 and
+    16384 run the wide single-block backward where that compiled kernel fits its registers, else the looped
+    kernels (row coefficients, then chunks); 8192 and fp64 never take it."""
     pytest.importorskip("triton")
     from gpuopt_ops.triton_kernels import common
     from gpuopt_ops.triton_kernels import dropout_add_norm as dan_kernels
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
 
     bf16, f32 = torch.bfloat16, torch.float32
-    m, n = 64, 12288
+    m = 64
     cfg = ldr_kernels.backward_config(n, bf16)
     assert ldr_kernels.wide_backward_fallback(cfg, n, bf16) == ldr_kernels.backward_config(n, bf16, 8192)
     assert ldr_kernels.wide_backward_fallback(ldr_kernels.backward_config(8192, bf16), 8192, bf16) is None
@@ -722,7 +741,7 @@ def test_triton_n12288_backward_is_one_pass_unless_the_compiled_kernel_spills(op
     def wrap(kernel):
         class Launch:
             def __getitem__(self, grid):
-                return lambda *a, **k: launched.append((kernel.__name__, k.get("BLOCK_N"), k.get("WIDE")))
+                return lambda *a, **k: launched.append((kernel.__name__, k.get("BLOCK_N"), k.get("VEC")))
 
         return Launch()
 
@@ -734,7 +753,7 @@ def test_triton_n12288_backward_is_one_pass_unless_the_compiled_kernel_spills(op
 
         def facts(kernel, args, kwargs, spills=spills, asked=asked):  # 128 registers at 16 warps: one an SM
             asked.append(kernel.__name__)
-            return common.KernelFacts(128, 0, kwargs["num_warps"], spills if "fused" in kernel.__name__ else 0)
+            return common.KernelFacts(128, 0, kwargs["num_warps"], spills if "wide" in kernel.__name__ else 0)
 
         if op == "layer_norm_dropout_relu":
             ldr_kernels.launch_backward(
@@ -748,10 +767,10 @@ def test_triton_n12288_backward_is_one_pass_unless_the_compiled_kernel_spills(op
                 wrap=wrap, sm_count=64, facts=facts,
             )  # fmt: skip
         names = [k for k, _, _ in launched]
-        assert asked[0] == f"{prefix}_bwd_fused_kernel"
+        assert asked[0] == f"{prefix}_bwd_wide_kernel"
         if not spills:
-            assert names == [f"{prefix}_bwd_fused_kernel", "sum_partials_kernel"] and launched[0][1] == 4096
-            assert launched[0][2] == (True if prefix == "dan" else None)  # dropout_add_norm's WIDE form
+            assert names == [f"{prefix}_bwd_wide_kernel", "sum_partials_kernel"] and launched[0][1] == 4096
+            assert launched[0][2] == 8  # VEC: a thread's 8 bf16 side by side (4096 columns, 512 threads)
         else:
             assert names == [f"{prefix}_bwd_row_coef_kernel", f"{prefix}_bwd_chunk_kernel", "sum_partials_kernel"]
             assert launched[1][1] == 1024 and launched[1][2] is None  # the looped kernels' own chunks

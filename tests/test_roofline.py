@@ -193,31 +193,16 @@ def model(triton_store):
 # Rows the kernels do not reach yet, and why (docs/RESULTS.md has their estimates). The gate fails on any other
 # row that misses a criterion, and on a listed row that meets them all: the list only shrinks.
 _LONG_BACKWARD_TRITON = (
-    "N > 8192 backward: two kernels (row coefficients over an (M,) grid, then chunks) read x and grad_out twice "
-    "from DRAM; a single pass would need more than 128 registers a thread at 16 warps (at 12288 RMSNorm-dropout's "
-    "and some dropout_add_norm ones fit, the others spill), a row split over a CTA cluster (num_ctas) does not "
-    "compile on triton 3.6 and fences every cluster barrier on 3.8 (DESIGN.md)"
+    "N = 16384 backward: two kernels (row coefficients over an (M,) grid, then chunks) read x and grad_out twice "
+    "from DRAM; the wide single-block kernel, which holds the raw row and the dgamma/dbeta accumulators in "
+    "registers, spills there except RMSNorm-dropout's in 16 bits, and a row split over a CTA cluster (num_ctas) "
+    "does not compile on triton 3.6 and fences every cluster barrier on 3.8 (DESIGN.md)"
 )
-_DAN_WIDE_FITS = {
-    ("dropout_add_norm", "bf16", 12288),
-    ("dropout_add_rms_norm", "bf16", 12288),
-    ("dropout_add_rms_norm", "fp16", 12288),
-}
 KNOWN_SHORT: dict[tuple, str] = {
-    **{
-        ("triton", op, "backward", dt, n): _LONG_BACKWARD_TRITON
-        for op, ns in (("layer_norm_dropout_relu", (12288, 16384)), ("rms_norm_dropout", (16384,)))
-        for dt in ("bf16", "fp16", "fp32")
-        for n in ns
-    },
-    **{
-        ("triton", op, "backward", dt, n): _LONG_BACKWARD_TRITON
-        for op in G.DAN_OPS
-        for dt in G.op_dtypes(op)
-        for n in (12288, 16384)
-        # the single-block kernel (WIDE) fits its registers at 12288 for these
-        if (op, dt, n) not in _DAN_WIDE_FITS
-    },
+    ("triton", op, "backward", dt, 16384): _LONG_BACKWARD_TRITON
+    for op in ("layer_norm_dropout_relu", "rms_norm_dropout", *G.DAN_OPS)
+    for dt in G.op_dtypes(op)
+    if op != "rms_norm_dropout" or dt == "fp32"
 }
 
 

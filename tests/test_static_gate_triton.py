@@ -35,15 +35,27 @@ ROOT = Path(__file__).resolve().parent.parent
 PERSISTENT = (
     "ldr_fwd_fused_kernel",
     "ldr_bwd_fused_kernel",
+    "ldr_bwd_wide_kernel",
     "ldr_bwd_chunk_kernel",
     "bias_relu_bwd_kernel",
     "dan_fwd_fused_kernel",
     "dan_bwd_fused_kernel",
+    "dan_bwd_wide_kernel",
     "dan_bwd_chunk_kernel",
 )
 # grid (G,): exactly SMs x programs per SM
-ONE_AXIS = ("ldr_fwd_fused_kernel", "ldr_bwd_fused_kernel", "dan_fwd_fused_kernel", "dan_bwd_fused_kernel")
-KERNELS = {
+ONE_AXIS = (
+    "ldr_fwd_fused_kernel",
+    "ldr_bwd_fused_kernel",
+    "ldr_bwd_wide_kernel",
+    "dan_fwd_fused_kernel",
+    "dan_bwd_fused_kernel",
+    "dan_bwd_wide_kernel",
+)
+# the wide backwards (N = 12288, 16384) hold the raw row in registers: compiled without alignment hints (scalar
+# loads) they spill, as the fused N = 8192 backward does, so the unhinted checks leave them out
+WIDE = {"ldr_bwd_wide_kernel", "dan_bwd_wide_kernel"}
+KERNELS = WIDE | {
     "ldr_fwd_fused_kernel",
     "ldr_fwd_looped_kernel",
     "ldr_bwd_fused_kernel",
@@ -144,12 +156,12 @@ def test_unhinted_launches_compile_without_spills(gate):
     assert len(unhinted) >= 22 + 10
     bad = [r for r in unhinted if r["spills"] or r["stack"]]
     assert not bad, bad
-    assert {r["kernel"].split("[")[0] for r in unhinted} == KERNELS
+    assert {r["kernel"].split("[")[0] for r in unhinted} == KERNELS - WIDE
     assert {r["dtype"] for r in unhinted} == {"fp16", "bf16", "fp32", "fp64"}
 
 
 def test_inductor_sees_only_output_stores(gate):
-    """Inductor's TTIR mutation analysis finds exactly the output pointers written by each of the 13 kernels."""
+    """Inductor's TTIR mutation analysis finds exactly the output pointers written by each of the 15 kernels."""
     inductor = gate[0]["inductor"]
     assert {r["kernel"] for r in inductor} == KERNELS
     for r in inductor:

@@ -531,6 +531,7 @@ TRITON_LOOPS = {
     "ldr_fwd_fused_kernel": ("rows", 0),
     "ldr_fwd_looped_kernel": ("chunks", 0),
     "ldr_bwd_fused_kernel": ("rows", 0),
+    "ldr_bwd_wide_kernel": ("rows", 0),  # its chunks unrolled (static_range)
     "ldr_bwd_row_coef_kernel": ("chunks", 0),
     "ldr_bwd_chunk_kernel": ("rows", 1),
     "sum_partials_kernel": ("partials", 0),
@@ -539,6 +540,7 @@ TRITON_LOOPS = {
     "dan_fwd_fused_kernel": ("rows", 0),
     "dan_fwd_looped_kernel": ("chunks", 0),
     "dan_bwd_fused_kernel": ("rows", 0),
+    "dan_bwd_wide_kernel": ("rows", 0),
     "dan_bwd_row_coef_kernel": ("chunks", 0),
     "dan_bwd_chunk_kernel": ("rows", 1),
 }
@@ -554,9 +556,10 @@ def _triton_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
         return 2 * mn * e + k * m * ACC + params, mn * e + params
     if kernel == "ldr_fwd_looped_kernel":  # x read twice: the output pass re-reads the program's row
         return 3 * mn * e + k * m * ACC + params, 2 * mn * e + params, mn * e, n * e
-    if kernel in ("ldr_bwd_fused_kernel", "ldr_bwd_chunk_kernel"):
-        groups = a["_grid"][0] if kernel == "ldr_bwd_fused_kernel" else a["_grid"][1]
-        stats = k * m * ACC if kernel == "ldr_bwd_fused_kernel" else 2 * k * m * ACC
+    if kernel in ("ldr_bwd_fused_kernel", "ldr_bwd_wide_kernel", "ldr_bwd_chunk_kernel"):
+        one_pass = kernel != "ldr_bwd_chunk_kernel"  # the parameters' reloads per row: L1 hits
+        groups = a["_grid"][0] if one_pass else a["_grid"][1]
+        stats = k * m * ACC if one_pass else 2 * k * m * ACC
         partials = sums * groups * n * ACC
         return 3 * mn * e + stats + params + partials, 2 * mn * e + stats + params
     if kernel == "ldr_bwd_row_coef_kernel":
@@ -592,8 +595,9 @@ def _dan_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
     if kernel == "dan_bwd_row_coef_kernel":  # grad_out, sum, statistics and weight in; c1, c2 out
         return mn * (e + es) + stats + params + 2 * m * ACC, mn * (e + es) + stats + params
     sums = int(bool(a.get("HAS_W"))) + int(bool(a.get("HAS_B")))
-    groups = a["_grid"][0] if kernel == "dan_bwd_fused_kernel" else a["_grid"][1]
-    stats += 0 if kernel == "dan_bwd_fused_kernel" else 2 * m * ACC  # c1, c2
+    one_pass = kernel in ("dan_bwd_fused_kernel", "dan_bwd_wide_kernel")
+    groups = a["_grid"][0] if one_pass else a["_grid"][1]
+    stats += 0 if one_pass else 2 * m * ACC  # c1, c2
     read = mn * (e + es + has_gs * es) + stats + params
     return read + mn * (e + has_r * es) + sums * groups * n * ACC, read
 

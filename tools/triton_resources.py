@@ -27,8 +27,9 @@ above ever disagree.
   unhinted   a few launches (single-block and looped paths, fp16/bf16/fp32/fp64, the 8-lane and the generic RNG,
              no affine, p = 0, 3-chunk rows, bias-ReLU) compiled WITHOUT the specialization attributes, as a
              launch on an unaligned view or odd shape compiles (scalar loads): no spills, no stack frame. The
-             fused N = 8192 backward is left out: unhinted it spills (308 B with triton 3.8); the table checks
-             its hinted variants, which a launch of N = 8192 on fresh (aligned) tensors compiles.
+             fused N = 8192 backward and the wide backwards (N = 12288, 16384) are left out: unhinted they
+             spill (308 B; 552 B bf16, 60 B fp32 at 12288, with triton 3.8); the table checks their hinted
+             variants, which a launch on fresh (aligned) tensors compiles.
   inductor   Inductor's TTIR mutation analysis (torch.compile's view of a user Triton kernel) on every kernel,
              with the arguments of a real launch with every feature on (weight, bias, dropout, 8-lane RNG): each
              kernel writes exactly its output pointers (otherwise torch.compile clones every input first);
@@ -714,6 +715,7 @@ EXPECTED_WRITES = {
     "ldr_fwd_fused_kernel": {"OUT", "MEAN", "RSTD"},
     "ldr_fwd_looped_kernel": {"OUT", "MEAN", "RSTD"},
     "ldr_bwd_fused_kernel": {"DX", "PDW", "PDB"},
+    "ldr_bwd_wide_kernel": {"DX", "PDW", "PDB"},
     "ldr_bwd_row_coef_kernel": {"C1", "C2"},
     "ldr_bwd_chunk_kernel": {"DX", "PDW", "PDB"},
     "sum_partials_kernel": {"OUT", "OUT2"},
@@ -722,6 +724,7 @@ EXPECTED_WRITES = {
     "dan_fwd_fused_kernel": {"OUT", "SUM", "MEAN", "RSTD"},
     "dan_fwd_looped_kernel": {"OUT", "SUM", "MEAN", "RSTD"},
     "dan_bwd_fused_kernel": {"DX", "DRES", "PDW", "PDB"},
+    "dan_bwd_wide_kernel": {"DX", "DRES", "PDW", "PDB"},
     "dan_bwd_row_coef_kernel": {"C1", "C2"},
     "dan_bwd_chunk_kernel": {"DX", "DRES", "PDW", "PDB"},
 }
@@ -787,11 +790,14 @@ def unhinted_rows(compiler: Compiler, recorded) -> list[UnhintedRow]:
 
 def analysis_launches(sm_count: int = DEFAULT_SM_COUNT, rec: Optional[Compiler] = None) -> list[Launch]:
     """One launch of every kernel with every feature on (weight, bias, dropout, 8-lane RNG; fp32), recorded, not
-    compiled: N = 1000 takes the single-block kernels, and max_fused_n = 16 the looped ones."""
+    compiled: N = 1000 takes the single-block kernels, max_fused_n = 16 the looped ones, and the backward at N = 12288
+    the wide ones."""
     rec = rec if rec is not None else Compiler()
     for fused in (None, 16):
         for op in ("ldr_fwd", "ldr_bwd", "dan_fwd", "dan_bwd"):
             launches(rec, op, torch.float32, 1000, sm_count, 64, max_fused_n=fused)
+    for op in ("ldr_bwd", "dan_bwd"):  # N = 12288: the wide single-block backwards
+        launches(rec, op, torch.float32, 12288, sm_count, 64)
     for op in ("bias_relu_fwd", "bias_relu_bwd", "bias_act1_fwd", "bias_act1_bwd"):
         launches(rec, op, torch.float32, 1000, sm_count, 64)
     return rec.launches

@@ -22,8 +22,9 @@ single-block kernels take rows of N = 3 x 2^k as three chunks of N / 3 and (forw
 chunks, without padded lanes; they are persistent, SMs x the resident programs per SM of the compiled kernel
 (common.programs_per_sm), 8 programs on the interpreter. Every load of a tile (x and the residual of every chunk
 in the forward; the sum, grad_out and, later, grad_sum in the backward) is issued before its first reduction, so
-a row is read from DRAM once; the backward at N = 12288 (WIDE) loads and sums chunk by chunk instead and forms
-dxhat again after the row sums, and runs only where that compiled kernel does not spill (else looped, see
+a row is read from DRAM once; the backward at N = 12288 and 16384 is dan_bwd_wide_kernel, which holds the raw sum
+and grad_out across the row sums (layer_norm_dropout_relu's wide path; 2048-column chunks at 8 warps where the sum
+or x is fp32), and runs only where that compiled kernel does not spill (else looped, see
 layer_norm_dropout_relu.wide_backward_fallback). Longer rows take the looped kernels: the forward writes the sum
 in pass 1 (with the row's statistics) and re-reads it in pass 2; the backward computes c1, c2 per row and then
 runs a (column chunk x row group) grid for grad_x, grad_residual and the partials.
@@ -55,14 +56,17 @@ from .rows import (
     row_div,
     row_dropout_scale,
     row_eps,
+    row_hold,
     row_inv_n,
     row_keep_tile,
     row_load_param,
     row_load_param_tile,
     row_load_seed,
     row_rsqrt,
+    row_thread_sums,
     row_tile_offsets,
     row_tile_seed,
+    row_zero_chunks,
 )
 
 
@@ -125,17 +129,6 @@ def _xhat_dxhat(s, g, mean, rstd, w, HAS_W: tl.constexpr, RMS: tl.constexpr):
     else:
         dxhat = g
     return xhat, dxhat
-
-
-@triton.jit
-def _dxhat_again(g, W, col0, cols, cmask, HAS_W: tl.constexpr, BLOCK_M: tl.constexpr):
-    """dxhat = grad_out * weight of a chunk formed again after the row sums, the weight reloaded (from L1), so that
-    it is not held across them (the WIDE backward)."""
-    if HAS_W:
-        dxhat = g * row_load_param_tile(W, col0, cols, cmask, HAS_W, BLOCK_M).to(g.dtype)
-    else:
-        dxhat = g
-    return dxhat
 
 
 @triton.jit
@@ -319,15 +312,12 @@ def dan_bwd_fused_kernel(
     DY, GS, S, W, MEAN, RSTD, SEED, DX, DRES, PDW, PDB, M, N, threshold,
     HAS_GS: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
     DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, RTNE_BF16: tl.constexpr, WIDE: tl.constexpr,
+    BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, RTNE_BF16: tl.constexpr,
 ):  # fmt: skip
     """Single-block backward, persistent over row tiles (1 chunk of BLOCK_N >= N columns or 3 chunks of N / 3):
     the sum and grad_out of every chunk are loaded before the reductions (c1, c2), xhat and dxhat computed once;
     grad_sum is read as each chunk's dS is formed. dgamma / dbeta accumulate element-wise in [BLOCK_M, BLOCK_N]
-    register tiles, reduced over the rows once at the end into the program's partial row. WIDE (N = 12288, 24
-    elements a thread): fewer registers live across the row sums, so that the 128 of 16 warps may hold the row
-    (the launcher asks the compiled kernel): each chunk's loads come just before its math and its sums, and dxhat
-    is formed again after the row sums (grad_out x the weight, reloaded from L1) rather than held."""
+    register tiles, reduced over the rows once at the end into the program's partial row."""
     scale = row_dropout_scale(threshold, IS_FP64)
     inv_n = row_inv_n(N, IS_FP64)
     pid = tl.program_id(0)
@@ -353,47 +343,25 @@ def dan_bwd_fused_kernel(
         else:
             mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
         rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-        if WIDE:  # CHUNKS == 3: a chunk's loads, then its math and sums, one chunk at a time
-            s0 = to_acc(tl.load(S + offs, mask=mask, other=0.0), IS_FP64)
-            g0 = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
-            w0 = row_load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
-            xhat0, dxhat0 = _xhat_dxhat(s0, g0, mean, rstd, w0, HAS_W, RMS)
-            c1 = tl.sum(dxhat0 * xhat0, axis=1)
-            c2 = tl.sum(dxhat0, axis=1)
+        s0 = to_acc(tl.load(S + offs, mask=mask, other=0.0), IS_FP64)
+        g0 = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
+        if CHUNKS == 3:
             s1 = to_acc(tl.load(S + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
             g1 = to_acc(tl.load(DY + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
-            w1 = row_load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-            xhat1, dxhat1 = _xhat_dxhat(s1, g1, mean, rstd, w1, HAS_W, RMS)
-            c1 += tl.sum(dxhat1 * xhat1, axis=1)
-            c2 += tl.sum(dxhat1, axis=1)
             s2 = to_acc(tl.load(S + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
             g2 = to_acc(tl.load(DY + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
+        w0 = row_load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)  # per tile (L1 hits), as the LayerNorm kernels
+        xhat0, dxhat0 = _xhat_dxhat(s0, g0, mean, rstd, w0, HAS_W, RMS)
+        if CHUNKS == 3:
+            w1 = row_load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
             w2 = row_load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
+            xhat1, dxhat1 = _xhat_dxhat(s1, g1, mean, rstd, w1, HAS_W, RMS)
             xhat2, dxhat2 = _xhat_dxhat(s2, g2, mean, rstd, w2, HAS_W, RMS)
-            c1 = (c1 + tl.sum(dxhat2 * xhat2, axis=1)) * inv_n
-            c2 = (c2 + tl.sum(dxhat2, axis=1)) * inv_n
+            c1 = tl.sum(dxhat0 * xhat0 + dxhat1 * xhat1 + dxhat2 * xhat2, axis=1) * inv_n
+            c2 = tl.sum(dxhat0 + dxhat1 + dxhat2, axis=1) * inv_n
         else:
-            s0 = to_acc(tl.load(S + offs, mask=mask, other=0.0), IS_FP64)
-            g0 = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
-            if CHUNKS == 3:
-                s1 = to_acc(tl.load(S + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
-                g1 = to_acc(tl.load(DY + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
-                s2 = to_acc(tl.load(S + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
-                g2 = to_acc(tl.load(DY + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
-            w0 = row_load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)  # per tile (L1 hits), as the LayerNorm kernels
-            xhat0, dxhat0 = _xhat_dxhat(s0, g0, mean, rstd, w0, HAS_W, RMS)
-            if CHUNKS == 3:
-                w1 = row_load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-                w2 = row_load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-                xhat1, dxhat1 = _xhat_dxhat(s1, g1, mean, rstd, w1, HAS_W, RMS)
-                xhat2, dxhat2 = _xhat_dxhat(s2, g2, mean, rstd, w2, HAS_W, RMS)
-                c1 = tl.sum(dxhat0 * xhat0 + dxhat1 * xhat1 + dxhat2 * xhat2, axis=1) * inv_n
-                c2 = tl.sum(dxhat0 + dxhat1 + dxhat2, axis=1) * inv_n
-            else:
-                c1 = tl.sum(dxhat0 * xhat0, axis=1) * inv_n
-                c2 = tl.sum(dxhat0, axis=1) * inv_n
-        if WIDE:  # dxhat again after the row sums: grad_out x the reloaded weight
-            dxhat0 = _dxhat_again(g0, W, 0, cols, cmask, HAS_W, BLOCK_M)
+            c1 = tl.sum(dxhat0 * xhat0, axis=1) * inv_n
+            c2 = tl.sum(dxhat0, axis=1) * inv_n
         _grad_chunk(
             DX, DRES, GS, offs, mask, xhat0, dxhat0, rstd, c1, c2, seed, base, 0, cols, threshold, scale,
             HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
@@ -403,14 +371,10 @@ def dan_bwd_fused_kernel(
         if HAS_B:
             db0 += g0
         if CHUNKS == 3:
-            if WIDE:
-                dxhat1 = _dxhat_again(g1, W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
             _grad_chunk(
                 DX, DRES, GS, offs, mask, xhat1, dxhat1, rstd, c1, c2, seed, base, BLOCK_N, cols, threshold, scale,
                 HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
             )  # fmt: skip
-            if WIDE:
-                dxhat2 = _dxhat_again(g2, W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
             _grad_chunk(
                 DX, DRES, GS, offs, mask, xhat2, dxhat2, rstd, c1, c2, seed, base, 2 * BLOCK_N, cols, threshold,
                 scale, HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
@@ -432,6 +396,84 @@ def dan_bwd_fused_kernel(
         if CHUNKS == 3:
             tl.store(PDB + prow + BLOCK_N + cols, tl.sum(db1, axis=0), mask=cmask)
             tl.store(PDB + prow + 2 * BLOCK_N + cols, tl.sum(db2, axis=0), mask=cmask)
+
+
+@triton.jit
+def dan_bwd_wide_kernel(
+    DY, GS, S, W, MEAN, RSTD, SEED, DX, DRES, PDW, PDB, M, N, threshold,
+    HAS_GS: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
+    DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, RTNE_BF16: tl.constexpr, VEC: tl.constexpr, OPAQUE: tl.constexpr,
+):  # fmt: skip
+    """Single-block backward of the widest rows (N = CHUNKS x BLOCK_N, 12288 and 16384; not fp64), persistent, one
+    row a tile, as layer_norm_dropout_relu's ldr_bwd_wide_kernel: every chunk of the sum and grad_out is loaded
+    first and held raw (row_hold) across the row sums, which add per-thread parts chunk by chunk (row_thread_sums);
+    after them each chunk's xhat and grad_out are converted again, the weight reloaded (its own cache modifier, so
+    not merged with the first load), and dS, grad_residual, grad_x (the keep bits drawn here) and the dgamma /
+    dbeta accumulators follow. VEC: the elements a thread holds side by side."""
+    scale = row_dropout_scale(threshold, False)
+    inv_n = row_inv_n(N, False)
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    dw = row_zero_chunks(CHUNKS, BLOCK_N)
+    db = row_zero_chunks(CHUNKS, BLOCK_N)
+    seed0 = row_load_seed(SEED, DROPOUT)
+    for row in range(pid, M, tl.num_programs(0)):
+        rows = row + tl.zeros([1], dtype=tl.int64)  # int64: row * N may pass 2**31
+        offs = rows[:, None] * N + cols[None, :]
+        base = rows * N
+        seed = row_tile_seed(seed0, row, threshold)
+        if RMS:
+            mean = tl.zeros([1], dtype=tl.float32)  # unused
+        else:
+            mean = tl.load(MEAN + rows)
+        rstd = tl.load(RSTD + rows)
+        sr = ()
+        gr = ()
+        for c in tl.static_range(CHUNKS):
+            sr = sr + (tl.load(S + offs + c * BLOCK_N),)
+            gr = gr + (tl.load(DY + offs + c * BLOCK_N),)
+        s1 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
+        s2 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
+        sh = ()
+        gh = ()
+        for c in tl.static_range(CHUNKS):
+            w = tl.load(W + c * BLOCK_N + cols[None, :])
+            xhat, dxhat = _xhat_dxhat(sr[c].to(tl.float32), gr[c].to(tl.float32), mean, rstd, w, HAS_W, RMS)
+            s1 += row_thread_sums(dxhat * xhat, BLOCK_N, VEC)
+            s2 += row_thread_sums(dxhat, BLOCK_N, VEC)
+            sh = sh + (row_hold(sr[c], OPAQUE),)
+            gh = gh + (row_hold(gr[c], OPAQUE),)
+        c1 = tl.sum(s1, axis=0) * inv_n
+        c2 = tl.sum(s2, axis=0) * inv_n
+        ndw = ()
+        ndb = ()
+        for c in tl.static_range(CHUNKS):
+            w = tl.load(W + c * BLOCK_N + cols[None, :], cache_modifier=".ca")
+            g = gh[c].to(tl.float32)
+            xhat, dxhat = _xhat_dxhat(sh[c].to(tl.float32), g, mean, rstd, w, HAS_W, RMS)
+            if RMS:
+                ds = rstd[:, None] * (dxhat - xhat * c1[:, None])
+            else:
+                ds = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
+            if HAS_GS:
+                ds = ds + tl.load(GS + offs + c * BLOCK_N).to(tl.float32)
+            if HAS_R:
+                tl.store(DRES + offs + c * BLOCK_N, to_out(ds, DRES, RTNE_BF16))
+            if DROPOUT:
+                keep = row_keep_tile(seed, base, c * BLOCK_N, cols, threshold, 1, BLOCK_N, FAST_RNG)
+                ds = tl.where(keep, ds, 0.0) * scale  # select first: a dropped inf gives 0, never 0 * inf
+            tl.store(DX + offs + c * BLOCK_N, to_out(ds, DX, RTNE_BF16))
+            ndw = ndw + (dw[c] + g * xhat,)
+            ndb = ndb + (db[c] + g,)
+        dw = ndw
+        db = ndb
+    prow = pid.to(tl.int64) * N
+    for c in tl.static_range(CHUNKS):
+        if HAS_W:
+            tl.store(PDW + prow + c * BLOCK_N + cols, tl.sum(dw[c], axis=0))
+        if HAS_B:
+            tl.store(PDB + prow + c * BLOCK_N + cols, tl.sum(db[c], axis=0))
 
 
 @triton.jit
@@ -622,8 +664,8 @@ def launch_backward(
             RTNE_BF16=INTERPRETED,
             num_warps=cfg.num_warps,
         )
-        if cfg.fused:  # the single-block kernel's form for N = 12288
-            kwargs["WIDE"] = n > _LDR.BWD_MAX_FUSED_N
+        if cfg.fused and n > _LDR.BWD_MAX_FUSED_N:  # dan_bwd_wide_kernel
+            kwargs.update(_LDR.wide_kwargs(cfg, sum_.dtype))
 
         def launch_coef(c1, c2):
             wrap(dan_bwd_row_coef_kernel)[(m,)](
@@ -634,11 +676,13 @@ def launch_backward(
 
         return cfg, kwargs, launch_coef
 
-    cfg = _LDR.backward_config(n, grad_out.dtype, max_fused_n)
+    held = sum_.dtype if sum_.dtype.itemsize > grad_out.dtype.itemsize else grad_out.dtype  # the wide kernel's
+    cfg = _LDR.backward_config(n, grad_out.dtype, max_fused_n, held=held)
     looped = _LDR.wide_backward_fallback(cfg, n, grad_out.dtype)
     cfg, kwargs, launch_coef = plan(cfg)
+    fused = dan_bwd_wide_kernel if cfg.fused and n > _LDR.BWD_MAX_FUSED_N else dan_bwd_fused_kernel
     launch_rows_backward(
-        dan_bwd_fused_kernel, dan_bwd_chunk_kernel, launch_coef, cfg, m, n, sum_.device, acc, head, (grad_x, dres), t,
+        fused, dan_bwd_chunk_kernel, launch_coef, cfg, m, n, sum_.device, acc, head, (grad_x, dres), t,
         grad_w if has_w else None, grad_b if has_b else None, kwargs, wrap=wrap, sm_count=sm_count, facts=facts,
         looped=plan(looped) if looped is not None else None,
     )  # fmt: skip

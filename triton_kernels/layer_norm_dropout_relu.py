@@ -37,8 +37,8 @@ tests): no configuration spills. Not yet timed on a GPU. Every launch runs under
 
 - Row chunks (single-block kernels): N = 3 x 2^k (768, 1536, 3072, 6144) is three chunks of N / 3 columns, so no
   lane runs Philox and the math on padding (one padded BLOCK_N = 1024 at N = 768 wasted 25 %); BLOCK_M then grows
-  until every chunk still gives each thread a 4-element vector (2 for fp64); 12288 is three chunks of 4096. In the
-  forward, N = 2^k >= 1024 (not fp64) is four chunks of N / 4. Other N: one chunk of next_power_of_2(N).
+  until every chunk still gives each thread a 4-element vector (2 for fp64). In the forward, 12288 is three
+  chunks of 4096 and N = 2^k >= 1024 (not fp64) four chunks of N / 4. Other N: one chunk of next_power_of_2(N).
 - Persistent grids: the single-block kernels and the backward chunk kernel run G = min(row tiles, SMs x resident
   programs per SM) programs, program p taking row tiles p, p + G, ... The resident count comes from the compiled
   kernel itself (common.programs_per_sm: on a GPU kernel.warmup for the device with 16-byte-aligned pointers, then
@@ -71,11 +71,13 @@ tests): no configuration spills. Not yet timed on a GPU. Every launch runs under
   them live (~30 registers).
   ``sum_partials_kernel`` reduces the G partial rows of dgamma and dbeta in one launch, in a fixed order
   (deterministic: no float atomics; the bits depend on (shape, dtype, device, Triton version), never on
-  timing). N = 12288 (not fp64): one row a tile in three 4096-column chunks at 16 warps, 24 elements a thread,
-  where the compiled kernel fits its 128 registers (RMSNorm-dropout does on triton 3.8); where it spills
-  (LayerNorm with its two accumulators) launch_rows_backward runs the looped kernels instead
-  (wide_backward_fallback). N = 16384 would need 32 elements per thread at 16 warps (> 128 registers: spills or
-  less than one block per SM), so it stays on the looped path.
+  timing).
+- Backward, wide path (ldr_bwd_wide_kernel) for N = 12288 and 16384 (not fp64): one row a tile in 4096-column
+  chunks at 16 warps (2048 at 8 warps for fp32 x). The raw x and grad_out of every chunk are loaded first and
+  held as loaded (16-bit data two to a register, row_hold), grad_out selected by the keep and ReLU bits in pass
+  1, which adds the row sums' per-thread parts; pass 2 converts them again and reloads the weight. Where the
+  compiled kernel spills (16384, except RMSNorm-dropout in 16 bits), launch_rows_backward runs the looped
+  kernels instead (wide_backward_fallback).
 - Backward, looped path: kernel A computes c1, c2 of one row per program (1024-column chunks, 4 warps);
   kernel B runs a (1024-column chunk x row group) grid, tiles of 2 rows, computing dx and the dgamma/dbeta
   partials with its chunk's weight and bias loaded once; then the same reduction. x and grad_out are read twice.
@@ -113,14 +115,17 @@ from .rows import (  # noqa: F401  (LdrConfig, dropout_threshold, eps_pair, row_
     row_dropout_scale,
     row_eps,
     row_fused_config,
+    row_hold,
     row_inv_n,
     row_keep_tile,
     row_load_param,
     row_load_param_tile,
     row_load_seed,
     row_rsqrt,
+    row_thread_sums,
     row_tile_offsets,
     row_tile_seed,
+    row_zero_chunks,
 )
 
 # Longest rows of the single-block kernels: 16 warps x 32 threads x (elements per thread, see _warps_for).
@@ -131,6 +136,9 @@ FWD_MAX_PADDED_N = 8192
 FWD_MAX_FUSED_N_FP64 = 4096
 BWD_MAX_FUSED_N = 8192
 BWD_MAX_FUSED_N_FP64 = 2048
+# Rows the wide single-block backwards take (not fp64; backward_config), where the compiled kernel does not spill
+# (else the looped kernels: wide_backward_fallback).
+WIDE_BWD_N = (12288, 16384)
 
 
 # ----------------------------------------------------------------------------------------------- jit helpers
@@ -668,6 +676,151 @@ def ldr_bwd_fused_kernel(
 
 
 @triton.jit
+def _wide_bwd_sums(
+    xr, gr, W, B, mean, rstd, seed, base, col0, cols, threshold,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, BLOCK_N: tl.constexpr,
+    VEC: tl.constexpr, RMS: tl.constexpr, RELU: tl.constexpr, OPAQUE: tl.constexpr,
+):  # fmt: skip
+    """The wide backward's first pass over one chunk of raw x and grad_out (xr, gr): the keep and ReLU bits select
+    grad_out in its own dtype (gm: exact, a select), and the row sums' per-thread parts of gm * w * xhat and
+    gm * w, without the dropout scale (applied to the row coefficients). Returns (x, gm) held (row_hold) and the
+    two partial sums."""
+    if RMS:
+        xhat = xr.to(tl.float32) * rstd[:, None]
+    else:
+        xhat = (xr.to(tl.float32) - mean[:, None]) * rstd[:, None]
+    if HAS_W:
+        w = tl.load(W + col0 + cols[None, :]).to(tl.float32)
+    if RELU:  # the ReLU bit from y recomputed
+        y = xhat
+        if HAS_W:
+            y = y * w
+        if HAS_B:
+            y = y + tl.load(B + col0 + cols[None, :]).to(tl.float32)
+        pass_grad = y > 0.0
+        if DROPOUT:
+            pass_grad = pass_grad & row_keep_tile(seed, base, col0, cols, threshold, 1, BLOCK_N, FAST_RNG)
+        gm = tl.where(pass_grad, gr, tl.zeros_like(gr))
+    elif DROPOUT:
+        gm = tl.where(row_keep_tile(seed, base, col0, cols, threshold, 1, BLOCK_N, FAST_RNG), gr, tl.zeros_like(gr))
+    else:
+        gm = gr
+    gw = gm.to(tl.float32)
+    if HAS_W:
+        gw = gw * w
+    s1 = row_thread_sums(gw * xhat, BLOCK_N, VEC)
+    s2 = row_thread_sums(gw, BLOCK_N, VEC)
+    return row_hold(xr, OPAQUE), row_hold(gm, OPAQUE), s1, s2
+
+
+@triton.jit
+def ldr_bwd_wide_kernel(
+    DY,
+    X,
+    W,
+    B,
+    MEAN,
+    RSTD,
+    SEED,
+    DX,
+    PDW,
+    PDB,
+    M,
+    N,
+    threshold,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    FAST_RNG: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    RTNE_BF16: tl.constexpr,
+    RMS: tl.constexpr,
+    RELU: tl.constexpr,
+    VEC: tl.constexpr,
+    OPAQUE: tl.constexpr,
+):
+    """Single-block backward of the widest rows (N = CHUNKS x BLOCK_N, 12288 and 16384; not fp64), persistent, one
+    row a tile. Per row: every chunk of x and grad_out is loaded first; pass 1 forms each chunk's keep and ReLU
+    bits, keeps grad_out selected by them in its own dtype (gm) and the raw x, both held two to a register for
+    16-bit data (row_hold), and adds per-thread parts of the row sums (row_thread_sums); one reduction per
+    coefficient; pass 2 converts x and gm again, with the weight reloaded (L1 hits; a cache modifier of its own,
+    so that the compiler does not merge it with pass 1's load and hold the weight across the reductions), stores
+    dx and accumulates dgamma / dbeta without the dropout scale (applied to the program's partial row). Live
+    across the row sums: the raw row (1 register an element for 16-bit data) and the accumulators (1 or 2), where
+    the fused kernel holds xhat, dy and dxhat in fp32. VEC: the elements a thread holds side by side."""
+    scale = row_dropout_scale(threshold, False)
+    inv_n = row_inv_n(N, False)
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    dw = row_zero_chunks(CHUNKS, BLOCK_N)
+    db = row_zero_chunks(CHUNKS, BLOCK_N)
+    seed0 = row_load_seed(SEED, DROPOUT)
+    for row in range(pid, M, tl.num_programs(0)):
+        rows = row + tl.zeros([1], dtype=tl.int64)  # int64: row * N may pass 2**31
+        offs = rows[:, None] * N + cols[None, :]
+        base = rows * N
+        seed = row_tile_seed(seed0, row, threshold)
+        if RMS:
+            mean = tl.zeros([1], dtype=tl.float32)  # unused
+        else:
+            mean = tl.load(MEAN + rows)
+        rstd = tl.load(RSTD + rows)
+        xr = ()
+        gr = ()
+        for c in tl.static_range(CHUNKS):
+            xr = xr + (tl.load(X + offs + c * BLOCK_N),)
+            gr = gr + (tl.load(DY + offs + c * BLOCK_N),)
+        xs = ()
+        gs = ()
+        s1 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
+        s2 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
+        for c in tl.static_range(CHUNKS):
+            x_c, g_c, t1, t2 = _wide_bwd_sums(
+                xr[c], gr[c], W, B, mean, rstd, seed, base, c * BLOCK_N, cols, threshold,
+                HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_N, VEC, RMS, RELU, OPAQUE,
+            )  # fmt: skip
+            xs = xs + (x_c,)
+            gs = gs + (g_c,)
+            s1 += t1
+            s2 += t2
+        # dx = rstd * (dxhat - xhat * c1 - c2) with dxhat = scale * gm * w: k1 = rstd * scale, k2 = rstd * c1,
+        # k3 = rstd * c2, each c the row's sum x scale / N
+        k1 = rstd * scale
+        k2 = rstd * (tl.sum(s1, axis=0) * scale * inv_n)
+        if not RMS:
+            k3 = rstd * (tl.sum(s2, axis=0) * scale * inv_n)
+        ndw = ()
+        ndb = ()
+        for c in tl.static_range(CHUNKS):
+            if RMS:
+                xhat = xs[c].to(tl.float32) * rstd[:, None]
+            else:
+                xhat = (xs[c].to(tl.float32) - mean[:, None]) * rstd[:, None]
+            g = gs[c].to(tl.float32)
+            gw = g
+            if HAS_W:
+                gw = g * tl.load(W + c * BLOCK_N + cols[None, :], cache_modifier=".ca").to(tl.float32)
+            if RMS:
+                dx = gw * k1[:, None] - xhat * k2[:, None]
+            else:
+                dx = gw * k1[:, None] - (xhat * k2[:, None] + k3[:, None])
+            tl.store(DX + offs + c * BLOCK_N, to_out(dx, DX, RTNE_BF16))
+            ndw = ndw + (dw[c] + g * xhat,)
+            ndb = ndb + (db[c] + g,)
+        dw = ndw
+        db = ndb
+    prow = pid.to(tl.int64) * N
+    for c in tl.static_range(CHUNKS):
+        if HAS_W:
+            tl.store(PDW + prow + c * BLOCK_N + cols, tl.sum(dw[c], axis=0) * scale)
+        if HAS_B:
+            tl.store(PDB + prow + c * BLOCK_N + cols, tl.sum(db[c], axis=0) * scale)
+
+
+@triton.jit
 def ldr_bwd_row_coef_kernel(
     DY,
     X,
@@ -871,20 +1024,25 @@ def wide_fallback(cfg: LdrConfig, n: int, dtype: torch.dtype) -> Optional[LdrCon
     return None
 
 
-def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -> LdrConfig:
+def backward_config(
+    n: int, dtype: torch.dtype, max_fused_n: int | None = None, held: Optional[torch.dtype] = None
+) -> LdrConfig:
     """Backward tiling: 8 elements per thread (4 for fp64) up to 16 warps: x, grad_out, xhat, dy, dxhat and the
     dgamma/dbeta accumulator tiles are live together. Rows of N = 2^k >= 1024 (not fp64) take one row per tile
     at 16 elements per thread (N / 512 warps: 2 at 1024 .. 16 at 8192), so that a thread holds 16 elements of
     its row and the row's reductions, address math and Philox keys are spread over twice as many elements (more
-    programs, so more partial rows G, which stage 2 reads back). N = 12288 (not fp64, default limits): one row a
-    tile in three 4096-column chunks at 16 warps, 24 elements a thread, where the compiled kernel fits its 128
-    registers (RMSNorm-dropout's does on triton 3.8, and dropout_add_norm's WIDE kernel with bf16 x, or fp16 x
-    and RMSNorm; elsewhere launch_rows_backward takes wide_backward_fallback's looped kernels)."""
+    programs, so more partial rows G, which stage 2 reads back). N in WIDE_BWD_N (12288, 16384; not fp64, default
+    limits): the wide kernels, one row a tile, which hold the raw row: 4096-column chunks at 16 warps (128
+    registers) where every operand they hold is 16-bit, else (held: the widest of them, default dtype; fp32 x,
+    or dropout_add_norm's fp32 sum) 2048-column chunks at 8 warps (255 registers). Where the compiled kernel
+    spills, launch_rows_backward takes wide_backward_fallback's looped kernels."""
     fp64 = dtype == torch.float64
     per_thread = 4 if fp64 else 8
     if max_fused_n is None:
-        if not fp64 and n == 3 * 4096:
-            return LdrConfig(True, 1, 4096, 16, True, 3)
+        if not fp64 and n in WIDE_BWD_N:
+            if (held or dtype).itemsize == 2:
+                return LdrConfig(True, 1, 4096, 16, True, n // 4096)
+            return LdrConfig(True, 1, 2048, 8, True, n // 2048)
         max_fused_n = BWD_MAX_FUSED_N_FP64 if fp64 else BWD_MAX_FUSED_N
     if n <= max_fused_n:
         if not fp64 and n >= 1024 and n == triton.next_power_of_2(n):
@@ -895,9 +1053,16 @@ def backward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) 
     return LdrConfig(False, block_m, block_n, num_warps_for(block_m * block_n, per_thread), n % 8 == 0)
 
 
+def wide_kwargs(cfg: LdrConfig, dtype: torch.dtype) -> dict:
+    """The wide backward kernels' own constexprs: VEC, the elements a thread holds side by side (a 16-byte vector,
+    or fewer where the chunk gives a thread fewer), and OPAQUE (row_hold's asm, off under the interpreter)."""
+    per_thread = cfg.block_n // (32 * cfg.num_warps)
+    return dict(VEC=max(1, min(16 // dtype.itemsize, per_thread)), OPAQUE=not INTERPRETED)
+
+
 def wide_backward_fallback(cfg: LdrConfig, n: int, dtype: torch.dtype) -> Optional[LdrConfig]:
-    """The looped backward's config where cfg is the single-block kernel past 8192 columns (N = 12288, three
-    chunks): launch_rows_backward runs it instead where that compiled kernel spills registers."""
+    """The looped backward's config where cfg is the wide kernel's (past 8192 columns: N = 12288 and 16384):
+    launch_rows_backward runs it instead where that compiled kernel spills registers."""
     if cfg.fused and n > BWD_MAX_FUSED_N:
         return backward_config(n, dtype, max_fused_n=BWD_MAX_FUSED_N)
     return None
@@ -1019,7 +1184,9 @@ def launch_backward(
             RELU=bool(relu),
             num_warps=cfg.num_warps,
         )
-        coef_kwargs = {k: v for k, v in kwargs.items() if k != "BLOCK_M"}
+        if cfg.fused and n > BWD_MAX_FUSED_N:  # ldr_bwd_wide_kernel
+            kwargs.update(wide_kwargs(cfg, x.dtype))
+        coef_kwargs = {k: v for k, v in kwargs.items() if k not in ("BLOCK_M", "VEC", "OPAQUE")}
         coef_kwargs["num_warps"] = num_warps_for(cfg.block_n, 8)
 
         def launch_coef(c1, c2):
@@ -1030,8 +1197,9 @@ def launch_backward(
     cfg = backward_config(n, x.dtype, max_fused_n)
     looped = wide_backward_fallback(cfg, n, x.dtype)
     cfg, kwargs, launch_coef = plan(cfg)
+    fused = ldr_bwd_wide_kernel if cfg.fused and n > BWD_MAX_FUSED_N else ldr_bwd_fused_kernel
     launch_rows_backward(
-        ldr_bwd_fused_kernel, ldr_bwd_chunk_kernel, launch_coef, cfg, m, n, x.device, acc, head, (grad_x,), t,
+        fused, ldr_bwd_chunk_kernel, launch_coef, cfg, m, n, x.device, acc, head, (grad_x,), t,
         grad_w if has_w else None, grad_b if has_b else None, kwargs, wrap=wrap, sm_count=sm_count, facts=facts,
         looped=plan(looped) if looped is not None else None,
     )  # fmt: skip

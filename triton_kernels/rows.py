@@ -212,6 +212,39 @@ def row_load_param_tile(P, col0, cols, cmask, HAS: tl.constexpr, BLOCK_M: tl.con
 
 
 @triton.jit
+def row_hold(v, OPAQUE: tl.constexpr):
+    """v itself. With OPAQUE (compiled; the interpreter runs no asm) it passes through an identity asm the compilers
+    do not look into, so that the wide backwards keep a chunk's raw loads (16-bit ones two to a register) across
+    the row's reductions and convert them again after: without it the first pass's fp32 conversion is reused, and
+    those values, twice the registers, are what stay live."""
+    if OPAQUE:
+        if v.dtype == tl.float32:
+            r = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=v.dtype, is_pure=True, pack=1)
+        else:
+            r = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=v.dtype, is_pure=True, pack=2)
+    else:
+        r = v
+    return r
+
+
+@triton.jit
+def row_thread_sums(v, BLOCK_N: tl.constexpr, VEC: tl.constexpr):
+    """The [1, BLOCK_N] tile v summed VEC neighbours at a time, [BLOCK_N // VEC]: with VEC the elements a thread
+    holds side by side, sums inside each thread. The wide backwards add up their chunks' such sums (a register
+    or two) and reduce across the threads once per row."""
+    return tl.sum(tl.reshape(v, [BLOCK_N // VEC, VEC]), axis=1)
+
+
+@triton.jit
+def row_zero_chunks(CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A tuple of CHUNKS fp32 zero tiles [1, BLOCK_N]: the wide backwards' dgamma / dbeta accumulators."""
+    z = ()
+    for _ in tl.static_range(CHUNKS):
+        z = z + (tl.zeros([1, BLOCK_N], dtype=tl.float32),)
+    return z
+
+
+@triton.jit
 def row_tile_offsets(rows, row_mask, col0, cols, cmask, N):
     """Linear offsets and mask of the tile rows x (col0 + cols). Computed in the kernels themselves (not returned
     from a helper that also loads), so Inductor's TTIR analysis sees that only the output pointers are stored."""
