@@ -693,7 +693,7 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
         (12288, torch.bfloat16, "layer_norm_dropout_relu", {}),
         (12288, torch.bfloat16, "dropout_add_norm", dict(rms=False)),
         (16384, torch.float16, "layer_norm_dropout_relu", dict(affine=False)),
-        (16384, torch.float32, "norm_dropout", dict(rms=False, relu=True, p=0.0)),
+        (16384, torch.float32, "norm_dropout", dict(rms=False, relu=True, p=0.0, affine=False)),
         (
             16384,
             torch.bfloat16,
@@ -709,14 +709,15 @@ def test_triton_wide_backward_matches_reference(backend, n, dtype, op, extra):
     not, no parameters, bias only in fp32, p = 0, prenorm and an fp32 sum."""
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
 
+    spec = OPS_BY_NAME[op]
+    sample = spec.sample((2,), n, dtype, backend.device, **{"p": 0.2, **extra})
     held = torch.float32 if extra.get("residual_in_fp32") else dtype  # the sum dropout_add_norm's kernel holds
-    cfg = ldr_kernels.backward_config(n, dtype, held=held)
+    sums = sum(sample.args[k] is not None for k in ("weight", "bias"))
+    cfg = ldr_kernels.backward_config(n, dtype, held=held, sums=sums)
     # 4096-column chunks at 16 warps where every held operand is 16-bit, else 2048 at 8 (255 registers)
     want = (n // 4096, 4096, 1, 16) if held.itemsize == 2 else (n // 2048, 2048, 1, 8)
     assert cfg.fused and (cfg.chunks, cfg.block_n, cfg.block_m, cfg.num_warps) == want
-    spec = OPS_BY_NAME[op]
-    kw = {"p": 0.2, **extra}
-    check_against_reference(spec, backend, spec.sample((2,), n, dtype, backend.device, **kw))
+    check_against_reference(spec, backend, sample)
 
 
 @pytest.mark.parametrize("op", ["layer_norm_dropout_relu", "dropout_add_norm"])
@@ -724,7 +725,9 @@ def test_triton_wide_backward_matches_reference(backend, n, dtype, op, extra):
 def test_triton_wide_backward_is_one_pass_unless_the_compiled_kernel_spills(op, n):
     """Launch planning (meta tensors, launches recorded, the compiled kernel's facts stood in for): N = 12288 and
     16384 run the wide single-block backward where that compiled kernel fits its registers, else the looped
-    kernels (row coefficients, then chunks); 8192 and fp64 never take it."""
+    kernels (row coefficients, then chunks); 8192 and fp64 never take it. At 16384 with a weight and a bias the
+    held row and the two accumulators pass WIDE_BWD_REGS: the looped kernels are planned without compiling the
+    wide one (the weight alone, one accumulator, takes it)."""
     pytest.importorskip("triton")
     from gpuopt_ops.triton_kernels import common
     from gpuopt_ops.triton_kernels import dropout_add_norm as dan_kernels
@@ -736,6 +739,14 @@ def test_triton_wide_backward_is_one_pass_unless_the_compiled_kernel_spills(op, 
     assert ldr_kernels.wide_backward_fallback(cfg, n, bf16) == ldr_kernels.backward_config(n, bf16, 8192)
     assert ldr_kernels.wide_backward_fallback(ldr_kernels.backward_config(8192, bf16), 8192, bf16) is None
     assert not ldr_kernels.backward_config(n, torch.float64).fused
+    # the register rule: 16-bit at 16 warps, fp32 (x, or a held fp32 sum) at 8
+    assert ldr_kernels.backward_config(n, bf16, sums=1).fused
+    assert ldr_kernels.backward_config(n, bf16, sums=2).fused == (n == 12288)
+    assert ldr_kernels.backward_config(n, f32, sums=2).fused == (n == 12288)
+    assert ldr_kernels.backward_config(n, bf16, held=f32, sums=2).fused == (n == 12288)
+    if n == 16384:  # planned looped at once: exactly the looped kernels' own config
+        for dt, held in ((bf16, None), (f32, None), (bf16, f32)):
+            assert ldr_kernels.backward_config(n, dt, held=held, sums=2) == ldr_kernels.backward_config(n, dt, 8192)
     launched = []
 
     def wrap(kernel):
@@ -747,7 +758,8 @@ def test_triton_wide_backward_is_one_pass_unless_the_compiled_kernel_spills(op, 
 
     meta = lambda *s, dt=bf16: torch.empty(s, device="meta", dtype=dt)  # noqa: E731
     prefix = "ldr" if op == "layer_norm_dropout_relu" else "dan"
-    for spills in (0, 56):
+    looped = [f"{prefix}_bwd_row_coef_kernel", f"{prefix}_bwd_chunk_kernel", "sum_partials_kernel"]
+    for spills, bias in ((0, False), (56, False), (0, True)):
         launched.clear()
         asked = []
 
@@ -755,24 +767,28 @@ def test_triton_wide_backward_is_one_pass_unless_the_compiled_kernel_spills(op, 
             asked.append(kernel.__name__)
             return common.KernelFacts(128, 0, kwargs["num_warps"], spills if "wide" in kernel.__name__ else 0)
 
+        b = meta(n) if bias else None
         if op == "layer_norm_dropout_relu":
             ldr_kernels.launch_backward(
-                meta(m, n), meta(m, n), meta(n), meta(n), meta(m, dt=f32), meta(m, dt=f32), meta(1, dt=torch.int64),
-                meta(m, n), meta(n), meta(n), 0.1, wrap=wrap, sm_count=64, facts=facts,
+                meta(m, n), meta(m, n), meta(n), b, meta(m, dt=f32), meta(m, dt=f32), meta(1, dt=torch.int64),
+                meta(m, n), meta(n), b, 0.1, wrap=wrap, sm_count=64, facts=facts,
             )  # fmt: skip
         else:
             dan_kernels.launch_backward(
-                meta(m, n), meta(m, n), meta(m, n), meta(n), meta(n), meta(m, dt=f32), meta(m, dt=f32),
-                meta(1, dt=torch.int64), meta(m, n), meta(m, n), meta(n), meta(n), 0.1, False,
+                meta(m, n), meta(m, n), meta(m, n), meta(n), b, meta(m, dt=f32), meta(m, dt=f32),
+                meta(1, dt=torch.int64), meta(m, n), meta(m, n), meta(n), b, 0.1, False,
                 wrap=wrap, sm_count=64, facts=facts,
             )  # fmt: skip
         names = [k for k, _, _ in launched]
+        if bias and n == 16384:  # planned looped: the wide kernel is never compiled
+            assert f"{prefix}_bwd_wide_kernel" not in asked and names == looped
+            continue
         assert asked[0] == f"{prefix}_bwd_wide_kernel"
         if not spills:
             assert names == [f"{prefix}_bwd_wide_kernel", "sum_partials_kernel"] and launched[0][1] == 4096
             assert launched[0][2] == 8  # VEC: a thread's 8 bf16 side by side (4096 columns, 512 threads)
         else:
-            assert names == [f"{prefix}_bwd_row_coef_kernel", f"{prefix}_bwd_chunk_kernel", "sum_partials_kernel"]
+            assert names == looped
             assert launched[1][1] == 1024 and launched[1][2] is None  # the looped kernels' own chunks
 
 

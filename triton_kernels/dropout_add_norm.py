@@ -399,6 +399,17 @@ def dan_bwd_fused_kernel(
 
 
 @triton.jit
+def _wide_weight(W, col0, cols, HAS_W: tl.constexpr, CACHE: tl.constexpr):
+    """Columns col0 + cols of the weight as a [1, BLOCK_N] tile (every chunk is full), loaded with cache modifier
+    CACHE; zeros, never read, without a weight."""
+    if HAS_W:
+        w = tl.load(W + col0 + cols[None, :], cache_modifier=CACHE)
+    else:
+        w = tl.zeros([1, cols.shape[0]], dtype=tl.float32)
+    return w
+
+
+@triton.jit
 def dan_bwd_wide_kernel(
     DY, GS, S, W, MEAN, RSTD, SEED, DX, DRES, PDW, PDB, M, N, threshold,
     HAS_GS: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
@@ -438,7 +449,7 @@ def dan_bwd_wide_kernel(
         sh = ()
         gh = ()
         for c in tl.static_range(CHUNKS):
-            w = tl.load(W + c * BLOCK_N + cols[None, :])
+            w = _wide_weight(W, c * BLOCK_N, cols, HAS_W, "")
             xhat, dxhat = _xhat_dxhat(sr[c].to(tl.float32), gr[c].to(tl.float32), mean, rstd, w, HAS_W, RMS)
             s1 += row_thread_sums(dxhat * xhat, BLOCK_N, VEC)
             s2 += row_thread_sums(dxhat, BLOCK_N, VEC)
@@ -449,7 +460,7 @@ def dan_bwd_wide_kernel(
         ndw = ()
         ndb = ()
         for c in tl.static_range(CHUNKS):
-            w = tl.load(W + c * BLOCK_N + cols[None, :], cache_modifier=".ca")
+            w = _wide_weight(W, c * BLOCK_N, cols, HAS_W, ".ca")  # not merged with pass 1's load
             g = gh[c].to(tl.float32)
             xhat, dxhat = _xhat_dxhat(sh[c].to(tl.float32), g, mean, rstd, w, HAS_W, RMS)
             if RMS:
@@ -676,8 +687,9 @@ def launch_backward(
 
         return cfg, kwargs, launch_coef
 
-    held = sum_.dtype if sum_.dtype.itemsize > grad_out.dtype.itemsize else grad_out.dtype  # the wide kernel's
-    cfg = _LDR.backward_config(n, grad_out.dtype, max_fused_n, held=held)
+    # the wider of the two dtypes the wide kernel holds: the sum's and grad_out's
+    held = sum_.dtype if sum_.dtype.itemsize > grad_out.dtype.itemsize else grad_out.dtype
+    cfg = _LDR.backward_config(n, grad_out.dtype, max_fused_n, held=held, sums=int(has_w) + int(has_b))
     looped = _LDR.wide_backward_fallback(cfg, n, grad_out.dtype)
     cfg, kwargs, launch_coef = plan(cfg)
     fused = dan_bwd_wide_kernel if cfg.fused and n > _LDR.BWD_MAX_FUSED_N else dan_bwd_fused_kernel

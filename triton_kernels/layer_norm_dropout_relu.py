@@ -139,6 +139,12 @@ BWD_MAX_FUSED_N_FP64 = 2048
 # Rows the wide single-block backwards take (not fp64; backward_config), where the compiled kernel does not spill
 # (else the looped kernels: wide_backward_fallback).
 WIDE_BWD_N = (12288, 16384)
+# Registers a thread of the wide backward may give the row it holds and its dgamma / dbeta accumulators, by
+# num_warps (sm_90 compiles, triton 3.8): at 16 warps 72 (16-bit LayerNorm at 12288) and 64 (16-bit RMSNorm-dropout
+# at 16384) fit, 96 (16-bit LayerNorm at 16384) spills; at 8 warps 168 and 192 (12288: an fp32 sum, fp32 x) fit,
+# 224 and 256 (16384) spill, and 192 at 16384 (fp32 RMSNorm-dropout) spills 88 bytes, which the compiled kernel's
+# facts catch. Past them backward_config plans the looped kernels at once, compiling no kernel known to spill.
+WIDE_BWD_REGS = {16: 80, 8: 192}
 
 
 # ----------------------------------------------------------------------------------------------- jit helpers
@@ -1025,7 +1031,7 @@ def wide_fallback(cfg: LdrConfig, n: int, dtype: torch.dtype) -> Optional[LdrCon
 
 
 def backward_config(
-    n: int, dtype: torch.dtype, max_fused_n: int | None = None, held: Optional[torch.dtype] = None
+    n: int, dtype: torch.dtype, max_fused_n: int | None = None, held: Optional[torch.dtype] = None, sums: int = 0
 ) -> LdrConfig:
     """Backward tiling: 8 elements per thread (4 for fp64) up to 16 warps: x, grad_out, xhat, dy, dxhat and the
     dgamma/dbeta accumulator tiles are live together. Rows of N = 2^k >= 1024 (not fp64) take one row per tile
@@ -1034,15 +1040,22 @@ def backward_config(
     programs, so more partial rows G, which stage 2 reads back). N in WIDE_BWD_N (12288, 16384; not fp64, default
     limits): the wide kernels, one row a tile, which hold the raw row: 4096-column chunks at 16 warps (128
     registers) where every operand they hold is 16-bit, else (held: the widest of them, default dtype; fp32 x,
-    or dropout_add_norm's fp32 sum) 2048-column chunks at 8 warps (255 registers). Where the compiled kernel
-    spills, launch_rows_backward takes wide_backward_fallback's looped kernels."""
+    or dropout_add_norm's fp32 sum) 2048-column chunks at 8 warps (255 registers). Where the row as held (x's
+    and held's bytes an element) and the `sums` accumulators (dgamma, dbeta) would take more of a thread's
+    registers than WIDE_BWD_REGS allows, the looped kernels are planned at once, without compiling a kernel known
+    to spill; where the compiled kernel spills all the same, launch_rows_backward takes wide_backward_fallback's
+    looped kernels."""
     fp64 = dtype == torch.float64
     per_thread = 4 if fp64 else 8
     if max_fused_n is None:
         if not fp64 and n in WIDE_BWD_N:
-            if (held or dtype).itemsize == 2:
-                return LdrConfig(True, 1, 4096, 16, True, n // 4096)
-            return LdrConfig(True, 1, 2048, 8, True, n // 2048)
+            held = held or dtype
+            wide = LdrConfig(True, 1, 4096, 16, True, n // 4096)
+            if held.itemsize != 2:
+                wide = LdrConfig(True, 1, 2048, 8, True, n // 2048)
+            elems = n // (32 * wide.num_warps)  # of the row, a thread
+            if elems * ((dtype.itemsize + held.itemsize) / 4 + sums) <= WIDE_BWD_REGS[wide.num_warps]:
+                return wide
         max_fused_n = BWD_MAX_FUSED_N_FP64 if fp64 else BWD_MAX_FUSED_N
     if n <= max_fused_n:
         if not fp64 and n >= 1024 and n == triton.next_power_of_2(n):
@@ -1194,7 +1207,7 @@ def launch_backward(
 
         return cfg, kwargs, launch_coef
 
-    cfg = backward_config(n, x.dtype, max_fused_n)
+    cfg = backward_config(n, x.dtype, max_fused_n, sums=int(has_w) + int(has_b))
     looped = wide_backward_fallback(cfg, n, x.dtype)
     cfg, kwargs, launch_coef = plan(cfg)
     fused = ldr_bwd_wide_kernel if cfg.fused and n > BWD_MAX_FUSED_N else ldr_bwd_fused_kernel
