@@ -59,9 +59,12 @@ from .rows import (
     row_hold,
     row_inv_n,
     row_keep_tile,
+    row_load_chunk_param,
     row_load_param,
     row_load_param_tile,
+    row_load_raw_chunks,
     row_load_seed,
+    row_load_stats,
     row_rsqrt,
     row_thread_sums,
     row_tile_offsets,
@@ -399,17 +402,6 @@ def dan_bwd_fused_kernel(
 
 
 @triton.jit
-def _wide_weight(W, col0, cols, HAS_W: tl.constexpr, CACHE: tl.constexpr):
-    """Columns col0 + cols of the weight as a [1, BLOCK_N] tile (every chunk is full), loaded with cache modifier
-    CACHE; zeros, never read, without a weight."""
-    if HAS_W:
-        w = tl.load(W + col0 + cols[None, :], cache_modifier=CACHE)
-    else:
-        w = tl.zeros([1, cols.shape[0]], dtype=tl.float32)
-    return w
-
-
-@triton.jit
 def dan_bwd_wide_kernel(
     DY, GS, S, W, MEAN, RSTD, SEED, DX, DRES, PDW, PDB, M, N, threshold,
     HAS_GS: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
@@ -434,22 +426,14 @@ def dan_bwd_wide_kernel(
         offs = rows[:, None] * N + cols[None, :]
         base = rows * N
         seed = row_tile_seed(seed0, row, threshold)
-        if RMS:
-            mean = tl.zeros([1], dtype=tl.float32)  # unused
-        else:
-            mean = tl.load(MEAN + rows)
-        rstd = tl.load(RSTD + rows)
-        sr = ()
-        gr = ()
-        for c in tl.static_range(CHUNKS):
-            sr = sr + (tl.load(S + offs + c * BLOCK_N),)
-            gr = gr + (tl.load(DY + offs + c * BLOCK_N),)
+        mean, rstd = row_load_stats(MEAN, RSTD, rows, RMS)
+        sr, gr = row_load_raw_chunks(S, DY, offs, CHUNKS, BLOCK_N)
         s1 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
         s2 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
         sh = ()
         gh = ()
         for c in tl.static_range(CHUNKS):
-            w = _wide_weight(W, c * BLOCK_N, cols, HAS_W, "")
+            w = row_load_chunk_param(W, c * BLOCK_N, cols, HAS_W, "")
             xhat, dxhat = _xhat_dxhat(sr[c].to(tl.float32), gr[c].to(tl.float32), mean, rstd, w, HAS_W, RMS)
             s1 += row_thread_sums(dxhat * xhat, BLOCK_N, VEC)
             s2 += row_thread_sums(dxhat, BLOCK_N, VEC)
@@ -460,7 +444,7 @@ def dan_bwd_wide_kernel(
         ndw = ()
         ndb = ()
         for c in tl.static_range(CHUNKS):
-            w = _wide_weight(W, c * BLOCK_N, cols, HAS_W, ".ca")  # not merged with pass 1's load
+            w = row_load_chunk_param(W, c * BLOCK_N, cols, HAS_W, ".ca")  # not merged with pass 1's load
             g = gh[c].to(tl.float32)
             xhat, dxhat = _xhat_dxhat(sh[c].to(tl.float32), g, mean, rstd, w, HAS_W, RMS)
             if RMS:
@@ -675,7 +659,7 @@ def launch_backward(
             RTNE_BF16=INTERPRETED,
             num_warps=cfg.num_warps,
         )
-        if cfg.fused and n > _LDR.BWD_MAX_FUSED_N:  # dan_bwd_wide_kernel
+        if _LDR.is_wide_backward(cfg, n):  # dan_bwd_wide_kernel
             kwargs.update(_LDR.wide_kwargs(cfg, sum_.dtype))
 
         def launch_coef(c1, c2):
@@ -692,7 +676,7 @@ def launch_backward(
     cfg = _LDR.backward_config(n, grad_out.dtype, max_fused_n, held=held, sums=int(has_w) + int(has_b))
     looped = _LDR.wide_backward_fallback(cfg, n, grad_out.dtype)
     cfg, kwargs, launch_coef = plan(cfg)
-    fused = dan_bwd_wide_kernel if cfg.fused and n > _LDR.BWD_MAX_FUSED_N else dan_bwd_fused_kernel
+    fused = dan_bwd_wide_kernel if _LDR.is_wide_backward(cfg, n) else dan_bwd_fused_kernel
     launch_rows_backward(
         fused, dan_bwd_chunk_kernel, launch_coef, cfg, m, n, sum_.device, acc, head, (grad_x, dres), t,
         grad_w if has_w else None, grad_b if has_b else None, kwargs, wrap=wrap, sm_count=sm_count, facts=facts,

@@ -118,9 +118,12 @@ from .rows import (  # noqa: F401  (LdrConfig, dropout_threshold, eps_pair, row_
     row_hold,
     row_inv_n,
     row_keep_tile,
+    row_load_chunk_param,
     row_load_param,
     row_load_param_tile,
+    row_load_raw_chunks,
     row_load_seed,
+    row_load_stats,
     row_rsqrt,
     row_thread_sums,
     row_tile_offsets,
@@ -695,14 +698,13 @@ def _wide_bwd_sums(
         xhat = xr.to(tl.float32) * rstd[:, None]
     else:
         xhat = (xr.to(tl.float32) - mean[:, None]) * rstd[:, None]
-    if HAS_W:
-        w = tl.load(W + col0 + cols[None, :]).to(tl.float32)
+    w = row_load_chunk_param(W, col0, cols, HAS_W, "").to(tl.float32)
     if RELU:  # the ReLU bit from y recomputed
         y = xhat
         if HAS_W:
             y = y * w
         if HAS_B:
-            y = y + tl.load(B + col0 + cols[None, :]).to(tl.float32)
+            y = y + row_load_chunk_param(B, col0, cols, HAS_B, "").to(tl.float32)
         pass_grad = y > 0.0
         if DROPOUT:
             pass_grad = pass_grad & row_keep_tile(seed, base, col0, cols, threshold, 1, BLOCK_N, FAST_RNG)
@@ -769,16 +771,8 @@ def ldr_bwd_wide_kernel(
         offs = rows[:, None] * N + cols[None, :]
         base = rows * N
         seed = row_tile_seed(seed0, row, threshold)
-        if RMS:
-            mean = tl.zeros([1], dtype=tl.float32)  # unused
-        else:
-            mean = tl.load(MEAN + rows)
-        rstd = tl.load(RSTD + rows)
-        xr = ()
-        gr = ()
-        for c in tl.static_range(CHUNKS):
-            xr = xr + (tl.load(X + offs + c * BLOCK_N),)
-            gr = gr + (tl.load(DY + offs + c * BLOCK_N),)
+        mean, rstd = row_load_stats(MEAN, RSTD, rows, RMS)
+        xr, gr = row_load_raw_chunks(X, DY, offs, CHUNKS, BLOCK_N)
         xs = ()
         gs = ()
         s1 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
@@ -807,8 +801,8 @@ def ldr_bwd_wide_kernel(
                 xhat = (xs[c].to(tl.float32) - mean[:, None]) * rstd[:, None]
             g = gs[c].to(tl.float32)
             gw = g
-            if HAS_W:
-                gw = g * tl.load(W + c * BLOCK_N + cols[None, :], cache_modifier=".ca").to(tl.float32)
+            if HAS_W:  # its own cache modifier: not merged with pass 1's load
+                gw = g * row_load_chunk_param(W, c * BLOCK_N, cols, HAS_W, ".ca").to(tl.float32)
             if RMS:
                 dx = gw * k1[:, None] - xhat * k2[:, None]
             else:
@@ -1073,10 +1067,15 @@ def wide_kwargs(cfg: LdrConfig, dtype: torch.dtype) -> dict:
     return dict(VEC=max(1, min(16 // dtype.itemsize, per_thread)), OPAQUE=not INTERPRETED)
 
 
+def is_wide_backward(cfg: LdrConfig, n: int) -> bool:
+    """Whether cfg, from backward_config, is the wide kernels' plan (single-block past BWD_MAX_FUSED_N)."""
+    return cfg.fused and n > BWD_MAX_FUSED_N
+
+
 def wide_backward_fallback(cfg: LdrConfig, n: int, dtype: torch.dtype) -> Optional[LdrConfig]:
     """The looped backward's config where cfg is the wide kernel's (past 8192 columns: N = 12288 and 16384):
     launch_rows_backward runs it instead where that compiled kernel spills registers."""
-    if cfg.fused and n > BWD_MAX_FUSED_N:
+    if is_wide_backward(cfg, n):
         return backward_config(n, dtype, max_fused_n=BWD_MAX_FUSED_N)
     return None
 
@@ -1197,7 +1196,7 @@ def launch_backward(
             RELU=bool(relu),
             num_warps=cfg.num_warps,
         )
-        if cfg.fused and n > BWD_MAX_FUSED_N:  # ldr_bwd_wide_kernel
+        if is_wide_backward(cfg, n):  # ldr_bwd_wide_kernel
             kwargs.update(wide_kwargs(cfg, x.dtype))
         coef_kwargs = {k: v for k, v in kwargs.items() if k not in ("BLOCK_M", "VEC", "OPAQUE")}
         coef_kwargs["num_warps"] = num_warps_for(cfg.block_n, 8)
@@ -1210,7 +1209,7 @@ def launch_backward(
     cfg = backward_config(n, x.dtype, max_fused_n, sums=int(has_w) + int(has_b))
     looped = wide_backward_fallback(cfg, n, x.dtype)
     cfg, kwargs, launch_coef = plan(cfg)
-    fused = ldr_bwd_wide_kernel if cfg.fused and n > BWD_MAX_FUSED_N else ldr_bwd_fused_kernel
+    fused = ldr_bwd_wide_kernel if is_wide_backward(cfg, n) else ldr_bwd_fused_kernel
     launch_rows_backward(
         fused, ldr_bwd_chunk_kernel, launch_coef, cfg, m, n, x.device, acc, head, (grad_x,), t,
         grad_w if has_w else None, grad_b if has_b else None, kwargs, wrap=wrap, sm_count=sm_count, facts=facts,

@@ -236,6 +236,39 @@ def row_thread_sums(v, BLOCK_N: tl.constexpr, VEC: tl.constexpr):
 
 
 @triton.jit
+def row_load_chunk_param(P, col0, cols, HAS: tl.constexpr, CACHE: tl.constexpr):
+    """Columns col0 + cols of a weight or bias as a [1, BLOCK_N] tile of a wide backward (every chunk is full: no
+    mask), loaded with cache modifier CACHE; zeros, never read, when absent."""
+    if HAS:
+        v = tl.load(P + col0 + cols[None, :], cache_modifier=CACHE)
+    else:
+        v = tl.zeros([1, cols.shape[0]], dtype=tl.float32)
+    return v
+
+
+@triton.jit
+def row_load_stats(MEAN, RSTD, rows, RMS: tl.constexpr):
+    """A wide backward's row statistics (rows: [1] int64): mean (zeros, unused, for RMSNorm) and rstd."""
+    if RMS:
+        mean = tl.zeros([1], dtype=tl.float32)
+    else:
+        mean = tl.load(MEAN + rows)
+    return mean, tl.load(RSTD + rows)
+
+
+@triton.jit
+def row_load_raw_chunks(A, B, offs, CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Every chunk of one row of A and of B as loaded (tuples of CHUNKS [1, BLOCK_N] tiles, their own dtypes): the
+    wide backwards issue all of a row's loads before any of its math."""
+    a = ()
+    b = ()
+    for c in tl.static_range(CHUNKS):
+        a = a + (tl.load(A + offs + c * BLOCK_N),)
+        b = b + (tl.load(B + offs + c * BLOCK_N),)
+    return a, b
+
+
+@triton.jit
 def row_zero_chunks(CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr):
     """A tuple of CHUNKS fp32 zero tiles [1, BLOCK_N]: the wide backwards' dgamma / dbeta accumulators."""
     z = ()
