@@ -700,15 +700,30 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
             "dropout_add_norm",
             dict(rms=True, prenorm=True, residual_in_fp32=True, params="bias", param_dtype=torch.float32),
         ),
+        (12288, torch.float32, "layer_norm_dropout_relu", dict(hold="half")),
+        (12288, torch.bfloat16, "dropout_add_norm", dict(rms=False, residual_in_fp32=True, hold="half")),
     ],
 )
-def test_triton_wide_backward_matches_reference(backend, n, dtype, op, extra):
+def test_triton_wide_backward_matches_reference(backend, n, dtype, op, extra, monkeypatch):
     """N = 12288 and 16384 plan the wide single-block backward (ldr_bwd_wide_kernel / dan_bwd_wide_kernel: 4096-column
     chunks at 16 warps; the interpreter has no compiled kernel to report spills, so it always runs it, where a GPU
     runs the looped kernels for the kinds that spill): the fp64 reference, every output and gradient; ReLU or
-    not, no parameters, bias only in fp32, p = 0, prenorm and an fp32 sum."""
+    not, no parameters, bias only in fp32, p = 0, prenorm and an fp32 sum. hold="half": the kernel holding half
+    its row's chunks of x (the sum) and reading the others again in pass 2, the last rung of wide_holds, which a
+    GPU runs where the whole row spills."""
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
 
+    extra = dict(extra)
+    held_half = []
+    hold_half = extra.pop("hold", None) == "half"
+    if hold_half:
+        plain = ldr_kernels.wide_kwargs
+
+        def half(cfg, dt):
+            held_half.append(ldr_kernels.wide_holds(cfg, cfg.chunks * cfg.block_n)[-1])
+            return {**plain(cfg, dt), "HOLD": held_half[-1]}
+
+        monkeypatch.setattr(ldr_kernels, "wide_kwargs", half)
     spec = OPS_BY_NAME[op]
     sample = spec.sample((2,), n, dtype, backend.device, **{"p": 0.2, **extra})
     held = torch.float32 if extra.get("residual_in_fp32") else dtype  # the sum dropout_add_norm's kernel holds
@@ -718,16 +733,19 @@ def test_triton_wide_backward_matches_reference(backend, n, dtype, op, extra):
     want = (n // 4096, 4096, 1, 16) if held.itemsize == 2 else (n // 2048, 2048, 1, 8)
     assert cfg.fused and (cfg.chunks, cfg.block_n, cfg.block_m, cfg.num_warps) == want
     check_against_reference(spec, backend, sample)
+    if hold_half:  # the backward ran holding half its chunks
+        assert held_half and set(held_half) == {cfg.chunks // 2}
 
 
 @pytest.mark.parametrize("op", ["layer_norm_dropout_relu", "dropout_add_norm"])
 @pytest.mark.parametrize("n", [12288, 16384])
 def test_triton_wide_backward_is_one_pass_unless_the_compiled_kernel_spills(op, n):
     """Launch planning (meta tensors, launches recorded, the compiled kernel's facts stood in for): N = 12288 and
-    16384 run the wide single-block backward where that compiled kernel fits its registers, else the looped
-    kernels (row coefficients, then chunks); 8192 and fp64 never take it. At 16384 with a weight and a bias the
-    held row and the two accumulators pass WIDE_BWD_REGS: the looped kernels are planned without compiling the
-    wide one (the weight alone, one accumulator, takes it)."""
+    16384 run the wide single-block backward where that compiled kernel fits its registers; where holding the
+    whole row spills, the same kernel holding one chunk fewer at a time, down to half the row (wide_holds); else
+    the looped kernels (row coefficients, then chunks); 8192 and fp64 never take it. At 16384 with a weight and a
+    bias the held row and the two accumulators pass WIDE_BWD_REGS: the looped kernels are planned without
+    compiling the wide one (the weight alone, one accumulator, takes it)."""
     pytest.importorskip("triton")
     from gpuopt_ops.triton_kernels import common
     from gpuopt_ops.triton_kernels import dropout_add_norm as dan_kernels
@@ -752,20 +770,26 @@ def test_triton_wide_backward_is_one_pass_unless_the_compiled_kernel_spills(op, 
     def wrap(kernel):
         class Launch:
             def __getitem__(self, grid):
-                return lambda *a, **k: launched.append((kernel.__name__, k.get("BLOCK_N"), k.get("VEC")))
+                return lambda *a, **k: launched.append((kernel.__name__, k.get("BLOCK_N"), k.get("VEC"), k.get("HOLD")))
 
         return Launch()
 
     meta = lambda *s, dt=bf16: torch.empty(s, device="meta", dtype=dt)  # noqa: E731
     prefix = "ldr" if op == "layer_norm_dropout_relu" else "dan"
     looped = [f"{prefix}_bwd_row_coef_kernel", f"{prefix}_bwd_chunk_kernel", "sum_partials_kernel"]
-    for spills, bias in ((0, False), (56, False), (0, True)):
+    chunks = n // 4096
+    rungs = ldr_kernels.wide_holds(cfg, n)  # one chunk fewer at a time, down to half the row
+    assert rungs == tuple(range(chunks - 1, (chunks + 1) // 2 - 1, -1)) and rungs[-1] * 2 >= chunks
+    # spills: of the wide kernel while it holds more than `fits` chunks (0: never)
+    for spills, fits, bias in ((0, None, False), (56, 0, False), (56, rungs[-1], False), (0, None, True)):
         launched.clear()
         asked = []
 
-        def facts(kernel, args, kwargs, spills=spills, asked=asked):  # 128 registers at 16 warps: one an SM
-            asked.append(kernel.__name__)
-            return common.KernelFacts(128, 0, kwargs["num_warps"], spills if "wide" in kernel.__name__ else 0)
+        def facts(kernel, args, kwargs, spills=spills, fits=fits, asked=asked):  # 128 registers at 16 warps
+            wide = "wide" in kernel.__name__
+            asked.append((kernel.__name__, kwargs.get("HOLD")) if wide else kernel.__name__)
+            over = wide and (fits is None or kwargs["HOLD"] > fits)
+            return common.KernelFacts(128, 0, kwargs["num_warps"], spills if over else 0)
 
         b = meta(n) if bias else None
         if op == "layer_norm_dropout_relu":
@@ -779,15 +803,20 @@ def test_triton_wide_backward_is_one_pass_unless_the_compiled_kernel_spills(op, 
                 meta(1, dt=torch.int64), meta(m, n), meta(m, n), meta(n), b, 0.1, False,
                 wrap=wrap, sm_count=64, facts=facts,
             )  # fmt: skip
-        names = [k for k, _, _ in launched]
+        names = [k[0] for k in launched]
+        wide = f"{prefix}_bwd_wide_kernel"
         if bias and n == 16384:  # planned looped: the wide kernel is never compiled
-            assert f"{prefix}_bwd_wide_kernel" not in asked and names == looped
+            assert not any(wide in a for a in asked) and names == looped
             continue
-        assert asked[0] == f"{prefix}_bwd_wide_kernel"
-        if not spills:
-            assert names == [f"{prefix}_bwd_wide_kernel", "sum_partials_kernel"] and launched[0][1] == 4096
+        assert asked[0] == (wide, chunks)  # the whole row first
+        if not spills or fits:
+            hold = chunks if not spills else fits
+            # the rungs asked in turn until one fits: none where the whole row fits
+            assert [a for a in asked if wide in a] == [(wide, h) for h in (chunks, *rungs) if h >= hold]
+            assert names == [wide, "sum_partials_kernel"] and launched[0][1] == 4096 and launched[0][3] == hold
             assert launched[0][2] == 8  # VEC: a thread's 8 bf16 side by side (4096 columns, 512 threads)
-        else:
+        else:  # every rung spills
+            assert [a for a in asked if wide in a] == [(wide, h) for h in (chunks, *rungs)]
             assert names == looped
             assert launched[1][1] == 1024 and launched[1][2] is None  # the looped kernels' own chunks
 

@@ -561,6 +561,9 @@ def _triton_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
         groups = a["_grid"][0] if one_pass else a["_grid"][1]
         stats = k * m * ACC if one_pass else 2 * k * m * ACC
         partials = sums * groups * n * ACC
+        rr = _wide_reread(kernel, a, mn * e)
+        if rr:  # the wide kernel's pass 2 reads the chunks of x it does not hold again
+            return 3 * mn * e + rr + stats + params + partials, 2 * mn * e + rr + stats + params, rr, n * e
         return 3 * mn * e + stats + params + partials, 2 * mn * e + stats + params
     if kernel == "ldr_bwd_row_coef_kernel":
         return 2 * mn * e + 2 * k * m * ACC + params, 2 * mn * e + k * m * ACC + params
@@ -575,6 +578,15 @@ def _triton_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
     if kernel.startswith("dan_"):
         return _dan_bytes(kernel, a, m, n, e)
     raise KeyError(f"tools.roofline_gpuopt: no byte declaration for the Triton kernel {kernel}; add one")
+
+
+def _wide_reread(kernel: str, a: dict, row_bytes: int) -> int:
+    """Bytes a wide backward reads twice: of row_bytes (x, or dropout_add_norm's sum, over all rows), the chunks
+    it does not hold (CHUNKS - HOLD of CHUNKS). Served by L2 in the model (the reuse unit: one row)."""
+    if not kernel.endswith("_bwd_wide_kernel"):
+        return 0
+    chunks = int(a["CHUNKS"])
+    return row_bytes * (chunks - int(a["HOLD"])) // chunks
 
 
 def _dan_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
@@ -599,7 +611,11 @@ def _dan_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
     groups = a["_grid"][0] if one_pass else a["_grid"][1]
     stats += 0 if one_pass else 2 * m * ACC  # c1, c2
     read = mn * (e + es + has_gs * es) + stats + params
-    return read + mn * (e + has_r * es) + sums * groups * n * ACC, read
+    nbytes = read + mn * (e + has_r * es) + sums * groups * n * ACC
+    rr = _wide_reread(kernel, a, mn * es)
+    if rr:  # the wide kernel's pass 2 reads the chunks of the sum it does not hold again
+        return nbytes + rr, read + rr, rr, n * es
+    return nbytes, read
 
 
 def _triton_trips(kernel: str, a: dict, grid: tuple, m: int, n: int):

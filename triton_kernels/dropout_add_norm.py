@@ -56,6 +56,7 @@ from .rows import (
     row_div,
     row_dropout_scale,
     row_eps,
+    row_held_chunk,
     row_hold,
     row_inv_n,
     row_keep_tile,
@@ -65,6 +66,7 @@ from .rows import (
     row_load_raw_chunks,
     row_load_seed,
     row_load_stats,
+    row_raw_chunk,
     row_rsqrt,
     row_thread_sums,
     row_tile_offsets,
@@ -407,13 +409,16 @@ def dan_bwd_wide_kernel(
     HAS_GS: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
     DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, RTNE_BF16: tl.constexpr, VEC: tl.constexpr, OPAQUE: tl.constexpr,
+    HOLD: tl.constexpr,
 ):  # fmt: skip
     """Single-block backward of the widest rows (N = CHUNKS x BLOCK_N, 12288 and 16384; not fp64), persistent, one
     row a tile, as layer_norm_dropout_relu's ldr_bwd_wide_kernel: every chunk of the sum and grad_out is loaded
     first and held raw (row_hold) across the row sums, which add per-thread parts chunk by chunk (row_thread_sums);
     after them each chunk's xhat and grad_out are converted again, the weight reloaded (its own cache modifier, so
     not merged with the first load), and dS, grad_residual, grad_x (the keep bits drawn here) and the dgamma /
-    dbeta accumulators follow. VEC: the elements a thread holds side by side."""
+    dbeta accumulators follow. VEC: the elements a thread holds side by side. HOLD: the chunks of the sum held, as
+    in ldr_bwd_wide_kernel (grad_out is always held)."""
+    UPFRONT: tl.constexpr = HOLD == CHUNKS
     scale = row_dropout_scale(threshold, False)
     inv_n = row_inv_n(N, False)
     pid = tl.program_id(0)
@@ -427,18 +432,21 @@ def dan_bwd_wide_kernel(
         base = rows * N
         seed = row_tile_seed(seed0, row, threshold)
         mean, rstd = row_load_stats(MEAN, RSTD, rows, RMS)
-        sr, gr = row_load_raw_chunks(S, DY, offs, CHUNKS, BLOCK_N)
+        sr, gr = row_load_raw_chunks(S, DY, offs, CHUNKS, BLOCK_N, UPFRONT)
         s1 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
         s2 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
         sh = ()
         gh = ()
         for c in tl.static_range(CHUNKS):
+            s_c = row_raw_chunk(S, offs, sr, c, BLOCK_N, UPFRONT)
+            g_c = row_raw_chunk(DY, offs, gr, c, BLOCK_N, UPFRONT)
             w = row_load_chunk_param(W, c * BLOCK_N, cols, HAS_W, "")
-            xhat, dxhat = _xhat_dxhat(sr[c].to(tl.float32), gr[c].to(tl.float32), mean, rstd, w, HAS_W, RMS)
+            xhat, dxhat = _xhat_dxhat(s_c.to(tl.float32), g_c.to(tl.float32), mean, rstd, w, HAS_W, RMS)
             s1 += row_thread_sums(dxhat * xhat, BLOCK_N, VEC)
             s2 += row_thread_sums(dxhat, BLOCK_N, VEC)
-            sh = sh + (row_hold(sr[c], OPAQUE),)
-            gh = gh + (row_hold(gr[c], OPAQUE),)
+            if c >= CHUNKS - HOLD:
+                sh = sh + (row_hold(s_c, OPAQUE),)
+            gh = gh + (row_hold(g_c, OPAQUE),)
         c1 = tl.sum(s1, axis=0) * inv_n
         c2 = tl.sum(s2, axis=0) * inv_n
         ndw = ()
@@ -446,7 +454,8 @@ def dan_bwd_wide_kernel(
         for c in tl.static_range(CHUNKS):
             w = row_load_chunk_param(W, c * BLOCK_N, cols, HAS_W, ".ca")  # not merged with pass 1's load
             g = gh[c].to(tl.float32)
-            xhat, dxhat = _xhat_dxhat(sh[c].to(tl.float32), g, mean, rstd, w, HAS_W, RMS)
+            s_c = row_held_chunk(S, offs, sh, c, CHUNKS, HOLD, BLOCK_N)
+            xhat, dxhat = _xhat_dxhat(s_c.to(tl.float32), g, mean, rstd, w, HAS_W, RMS)
             if RMS:
                 ds = rstd[:, None] * (dxhat - xhat * c1[:, None])
             else:
@@ -680,5 +689,5 @@ def launch_backward(
     launch_rows_backward(
         fused, dan_bwd_chunk_kernel, launch_coef, cfg, m, n, sum_.device, acc, head, (grad_x, dres), t,
         grad_w if has_w else None, grad_b if has_b else None, kwargs, wrap=wrap, sm_count=sm_count, facts=facts,
-        looped=plan(looped) if looped is not None else None,
+        looped=plan(looped) if looped is not None else None, holds=_LDR.wide_holds(cfg, n),
     )  # fmt: skip

@@ -115,6 +115,7 @@ from .rows import (  # noqa: F401  (LdrConfig, dropout_threshold, eps_pair, row_
     row_dropout_scale,
     row_eps,
     row_fused_config,
+    row_held_chunk,
     row_hold,
     row_inv_n,
     row_keep_tile,
@@ -124,6 +125,7 @@ from .rows import (  # noqa: F401  (LdrConfig, dropout_threshold, eps_pair, row_
     row_load_raw_chunks,
     row_load_seed,
     row_load_stats,
+    row_raw_chunk,
     row_rsqrt,
     row_thread_sums,
     row_tile_offsets,
@@ -749,6 +751,7 @@ def ldr_bwd_wide_kernel(
     RELU: tl.constexpr,
     VEC: tl.constexpr,
     OPAQUE: tl.constexpr,
+    HOLD: tl.constexpr,
 ):
     """Single-block backward of the widest rows (N = CHUNKS x BLOCK_N, 12288 and 16384; not fp64), persistent, one
     row a tile. Per row: every chunk of x and grad_out is loaded first; pass 1 forms each chunk's keep and ReLU
@@ -758,7 +761,10 @@ def ldr_bwd_wide_kernel(
     so that the compiler does not merge it with pass 1's load and hold the weight across the reductions), stores
     dx and accumulates dgamma / dbeta without the dropout scale (applied to the program's partial row). Live
     across the row sums: the raw row (1 register an element for 16-bit data) and the accumulators (1 or 2), where
-    the fused kernel holds xhat, dy and dxhat in fp32. VEC: the elements a thread holds side by side."""
+    the fused kernel holds xhat, dy and dxhat in fp32. VEC: the elements a thread holds side by side. HOLD: the
+    chunks of x held (the last HOLD); below CHUNKS, pass 2 reads the others again (row_held_chunk) and pass 1
+    loads chunk by chunk, for the registers that the held row and all of a row's loads in flight would take."""
+    UPFRONT: tl.constexpr = HOLD == CHUNKS
     scale = row_dropout_scale(threshold, False)
     inv_n = row_inv_n(N, False)
     pid = tl.program_id(0)
@@ -772,17 +778,19 @@ def ldr_bwd_wide_kernel(
         base = rows * N
         seed = row_tile_seed(seed0, row, threshold)
         mean, rstd = row_load_stats(MEAN, RSTD, rows, RMS)
-        xr, gr = row_load_raw_chunks(X, DY, offs, CHUNKS, BLOCK_N)
+        xr, gr = row_load_raw_chunks(X, DY, offs, CHUNKS, BLOCK_N, UPFRONT)
         xs = ()
         gs = ()
         s1 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
         s2 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
         for c in tl.static_range(CHUNKS):
             x_c, g_c, t1, t2 = _wide_bwd_sums(
-                xr[c], gr[c], W, B, mean, rstd, seed, base, c * BLOCK_N, cols, threshold,
+                row_raw_chunk(X, offs, xr, c, BLOCK_N, UPFRONT), row_raw_chunk(DY, offs, gr, c, BLOCK_N, UPFRONT),
+                W, B, mean, rstd, seed, base, c * BLOCK_N, cols, threshold,
                 HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_N, VEC, RMS, RELU, OPAQUE,
             )  # fmt: skip
-            xs = xs + (x_c,)
+            if c >= CHUNKS - HOLD:
+                xs = xs + (x_c,)
             gs = gs + (g_c,)
             s1 += t1
             s2 += t2
@@ -795,10 +803,11 @@ def ldr_bwd_wide_kernel(
         ndw = ()
         ndb = ()
         for c in tl.static_range(CHUNKS):
+            x_c = row_held_chunk(X, offs, xs, c, CHUNKS, HOLD, BLOCK_N)
             if RMS:
-                xhat = xs[c].to(tl.float32) * rstd[:, None]
+                xhat = x_c.to(tl.float32) * rstd[:, None]
             else:
-                xhat = (xs[c].to(tl.float32) - mean[:, None]) * rstd[:, None]
+                xhat = (x_c.to(tl.float32) - mean[:, None]) * rstd[:, None]
             g = gs[c].to(tl.float32)
             gw = g
             if HAS_W:  # its own cache modifier: not merged with pass 1's load
@@ -1062,9 +1071,20 @@ def backward_config(
 
 def wide_kwargs(cfg: LdrConfig, dtype: torch.dtype) -> dict:
     """The wide backward kernels' own constexprs: VEC, the elements a thread holds side by side (a 16-byte vector,
-    or fewer where the chunk gives a thread fewer), and OPAQUE (row_hold's asm, off under the interpreter)."""
+    or fewer where the chunk gives a thread fewer), OPAQUE (row_hold's asm, off under the interpreter) and HOLD,
+    the chunks of x (dropout_add_norm: of the sum) held across the row sums: all of them (wide_holds: fewer)."""
     per_thread = cfg.block_n // (32 * cfg.num_warps)
-    return dict(VEC=max(1, min(16 // dtype.itemsize, per_thread)), OPAQUE=not INTERPRETED)
+    return dict(VEC=max(1, min(16 // dtype.itemsize, per_thread)), OPAQUE=not INTERPRETED, HOLD=cfg.chunks)
+
+
+def wide_holds(cfg: LdrConfig, n: int) -> tuple:
+    """The HOLD values launch_rows_backward tries, in turn, where the compiled wide kernel holding its whole row
+    spills: one chunk fewer at a time, down to half the row (the rest read again in pass 2, from L2 in the
+    performance model, at half the cost of a DRAM read: re-reading half of x estimates 0.85-0.88 in the kinds
+    measured, against 0.5-0.7 for the looped kernels). Empty where cfg is not the wide kernels' plan."""
+    if not is_wide_backward(cfg, n):
+        return ()
+    return tuple(range(cfg.chunks - 1, (cfg.chunks + 1) // 2 - 1, -1))
 
 
 def is_wide_backward(cfg: LdrConfig, n: int) -> bool:
@@ -1213,5 +1233,5 @@ def launch_backward(
     launch_rows_backward(
         fused, ldr_bwd_chunk_kernel, launch_coef, cfg, m, n, x.device, acc, head, (grad_x,), t,
         grad_w if has_w else None, grad_b if has_b else None, kwargs, wrap=wrap, sm_count=sm_count, facts=facts,
-        looped=plan(looped) if looped is not None else None,
+        looped=plan(looped) if looped is not None else None, holds=wide_holds(cfg, n),
     )  # fmt: skip

@@ -257,15 +257,39 @@ def row_load_stats(MEAN, RSTD, rows, RMS: tl.constexpr):
 
 
 @triton.jit
-def row_load_raw_chunks(A, B, offs, CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Every chunk of one row of A and of B as loaded (tuples of CHUNKS [1, BLOCK_N] tiles, their own dtypes): the
-    wide backwards issue all of a row's loads before any of its math."""
+def row_load_raw_chunks(A, B, offs, CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, UPFRONT: tl.constexpr):
+    """With UPFRONT, every chunk of one row of A and of B as loaded (tuples of CHUNKS [1, BLOCK_N] tiles, their own
+    dtypes): a wide backward that holds its whole row issues all of the row's loads before any of its math.
+    Without, two empty tuples: row_raw_chunk loads each chunk where pass 1 reaches it."""
     a = ()
     b = ()
-    for c in tl.static_range(CHUNKS):
-        a = a + (tl.load(A + offs + c * BLOCK_N),)
-        b = b + (tl.load(B + offs + c * BLOCK_N),)
+    if UPFRONT:
+        for c in tl.static_range(CHUNKS):
+            a = a + (tl.load(A + offs + c * BLOCK_N),)
+            b = b + (tl.load(B + offs + c * BLOCK_N),)
     return a, b
+
+
+@triton.jit
+def row_raw_chunk(A, offs, loaded, c: tl.constexpr, BLOCK_N: tl.constexpr, UPFRONT: tl.constexpr):
+    """Chunk c of one row of A for a wide backward's pass 1: loaded[c] (row_load_raw_chunks), or loaded here."""
+    if UPFRONT:
+        v = loaded[c]
+    else:
+        v = tl.load(A + offs + c * BLOCK_N)
+    return v
+
+
+@triton.jit
+def row_held_chunk(A, offs, held, c: tl.constexpr, CHUNKS: tl.constexpr, HOLD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Chunk c of one row of A for a wide backward's pass 2: held (the last HOLD chunks, as pass 1 kept them), or
+    read again (L1 / L2 hits: pass 1 read it just before) under a cache modifier of its own, so that the compiler
+    does not merge it with pass 1's load and hold it after all."""
+    if c >= CHUNKS - HOLD:
+        v = held[c - (CHUNKS - HOLD)]
+    else:
+        v = tl.load(A + offs + c * BLOCK_N, cache_modifier=".ca")
+    return v
 
 
 @triton.jit
@@ -409,6 +433,7 @@ def launch_rows_backward(
     sm_count,
     facts,
     looped=None,
+    holds=(),
 ) -> None:
     """The backward launches of a row-normalization op (cfg from its backward_config; grad_w / grad_b None where
     the op has no weight / bias; kwargs the kernels' constexprs and num_warps). The kernels take
@@ -417,8 +442,10 @@ def launch_rows_backward(
     persistent over the row tiles; the chunk kernel's grid is (column chunks, groups), the SMs' programs spread
     over the chunks. The dgamma / dbeta partials go to one buffer of (groups, N) sets in the accumulation dtype,
     reduced in a fixed order by one stage-2 launch: groups, and with it the bits of dgamma / dbeta, is fixed by
-    (shape, dtype, device). looped: (cfg, kwargs, launch_coef) of the looped kernels, run instead where the
-    compiled single-block kernel of cfg spills registers (the widest rows: wide_backward_fallback)."""
+    (shape, dtype, device). holds: the wide kernels' HOLD values to try in turn where the compiled kernel holding
+    its whole row spills (wide_holds); looped: (cfg, kwargs, launch_coef) of the looped kernels, run instead where
+    the compiled single-block kernel of cfg spills registers all the same (the widest rows:
+    wide_backward_fallback)."""
     has_w, has_b = grad_w is not None, grad_b is not None
     sets = int(has_w) + int(has_b)
     placeholder = torch.empty((1,), dtype=acc, device=device)  # the partial pointers' dtype, for the facts
@@ -427,6 +454,11 @@ def launch_rows_backward(
             kwargs["CHUNKS"] = cfg.chunks
             args = [*head, *outs, placeholder, placeholder, m, n, threshold]
             got = kernel_facts(fused_kernel, device, args, kwargs, facts)
+            for hold in holds:  # a wide kernel holding less of its row, where the whole row spills
+                if got is None or not got.spills:
+                    break
+                kwargs["HOLD"] = hold
+                got = kernel_facts(fused_kernel, device, args, kwargs, facts)
             if looped is not None and got is not None and got.spills:
                 cfg, kwargs, launch_coef = looped
         num_tiles = triton.cdiv(m, cfg.block_m)
