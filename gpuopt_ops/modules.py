@@ -39,6 +39,13 @@ from .ops import (
 _ShapeT = Union[int, Sequence[int]]
 
 
+def default_rms_eps(dtype: torch.dtype) -> float:
+    """The eps that `F.rms_norm` / `nn.RMSNorm` use when eps is None: the machine epsilon of the type they compute
+    in, which is fp32 for fp16 and bf16 inputs (not the 16-bit type's own epsilon) and the input's type otherwise."""
+    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    return torch.finfo(compute).eps
+
+
 def _norm_parameters(module: nn.Module, elementwise_affine: bool, bias: Optional[bool], factory: dict) -> None:
     """`weight` and `bias` of module.normalized_shape as nn.LayerNorm registers them (None when not affine or
     bias=False); bias=None: no bias at all (nn.RMSNorm's parameters: `weight` alone)."""
@@ -196,8 +203,8 @@ class LinearBiasAct(nn.Module):
 
 
 class _FusedNorm(nn.Module):
-    """What the one-dimensional fused norm modules share: normalized_shape, p, eps (None: torch.finfo(x.dtype).eps,
-    nn.RMSNorm's default), backend, nn.LayerNorm's / nn.RMSNorm's initialisation, the op's keyword arguments."""
+    """What the one-dimensional fused norm modules share: normalized_shape, p, eps (None: nn.RMSNorm's default,
+    `default_rms_eps(x.dtype)`), backend, nn.LayerNorm's / nn.RMSNorm's initialisation, the op's keyword arguments."""
 
     _norm = "layer"
 
@@ -220,7 +227,7 @@ class _FusedNorm(nn.Module):
         _reset_norm_parameters(self)
 
     def _op_kwargs(self, x: torch.Tensor) -> dict:
-        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        eps = default_rms_eps(x.dtype) if self.eps is None else self.eps
         return dict(norm=self._norm, p=self.p, training=self.training, eps=eps, backend=self.backend)
 
     def _params(self) -> tuple:
@@ -284,7 +291,7 @@ class FusedDropoutAddLayerNorm(_FusedDropoutAddNorm):
 
 class FusedDropoutAddRMSNorm(_FusedDropoutAddNorm):
     """RMSNorm(dropout(x) + residual); nn.RMSNorm's parameter (`weight`), initialisation and eps default (None:
-    torch.finfo(x.dtype).eps)."""
+    `default_rms_eps(x.dtype)`)."""
 
     _norm = "rms"
 
@@ -347,7 +354,7 @@ class FusedLayerNormDropout(_FusedNormDropout):
 
 class FusedRMSNormDropout(_FusedNormDropout):
     """act(dropout(RMSNorm(x))), act None or "relu"; nn.RMSNorm's parameter (`weight`), initialisation and eps
-    default (None: torch.finfo(x.dtype).eps): a drop-in for nn.RMSNorm → nn.Dropout(p) (→ nn.ReLU)."""
+    default (None: `default_rms_eps(x.dtype)`): a drop-in for nn.RMSNorm → nn.Dropout(p) (→ nn.ReLU)."""
 
     _norm = "rms"
 

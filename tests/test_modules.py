@@ -268,3 +268,28 @@ def test_norm_dropout_modules_are_drop_ins(norm, affine, bias, activation):
         assert 0.2 < dropped < 0.3, dropped
     with pytest.raises(ValueError, match="activation must be None or 'relu'"):
         type(fused)(n, activation="gelu")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_rms_norm_modules_resolve_the_default_eps_as_pytorch_does(dtype):
+    """eps=None is nn.RMSNorm's default: ATen takes the epsilon of the type it computes in, fp32 for 16-bit inputs
+    (not bf16's 7.8e-3). Small inputs make the difference large (an output error of ~0.6 with bf16's epsilon)."""
+    from gpuopt_ops.modules import FusedDropoutAddRMSNorm, FusedRMSNormDropout, default_rms_eps
+
+    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    assert default_rms_eps(dtype) == torch.finfo(compute).eps
+    n = 64
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(16, n, generator=gen) * 1e-3).to(dtype)
+    r = (torch.randn(16, n, generator=gen) * 1e-3).to(dtype)
+    ref = nn.RMSNorm(n).to(dtype).eval()
+    _randomize(ref, seed=5)
+    tol = dict(rtol=2e-2, atol=2e-2) if compute is torch.float32 and dtype is not torch.float32 else {}
+    for fused, args, expect in (
+        (FusedRMSNormDropout(n, p=0.1), (x,), ref(x)),
+        (FusedDropoutAddRMSNorm(n, p=0.1), (x, r), ref(x + r)),
+    ):
+        fused = fused.to(dtype).eval()
+        fused.load_state_dict(ref.state_dict())
+        assert fused.eps is None
+        torch.testing.assert_close(fused(*args), expect, **tol)
