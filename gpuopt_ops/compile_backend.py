@@ -39,6 +39,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from .modules import default_rms_eps
 from .ops import bias_act, bias_relu, dropout_add_norm, layer_norm_dropout_relu, norm_dropout
 
 _LAYER_NORM = {F.layer_norm, torch.layer_norm}
@@ -63,8 +64,15 @@ def _ldr(x, normalized_shape, weight, bias, p, training, eps):
     return layer_norm_dropout_relu(x, normalized_shape, weight, bias, p=p, training=training, eps=eps)
 
 
+def _bias_like(y, bias):
+    """The bias as the unfused linear / addmm uses it: under autocast it is cast to the matmul's dtype with x and
+    the weight (outside autocast a bias of another dtype than y's is an error there, so this changes nothing)."""
+    return bias if bias.dtype == y.dtype else bias.to(y.dtype)
+
+
 def _linear_bias_relu(x, weight, bias):
-    return bias_relu(F.linear(x, weight), bias)
+    y = F.linear(x, weight)
+    return bias_relu(y, _bias_like(y, bias))
 
 
 def _dropout_add_norm(x, residual, weight, bias, rms, p, training, eps, prenorm):
@@ -78,12 +86,142 @@ def _norm_dropout(x, weight, bias, rms, activation, p, training, eps):
 
 
 def _linear_bias_act(x, weight, bias, act):
-    return bias_act(F.linear(x, weight), bias, act=act)
+    y = F.linear(x, weight)
+    return bias_act(y, _bias_like(y, bias), act=act)
 
 
 def _addmm_bias_act(bias, a, w, shape, act):
     y = torch.mm(a, w)
-    return bias_act(y if shape is None else y.view(shape), bias, act=act)
+    return bias_act(y if shape is None else y.view(shape), _bias_like(y, bias), act=act)
+
+
+# ---------------------------------------------------------------------------------------------- proof obligations
+# A rewrite replaces a set of nodes (`dead`) by one call placed before an anchor node. It computes the same function
+# only if (1) no erased node has a user outside the erased set, except the results, whose uses go to the new call;
+# (2) no input of the new call is erased, and every input exists at the anchor; (3) between the first and the last
+# of those nodes (the anchor included) nothing mutates a tensor or changes a mode (autocast, grad mode): the new
+# call then reads the same values, in the same mode, as the nodes it replaces, wherever in that span it sits;
+# (4) nothing after that span mutates an input, an erased node or a result, or a view of one: autograd would see a
+# tensor our op saved for the backward change (eager saves other tensors, so it could train where we fail).
+_INPLACE_OPERATORS = {
+    operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+    operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+    operator.imatmul,
+}  # fmt: skip
+# methods / functions that return a view of their first argument: a mutation of the view mutates the base
+_VIEWS = {
+    "view", "view_as", "reshape", "reshape_as", "expand", "expand_as", "transpose", "t", "T", "mT", "permute",
+    "squeeze", "unsqueeze", "flatten", "unflatten", "narrow", "select", "split", "chunk", "unbind", "diagonal",
+    "detach", "as_strided", "movedim", "swapaxes", "swapdims", "unfold", "contiguous", "getitem", "__getitem__",
+    "real", "imag", "view_as_real", "view_as_complex", "tensor_split", "split_with_sizes", "alias", "to", "type",
+    "type_as", "float", "half", "bfloat16", "double",
+}  # fmt: skip
+_SIGNATURES: dict = {}
+
+
+def _name(node: torch.fx.Node) -> str:
+    if node.op == "call_method":
+        return str(node.target)
+    return getattr(node.target, "__name__", "") or ""
+
+
+def _inplace_arg(node: torch.fx.Node) -> bool:
+    """inplace=True given by keyword or by position (F.relu(x, True), F.dropout(x, p, training, True))."""
+    if node.kwargs.get("inplace", False) is True:
+        return True
+    target = node.target
+    if node.op != "call_function" or not callable(target) or not node.args:
+        return False
+    if target not in _SIGNATURES:
+        try:
+            import inspect
+
+            sig = inspect.signature(target)
+            _SIGNATURES[target] = sig if "inplace" in sig.parameters else None
+        except (TypeError, ValueError):
+            _SIGNATURES[target] = None
+    sig = _SIGNATURES[target]
+    if sig is None:
+        return False
+    try:
+        bound = sig.bind(*node.args, **node.kwargs)
+    except TypeError:
+        return True  # cannot tell: assume the worst
+    return bound.arguments.get("inplace", False) is True
+
+
+def _mutated(node: torch.fx.Node) -> list:
+    """The tensors (graph nodes) a node writes in place; [] when it writes none."""
+    if node.op not in ("call_function", "call_method"):
+        return []
+    name = _name(node)
+    first = [node.args[0]] if node.args and isinstance(node.args[0], torch.fx.Node) else []
+    out = [v for k, v in node.kwargs.items() if k == "out" and isinstance(v, torch.fx.Node)]
+    if node.op == "call_function" and node.target in _INPLACE_OPERATORS:
+        return first + out
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None and getattr(schema, "is_mutable", False):
+        return list(node.all_input_nodes)
+    if name.endswith("_") and not name.startswith("_") or name.startswith("__i") and name.endswith("__"):
+        return first + out
+    if _inplace_arg(node):
+        return first + out
+    return out
+
+
+def _changes_mode(node: torch.fx.Node) -> bool:
+    """A node that enters or leaves a context: autocast, grad mode, inference mode, or any other `_set_*` state."""
+    if node.op == "call_module":
+        return True  # not inlined by Dynamo: what it does is not known here
+    if node.op != "call_function":
+        return False
+    name = _name(node)
+    module = getattr(node.target, "__module__", "") or ""
+    return (
+        "autocast" in name
+        or "grad_enabled" in name
+        or "inference_mode" in name
+        or name.startswith("_set_")
+        or name.startswith("_enter_")
+        or name.startswith("_exit_")
+        or module.startswith("torch.amp")
+    )
+
+
+def _base(node: Any) -> Any:
+    """The tensor a view was taken of (through any chain of views), else the node itself."""
+    while isinstance(node, torch.fx.Node) and node.op in ("call_function", "call_method") and node.args:
+        if _name(node) not in _VIEWS or not isinstance(node.args[0], torch.fx.Node):
+            break
+        node = node.args[0]
+    return node
+
+
+def _provably_same(graph: torch.fx.Graph, dead, inputs, anchor: torch.fx.Node, results) -> bool:
+    """Proof obligations (1)-(4) above for replacing `dead` by one call of `inputs`, placed before `anchor`, whose
+    result(s) take the uses of `results`."""
+    dead, results = set(dead), set(results)
+    inputs = [n for n in inputs if isinstance(n, torch.fx.Node)]
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for n in dead - results:  # (1)
+        if any(u not in dead for u in n.users):
+            return False
+    if any(n in dead or order[n] >= order[anchor] for n in inputs):  # (2)
+        return False
+    lo = min(order[n] for n in (*dead, anchor))
+    hi = max(order[n] for n in (*dead, anchor))
+    protected = {_base(n) for n in (*inputs, *dead)}
+    for n in list(graph.nodes)[lo:]:
+        written = _mutated(n)
+        if order[n] <= hi:  # (3); an erased in-place node may only write erased values (relu_ on the chain)
+            if n in dead:
+                if any(w not in dead for w in written) or _changes_mode(n):
+                    return False
+            elif written or _changes_mode(n):
+                return False
+        elif any(_base(w) in protected for w in written):  # (4)
+            return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- matching
@@ -193,6 +331,8 @@ def _rewrite(gm: torch.fx.GraphModule, log: list[str]) -> int:
                 continue
             x, shape, weight, bias, eps = ln
             last = chain[-1]
+            if not _provably_same(graph, [node, *chain], (x, weight, bias), last, [last]):
+                continue
             with graph.inserting_before(last):
                 new = graph.call_function(_ldr, (x, shape, weight, bias, p, training, eps))
             new.meta.update(last.meta)
@@ -211,6 +351,8 @@ def _rewrite(gm: torch.fx.GraphModule, log: list[str]) -> int:
                 continue
             relu = _only_user(node)
             if relu is None or not _is_relu(relu):
+                continue
+            if not _provably_same(graph, [node, relu], (x, weight, bias), relu, [relu]):
                 continue
             with graph.inserting_before(relu):
                 new = graph.call_function(_linear_bias_relu, (x, weight, bias))
@@ -313,7 +455,7 @@ def _match_rms_norm(node: torch.fx.Node) -> Optional[_Norm]:
         return None
     if xv.dim() < 1 or xv.shape[-1] != shape[0] or xv.dtype not in _DTYPES:
         return None
-    eps = torch.finfo(xv.dtype).eps if eps is None else eps  # F.rms_norm's default
+    eps = default_rms_eps(xv.dtype) if eps is None else eps  # F.rms_norm's default, as ATen resolves it
     if _const(eps) is None or eps <= 0:
         return None
     return _Norm(node.args[0], weight, None, float(eps), True, [node], node, "rms_norm")
@@ -368,7 +510,8 @@ def _match_written_rms_norm(rsqrt: torch.fx.Node) -> Optional[_Norm]:
         return None
     nxt = next(iter(result.users)) if len(result.users) == 1 else None
     if nxt is not None and nxt.op == "call_method" and nxt.target in ("to", "type_as") and len(nxt.args) == 2:
-        if not nxt.kwargs:
+        nv = _value(nxt)  # the rounding step is dropped: only a cast to x's own dtype (the op's output dtype)
+        if not nxt.kwargs and nv is not None and nv.dtype == xv.dtype:
             nodes.append(nxt)
             result = nxt
             nxt = next(iter(result.users)) if len(result.users) == 1 else None
@@ -438,12 +581,13 @@ def _rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str
         return False
     others = [u for u in s.users if u not in norm.nodes]
     prenorm = bool(others)
-    # the op goes where the sum was: every input must exist by then
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    inputs = [n for n in (head, residual, norm.weight, norm.bias) if isinstance(n, torch.fx.Node)]
-    if any(order[n] >= order[s] for n in inputs):
-        return False
+    # the op goes where the sum was: every input must exist by then (checked with the other obligations)
     anchor = s
+    dead = set(consumed) | set(norm.nodes)
+    results = [norm.result, s] if prenorm else [norm.result]
+    if not _provably_same(graph, dead, (head, residual, norm.weight, norm.bias), anchor, results):
+        return False
+    order = {n: i for i, n in enumerate(graph.nodes)}
     args = (head, residual, norm.weight, norm.bias, norm.rms, p, training, norm.eps, prenorm)
     with graph.inserting_before(anchor):
         new = graph.call_function(_dropout_add_norm, args)
@@ -458,8 +602,8 @@ def _rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str
     if prenorm:
         for u in others:
             u.replace_input_with(s, total)
-    for dead in sorted(set(consumed) | set(norm.nodes), key=order.__getitem__, reverse=True):
-        graph.erase_node(dead)
+    for n in sorted(dead, key=order.__getitem__, reverse=True):
+        graph.erase_node(n)
     kind = "rms_norm" if norm.rms else "layer_norm"
     log.append(
         f"{pattern}{norm.kind} ({norm.result.name}, p={p}, training={training}"
@@ -508,6 +652,8 @@ def _rewrite_norm_dropout_site(graph: torch.fx.Graph, node: torch.fx.Node, log: 
         return False
     last = chain[-1]
     act = "relu" if relu else None
+    if not _provably_same(graph, {*norm.nodes, *chain}, (norm.source, norm.weight, norm.bias), last, [last]):
+        return False
     with graph.inserting_before(last):
         new = graph.call_function(
             _norm_dropout, (norm.source, norm.weight, norm.bias, norm.rms, act, p, training, norm.eps)
@@ -590,7 +736,8 @@ def _rewrite_bias_act_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list
             u = next(iter(node.users))
             if u.op == "call_method" and u.target in ("view", "reshape") and u.args[0] is node and not u.kwargs:
                 shp = u.args[1] if len(u.args) == 2 and isinstance(u.args[1], (tuple, list)) else u.args[1:]
-                if all(type(d) is int for d in shp):
+                # only a view that keeps the last (bias) dimension: bias_act adds the bias along it
+                if all(type(d) is int for d in shp) and len(shp) >= 1 and shp[-1] == bv.shape[0]:
                     src, view, shape = u, u, tuple(shp)
     else:
         return False
@@ -610,6 +757,9 @@ def _rewrite_bias_act_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list
             continue
         dead.add(n)
         stack.extend(a for a in n.all_input_nodes if order[a] > order[src])
+    inputs = (bias, a, w) if node.target in _ADDMM else (x, weight, bias)
+    if not _provably_same(graph, dead | {src, node}, inputs, last, [last]):
+        return False
     with graph.inserting_before(last):
         if node.target in _ADDMM:
             new = graph.call_function(_addmm_bias_act, (bias, a, w, shape, act))

@@ -1,6 +1,7 @@
 """`fuse(model)` / `unfuse(model)`: our fused modules swapped into an unmodified model, and back.
 
-Inside every nn.Sequential (nested too, subclasses such as torchvision.ops.MLP included):
+Inside every nn.Sequential that runs its children as a plain chain (nested too; subclasses such as
+torchvision.ops.MLP included when they keep nn.Sequential's own forward and have no forward hooks):
 
 - LayerNorm → Dropout → ReLU, LayerNorm → ReLU → Dropout, LayerNorm → ReLU  ⇒  FusedLayerNormDropoutReLU
   (ReLU then dropout equals dropout then ReLU with the same mask, because the dropout scale is positive);
@@ -14,7 +15,8 @@ The LayerNorm / Linear slot gets the fused module, which takes over the *same* P
 built on the model still holds them), and each consumed Dropout / activation slot gets an nn.Identity: state_dict
 keys and values are unchanged. Only exact nn.LayerNorm / nn.RMSNorm / nn.Linear / nn.Dropout / nn.ReLU / nn.GELU /
 nn.SiLU instances match (a subclass may override forward), and a module object that occurs more than once in the
-model (a ReLU reused elsewhere) is never consumed. Forward hooks registered on the replaced modules are not carried
+model (a ReLU reused elsewhere) is never consumed. A norm whose eps our ops refuse (eps <= 0) is left as it is;
+verbose=True says why a candidate was left. Forward hooks registered on the replaced modules are not carried
 over.
 """
 
@@ -41,6 +43,24 @@ _RECORD = "_gpuopt_fused_from"
 
 def _occurrences(model: nn.Module) -> Counter:
     return Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
+
+
+def _why_not_sequential(seq: nn.Module) -> Optional[str]:
+    """None when seq runs its children as a plain chain (nn.Sequential's own forward), else why it is left alone:
+    a subclass with its own forward (a residual per module, another order) computes something else."""
+    if type(seq).forward is not nn.Sequential.forward:
+        return f"{type(seq).__name__} overrides nn.Sequential.forward: its children are not a plain chain"
+    if seq._forward_pre_hooks or seq._forward_hooks:
+        return "it has forward hooks"
+    return None
+
+
+def _why_not_head(head: nn.Module) -> Optional[str]:
+    """None when our ops accept head's arguments, else why not (the stock module is then left in place)."""
+    eps = getattr(head, "eps", None)
+    if isinstance(head, (nn.LayerNorm, nn.RMSNorm)) and eps is not None and not eps > 0:
+        return f"eps={eps}: the fused norms need eps > 0"
+    return None
 
 
 def _match(children: list[tuple[str, nn.Module]], i: int, uses: Counter):
@@ -126,6 +146,11 @@ def fuse(model: nn.Module, *, inplace: bool = False, backend: str = "auto", verb
         if not isinstance(seq, nn.Sequential):
             continue
         children = list(seq._modules.items())
+        why = _why_not_sequential(seq)
+        if why is not None:
+            if verbose and any(_match(children, i, uses) for i in range(len(children))):
+                print(f"gpuopt_ops.fuse: {seq_name or '(model)'} left as it is: {why}")
+            continue
         i = 0
         while i < len(children):
             found = _match(children, i, uses)
@@ -134,6 +159,13 @@ def fuse(model: nn.Module, *, inplace: bool = False, backend: str = "auto", verb
                 continue
             pattern, consumed = found
             key, head = children[i]
+            why = _why_not_head(head)
+            if why is not None:
+                if verbose:
+                    qual = f"{seq_name}.{key}" if seq_name else key
+                    print(f"gpuopt_ops.fuse: {qual} ({pattern}) left as it is: {why}")
+                i += 1
+                continue
             fused = _fused_module(head, consumed, backend)
             setattr(
                 fused,
