@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU machine's check of gpuopt, in one script (< 8 minutes): build, GPU tests, compute-sanitizer, memory,
-# benchmarks, plots. Run from the repository root:
+# the speed measurement (benchmarks/gpu_measure.py), ncu counters, the torch.compile comparison, plots. Run from the repository root:
 #
 #     bash benchmarks/gpu_check.sh [OUT_DIR]          # OUT_DIR defaults to $OUT, else ./gpu_check_out
 #
@@ -20,6 +20,9 @@
 #                         into OUT_DIR/peers for the benchmarks' liger and quack providers
 #   TORCH_CUDA_ARCH_LIST  default 9.0 (H100/H200);  MAX_JOBS  default 16
 #   GPU_CHECK_DRY_RUN     1 = print every step's command and time limit, run nothing (works without a GPU)
+#   GPU_CHECK_MEASURE_ONLY 1 = only the set-up and speed steps: env, install/build, peers, import, measure, ncu
+#   GPU_CHECK_COMMIT      the commit of the measured build, for the measurement file's name (default: git, if the
+#                         checkout has its .git, else "unknown")
 set -u
 
 OUT_DIR="${1:-${OUT:-$PWD/gpu_check_out}}"
@@ -49,6 +52,15 @@ step() {
   shift 4
   local now left limit t0 rc
   LAST_RC=skipped
+  if [ "${GPU_CHECK_MEASURE_ONLY:-0}" = "1" ]; then
+    case $name in
+      env | install | build | peers | import | measure | ncu) ;;
+      *)
+        printf '%-16s rc=skipped (GPU_CHECK_MEASURE_ONLY=1)\n' "$name" | tee -a "$SUMMARY"
+        return 0
+        ;;
+    esac
+  fi
   now=$(date +%s)
   left=$((DEADLINE - now - reserve))
   limit=$((cap < left ? cap : left))
@@ -144,7 +156,7 @@ if [ "$BUILD_OK" = 1 ]; then
   # test root first on sys.path, where the checkout's gpuopt_ops/ (no _C) would shadow the wheel (as in
   # scripts/run_tests.sh)
   TEST_ROOT="$PWD"
-  if [ -n "${GPU_CHECK_WHEEL:-}" ] && [ "${GPU_CHECK_DRY_RUN:-0}" != "1" ]; then
+  if [ -n "${GPU_CHECK_WHEEL:-}" ] && [ "${GPU_CHECK_DRY_RUN:-0}" != "1" ] && [ "${GPU_CHECK_MEASURE_ONLY:-0}" != 1 ]; then
     TEST_ROOT="$OUT_DIR/test-tree"
     rm -rf "$TEST_ROOT" && mkdir -p "$TEST_ROOT"
     tar -cf - --exclude=./gpuopt_ops --exclude=./triton_kernels --exclude=./build --exclude=./dist \
@@ -180,32 +192,49 @@ else
   skip memory "extension did not build/import"
 fi
 
-# ---------------------------------------------------------------------------------------------- 6. benchmarks
-# (a) every provider but torch.compile over a sweep of N; (b) a few of its cases timed as CUDA-graph replays;
+# ---------------------------------------------------------------------------------------------- 6. speed
+# (a) benchmarks/gpu_measure.py, the prepared measurement (kernel time from the profiler, CUDA-graph replay, eager
+# wall and host time of every op x direction x backend x dtype x N, as fractions of a copy in the same run): its
+# --budget is this step's limit, it trims itself to it and rewrites its file after every (dtype, N) group, so a
+# stop leaves what was measured; the file goes to OUT_DIR/measurements and docs/measurements.
+# (b) ncu counters of six kernels (skipped, with the reason in its file, where ncu is missing or fails).
 # (c) torch.compile (max-autotune, slow to compile) on a few cases with all providers, for the speed-ups against
-# compile. --time-budget stops each cleanly; the CSV
-# is written row by row, so a timeout still leaves what was measured.
+# compile (benchmarks.run; --time-budget stops it cleanly, its CSV is written row by row).
+limit_for() {  # limit_for CAP RESERVE: the limit `step` will give, for the scripts' own budgets
+  local left=$((DEADLINE - $(date +%s) - $2 * BUDGET / 460))
+  echo $(($1 < left ? $1 : left))
+}
+MEASURE_ARGS=(--out-dir "$OUT_DIR/measurements" --out-dir "$PWD/docs/measurements" --log-dir "$OUT_DIR/measure_logs")
+[ -n "${GPU_CHECK_COMMIT:-}" ] && MEASURE_ARGS+=(--commit "$GPU_CHECK_COMMIT")
+# time kept after each: for ncu, bench_compile and plots; with GPU_CHECK_MEASURE_ONLY=1 for ncu alone
+if [ "${GPU_CHECK_MEASURE_ONLY:-0}" = 1 ]; then MEASURE_RESERVE=90 NCU_RESERVE=0; else MEASURE_RESERVE=140 NCU_RESERVE=110; fi
+if [ "$BUILD_OK" = 1 ]; then
+  limit=$(limit_for 300 $MEASURE_RESERVE)
+  step measure 300 $MEASURE_RESERVE -- "$PY" -m benchmarks.gpu_measure --budget $((limit > 40 ? limit - 10 : 20)) \
+    "${MEASURE_ARGS[@]}"
+  if [ "${GPU_CHECK_DRY_RUN:-0}" = "1" ]; then  # the plan and its time budget (no GPU needed)
+    "$PY" -m benchmarks.gpu_measure --dry-run --budget $((limit > 40 ? limit - 10 : 20)) >"$OUT_DIR/measure_plan.txt" 2>&1
+    echo "measure plan: $(grep '^total estimated' "$OUT_DIR/measure_plan.txt" || echo "no plan: see $OUT_DIR/measure_plan.txt")" \
+      | tee -a "$SUMMARY"
+  fi
+  limit=$(limit_for 90 $NCU_RESERVE)
+  step ncu 90 $NCU_RESERVE -- "$PY" -m benchmarks.gpu_measure --ncu --budget $((limit > 30 ? limit - 10 : 20)) \
+    "${MEASURE_ARGS[@]}"
+else
+  skip measure "extension did not build/import"
+  skip ncu "extension did not build/import"
+fi
 bench() {  # bench NAME CAP RESERVE args...
   local name=$1 cap=$2 reserve=$3
   shift 3
-  local now left limit
-  now=$(date +%s)
-  left=$((DEADLINE - now - reserve * BUDGET / 460))
-  limit=$((cap < left ? cap : left))
+  local limit
+  limit=$(limit_for "$cap" "$reserve")
   step "$name" "$cap" "$reserve" -- "$PY" -m benchmarks.run --device cuda --time-budget $((limit > 40 ? limit - 30 : 10)) "$@"
 }
 if [ "$BUILD_OK" = 1 ]; then
-  bench bench_sweep 130 95 --out "$OUT_DIR/bench_sweep" --providers cuda,triton,eager,liger,quack,copy \
-    --dtypes bf16,fp32 --ns 256,1024,4096,16384,65536 --rep-ms 50
-  # the same ops timed as CUDA-graph replays: the kernels without the host's launch cost (against the sweep's
-  # event times of the same cases, what the host adds)
-  bench bench_graphs 45 55 --out "$OUT_DIR/bench_graphs" --providers cuda,triton,copy --dtypes bf16 \
-    --ns 1024,4096 --modes fwd,bwd --graphs --rep-ms 50
   bench bench_compile 110 15 --out "$OUT_DIR/bench_compile" --providers cuda,triton,eager,compile,liger,copy \
     --dtypes bf16 --ns 1024,8192 --modes fwd,fwd+bwd --rep-ms 50
 else
-  skip bench_sweep "extension did not build/import"
-  skip bench_graphs "extension did not build/import"
   skip bench_compile "extension did not build/import"
 fi
 

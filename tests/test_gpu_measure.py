@@ -1,0 +1,330 @@
+"""benchmarks/gpu_measure.py, the prepared device run, on the CPU: its plan and time budget, the arithmetic of
+its rows (fractions, profiler-event aggregation, ncu parsing), its files, and its measuring loop as a CPU smoke run
+(the C++ CPU kernels; no kernel or replay times without a GPU)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_measure as GM
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------------------------------------------- the plan
+def test_default_plan_covers_every_row_once_in_group_order():
+    plan = GM.build_plan(peers=GM.PEER_BACKENDS)
+    keys = [r.key for r in plan]
+    assert len(keys) == len(set(keys))
+    ours = [r for r in plan if r.op in GM.OPS]
+    assert len(ours) == 6 * 2 * 2 * 2 * 6  # op x direction x backend x dtype x N
+    assert {(r.op, r.direction, r.backend, r.dtype, r.n) for r in ours} == {
+        (o, d, b, t, n) for o in GM.OPS for d in GM.DIRECTIONS for b in GM.BACKENDS for t in GM.DTYPES for n in GM.NS
+    }
+    assert sum(r.op == "copy" for r in plan) == 12  # one yardstick per (dtype, N) group
+    assert [(r.backend, r.n) for r in plan if r.op == "ln"] == [
+        (p, n) for n in (1024, 4096, 16384) for p in GM.PEER_BACKENDS if n in GM.PEER_NS[p] for _ in GM.DIRECTIONS
+    ]
+    groups = [g for g, _ in GM.groups_of(plan)]
+    assert groups[:6] == [("bf16", 1024), ("fp32", 1024), ("bf16", 4096), ("fp32", 4096), ("bf16", 16384),
+                          ("fp32", 16384)]  # fmt: skip
+    assert {n for _, n in groups[6:]} == {768, 2048, 8192}
+    for r in plan:  # M x N = 2^26 (768 leaves a remainder, as in the model: M = 2^26 // N)
+        assert r.m == (1 << 26) // r.n
+
+
+def test_ideal_bytes_are_the_models():
+    from tools import roofline_gpuopt as G
+
+    r = GM.Row("dan_ln", "bwd", "cuda", "bf16", 4096)
+    assert GM.ideal_bytes(r) == G.ideal_bytes("dropout_add_norm", "backward", "bf16", 4096)
+    m = (1 << 26) // 1024
+    assert GM.ideal_bytes(GM.Row("copy", "fwd", "torch", "fp32", 1024)) == 2 * m * 1024 * 4
+    assert GM.ideal_bytes(GM.Row("ldr", "fwd", "triton", "bf16", 1024)) == 2 * m * 1024 * 2 + 2 * m * 4 + 2 * 1024 * 2
+
+
+def test_row_phase_arithmetic():
+    """Each phase's estimate is calls x the time of a call (bytes / bandwidth, at least the host time) plus the
+    fixed costs the assumptions name."""
+    a = GM.Assumptions(bandwidth=1e9, host_s=0.0, flush_s=0.0, row_overhead_s=0.0, capture_s=0.0, cache_load_s=0.5)
+    row = GM.Row("bias_relu", "bwd", "triton", "fp32", 8192)
+    t = GM.ideal_bytes(row) / 1e9
+    s = GM.row_seconds(row, a)
+    assert s["profile"] == pytest.approx(GM.PROFILE_CALLS * t)
+    assert s["replay"] == pytest.approx((1 + GM.REPLAY_TIMES) * GM.REPLAY_CALLS * t)
+    assert s["eager"] == pytest.approx(5 * t + (GM.EAGER_WARMUP_MS + GM.EAGER_REP_MS) * 1e-3)
+    assert s["warm"] == pytest.approx(2 * t + 3 * 0.5)  # 3 variants: backward at N >= 8192
+    host_bound = GM.Assumptions(bandwidth=1e15, host_s=1e-3)
+    assert GM.call_seconds(row, host_bound) == 1e-3
+    assert a.variants(GM.Row("ldr", "fwd", "cuda", "bf16", 1024)) == 0
+    assert a.variants(GM.Row("ldr", "bwd", "triton", "bf16", 1024)) == 2
+
+
+def test_compile_phase_spreads_variants_over_workers():
+    a = GM.Assumptions(compile_s=2.0, worker_start_s=10.0)
+    plan = GM.build_plan(ops=("ldr",), dtypes=("bf16",), ns=(1024, 16384))
+    variants = sum(a.variants(r) for r in plan)
+    assert variants == (1 + 2) + (1 + 3)
+    assert GM.compile_phase_seconds(plan, 0, a) == variants * 2.0
+    assert GM.compile_phase_seconds(plan, 4, a) == 10.0 + 2 * 2.0
+    assert GM.compile_phase_seconds(GM.build_plan(backends=("cuda",)), 8, a) == 0.0
+
+
+def test_default_plan_fits_the_budget():
+    b = GM.budget(GM.build_plan(peers=GM.PEER_BACKENDS))
+    assert b["total"] == pytest.approx(sum(b["phases"].values()))
+    assert b["total"] <= GM.BUDGET_S
+    assert b["phases"]["compile"] > 0 and b["variants"] > 0
+
+
+def _dry_run(*args):
+    res = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_measure", "--dry-run", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def _total(text):
+    line = next(ln for ln in text.splitlines() if ln.startswith("total estimated "))
+    return float(line.split()[2]), line
+
+
+def test_dry_run_prints_a_plan_that_fits_300_s():
+    """`python -m benchmarks.gpu_measure --dry-run` as CI runs it: every row listed, the phases, the verdict."""
+    out = _dry_run()
+    total, line = _total(out)
+    assert total <= 300 and line.endswith("of budget 300 s: fits"), line
+    for phase in ("startup", "compile", "warm", "profile", "eager", "replay", "groups", "write"):
+        assert any(ln.split()[:1] == [phase] for ln in out.splitlines()), phase
+    rows = [ln for ln in out.splitlines() if " N=" in ln and ln.strip()[:1].isdigit()]
+    assert len(rows) == len(GM.build_plan(peers=GM.PEER_BACKENDS))
+    assert any("ldr bwd triton fp32 N=16384" in ln for ln in rows)
+
+
+def test_dry_run_trims_and_says_when_a_plan_does_not_fit():
+    small, _ = _total(_dry_run("--ns", "1024", "--ops", "ldr", "--no-peers"))
+    full, _ = _total(_dry_run())
+    assert small < full / 4
+    _, line = _total(_dry_run("--budget", "20"))
+    assert line.endswith("of budget 20 s: DOES NOT FIT"), line
+
+
+# ---------------------------------------------------------------------------------------------------- arithmetic
+def test_fraction_of_copy():
+    # a row moving 3 GB in 1 ms against a copy moving 2 GB in 0.5 ms: 3 TB/s over 4 TB/s
+    assert GM.fraction(3_000_000_000, 1000.0, 2_000_000_000, 500.0) == pytest.approx(0.75)
+    for args in ((1, None, 1, 1.0), (1, 1.0, 1, None), (1, 0.0, 1, 1.0), (1, 1.0, None, 1.0)):
+        assert GM.fraction(*args) is None
+
+
+def test_profiler_events_split_at_markers_and_aggregate_per_call():
+    m = GM.MARKER + "(long)"
+    events = [
+        ("warm_up_noise", 0.0, 5.0),  # before the first marker: dropped
+        (m, 1.0, 0.5),
+        *[(k, 2.0 + i, d) for i, (k, d) in enumerate([("rows", 10.0), ("sum", 2.0)] * 3)],
+        (m, 20.0, 0.5),
+        ("copy", 21.0, 7.0),
+        ("copy", 22.0, 9.0),
+        (m, 30.0, 0.5),
+        ("after", 31.0, 1.0),  # after the last marker: dropped
+    ]
+    chunks = GM.split_at_markers(list(reversed(events)))  # time order comes from the start times
+    assert chunks == [[("rows", 10.0), ("sum", 2.0)] * 3, [("copy", 7.0), ("copy", 9.0)]]
+    us, kernels = GM.aggregate_kernels(chunks[0], calls=3)
+    assert us == pytest.approx(12.0)
+    assert kernels == [{"name": "rows", "us": 10.0, "per_call": 1.0}, {"name": "sum", "us": 2.0, "per_call": 1.0}]
+    # two launches of one kernel a call: median duration x 2; a kernel in only some calls counts by its share
+    us, kernels = GM.aggregate_kernels([("a", 1.0), ("a", 3.0), ("a", 2.0), ("a", 2.0), ("b", 4.0)], calls=2)
+    assert us == pytest.approx(2.0 * 2 + 4.0 * 0.5)
+    assert [k["per_call"] for k in kernels] == [2.0, 0.5]
+    assert GM.aggregate_kernels([], calls=20) == (None, [])
+
+
+def _records():
+    recs = []
+    for op, kernel, replay, eager, host in (("copy", 100.0, 100.0, 110.0, 5.0), ("ldr", 80.0, 90.0, None, 30.0)):
+        rec = GM.new_record(GM.Row(op, "fwd", "cuda" if op != "copy" else "torch", "bf16", 4096))
+        rec.update(kernel_us=kernel, replay_us=replay, eager_us=eager, host_us=host)
+        recs.append(rec)
+    skipped = GM.new_record(GM.Row("ldr", "bwd", "cuda", "bf16", 4096))
+    skipped["status"] = "skipped"
+    return recs + [skipped]
+
+
+def test_group_bookkeeping_fractions_and_status():
+    recs = _records()
+    GM.finish_group(recs)
+    copy, ldr, skipped = recs
+    assert copy["kernel_frac"] == pytest.approx(1.0) and copy["status"] == "measured"
+    ratio = ldr["bytes"] / copy["bytes"]
+    assert ldr["kernel_frac"] == pytest.approx(ratio * 100 / 80)
+    assert ldr["replay_frac"] == pytest.approx(ratio * 100 / 90)
+    assert ldr["eager_frac"] is None and ldr["status"] == "partial"  # no eager time
+    assert skipped["status"] == "skipped" and skipped["kernel_frac"] is None
+    assert GM.copy_bandwidth(recs) == pytest.approx(copy["bytes"] / 100e-6)
+
+
+def test_measurement_file_schema_and_summary(tmp_path):
+    recs = _records()
+    GM.finish_group(recs)
+    meta = {"gpu": "NVIDIA H200", "commit": "abc1234", "date": "2026-12-05", "versions": {"torch": "2.11"},
+            "machine": {"sms": 132}, "notes": ["a note"]}  # fmt: skip
+    doc = GM.document(meta, recs)
+    stem = GM.output_stem(meta["date"], meta["gpu"], meta["commit"])
+    assert stem == "2026-12-05-h200-abc1234"
+    paths = GM.write_outputs(doc, [str(tmp_path / "a"), str(tmp_path / "b")], stem)
+    assert sorted(Path(p).name for p in paths) == [stem + ".json", stem + ".json", stem + ".md", stem + ".md"]
+    back = json.loads((tmp_path / "a" / (stem + ".json")).read_text())
+    for key in ("gpu", "commit", "date", "versions", "copy_bytes_per_s", "rows"):
+        assert key in back, key
+    assert back["copy_bytes_per_s"] == pytest.approx(recs[0]["bytes"] / 100e-6)
+    for row in back["rows"]:
+        assert set(GM.ROW_FIELDS) <= set(row), set(GM.ROW_FIELDS) - set(row)
+    md = (tmp_path / "b" / (stem + ".md")).read_text()
+    assert md.startswith("# Measured on NVIDIA H200, 2026-12-05, commit abc1234")
+    assert "| ldr | fwd | cuda | bf16 | 4096 | 80.0 |" in md and "note: a note" in md
+    assert not list(tmp_path.glob("*/*.tmp"))
+
+
+def test_gpu_names_in_file_names():
+    assert GM.slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert GM.slug("NVIDIA H200") == "h200"
+    assert GM.slug("NVIDIA GeForce RTX 4090") == "nvidia-geforce-rtx-4090"
+    assert GM.slug("CPU") == "cpu"
+
+
+def test_ncu_raw_csv_parsing():
+    text = "\n".join(
+        [
+            "==PROF== Connected to process 1",
+            '"ID","Kernel Name","dram__throughput.avg.pct_of_peak_sustained_elapsed",'
+            '"sm__warps_active.avg.pct_of_peak_sustained_active","smsp__inst_executed.sum",'
+            '"lts__t_sector_hit_rate.pct","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",'
+            '"smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",'
+            '"smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",'
+            '"smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio"',
+            '"","","%","%","inst","%","ratio","ratio","ratio","ratio"',
+            '"0","ldr_forward_rows","61.5","48.2","1,048,576","12.5","9.5","0.5","1.25","0.1"',
+            '"1","column_sum","30","90","2048","80","1","3","2","0.2"',
+        ]
+    )
+    ks = GM.parse_ncu_csv(text, elements=1 << 20)
+    assert [k["name"] for k in ks] == ["ldr_forward_rows", "column_sum"]
+    k = ks[0]
+    assert k["dram_throughput_pct"] == 61.5 and k["achieved_occupancy_pct"] == 48.2
+    assert k["inst_executed"] == 1048576 and k["inst_per_element"] == 1.0 and k["l2_hit_rate_pct"] == 12.5
+    assert [s["value"] for s in k["top_stalls"]] == [9.5, 1.25, 0.5]
+    assert "long_scoreboard" in k["top_stalls"][0]["metric"]
+    assert GM.parse_ncu_csv("==ERROR== ncu failed", elements=1) == []
+
+
+def test_ncu_command_filters_the_range_and_keeps_the_clocks():
+    cmd = GM.ncu_command("/usr/bin/ncu", 3)
+    assert cmd[:3] == ["/usr/bin/ncu", "--clock-control", "none"]
+    assert f"{GM.NCU_RANGE}/" in cmd and cmd[-2:] == ["--ncu-target", "3"]
+    assert len(GM.NCU_TARGETS) == 6
+    assert sum(t.backend == "triton" for t in GM.NCU_TARGETS) == 1
+
+
+def test_attach_model_joins_on_the_models_row_names():
+    recs = _records()
+    peer = GM.new_record(GM.Row("ln", "fwd", "liger", "bf16", 4096))
+    doc = {"rows": recs + [peer]}
+    seen = []
+
+    def estimate(rows):
+        seen.extend(rows)
+        return {("layer_norm_dropout_relu", "forward", "cuda", "bf16", 4096): 0.9}
+
+    assert GM.attach_model(doc, estimate) == 1
+    assert recs[1]["model_frac"] == 0.9 and recs[2]["model_frac"] is None  # bwd: no estimate given
+    assert recs[0]["model_frac"] is None and peer["model_frac"] is None  # the copy and the peers have no model row
+    assert {r["op"] for r in seen} == {"ldr"}
+    assert GM.model_gpu("NVIDIA H200").name == "H200" and GM.model_gpu("NVIDIA H100 80GB HBM3").name.startswith("H100")
+
+
+def test_clock_and_group_fit():
+    now = [100.0]
+    clock = GM.Clock(300.0, 3.0, now=lambda: now[0])
+    assert clock.left() == pytest.approx(297.0)
+    now[0] = 250.0
+    assert clock.elapsed() == pytest.approx(150.0) and clock.left() == pytest.approx(147.0)
+    assert GM.fits(100.0, 1.0, clock) and not GM.fits(100.0, 1.5, clock)
+    assert GM.fits(140.0, 0.5, clock)  # a scale under 1 never shrinks the estimate
+
+
+def test_child_processes_find_the_wheel_before_the_checkout():
+    env = GM.child_env("/tmp/wheel", {"PYTHONPATH": "/site:" + str(ROOT)})
+    assert env["PYTHONPATH"].split(os.pathsep) == ["/tmp/wheel", "/site", str(ROOT)]
+    assert env["PYTHONSAFEPATH"] == "1"
+    assert GM.child_env(None, {})["PYTHONPATH"] == str(ROOT)
+
+
+# ---------------------------------------------------------------------------------------------------- the loop
+def test_cpu_smoke_run_writes_every_row(tmp_path):
+    """The measuring loop end to end on the C++ CPU kernels at tiny shapes: every planned row in the file, eager
+    and host times measured, fractions against the group's copy; no kernel or replay times without a GPU."""
+    pytest.importorskip("gpuopt_ops")
+    rc = GM.main(["--device", "cpu", "--elements", "4096", "--ns", "256", "--dtypes", "fp32", "--ops",
+                  "ldr,dan_ln,bias_relu", "--out-dir", str(tmp_path), "--commit", "abc1234"])  # fmt: skip
+    assert rc == 0
+    (path,) = tmp_path.glob("*-cpu-abc1234.json")
+    doc = json.loads(path.read_text())
+    assert doc["gpu"] == "CPU" and doc["commit"] == "abc1234" and doc["versions"]["torch"]
+    rows = doc["rows"]
+    assert [(r["op"], r["direction"]) for r in rows] == [("copy", "fwd")] + [
+        (op, d) for op in ("ldr", "dan_ln", "bias_relu") for d in ("fwd", "bwd")
+    ]
+    for r in rows:
+        assert r["m"] == 16 and r["n"] == 256 and r["backend"] in ("cpu", "torch")
+        assert r["eager_us"] > 0 and r["host_us"] > 0 and r["eager_frac"] > 0, r
+        assert r["kernel_us"] is None and r["replay_us"] is None and r["status"] == "partial", r
+    assert (tmp_path / path.name.replace(".json", ".md")).is_file()
+
+
+def test_a_spent_budget_skips_rows_and_still_writes_the_file(tmp_path):
+    rc = GM.main(["--device", "cpu", "--elements", "4096", "--ns", "256,512", "--dtypes", "fp32", "--ops", "ldr",
+                  "--budget", "0", "--out-dir", str(tmp_path), "--commit", "abc1234"])  # fmt: skip
+    assert rc == 0
+    (path,) = tmp_path.glob("*.json")
+    doc = json.loads(path.read_text())
+    assert len(doc["rows"]) == 2 * 3 and {r["status"] for r in doc["rows"]} == {"skipped"}
+    assert any("skipped" in note for note in doc["notes"])
+
+
+# ---------------------------------------------------------------------------------------------------- gpu_check.sh
+@pytest.mark.parametrize("measure_only", [False, True])
+def test_gpu_check_dry_run_has_the_measure_step(tmp_path, measure_only):
+    """benchmarks/gpu_check.sh's speed steps are this script (measure, then ncu), its dry run prints the plan's
+    verdict; GPU_CHECK_MEASURE_ONLY=1 keeps only the set-up and speed steps."""
+    env = {**os.environ, "GPU_CHECK_DRY_RUN": "1", "GPU_CHECK_COMMIT": "abc1234"}
+    if measure_only:
+        env["GPU_CHECK_MEASURE_ONLY"] = "1"
+    res = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = (tmp_path / "summary.txt").read_text()
+    steps = [ln.split()[0] for ln in summary.splitlines()[1:] if " dry run " in ln]
+    assert steps[-4 if not measure_only else -2 :] == (
+        ["measure", "ncu", "bench_compile", "plots"] if not measure_only else ["measure", "ncu"]
+    ), summary
+    if measure_only:
+        assert steps == ["env", "build", "import", "measure", "ncu"], summary
+    measure = next(ln for ln in summary.splitlines() if ln.startswith("measure "))
+    assert "-m benchmarks.gpu_measure --budget" in measure and "--commit abc1234" in measure
+    assert f"--out-dir {tmp_path / 'measurements'}" in measure and "docs/measurements" in measure
+    assert "-m benchmarks.gpu_measure --ncu" in next(ln for ln in summary.splitlines() if ln.startswith("ncu "))
+    plan = next(ln for ln in summary.splitlines() if ln.startswith("measure plan: "))
+    assert plan.endswith(": fits"), plan
+    assert not (tmp_path / "measurements").exists()  # nothing ran
