@@ -27,7 +27,8 @@ Per row (docs/measurements/README.md has the file format):
                a call, summed; `kernels` names each. One profiler session serves a whole (dtype, N) group: a
                marker kernel (torch.cuda._sleep, "spin_kernel") between rows splits the device events.
     replay_us  REPLAY_CALLS calls captured in one CUDA graph, the graph replayed REPLAY_TIMES times, each replay
-               timed with events; the median / REPLAY_CALLS.
+               timed with events; the median / REPLAY_CALLS. The call is built on the capture's stream (a backward
+               row's forward too: autograd runs a backward node on its forward's stream).
     eager_us   what benchmarks/run.py measures: triton.testing.do_bench (a 256 MB cache clear before each call,
                events around the call) median, warm-up EAGER_WARMUP_MS, repetitions EAGER_REP_MS.
     host_us    the CPU time of one call (Python, dispatch, planning, launches, autograd), the median over the
@@ -409,6 +410,28 @@ def markdown(doc: dict) -> str:
         )
     for note in doc.get("notes", []):
         lines.append(f"\nnote: {note}")
+    if doc.get("ncu"):
+        lines += [
+            "",
+            "## ncu (--clock-control none)",
+            "",
+            "| row | kernel | DRAM % | occupancy % | instr / element | L2 hit % | top stalls |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for entry in doc["ncu"]:
+            r = entry["row"]
+            label = f"{r['op']} {r['direction']} {r['backend']} {r['dtype']} N={r['n']}"
+            if not entry.get("kernels"):
+                lines.append(f"| {label} | {entry.get('status')} | | | | | |")
+            for k in entry.get("kernels") or []:
+                stalls = ", ".join(
+                    f"{s['metric'].split('stalled_')[-1].split('_per_')[0]} {s['value']:.2f}" for s in k["top_stalls"]
+                )
+                lines.append(
+                    f"| {label} | {k['name'][:50]} | {_fmt(k['dram_throughput_pct'], 1)} "
+                    f"| {_fmt(k['achieved_occupancy_pct'], 1)} | {_fmt(k['inst_per_element'], 2)} "
+                    f"| {_fmt(k['l2_hit_rate_pct'], 1)} | {stalls} |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -589,17 +612,21 @@ def time_eager(fn, device: str) -> float:
     return statistics.median(times)
 
 
-def time_replay(fn, calls: int = REPLAY_CALLS, times: int = REPLAY_TIMES) -> float:
-    """Microseconds a call in a CUDA graph of `calls` calls, the median of `times` event-timed replays."""
+def time_replay(make_fn: Callable[[], Callable], calls: int = REPLAY_CALLS, times: int = REPLAY_TIMES) -> float:
+    """Microseconds a call in a CUDA graph of `calls` calls, the median of `times` event-timed replays.
+
+    make_fn builds the call on the capture's side stream: a backward row's forward runs there, and autograd runs
+    a backward node on its forward's stream, so the backward's kernels are launched into the capturing stream."""
     import torch
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
+        fn = make_fn()
         fn()
-    torch.cuda.current_stream().wait_stream(s)
+    s.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=s):
         for _ in range(calls):
             fn()
     graph.replay()
@@ -612,7 +639,7 @@ def time_replay(fn, calls: int = REPLAY_CALLS, times: int = REPLAY_TIMES) -> flo
         b.record()
         b.synchronize()
         samples.append(a.elapsed_time(b) * 1e3 / calls)
-    del graph
+    del graph, fn
     return statistics.median(samples)
 
 
@@ -880,7 +907,10 @@ def measure_group(rows: list[Row], records: dict, dtype: str, n: int, device: st
                 rec["notes"].append(f"budget: {phase} not timed")
                 continue
             try:
-                rec[f"{phase}_us"] = time_eager(fn, device) if phase == "eager" else time_replay(fn)
+                if phase == "eager":
+                    rec["eager_us"] = time_eager(fn, device)
+                else:
+                    rec["replay_us"] = time_replay(lambda row=rows[i]: make_call(row, t, device))
             except Exception as err:  # noqa: BLE001
                 rec["notes"].append(f"{phase}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
                 _sync(device)
@@ -995,13 +1025,24 @@ def run_ncu(args, meta: dict, out_dirs: list[str], stem: str) -> dict:
         print(f"ncu {row.label()}: {res['status'] if res['status'] != 'measured' else len(res['kernels'])} kernels",
               flush=True)  # fmt: skip
         results.append(res)
-    doc = {k: meta[k] for k in ("gpu", "commit", "date", "versions")}
-    doc["ncu"] = results
+    return merge_ncu(results, meta, out_dirs, stem)
+
+
+def merge_ncu(results: list[dict], meta: dict, out_dirs: list[str], stem: str) -> list[dict]:
+    """The ncu results under the key "ncu" of the run's measurement file <stem>.json in each folder (a file with
+    no rows where the measuring step wrote none), its markdown rewritten with them. Returns the documents."""
+    docs = []
     for d in out_dirs:
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, stem + "-ncu.json"), "w") as fh:
-            json.dump(doc, fh, indent=1)
-    return doc
+        path = os.path.join(d, stem + ".json")
+        if os.path.exists(path):
+            with open(path) as fh:
+                doc = json.load(fh)
+        else:
+            doc = document(meta, [])
+        doc["ncu"] = results
+        write_outputs(doc, [d], stem)
+        docs.append(doc)
+    return docs
 
 
 def ncu_target(index: int) -> int:

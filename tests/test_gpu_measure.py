@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -227,6 +228,32 @@ def test_ncu_raw_csv_parsing():
     assert [s["value"] for s in k["top_stalls"]] == [9.5, 1.25, 0.5]
     assert "long_scoreboard" in k["top_stalls"][0]["metric"]
     assert GM.parse_ncu_csv("==ERROR== ncu failed", elements=1) == []
+
+
+def test_ncu_results_join_the_runs_file(tmp_path):
+    """The ncu step adds its counters to the measurement file of the same run (key "ncu"), or writes one with no
+    rows; the markdown gets a table of them."""
+    meta = {"gpu": "NVIDIA H100 80GB HBM3", "commit": "abc1234", "date": "2026-12-05", "versions": {}}
+    stem = GM.output_stem(meta["date"], meta["gpu"], meta["commit"])
+    recs = _records()
+    GM.finish_group(recs)
+    GM.write_outputs(GM.document(meta, recs), [str(tmp_path / "run")], stem)
+    kernel = {"name": "ldr_bwd_rows", "dram_throughput_pct": 52.0, "achieved_occupancy_pct": 40.0,
+              "inst_executed": 2.0e8, "inst_per_element": 3.0, "l2_hit_rate_pct": 9.0, "duration": 1.0e5,
+              "top_stalls": [{"metric": "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+                              "value": 7.5}]}  # fmt: skip
+    results = [
+        {"row": asdict(GM.NCU_TARGETS[1]), "status": "measured", "kernels": [kernel]},
+        {"row": asdict(GM.NCU_TARGETS[4]), "status": "ncu exited 1: ERR_NVGPUCTRPERM", "kernels": []},
+    ]
+    GM.merge_ncu(results, meta, [str(tmp_path / "run"), str(tmp_path / "alone")], stem)
+    joined = json.loads((tmp_path / "run" / (stem + ".json")).read_text())
+    assert joined["ncu"] == results and len(joined["rows"]) == 3
+    alone = json.loads((tmp_path / "alone" / (stem + ".json")).read_text())
+    assert alone["ncu"] == results and alone["rows"] == [] and alone["copy_bytes_per_s"] is None
+    md = (tmp_path / "run" / (stem + ".md")).read_text()
+    assert "| ldr bwd cuda bf16 N=1024 | ldr_bwd_rows | 52.0 | 40.0 | 3.00 | 9.0 | long_scoreboard 7.50 |" in md
+    assert "| ldr bwd triton bf16 N=4096 | ncu exited 1: ERR_NVGPUCTRPERM |" in md
 
 
 def test_ncu_command_filters_the_range_and_keeps_the_clocks():
