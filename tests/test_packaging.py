@@ -1,9 +1,11 @@
 """The installed package: one abi3 wheel on the LibTorch stable ABI, its layout and metadata, setup.py's choice of
-GPU architectures, and the import error of a tree without a build. Runs on the installed gpuopt (the wheel,
-under scripts/run_tests.sh) or an editable build."""
+GPU architectures, the import error of a tree without a build, and CI's rule that it tests the CUDA build (a
+CPU-only build fails under CI=true; `.ci/run --preflight` refuses a machine without the toolkit). Runs on the
+installed gpuopt (the wheel, under scripts/run_tests.sh) or an editable build."""
 
 import importlib.metadata as md
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -227,3 +229,124 @@ def test_xdist_groups_keep_a_file_on_one_worker():
     others = {gw for gw, test in ran if test.startswith("tests/test_sass.py")}
     assert len(grouped) == 1 and len([t for _, t in ran if "test_roofline" in t]) == 2, res.stdout
     assert others == {"gw0", "gw1"}, res.stdout  # the ungrouped tests did spread
+
+
+# ---------------------------------------------------------------------------------------------- CI needs the CUDA build
+# Without nvcc, setup.py builds a CPU-only extension and the CUDA gates (tests/test_static_gate_cuda.py,
+# tests/test_roofline.py) skip: a CI run would pass having checked no CUDA kernel. Under CI=true the suite therefore
+# fails on a CPU-only build, and .ci/run stops before the build on a machine whose toolkit setup.py would not find.
+# Users keep GPUOPT_CPU_ONLY=1 and CPU-only builds; only CI insists.
+def _ci_is_set(env) -> bool:
+    return env.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def ci_build_problem(env, cuda_arch_list, has_device_code) -> str | None:
+    """What is wrong with a build under CI=true (None: nothing, or not CI). `cuda_arch_list` is build_info's,
+    `has_device_code` whether _C embeds CUDA code (tools.cuda_resources.has_device_code)."""
+    if not _ci_is_set(env):
+        return None
+    if cuda_arch_list is None:
+        return (
+            "CI=true, but the installed gpuopt_ops is a CPU-only build (build_info.CUDA_ARCH_LIST is None): the "
+            "CUDA static gates and the performance model would skip. Build with a CUDA toolkit (nvcc in "
+            "$CUDA_HOME, /usr/local/cuda or on PATH) and without GPUOPT_CPU_ONLY; `.ci/run --preflight` checks it."
+        )
+    if not has_device_code:
+        return (
+            f"CI=true: build_info says a CUDA build ({cuda_arch_list}), but the installed _C embeds no CUDA code: "
+            "a stale build_info.py next to a CPU-only _C? Rebuild and reinstall the wheel."
+        )
+    return None
+
+
+def test_ci_rule_on_fake_builds():
+    ci = {"CI": "true"}
+    problem = ci_build_problem(ci, None, False)
+    assert problem and "CPU-only build" in problem and "CUDA static gates" in problem
+    assert "embeds no CUDA code" in ci_build_problem({"CI": "1"}, "9.0+PTX", False)
+    assert ci_build_problem(ci, "9.0+PTX", True) is None
+    assert ci_build_problem({"CI": " TRUE "}, None, False) is not None
+    # outside CI a CPU-only build is a user's choice (GPUOPT_CPU_ONLY=1, or no toolkit)
+    for env in ({}, {"CI": ""}, {"CI": "false"}, {"CI": "0"}):
+        assert ci_build_problem(env, None, False) is None
+
+
+def test_installed_build_meets_the_ci_rule():
+    """Under CI=true the installed build is a CUDA build (else fails, with what to do); elsewhere it passes."""
+    from gpuopt_ops import build_info
+    from tools import cuda_resources as CR
+
+    if not _ci_is_set(os.environ):
+        assert ci_build_problem(os.environ, build_info.CUDA_ARCH_LIST, False) is None
+        return
+    has_code = build_info.CUDA_ARCH_LIST is not None and CR.has_device_code(CR.find_installed_extension())
+    problem = ci_build_problem(os.environ, build_info.CUDA_ARCH_LIST, has_code)
+    if problem:
+        pytest.fail(problem)
+
+
+def _fake_toolkit(root: Path, include=True) -> Path:
+    (root / "bin").mkdir(parents=True)
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\nexit 0\n")
+    nvcc.chmod(0o755)
+    if include:
+        (root / "include").mkdir()
+        (root / "include" / "cuda_runtime.h").write_text("")
+    return root
+
+
+# (name, environment, PATH holds a link to this toolkit's nvcc, the default location is a toolkit, CI accepts it)
+PREFLIGHT_CASES = [
+    ("no toolkit anywhere", {}, None, False, False),
+    ("GPUOPT_CPU_ONLY=1 beside a toolkit", {"GPUOPT_CPU_ONLY": "1"}, "full", True, False),
+    ("GPUOPT_CPU_ONLY=0", {"GPUOPT_CPU_ONLY": "0"}, None, True, True),
+    ("the default location", {}, None, True, True),
+    ("nvcc on PATH with include/", {}, "full", False, True),
+    ("nvcc on PATH without include/", {}, "bare", False, False),
+    ("CUDA_HOME a toolkit", {"CUDA_HOME": "full"}, None, False, True),
+    ("CUDA_PATH a toolkit", {"CUDA_PATH": "full"}, None, False, True),
+    ("CUDA_HOME without nvcc", {"CUDA_HOME": "empty"}, "full", True, False),
+]
+
+
+@pytest.mark.parametrize("name,env,on_path,default_ok,accepted", PREFLIGHT_CASES, ids=[c[0] for c in PREFLIGHT_CASES])
+def test_ci_preflight_refuses_what_setup_would_build_cpu_only(tmp_path, monkeypatch, name, env, on_path, default_ok,
+                                                              accepted):  # fmt: skip
+    """`.ci/run --preflight` (only its toolkit check runs) passes exactly where setup.py's _find_cuda_home finds a
+    toolkit, and fails with the reason where setup.py would build CPU-only (or stop), so a CI machine without nvcc
+    fails CI instead of skipping the CUDA gates."""
+    kits = {"full": _fake_toolkit(tmp_path / "full"), "bare": _fake_toolkit(tmp_path / "bare", include=False)}
+    kits["empty"] = tmp_path / "empty"
+    kits["empty"].mkdir()
+    default = _fake_toolkit(tmp_path / "default") if default_ok else tmp_path / "no-default"
+    # PATH: the few tools the check calls, and nvcc only where the case puts one (a link, as /usr/local/bin/nvcc)
+    path_dir = tmp_path / "path"
+    path_dir.mkdir()
+    for tool in ("dirname", "readlink"):
+        (path_dir / tool).symlink_to(shutil.which(tool))
+    if on_path:
+        (path_dir / "nvcc").symlink_to(kits[on_path] / "bin" / "nvcc")
+    case_env = {k: str(kits[v]) if v in kits else v for k, v in env.items()}
+    run_env = {"PATH": str(path_dir), "HOME": str(tmp_path), "CI_CUDA_DEFAULT_HOME": str(default), **case_env}
+    bash = shutil.which("bash")
+    res = subprocess.run([bash, str(ROOT / ".ci" / "run"), "--preflight"], env=run_env, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    out = res.stdout + res.stderr
+    if accepted:
+        assert res.returncode == 0 and "== CI: CUDA toolkit" in out, out
+    else:
+        assert res.returncode == 1 and "CI needs the CUDA build" in out, out
+        assert "lint" not in out  # it stopped before any other step
+    # the same environment, as setup.py sees it (its default location stands where CI_CUDA_DEFAULT_HOME points)
+    setup = load_setup_module()
+    for var in ("GPUOPT_CPU_ONLY", "CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in {"PATH": str(path_dir), **case_env}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(setup, "Path", lambda p: default if str(p) == "/usr/local/cuda" else Path(p))
+    try:
+        home, _ = setup._find_cuda_home()
+    except SystemExit:
+        home = None
+    assert (home is not None) == accepted, (name, home)
