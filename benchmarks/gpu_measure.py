@@ -463,8 +463,12 @@ def write_outputs(doc: dict, out_dirs: list[str], stem: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ the wheel
 def unpack_wheel(wheel: str) -> str:
-    """The wheel's files in a new temporary folder (kept until the process ends), put first on sys.path."""
+    """The wheel's files in a new temporary folder (removed when the process ends), put first on sys.path."""
+    import atexit
+    import shutil
+
     d = tempfile.mkdtemp(prefix="gpu_measure_wheel_")
+    atexit.register(shutil.rmtree, d, True)
     with zipfile.ZipFile(wheel) as z:
         z.extractall(d)
     sys.path.insert(0, d)

@@ -291,6 +291,17 @@ def test_clock_and_group_fit():
     assert GM.fits(140.0, 0.5, clock)  # a scale under 1 never shrinks the estimate
 
 
+def test_the_wheel_is_unpacked_first_on_sys_path(tmp_path, monkeypatch):
+    import zipfile
+
+    wheel = tmp_path / "gpuopt-0.0.0-cp310-abi3-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("gpuopt_probe_pkg/__init__.py", "WHERE = 'wheel'\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    d = GM.unpack_wheel(str(wheel))
+    assert sys.path[0] == d and (Path(d) / "gpuopt_probe_pkg" / "__init__.py").read_text() == "WHERE = 'wheel'\n"
+
+
 def test_child_processes_find_the_wheel_before_the_checkout():
     env = GM.child_env("/tmp/wheel", {"PYTHONPATH": "/site:" + str(ROOT)})
     assert env["PYTHONPATH"].split(os.pathsep) == ["/tmp/wheel", "/site", str(ROOT)]
