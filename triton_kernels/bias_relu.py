@@ -36,14 +36,17 @@ import triton.language as tl
 
 from .common import (
     INTERPRETED,
+    cacheable,
+    cached_plan,
     column_groups,
     device_guard,
     device_sm_count,
     launch_directly,
-    launch_sum_partials,
     num_warps_for,
     persistent_programs,
     programs_per_sm,
+    run_sum_partials,
+    sum_partials_plan,
     to_acc,
     to_out,
 )
@@ -218,31 +221,35 @@ def _tile(n: int):
     return max(1, min(64, 4096 // best)), best
 
 
+def forward_plan(m: int, n: int, dtype: torch.dtype, act: int) -> tuple:
+    """(grid, constexprs and num_warps) of the forward of an (M, N) input."""
+    block_m, block_n = _tile(n)
+    kwargs = dict(
+        IS_FP64=dtype == torch.float64,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        RTNE_BF16=INTERPRETED,
+        ACT=act,
+        num_warps=num_warps_for(block_m * block_n),
+    )
+    return (triton.cdiv(m, block_m), triton.cdiv(n, block_n)), kwargs
+
+
 def launch_forward(
     x, bias, out, *, act: int = 0, wrap=launch_directly, sm_count: Optional[int] = None, facts=None
 ) -> None:
     """out = act(x + bias) (act 0: relu) for contiguous x viewed as (M, N), under x's device (sm_count and facts
-    unused: one program per tile)."""
+    unused: one program per tile). The grid and constexprs are kept per (M, N, dtype, act) (common.cached_plan)."""
     n = int(x.shape[-1])
     m = x.numel() // n
     if m == 0:
         return
-    block_m, block_n = _tile(n)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    if cacheable(m, None):
+        grid, kwargs = cached_plan(("bias_act_fwd", m, n, x.dtype, act), lambda: forward_plan(m, n, x.dtype, act))
+    else:
+        grid, kwargs = forward_plan(m, n, x.dtype, act)
     with device_guard(x.device):
-        wrap(bias_relu_fwd_kernel)[grid](
-            x,
-            bias,
-            out,
-            m,
-            n,
-            IS_FP64=x.dtype == torch.float64,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            RTNE_BF16=INTERPRETED,
-            ACT=act,
-            num_warps=num_warps_for(block_m * block_n),
-        )
+        wrap(bias_relu_fwd_kernel)[grid](x, bias, out, m, n, **kwargs)
 
 
 def backward_tile(n: int):
@@ -250,6 +257,26 @@ def backward_tile(n: int):
     block_n = min(triton.next_power_of_2(n), 256)
     block_m = max(1, min(64, 4096 // block_n))
     return block_m, block_n, num_warps_for(block_m * block_n)
+
+
+def backward_plan(grad_out, out, grad_x, bias, act: int, m: int, n: int, sm_count: Optional[int], facts) -> tuple:
+    """(grid, constexprs and num_warps, G, the partial buffer's dtype, stage 2's plan) of the backward: the grid
+    (column tiles x G row groups) holds at most SMs x the resident programs per SM of the compiled kernel
+    (common.programs_per_sm, asked with a one-element stand-in for the partial buffer: only its dtype counts)."""
+    is_fp64 = out.dtype == torch.float64
+    acc = torch.float64 if is_fp64 else torch.float32
+    block_m, block_n, warps = backward_tile(n)
+    col_tiles = triton.cdiv(n, block_n)
+    sms = sm_count if sm_count is not None else device_sm_count(out.device)
+    with device_guard(out.device):
+        stand_in = torch.empty((1,), dtype=acc, device=out.device)
+        args = [grad_out, out, grad_x, stand_in, m, n]
+        kwargs = dict(IS_FP64=is_fp64, BLOCK_M=block_m, BLOCK_N=block_n, RTNE_BF16=INTERPRETED, num_warps=warps)
+        kwargs.update(B=bias if act != 0 else out, ACT=act)  # relu reads no bias
+        resident = sms * programs_per_sm(bias_relu_bwd_kernel, out.device, args, kwargs, facts)
+    groups = persistent_programs(triton.cdiv(m, block_m), out.device, 1, column_groups(col_tiles, resident, sms))
+    del kwargs["B"]  # a tensor of the call, not of the plan
+    return (col_tiles, groups), kwargs, groups, acc, sum_partials_plan(groups, n, 1, acc.itemsize)
 
 
 def launch_backward(
@@ -269,23 +296,22 @@ def launch_backward(
     inputs into uninitialised outputs, under out's device. The grid (column tiles x G row groups) holds at most SMs x
     the resident programs per SM of the compiled kernel (common.programs_per_sm; sm_count: the device's,
     DEFAULT_SM_COUNT for meta tensors), G chosen by common.column_groups so that the grid fills whole waves, so
-    G, and the bits of grad_b, are fixed by (shape, dtype, device)."""
+    G, and the bits of grad_b, are fixed by (shape, dtype, device). The plan (backward_plan) is kept per (M, N,
+    dtypes, act, device, sm_count) (common.cached_plan): a repeated call allocates the (G, N) partial buffer and
+    makes its two launches, nothing else."""
     n = int(out.shape[-1])
     m = out.numel() // n
     if m == 0:
         grad_b.zero_()  # a sum over no rows
         return
-    is_fp64 = out.dtype == torch.float64
-    block_m, block_n, warps = backward_tile(n)
-    col_tiles = triton.cdiv(n, block_n)
-    sms = sm_count if sm_count is not None else device_sm_count(out.device)
+    b = bias if act != 0 else out  # relu reads no bias
+    if cacheable(m, facts):
+        key = ("bias_act_bwd", m, n, grad_out.dtype, out.dtype, grad_x.dtype, b.dtype, act, out.device, sm_count)
+        plan = cached_plan(key, lambda: backward_plan(grad_out, out, grad_x, bias, act, m, n, sm_count, None))
+    else:
+        plan = backward_plan(grad_out, out, grad_x, bias, act, m, n, sm_count, facts)
+    grid, kwargs, groups, acc, stage2 = plan
     with device_guard(out.device):
-        partial = torch.empty((n,), dtype=torch.float64 if is_fp64 else torch.float32, device=out.device)
-        args = [grad_out, out, grad_x, partial, m, n]
-        kwargs = dict(IS_FP64=is_fp64, BLOCK_M=block_m, BLOCK_N=block_n, RTNE_BF16=INTERPRETED, num_warps=warps)
-        kwargs.update(B=bias if act != 0 else out, ACT=act)  # relu reads no bias
-        resident = sms * programs_per_sm(bias_relu_bwd_kernel, out.device, args, kwargs, facts)
-        groups = persistent_programs(triton.cdiv(m, block_m), out.device, 1, column_groups(col_tiles, resident, sms))
-        args[3] = partial = torch.empty((groups, n), dtype=partial.dtype, device=out.device)
-        wrap(bias_relu_bwd_kernel)[(col_tiles, groups)](*args, **kwargs)
-        launch_sum_partials(partial, (grad_b,), groups, n, wrap=wrap)
+        partial = torch.empty((groups * n,), dtype=acc, device=out.device)
+        wrap(bias_relu_bwd_kernel)[grid](grad_out, out, grad_x, partial, m, n, B=b, **kwargs)
+        run_sum_partials(partial, (grad_b,), stage2, wrap=wrap)

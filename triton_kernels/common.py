@@ -338,25 +338,65 @@ def partial_slab(groups: int, n: int) -> int:
     return -(-(groups * n) // 4) * 4
 
 
+def sum_partials_plan(groups: int, n: int, sets: int = 1, elem_bytes: int = 4) -> tuple:
+    """(grid, the scalar arguments after the pointers, the constexprs and num_warps) of stage 2 for (G, N, sets,
+    element bytes): fixed by them alone (sum_partials_config), so a launch plan keeps it."""
+    block_g, block_n, warps = sum_partials_config(groups, n, sets, elem_bytes)
+    kwargs = dict(
+        BLOCK_G=block_g, BLOCK_N=block_n, TWO=sets == 2, EVEN_N=n % block_n == 0, RTNE_BF16=INTERPRETED, num_warps=warps
+    )
+    return (triton.cdiv(n, block_n), sets), (groups, n, partial_slab(groups, n), block_g * n), kwargs
+
+
+def run_sum_partials(partial, outs, stage2: tuple, *, wrap=launch_directly) -> None:
+    """The stage-2 launch of a plan from sum_partials_plan, under the caller's device guard."""
+    grid, scalars, kwargs = stage2
+    wrap(sum_partials_kernel)[grid](partial, outs[0], outs[-1], *scalars, **kwargs)
+
+
 def launch_sum_partials(partial, outs, groups: int, n: int, *, wrap=launch_directly) -> None:
     """outs[k][j] = sum over the G partial rows of set k of `partial` (sets partial_slab(G, N) elements apart) at
     column j, in a fixed order, for the one or two outputs in `outs`: one launch, grid (column blocks,
     len(outs))."""
-    block_g, block_n, warps = sum_partials_config(groups, n, len(outs), partial.element_size())
-    grid = (triton.cdiv(n, block_n), len(outs))
     with device_guard(outs[0].device):
-        wrap(sum_partials_kernel)[grid](
-            partial,
-            outs[0],
-            outs[-1],
-            groups,
-            n,
-            partial_slab(groups, n),
-            block_g * n,
-            BLOCK_G=block_g,
-            BLOCK_N=block_n,
-            TWO=len(outs) == 2,
-            EVEN_N=n % block_n == 0,
-            RTNE_BF16=INTERPRETED,
-            num_warps=warps,
-        )
+        run_sum_partials(partial, outs, sum_partials_plan(groups, n, len(outs), partial.element_size()), wrap=wrap)
+
+
+# ---------------------------------------------------------------------------------------------- launch plans
+# What a launcher decides before its launches (tiling, the compiled kernels' facts and with them the persistent
+# grids, the row groups G, stage 2's tiling, the partial buffer's size) is fixed by the call's key: the
+# launcher's static arguments (shape as (M, N), dtypes, device, flags, p's threshold, sm_count, the module's
+# tunables). A launcher keeps it per key, so that a repeated call runs no planning, no compiled-kernel query and
+# no device-property lookup: it allocates its buffer and launches. Strides need no place in the key: the launchers
+# take contiguous tensors (the ops make them so), so (M, N) fixes them. Not kept: calls with a `facts` hook (the
+# compile gate and the performance model ask it on purpose) and symbolic sizes (tracing with dynamic shapes).
+PLAN_CACHE_SIZE = 4096
+_PLANS: dict = {}
+PLAN_STATS = {"hits": 0, "misses": 0}
+
+
+def cacheable(m, facts) -> bool:
+    """Whether a launch plan for M = m rows may be kept: no `facts` hook and a plain int M (not symbolic)."""
+    return facts is None and type(m) is int
+
+
+def cached_plan(key, make):
+    """The plan of `key`: kept from an earlier call, else make() (then kept; the store is emptied when it holds
+    PLAN_CACHE_SIZE plans)."""
+    plan = _PLANS.get(key)
+    if plan is None:
+        PLAN_STATS["misses"] += 1
+        plan = make()
+        if len(_PLANS) >= PLAN_CACHE_SIZE:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    else:
+        PLAN_STATS["hits"] += 1
+    return plan
+
+
+def clear_plans() -> None:
+    """Forgets every kept launch plan (and the compiled-kernel facts and SM counts behind them)."""
+    _PLANS.clear()
+    _FACTS.clear()
+    _SM_COUNT.clear()

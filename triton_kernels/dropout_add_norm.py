@@ -43,6 +43,9 @@ import triton.language as tl
 from . import layer_norm_dropout_relu as _LDR
 from .common import (
     INTERPRETED,
+    cacheable,
+    cached_plan,
+    device_guard,
     launch_directly,
     num_warps_for,
     to_acc,
@@ -51,8 +54,8 @@ from .common import (
 from .rows import (
     dropout_threshold,
     eps_pair,
-    launch_rows_backward,
-    launch_rows_forward,
+    plan_rows_backward,
+    plan_rows_forward,
     row_div,
     row_dropout_scale,
     row_eps,
@@ -72,6 +75,7 @@ from .rows import (
     row_tile_offsets,
     row_tile_seed,
     row_zero_chunks,
+    run_rows_backward,
 )
 
 
@@ -588,28 +592,42 @@ def launch_forward(
         return
     t = dropout_threshold(p)
     eps_hi, eps_lo = eps_pair(eps)
-    cfg = _LDR.forward_config(n, x.dtype, max_fused_n)
-    kwargs = dict(
-        HAS_R=residual is not None,
-        HAS_W=weight is not None,
-        HAS_B=bias is not None,
-        RMS=bool(rms),
-        DROPOUT=t != 0,
-        FAST_RNG=cfg.fast_rng,
-        IS_FP64=x.dtype == torch.float64,
-        BLOCK_N=cfg.block_n,
-        RTNE_BF16=INTERPRETED,
-        num_warps=cfg.num_warps,
-    )
     r = residual if residual is not None else x  # never read without a residual
     w = weight if weight is not None else x
     b = bias if bias is not None else x
     mu = mean if not rms else rstd  # never written for RMSNorm
     args = (x, r, w, b, seed, out, sum_, mu, rstd, m, n, eps_hi, eps_lo, t)
-    launch_rows_forward(
-        dan_fwd_fused_kernel, dan_fwd_looped_kernel, cfg, m, n, x.device, args, kwargs,
-        wrap=wrap, sm_count=sm_count, facts=facts, looped_cfg=_LDR.wide_fallback(cfg, n, x.dtype),
-    )  # fmt: skip
+
+    def make():
+        cfg = _LDR.forward_config(n, x.dtype, max_fused_n)
+        kwargs = dict(
+            HAS_R=residual is not None,
+            HAS_W=weight is not None,
+            HAS_B=bias is not None,
+            RMS=bool(rms),
+            DROPOUT=t != 0,
+            FAST_RNG=cfg.fast_rng,
+            IS_FP64=x.dtype == torch.float64,
+            BLOCK_N=cfg.block_n,
+            RTNE_BF16=INTERPRETED,
+            num_warps=cfg.num_warps,
+        )
+        return plan_rows_forward(
+            dan_fwd_fused_kernel, dan_fwd_looped_kernel, cfg, m, n, x.device, args, kwargs,
+            sm_count=sm_count, facts=facts, looped_cfg=_LDR.wide_fallback(cfg, n, x.dtype),
+        )  # fmt: skip
+
+    if cacheable(m, facts):
+        key = (
+            "dan_fwd", m, n, x.dtype, r.dtype, w.dtype, b.dtype, out.dtype, sum_.dtype, rstd.dtype,
+            residual is None, weight is None, bias is None, t, bool(rms), x.device, sm_count, max_fused_n,
+            _LDR.tunables(),
+        )  # fmt: skip
+        kernel, grid, kwargs = cached_plan(key, make)
+    else:
+        kernel, grid, kwargs = make()
+    with device_guard(x.device):
+        wrap(kernel)[grid](*args, **kwargs)
 
 
 def launch_backward(
@@ -670,24 +688,35 @@ def launch_backward(
         )
         if _LDR.is_wide_backward(cfg, n):  # dan_bwd_wide_kernel
             kwargs.update(_LDR.wide_kwargs(cfg, sum_.dtype))
+        coef_kwargs = dict(
+            HAS_W=has_w, RMS=bool(rms), IS_FP64=is_fp64, BLOCK_N=cfg.block_n, num_warps=num_warps_for(cfg.block_n, 8)
+        )
+        # dan_bwd_row_coef_kernel(grad_out, sum_, w, mu, rstd, c1, c2, M, N): head[0, 2, 3, 4, 5]
+        return cfg, kwargs, (dan_bwd_row_coef_kernel, (0, 2, 3, 4, 5), False, coef_kwargs)
 
-        def launch_coef(c1, c2):
-            wrap(dan_bwd_row_coef_kernel)[(m,)](
-                grad_out, sum_, w, mu, rstd, c1, c2, m, n,
-                HAS_W=has_w, RMS=bool(rms), IS_FP64=is_fp64, BLOCK_N=cfg.block_n,
-                num_warps=num_warps_for(cfg.block_n, 8),
-            )  # fmt: skip
+    def make():
+        # the wider of the two dtypes the wide kernel holds: the sum's and grad_out's
+        held = sum_.dtype if sum_.dtype.itemsize > grad_out.dtype.itemsize else grad_out.dtype
+        cfg = _LDR.backward_config(n, grad_out.dtype, max_fused_n, held=held, sums=int(has_w) + int(has_b))
+        looped = _LDR.wide_backward_fallback(cfg, n, grad_out.dtype)
+        cfg, kwargs, coef = plan(cfg)
+        fused = dan_bwd_wide_kernel if _LDR.is_wide_backward(cfg, n) else dan_bwd_fused_kernel
+        return plan_rows_backward(
+            fused, dan_bwd_chunk_kernel, coef, cfg, m, n, sum_.device, acc, head, (grad_x, dres), t, has_w, has_b,
+            kwargs, sm_count=sm_count, facts=facts, looped=plan(looped) if looped is not None else None,
+            holds=_LDR.wide_holds(cfg, n),
+        )  # fmt: skip
 
-        return cfg, kwargs, launch_coef
-
-    # the wider of the two dtypes the wide kernel holds: the sum's and grad_out's
-    held = sum_.dtype if sum_.dtype.itemsize > grad_out.dtype.itemsize else grad_out.dtype
-    cfg = _LDR.backward_config(n, grad_out.dtype, max_fused_n, held=held, sums=int(has_w) + int(has_b))
-    looped = _LDR.wide_backward_fallback(cfg, n, grad_out.dtype)
-    cfg, kwargs, launch_coef = plan(cfg)
-    fused = dan_bwd_wide_kernel if _LDR.is_wide_backward(cfg, n) else dan_bwd_fused_kernel
-    launch_rows_backward(
-        fused, dan_bwd_chunk_kernel, launch_coef, cfg, m, n, sum_.device, acc, head, (grad_x, dres), t,
-        grad_w if has_w else None, grad_b if has_b else None, kwargs, wrap=wrap, sm_count=sm_count, facts=facts,
-        looped=plan(looped) if looped is not None else None, holds=_LDR.wide_holds(cfg, n),
+    if cacheable(m, facts):
+        key = (
+            "dan_bwd", m, n, grad_out.dtype, gs.dtype, sum_.dtype, w.dtype, rstd.dtype, grad_x.dtype, dres.dtype,
+            grad_sum is None, grad_res is None, has_w, has_b, t, bool(rms), sum_.device, sm_count, max_fused_n,
+            _LDR.tunables(),
+        )  # fmt: skip
+        rows_plan = cached_plan(key, make)
+    else:
+        rows_plan = make()
+    run_rows_backward(
+        rows_plan, head, (grad_x, dres), grad_w if has_w else None, grad_b if has_b else None, m, n, t, sum_.device,
+        acc, wrap=wrap,
     )  # fmt: skip

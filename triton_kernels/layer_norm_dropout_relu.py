@@ -47,7 +47,7 @@ tests): no configuration spills. Not yet timed on a GPU. Every launch runs under
 - Forward, single-block path when N <= 8192, or N = 12288 (three chunks of 4096) or 16384 (four chunks of 4096,
   32 elements a thread at 16 warps; where that compiled kernel spills registers, as triton 3.6's bf16 one does,
   it runs without holding the weight and bias, and where that spills too, the looped path: wide_fallback,
-  rows.launch_rows_forward; fp64: N <= 4096):
+  rows.plan_rows_forward; fp64: N <= 4096):
   BLOCK_M = clamp(4096 // next_power_of_2(N), 1, 64) rows per tile. Rows of N = 2^k >= 1024 (not fp64) are four
   chunks of N / 4, so the tile's warps lie along the rows (one warp per row
   at N = 1024) and each thread holds 32 elements of its row: the row's reductions and the per-tile work are
@@ -76,7 +76,7 @@ tests): no configuration spills. Not yet timed on a GPU. Every launch runs under
   chunks at 16 warps (2048 at 8 warps for fp32 x). The raw x and grad_out of every chunk are loaded first and
   held as loaded (16-bit data two to a register, row_hold), grad_out selected by the keep and ReLU bits in pass
   1, which adds the row sums' per-thread parts; pass 2 converts them again and reloads the weight. Where the
-  compiled kernel spills (16384, except RMSNorm-dropout in 16 bits), launch_rows_backward runs the looped
+  compiled kernel spills (16384, except RMSNorm-dropout in 16 bits), plan_rows_backward plans the looped
   kernels instead (wide_backward_fallback).
 - Backward, looped path: kernel A computes c1, c2 of one row per program (1024-column chunks, 4 warps);
   kernel B runs a (1024-column chunk x row group) grid, tiles of 2 rows, computing dx and the dgamma/dbeta
@@ -96,6 +96,9 @@ import triton.language as tl
 
 from .common import (
     INTERPRETED,
+    cacheable,
+    cached_plan,
+    device_guard,
     launch_directly,
     num_warps_for,
     to_acc,
@@ -108,8 +111,8 @@ from .rows import (  # noqa: F401  (LdrConfig, dropout_threshold, eps_pair, row_
     LdrConfig,
     dropout_threshold,
     eps_pair,
-    launch_rows_backward,
-    launch_rows_forward,
+    plan_rows_backward,
+    plan_rows_forward,
     row_chunks,
     row_div,
     row_dropout_scale,
@@ -131,6 +134,7 @@ from .rows import (  # noqa: F401  (LdrConfig, dropout_threshold, eps_pair, row_
     row_tile_offsets,
     row_tile_seed,
     row_zero_chunks,
+    run_rows_backward,
 )
 
 # Longest rows of the single-block kernels: 16 warps x 32 threads x (elements per thread, see _warps_for).
@@ -1016,7 +1020,7 @@ def forward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -
     # past 8192: rows of three chunks (12288) and of four 4096-column chunks (16384: 32 elements a thread at 16
     # warps, where 32 warps would cap the registers at 64); where that compiled kernel spills (triton 3.6's
     # bf16 LayerNorm-dropout-ReLU: 24 bytes) it runs without holding the parameters, else the looped kernel
-    # (wide_fallback, launch_rows_forward)
+    # (wide_fallback, plan_rows_forward)
     if n <= max_fused_n and padded_ok:
         quarters = not fp64
         return row_fused_config(n, fp64, 4096, per_thread, 4 if fp64 else 8, 4 if fp64 else 8, quarters)
@@ -1027,7 +1031,7 @@ def forward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -
 
 def wide_fallback(cfg: LdrConfig, n: int, dtype: torch.dtype) -> Optional[LdrConfig]:
     """The looped forward's config where cfg is the single-block kernel over four chunks past 8192 columns (32
-    elements a thread): launch_rows_forward runs it instead where that compiled kernel spills registers."""
+    elements a thread): plan_rows_forward plans it instead where that compiled kernel spills registers."""
     if cfg.fused and cfg.chunks == 4 and n > 8192:
         return forward_config(n, dtype, max_fused_n=8192)
     return None
@@ -1046,7 +1050,7 @@ def backward_config(
     or dropout_add_norm's fp32 sum) 2048-column chunks at 8 warps (255 registers). Where the row as held (x's
     and held's bytes an element) and the `sums` accumulators (dgamma, dbeta) would take more of a thread's
     registers than WIDE_BWD_REGS allows, the looped kernels are planned at once, without compiling a kernel known
-    to spill; where the compiled kernel spills all the same, launch_rows_backward takes wide_backward_fallback's
+    to spill; where the compiled kernel spills all the same, plan_rows_backward takes wide_backward_fallback's
     looped kernels."""
     fp64 = dtype == torch.float64
     per_thread = 4 if fp64 else 8
@@ -1078,7 +1082,7 @@ def wide_kwargs(cfg: LdrConfig, dtype: torch.dtype) -> dict:
 
 
 def wide_holds(cfg: LdrConfig, n: int) -> tuple:
-    """The HOLD values launch_rows_backward tries, in turn, where the compiled wide kernel holding its whole row
+    """The HOLD values plan_rows_backward tries, in turn, where the compiled wide kernel holding its whole row
     spills: one chunk fewer at a time, down to half the row (the rest read again in pass 2, from L2 in the
     performance model, at half the cost of a DRAM read: re-reading half of x estimates 0.85-0.88 in the kinds
     measured, against 0.5-0.7 for the looped kernels). Empty where cfg is not the wide kernels' plan."""
@@ -1094,7 +1098,7 @@ def is_wide_backward(cfg: LdrConfig, n: int) -> bool:
 
 def wide_backward_fallback(cfg: LdrConfig, n: int, dtype: torch.dtype) -> Optional[LdrConfig]:
     """The looped backward's config where cfg is the wide kernel's (past 8192 columns: N = 12288 and 16384):
-    launch_rows_backward runs it instead where that compiled kernel spills registers."""
+    plan_rows_backward plans it instead where that compiled kernel spills registers."""
     if is_wide_backward(cfg, n):
         return backward_config(n, dtype, max_fused_n=BWD_MAX_FUSED_N)
     return None
@@ -1134,26 +1138,48 @@ def launch_forward(
         return
     t = dropout_threshold(p)
     eps_hi, eps_lo = eps_pair(eps)
-    cfg = forward_config(n, x.dtype, max_fused_n)
-    kwargs = dict(
-        HAS_W=weight is not None,
-        HAS_B=bias is not None,
-        DROPOUT=t != 0,
-        FAST_RNG=cfg.fast_rng,
-        IS_FP64=x.dtype == torch.float64,
-        BLOCK_N=cfg.block_n,
-        RTNE_BF16=INTERPRETED,
-        RMS=bool(rms),
-        RELU=bool(relu),
-        num_warps=cfg.num_warps,
-    )
     w = weight if weight is not None else x  # never read when HAS_W is False
     b = bias if bias is not None else x
     mu = rstd if rms else mean  # never written for RMSNorm
     args = (x, w, b, seed, out, mu, rstd, m, n, eps_hi, eps_lo, t)
-    launch_rows_forward(
-        ldr_fwd_fused_kernel, ldr_fwd_looped_kernel, cfg, m, n, x.device, args, kwargs,
-        wrap=wrap, sm_count=sm_count, facts=facts, looped_cfg=wide_fallback(cfg, n, x.dtype),
+
+    def make():
+        cfg = forward_config(n, x.dtype, max_fused_n)
+        kwargs = dict(
+            HAS_W=weight is not None,
+            HAS_B=bias is not None,
+            DROPOUT=t != 0,
+            FAST_RNG=cfg.fast_rng,
+            IS_FP64=x.dtype == torch.float64,
+            BLOCK_N=cfg.block_n,
+            RTNE_BF16=INTERPRETED,
+            RMS=bool(rms),
+            RELU=bool(relu),
+            num_warps=cfg.num_warps,
+        )
+        return plan_rows_forward(
+            ldr_fwd_fused_kernel, ldr_fwd_looped_kernel, cfg, m, n, x.device, args, kwargs,
+            sm_count=sm_count, facts=facts, looped_cfg=wide_fallback(cfg, n, x.dtype),
+        )  # fmt: skip
+
+    if cacheable(m, facts):
+        key = (
+            "ldr_fwd", m, n, x.dtype, w.dtype, b.dtype, out.dtype, rstd.dtype, weight is None, bias is None, t,
+            bool(rms), bool(relu), x.device, sm_count, max_fused_n, tunables(),
+        )  # fmt: skip
+        kernel, grid, kwargs = cached_plan(key, make)
+    else:
+        kernel, grid, kwargs = make()
+    with device_guard(x.device):
+        wrap(kernel)[grid](*args, **kwargs)
+
+
+def tunables() -> tuple:
+    """The module's planning limits and wide_kwargs as they are now: part of every launch plan's key, so that a
+    plan made under other limits (tests lower them to reach the looped kernels) is not reused."""
+    return (
+        FWD_MAX_FUSED_N, FWD_MAX_FUSED_N_FP64, FWD_MAX_PADDED_N, BWD_MAX_FUSED_N, BWD_MAX_FUSED_N_FP64, WIDE_BWD_N,
+        wide_kwargs,
     )  # fmt: skip
 
 
@@ -1220,18 +1246,29 @@ def launch_backward(
             kwargs.update(wide_kwargs(cfg, x.dtype))
         coef_kwargs = {k: v for k, v in kwargs.items() if k not in ("BLOCK_M", "VEC", "OPAQUE")}
         coef_kwargs["num_warps"] = num_warps_for(cfg.block_n, 8)
+        # ldr_bwd_row_coef_kernel(*head, c1, c2, M, N, threshold)
+        return cfg, kwargs, (ldr_bwd_row_coef_kernel, range(len(head)), True, coef_kwargs)
 
-        def launch_coef(c1, c2):
-            wrap(ldr_bwd_row_coef_kernel)[(m,)](*head, c1, c2, m, n, t, **coef_kwargs)
+    def make():
+        cfg = backward_config(n, x.dtype, max_fused_n, sums=int(has_w) + int(has_b))
+        looped = wide_backward_fallback(cfg, n, x.dtype)
+        cfg, kwargs, coef = plan(cfg)
+        fused = ldr_bwd_wide_kernel if is_wide_backward(cfg, n) else ldr_bwd_fused_kernel
+        return plan_rows_backward(
+            fused, ldr_bwd_chunk_kernel, coef, cfg, m, n, x.device, acc, head, (grad_x,), t, has_w, has_b, kwargs,
+            sm_count=sm_count, facts=facts, looped=plan(looped) if looped is not None else None,
+            holds=wide_holds(cfg, n),
+        )  # fmt: skip
 
-        return cfg, kwargs, launch_coef
-
-    cfg = backward_config(n, x.dtype, max_fused_n, sums=int(has_w) + int(has_b))
-    looped = wide_backward_fallback(cfg, n, x.dtype)
-    cfg, kwargs, launch_coef = plan(cfg)
-    fused = ldr_bwd_wide_kernel if is_wide_backward(cfg, n) else ldr_bwd_fused_kernel
-    launch_rows_backward(
-        fused, ldr_bwd_chunk_kernel, launch_coef, cfg, m, n, x.device, acc, head, (grad_x,), t,
-        grad_w if has_w else None, grad_b if has_b else None, kwargs, wrap=wrap, sm_count=sm_count, facts=facts,
-        looped=plan(looped) if looped is not None else None, holds=wide_holds(cfg, n),
+    if cacheable(m, facts):
+        key = (
+            "ldr_bwd", m, n, grad_out.dtype, x.dtype, w.dtype, b.dtype, rstd.dtype, grad_x.dtype, has_w, has_b, t,
+            bool(rms), bool(relu), x.device, sm_count, max_fused_n, tunables(),
+        )  # fmt: skip
+        rows_plan = cached_plan(key, make)
+    else:
+        rows_plan = make()
+    run_rows_backward(
+        rows_plan, head, (grad_x,), grad_w if has_w else None, grad_b if has_b else None, m, n, t, x.device, acc,
+        wrap=wrap,
     )  # fmt: skip

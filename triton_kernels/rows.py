@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -22,12 +23,13 @@ from .common import (
     device_guard,
     device_sm_count,
     kernel_facts,
-    launch_sum_partials,
     num_warps_for,
     partial_slab,
     persistent_programs,
     programs_per_sm,
     resident_programs,
+    run_sum_partials,
+    sum_partials_plan,
 )
 
 
@@ -319,10 +321,18 @@ def dropout_threshold(p: float) -> int:
 
 
 def eps_pair(eps: float):
-    """eps as fp32 hi + lo: the fp32 kernels use hi (= float(eps), as csrc), the fp64 kernels hi + lo."""
-    hi = float(np.float32(eps))
-    lo = float(np.float32(eps - hi))
-    return hi, lo
+    """eps as fp32 hi + lo: the fp32 kernels use hi (= float(eps), as csrc), the fp64 kernels hi + lo. Kept per
+    Python float (a repeated call converts nothing)."""
+    got = _EPS_PAIRS.get(eps) if type(eps) is float else None
+    if got is None:
+        hi = float(np.float32(eps))
+        got = hi, float(np.float32(eps - hi))
+        if type(eps) is float and len(_EPS_PAIRS) < 256:
+            _EPS_PAIRS[eps] = got
+    return got
+
+
+_EPS_PAIRS: dict = {}
 
 
 @dataclass(frozen=True)
@@ -379,18 +389,18 @@ def row_fused_config(
 
 
 # ----------------------------------------------------------------------------------------------- launches
-def launch_rows_forward(
-    fused_kernel, looped_kernel, cfg, m: int, n: int, device, args, kwargs, *, wrap, sm_count, facts, looped_cfg=None
-):
-    """The forward launch of a row-normalization op (cfg from its forward_config): the single-block kernel, persistent
-    over cdiv(m, BLOCK_M) row tiles (SMs x its resident programs per SM: common.programs_per_sm, `facts` replacing
-    the compiled-kernel query), or the looped kernel, a program a row. The single-block kernel holds weight and
-    bias across its persistent loop (converted to the accumulation dtype once) for short rows (several per tile),
-    where a tile's parameter loads and conversions are a large share of its work, and at 16 warps (N > 8192),
-    where one program per SM is resident anyway; other long rows amortize them, and holding them would cost the
-    registers of a resident program. looped_cfg (the widest rows, 32 elements a thread): where the compiled
-    single-block kernel spills registers, it is tried again without holding the parameters, and where that
-    spills too, the looped kernel runs with looped_cfg instead."""
+def plan_rows_forward(
+    fused_kernel, looped_kernel, cfg, m: int, n: int, device, args, kwargs, *, sm_count, facts, looped_cfg=None
+) -> tuple:
+    """(kernel, grid, constexprs and num_warps) of the forward of a row-normalization op (cfg from its
+    forward_config): the single-block kernel, persistent over cdiv(m, BLOCK_M) row tiles (SMs x its resident
+    programs per SM: common.programs_per_sm, `facts` replacing the compiled-kernel query), or the looped kernel, a
+    program a row. The single-block kernel holds weight and bias across its persistent loop (converted to the
+    accumulation dtype once) for short rows (several per tile), where a tile's parameter loads and conversions are
+    a large share of its work, and at 16 warps (N > 8192), where one program per SM is resident anyway; other long
+    rows amortize them, and holding them would cost the registers of a resident program. looped_cfg (the widest
+    rows, 32 elements a thread): where the compiled single-block kernel spills registers, it is tried again without
+    holding the parameters, and where that spills too, the looped kernel runs with looped_cfg instead."""
     with device_guard(device):
         if cfg.fused:
             held = cfg.block_m > 1 or cfg.num_warps == 16
@@ -406,17 +416,148 @@ def launch_rows_forward(
                 if looped_cfg is None or got is None or not got.spills:
                     per_sm = resident_programs(got, cfg.num_warps)
                     grid = (persistent_programs(triton.cdiv(m, cfg.block_m), device, per_sm, sm_count),)
-                    wrap(fused_kernel)[grid](*args, **fused_kwargs)
-                    return
+                    return fused_kernel, grid, fused_kwargs
             kwargs = dict(kwargs, BLOCK_N=looped_cfg.block_n, FAST_RNG=looped_cfg.fast_rng)
             kwargs.update(num_warps=looped_cfg.num_warps)
-        wrap(looped_kernel)[(m,)](*args, **kwargs)
+    return looped_kernel, (m,), kwargs
+
+
+def launch_rows_forward(
+    fused_kernel, looped_kernel, cfg, m: int, n: int, device, args, kwargs, *, wrap, sm_count, facts, looped_cfg=None
+):
+    """The forward launch of a row-normalization op: plan_rows_forward's kernel and grid, under the device."""
+    kernel, grid, kwargs = plan_rows_forward(
+        fused_kernel, looped_kernel, cfg, m, n, device, args, kwargs, sm_count=sm_count, facts=facts,
+        looped_cfg=looped_cfg,
+    )  # fmt: skip
+    with device_guard(device):
+        wrap(kernel)[grid](*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class RowsBackwardPlan:
+    """What a row-normalization backward launches (plan_rows_backward): `kernel` (the single-block kernel, or the
+    looped path's chunk kernel after `coef`, the row-coefficient launch) on `grid` with `kwargs`, the partial buffer
+    of `sets` (G, N) sets `slab` elements apart (then, on the looped path, the row coefficients c1 and c2, `coef_len`
+    elements each, 16-byte aligned) in one allocation of `size` elements, and stage 2 (`stage2`:
+    common.sum_partials_plan; None without a weight or a bias)."""
+
+    kernel: object
+    grid: tuple
+    kwargs: dict
+    groups: int
+    slab: int
+    sets: int
+    size: int
+    coef: Optional[tuple]  # (kernel, head indices, with the threshold, kwargs) of the looped path
+    coef_len: int
+    stage2: Optional[tuple]
+
+
+def plan_rows_backward(
+    fused_kernel,
+    chunk_kernel,
+    coef,
+    cfg,
+    m: int,
+    n: int,
+    device,
+    acc: torch.dtype,
+    head,
+    outs,
+    threshold: int,
+    has_w: bool,
+    has_b: bool,
+    kwargs,
+    *,
+    sm_count,
+    facts,
+    looped=None,
+    holds=(),
+) -> RowsBackwardPlan:
+    """The plan of the backward launches of a row-normalization op (cfg from its backward_config; kwargs the
+    kernels' constexprs and num_warps; coef: (kernel, the indices of its arguments in head, whether the threshold
+    follows M and N, its kwargs), the row-coefficient launch of the looped path). The kernels take
+    (*head, [c1, c2,] *outs, PDW, PDB, M, N, threshold): head the inputs, outs the gradients they write, c1 / c2
+    the chunk kernel's per-row coefficients, which the coefficient kernel computes first. The single-block kernel
+    is persistent over the row tiles; the chunk kernel's grid is (column chunks, groups), the SMs' programs spread
+    over the chunks. The dgamma / dbeta partials go to one buffer of (groups, N) sets in the accumulation dtype,
+    reduced in a fixed order by one stage-2 launch: groups, and with it the bits of dgamma / dbeta, is fixed by
+    (shape, dtype, device). holds: the wide kernels' HOLD values to try in turn where the compiled kernel holding
+    its whole row spills (wide_holds); looped: (cfg, kwargs, coef) of the looped kernels, run instead where the
+    compiled single-block kernel of cfg spills registers all the same (the widest rows: wide_backward_fallback).
+    The compiled kernels are asked with one-element stand-ins for the partial sets and the coefficients (only
+    their dtype counts)."""
+    sets = int(has_w) + int(has_b)
+    kwargs = dict(kwargs)
+    with device_guard(device):
+        stand_in = torch.empty((1,), dtype=acc, device=device)
+        if cfg.fused:
+            kwargs["CHUNKS"] = cfg.chunks
+            args = [*head, *outs, stand_in, stand_in, m, n, threshold]
+            got = kernel_facts(fused_kernel, device, args, kwargs, facts)
+            for hold in holds:  # a wide kernel holding less of its row, where the whole row spills
+                if got is None or not got.spills:
+                    break
+                kwargs["HOLD"] = hold
+                got = kernel_facts(fused_kernel, device, args, kwargs, facts)
+            if looped is not None and got is not None and got.spills:
+                cfg, kwargs, coef = looped
+        num_tiles = triton.cdiv(m, cfg.block_m)
+        if cfg.fused:
+            kernel = fused_kernel
+            groups = persistent_programs(num_tiles, device, resident_programs(got, cfg.num_warps), sm_count)
+            grid = (groups,)
+        else:
+            kernel = chunk_kernel
+            args = [*head, stand_in, stand_in, *outs, stand_in, stand_in, m, n, threshold]
+            chunks = triton.cdiv(n, cfg.block_n)
+            sms = sm_count if sm_count is not None else device_sm_count(device)
+            resident = sms * programs_per_sm(kernel, device, args, kwargs, facts)
+            groups = persistent_programs(num_tiles, device, 1, column_groups(chunks, resident, sms))
+            grid = (chunks, groups)
+    slab = partial_slab(groups, n)
+    size = max(1, sets) * slab
+    coef_len = 0
+    if not cfg.fused:
+        kernel_c, idx, with_t, coef_kwargs = coef
+        coef = (kernel_c, (m,), tuple(idx), with_t, coef_kwargs)
+        coef_len = -(-m // 4) * 4  # c2 16-byte aligned
+        size += 2 * coef_len
+    else:
+        coef = None
+    stage2 = sum_partials_plan(groups, n, sets, acc.itemsize) if sets else None
+    return RowsBackwardPlan(kernel, grid, kwargs, groups, slab, sets, size, coef, coef_len, stage2)
+
+
+def run_rows_backward(plan: RowsBackwardPlan, head, outs, grad_w, grad_b, m, n, threshold, device, acc, *, wrap):
+    """The launches of a plan from plan_rows_backward: one allocation (the partial sets, then c1 and c2 on the
+    looped path), the coefficient launch (looped path), the kernel, stage 2, under the device."""
+    with device_guard(device):
+        buf = torch.empty((plan.size,), dtype=acc, device=device)
+        slab = plan.slab
+        pdw = buf  # the first set (never written without a weight: HAS_W)
+        pdb = buf[slab:] if plan.sets == 2 else buf  # never written without a bias (HAS_B)
+        tail = (pdw, pdb, m, n, threshold)
+        if plan.coef is not None:
+            kernel_c, grid_c, idx, with_t, coef_kwargs = plan.coef
+            off = max(1, plan.sets) * slab
+            c1 = buf[off : off + m]
+            c2 = buf[off + plan.coef_len : off + plan.coef_len + m]
+            cargs = [head[i] for i in idx]
+            cargs += (c1, c2, m, n, threshold) if with_t else (c1, c2, m, n)
+            wrap(kernel_c)[grid_c](*cargs, **coef_kwargs)
+            wrap(plan.kernel)[plan.grid](*head, c1, c2, *outs, *tail, **plan.kwargs)
+        else:
+            wrap(plan.kernel)[plan.grid](*head, *outs, *tail, **plan.kwargs)
+        if plan.stage2 is not None:
+            run_sum_partials(buf, [g for g in (grad_w, grad_b) if g is not None], plan.stage2, wrap=wrap)
 
 
 def launch_rows_backward(
     fused_kernel,
     chunk_kernel,
-    launch_coef,
+    coef,
     cfg,
     m: int,
     n: int,
@@ -435,54 +576,10 @@ def launch_rows_backward(
     looped=None,
     holds=(),
 ) -> None:
-    """The backward launches of a row-normalization op (cfg from its backward_config; grad_w / grad_b None where
-    the op has no weight / bias; kwargs the kernels' constexprs and num_warps). The kernels take
-    (*head, [c1, c2,] *outs, PDW, PDB, M, N, threshold): head the inputs, outs the gradients they write, c1 / c2
-    the chunk kernel's per-row coefficients, which launch_coef(c1, c2) computes first. The single-block kernel is
-    persistent over the row tiles; the chunk kernel's grid is (column chunks, groups), the SMs' programs spread
-    over the chunks. The dgamma / dbeta partials go to one buffer of (groups, N) sets in the accumulation dtype,
-    reduced in a fixed order by one stage-2 launch: groups, and with it the bits of dgamma / dbeta, is fixed by
-    (shape, dtype, device). holds: the wide kernels' HOLD values to try in turn where the compiled kernel holding
-    its whole row spills (wide_holds); looped: (cfg, kwargs, launch_coef) of the looped kernels, run instead where
-    the compiled single-block kernel of cfg spills registers all the same (the widest rows:
-    wide_backward_fallback)."""
-    has_w, has_b = grad_w is not None, grad_b is not None
-    sets = int(has_w) + int(has_b)
-    placeholder = torch.empty((1,), dtype=acc, device=device)  # the partial pointers' dtype, for the facts
-    with device_guard(device):
-        if cfg.fused:
-            kwargs["CHUNKS"] = cfg.chunks
-            args = [*head, *outs, placeholder, placeholder, m, n, threshold]
-            got = kernel_facts(fused_kernel, device, args, kwargs, facts)
-            for hold in holds:  # a wide kernel holding less of its row, where the whole row spills
-                if got is None or not got.spills:
-                    break
-                kwargs["HOLD"] = hold
-                got = kernel_facts(fused_kernel, device, args, kwargs, facts)
-            if looped is not None and got is not None and got.spills:
-                cfg, kwargs, launch_coef = looped
-        num_tiles = triton.cdiv(m, cfg.block_m)
-        if cfg.fused:
-            kernel = fused_kernel
-            groups = persistent_programs(num_tiles, device, resident_programs(got, cfg.num_warps), sm_count)
-            grid = (groups,)
-        else:
-            kernel = chunk_kernel
-            c1 = torch.empty((m,), dtype=acc, device=device)
-            c2 = torch.empty((m,), dtype=acc, device=device)
-            args = [*head, c1, c2, *outs, placeholder, placeholder, m, n, threshold]
-            chunks = triton.cdiv(n, cfg.block_n)
-            sms = sm_count if sm_count is not None else device_sm_count(device)
-            resident = sms * programs_per_sm(kernel, device, args, kwargs, facts)
-            groups = persistent_programs(num_tiles, device, 1, column_groups(chunks, resident, sms))
-            grid = (chunks, groups)
-        slab = partial_slab(groups, n)
-        partial = torch.empty((max(1, sets) * slab,), dtype=acc, device=device)
-        args[-5] = partial[:slab] if has_w else placeholder  # PDW
-        args[-4] = partial[(sets - 1) * slab :] if has_b else placeholder  # PDB
-        if not cfg.fused:
-            launch_coef(c1, c2)
-        wrap(kernel)[grid](*args, **kwargs)
-        sums = [g for g in (grad_w, grad_b) if g is not None]
-        if sums:
-            launch_sum_partials(partial, sums, groups, n, wrap=wrap)
+    """The backward launches of a row-normalization op, planned and run at once (plan_rows_backward,
+    run_rows_backward; grad_w / grad_b None where the op has no weight / bias)."""
+    plan = plan_rows_backward(
+        fused_kernel, chunk_kernel, coef, cfg, m, n, device, acc, head, outs, threshold,
+        grad_w is not None, grad_b is not None, kwargs, sm_count=sm_count, facts=facts, looped=looped, holds=holds,
+    )  # fmt: skip
+    run_rows_backward(plan, head, outs, grad_w, grad_b, m, n, threshold, device, acc, wrap=wrap)
