@@ -23,9 +23,9 @@ never installed here.
 
 Per row (docs/measurements/README.md has the file format):
     kernel_us  the GPU time of one call's own kernels: torch.profiler (CUPTI) durations of every kernel, memset
-               and memcpy the call issues, the median per kernel name over PROFILE_CALLS calls times its launches
-               a call, summed; `kernels` names each. One profiler session serves a whole (dtype, N) group: a
-               marker kernel (torch.cuda._sleep, "spin_kernel") between rows splits the device events.
+               and memcpy the call issues, summed per call, the median over PROFILE_CALLS calls (aggregate_kernels;
+               per kernel name where the calls differ); `kernels` names each. One profiler session serves a whole
+               (dtype, N) group: a marker kernel (torch.cuda._sleep, "spin_kernel") between rows splits the events.
     replay_us  REPLAY_CALLS calls captured in one CUDA graph, the graph replayed REPLAY_TIMES times, each replay
                timed with events; the median / REPLAY_CALLS. The call is built on the capture's stream (a backward
                row's forward too: autograd runs a backward node on its forward's stream).
@@ -312,11 +312,22 @@ def split_at_markers(events: list[tuple[str, float, float]], marker: str = MARKE
 
 
 def aggregate_kernels(events: list[tuple[str, float]], calls: int) -> tuple[Optional[float], list[dict]]:
-    """One row's device events (name, duration us) over `calls` calls -> (kernel time of one call, the kernels):
-    per kernel name the median duration times its launches a call (count / calls), summed in order of first
-    appearance. None when there are no events."""
+    """One row's device events (name, duration us) in launch order over `calls` calls -> (kernel time of one
+    call, its kernels). Where every call launched the same sequence of k kernels: the median over the calls of
+    each call's sum, and per launch position its name and median duration. Otherwise (a call launching more or
+    other kernels, e.g. a one-time allocation's memset): per kernel name the median duration times its launches
+    a call (count / calls), summed in order of first appearance. (None, []) when there are no events."""
     if not events or calls <= 0:
         return None, []
+    k = len(events) // calls
+    if k and len(events) == k * calls and all(events[i][0] == events[i % k][0] for i in range(len(events))):
+        total = statistics.median(sum(d for _, d in events[c * k : (c + 1) * k]) for c in range(calls))
+        kernels = [
+            {"name": events[j][0], "us": round(statistics.median(events[c * k + j][1] for c in range(calls)), 3),
+             "per_call": 1.0}
+            for j in range(k)
+        ]  # fmt: skip
+        return total, kernels
     by_name: dict[str, list[float]] = {}
     for name, dur in events:
         by_name.setdefault(name, []).append(dur)

@@ -145,7 +145,14 @@ def test_profiler_events_split_at_markers_and_aggregate_per_call():
     us, kernels = GM.aggregate_kernels(chunks[0], calls=3)
     assert us == pytest.approx(12.0)
     assert kernels == [{"name": "rows", "us": 10.0, "per_call": 1.0}, {"name": "sum", "us": 2.0, "per_call": 1.0}]
-    # two launches of one kernel a call: median duration x 2; a kernel in only some calls counts by its share
+    # the same sequence every call: the median of the calls' sums, each launch position listed (a kernel launched
+    # twice a call twice)
+    seq = [("rows", 10.0), ("sum", 1.0), ("sum", 3.0), ("rows", 12.0), ("sum", 1.0), ("sum", 3.0), ("rows", 30.0),
+           ("sum", 1.0), ("sum", 5.0)]  # fmt: skip
+    us, kernels = GM.aggregate_kernels(seq, calls=3)
+    assert us == pytest.approx(16.0)  # sums 14, 16, 36
+    assert [(k["name"], k["us"]) for k in kernels] == [("rows", 12.0), ("sum", 1.0), ("sum", 3.0)]
+    # calls that differ: per name, the median duration times its launches a call
     us, kernels = GM.aggregate_kernels([("a", 1.0), ("a", 3.0), ("a", 2.0), ("a", 2.0), ("b", 4.0)], calls=2)
     assert us == pytest.approx(2.0 * 2 + 4.0 * 0.5)
     assert [k["per_call"] for k in kernels] == [2.0, 0.5]
