@@ -117,7 +117,10 @@ class Assumptions:
     compile_s: float = 2.0  # one Triton kernel variant: frontend, LLVM, ptxas, the launcher stub (often 0.5-1.5 s)
     cache_load_s: float = 0.1  # the measuring process loading one compiled variant from the disk cache
     quack_compile_s: float = 10.0  # quack's CuTe DSL kernels of one row, compiled in the measuring process
-    bandwidth: float = 1.0e12  # bytes / s a call moves at least: a quarter of an H100's copy (0.12-0.95 measured)
+    # bytes / s a call moves at least: the slowest measured rows of docs/RESULTS.md (H200, copy 3.9 TB/s) were CUDA
+    # backwards at 0.33 of copy (1.3 TB/s) and Triton backwards at 0.12 (0.47 TB/s); an H100 copies 0.7 x as fast
+    bandwidth: float = 0.9e12
+    triton_bwd_bandwidth: float = 0.3e12
     host_s: float = 300e-6  # the least time of a call: its CPU time (24-96 us measured for the Triton launchers)
     flush_s: float = 0.15e-3  # do_bench's 256 MB cache clear before each call
     row_overhead_s: float = 0.04  # building the call, synchronising, bookkeeping, per row and phase
@@ -212,7 +215,8 @@ def ideal_bytes(row: Row) -> int:
 
 
 def call_seconds(row: Row, a: Assumptions = ASSUMPTIONS) -> float:
-    return max(ideal_bytes(row) / a.bandwidth, a.host_s)
+    bw = a.triton_bwd_bandwidth if (row.backend == "triton" and row.direction == "bwd") else a.bandwidth
+    return max(ideal_bytes(row) / bw, a.host_s)
 
 
 def row_seconds(row: Row, a: Assumptions = ASSUMPTIONS) -> dict[str, float]:
@@ -259,6 +263,11 @@ def plan_text(plan: list[Row], budget_s: float, workers: int = COMPILE_WORKERS, 
         f"assumptions: {json.dumps(asdict(a))}",
         f"per row: {PROFILE_CALLS} profiled calls, do_bench {EAGER_WARMUP_MS:g} + {EAGER_REP_MS:g} ms, "
         f"{REPLAY_TIMES + 1} replays of a {REPLAY_CALLS}-call graph, 2 warm-up calls",
+        "estimate: call = max(bytes / bandwidth (triton_bwd_bandwidth), host_s); warm = 2 calls + variants x "
+        "cache_load_s (+ quack_compile_s);"
+        f" profile = {PROFILE_CALLS} calls; eager = (5 calls + {EAGER_WARMUP_MS + EAGER_REP_MS:g} ms) with a flush_s "
+        f"cache clear each; replay = {(REPLAY_TIMES + 1) * REPLAY_CALLS} calls + capture_s; + row_overhead_s a phase;"
+        " compile = worker_start_s + ceil(variants / workers) x compile_s; groups = group_overhead_s each",
         "",
         f"{'#':>4s}  {'row':44s} {'bytes':>11s} {'call us':>8s} {'variants':>8s} {'est s':>6s}",
     ]

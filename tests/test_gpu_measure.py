@@ -51,15 +51,18 @@ def test_ideal_bytes_are_the_models():
 def test_row_phase_arithmetic():
     """Each phase's estimate is calls x the time of a call (bytes / bandwidth, at least the host time) plus the
     fixed costs the assumptions name."""
-    a = GM.Assumptions(bandwidth=1e9, host_s=0.0, flush_s=0.0, row_overhead_s=0.0, capture_s=0.0, cache_load_s=0.5)
+    a = GM.Assumptions(bandwidth=2e9, triton_bwd_bandwidth=1e9, host_s=0.0, flush_s=0.0, row_overhead_s=0.0,
+                       capture_s=0.0, cache_load_s=0.5)  # fmt: skip
     row = GM.Row("bias_relu", "bwd", "triton", "fp32", 8192)
-    t = GM.ideal_bytes(row) / 1e9
+    t = GM.ideal_bytes(row) / 1e9  # a Triton backward at its own (measured slower) bandwidth
+    cuda = GM.Row("bias_relu", "bwd", "cuda", "fp32", 8192)
+    assert GM.call_seconds(cuda, a) == pytest.approx(GM.ideal_bytes(cuda) / 2e9)
     s = GM.row_seconds(row, a)
     assert s["profile"] == pytest.approx(GM.PROFILE_CALLS * t)
     assert s["replay"] == pytest.approx((1 + GM.REPLAY_TIMES) * GM.REPLAY_CALLS * t)
     assert s["eager"] == pytest.approx(5 * t + (GM.EAGER_WARMUP_MS + GM.EAGER_REP_MS) * 1e-3)
     assert s["warm"] == pytest.approx(2 * t + 3 * 0.5)  # 3 variants: backward at N >= 8192
-    host_bound = GM.Assumptions(bandwidth=1e15, host_s=1e-3)
+    host_bound = GM.Assumptions(bandwidth=1e15, triton_bwd_bandwidth=1e15, host_s=1e-3)
     assert GM.call_seconds(row, host_bound) == 1e-3
     assert a.variants(GM.Row("ldr", "fwd", "cuda", "bf16", 1024)) == 0
     assert a.variants(GM.Row("ldr", "bwd", "triton", "bf16", 1024)) == 2
