@@ -776,7 +776,9 @@ def warm_rows(rows: list[Row], device: str) -> int:
     return failures
 
 
-def run_compile_workers(rows: list[Row], workers: int, deadline: float, log_dir: str, env: dict) -> list[str]:
+def run_compile_workers(
+    rows: list[Row], workers: int, deadline: float, log_dir: str, env: dict, device: str = "cuda"
+) -> list[str]:
     """The Triton rows spread over `workers` processes (`--warm-rows`), waited for until `deadline`
     (time.monotonic); a worker still running then is stopped. Returns notes."""
     notes: list[str] = []
@@ -791,8 +793,8 @@ def run_compile_workers(rows: list[Row], workers: int, deadline: float, log_dir:
         with open(spec, "w") as fh:
             json.dump([asdict(r) for r in part], fh)
         log = open(os.path.join(log_dir, f"warm_{w}.log"), "w")  # noqa: SIM115 (closed below)
-        p = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu_measure", "--warm-rows", spec], cwd=ROOT,
-                             env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        cmd = [sys.executable, "-m", "benchmarks.gpu_measure", "--warm-rows", spec, "--device", device]
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         procs.append((p, log, len(part)))
     for p, log, n_rows in procs:
         try:
@@ -856,13 +858,13 @@ def measure(args, plan: list[Row], meta: dict, out_dirs: list[str], stem: str, c
         doc = document(meta, list(records.values()))
         return write_outputs(doc, out_dirs, stem)
 
-    if device == "cuda" and args.compile_workers > 0:
+    if args.compile_workers > 0:
         t0 = time.monotonic()
         cap = min(args.compile_cap, clock.left() - 30)
         log_dir = args.log_dir or tempfile.mkdtemp(prefix="gpu_measure_warm_")
         os.makedirs(log_dir, exist_ok=True)
         env = child_env(args.wheel_dir)
-        notes += run_compile_workers(plan, args.compile_workers, time.monotonic() + max(0.0, cap), log_dir, env)
+        notes += run_compile_workers(plan, args.compile_workers, time.monotonic() + max(0.0, cap), log_dir, env, device)
         meta["compile_s"] = round(time.monotonic() - t0, 1)
         print(f"compile workers: {meta['compile_s']} s", flush=True)
     spent_est, spent_real = 0.0, 0.0
@@ -1212,7 +1214,7 @@ def main(argv=None) -> int:
     if args.warm_rows:
         with open(args.warm_rows) as fh:
             rows = [Row(**r) for r in json.load(fh)]
-        warm_rows(rows, "cuda")
+        warm_rows(rows, args.device)
         return 0  # failures are printed: the measuring process meets them again and records them
     if args.ncu_target is not None:
         return ncu_target(args.ncu_target)

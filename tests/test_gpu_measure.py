@@ -376,3 +376,25 @@ def test_gpu_check_dry_run_has_the_measure_step(tmp_path, measure_only):
     plan = next(ln for ln in summary.splitlines() if ln.startswith("measure plan: "))
     assert plan.endswith(": fits"), plan
     assert not (tmp_path / "measurements").exists()  # nothing ran
+
+
+@pytest.mark.slow  # fresh interpreters (about 90 s here): CI runs it, the fast lane between edits does not
+def test_compile_workers_warm_the_triton_rows(tmp_path):
+    """The compile workers (run before measuring so that Triton's compiles run side by side) on the CPU: each gets
+    its share of the Triton rows, runs each call, logs it, and the run goes on to measure."""
+    pytest.importorskip("gpuopt_ops")
+    logs = tmp_path / "logs"
+    rc = GM.main(["--device", "cpu", "--elements", "4096", "--ns", "256", "--dtypes", "fp32", "--ops", "bias_relu",
+                  "--backends", "cpu,triton", "--compile-workers", "2", "--log-dir", str(logs), "--out-dir",
+                  str(tmp_path / "out"), "--commit", "abc1234"])  # fmt: skip
+    assert rc == 0
+    specs = sorted(logs.glob("warm_*.json"))
+    assert [len(json.loads(p.read_text())) for p in specs] == [1, 1]  # fwd and bwd of the one Triton row pair
+    text = "".join(p.read_text() for p in sorted(logs.glob("warm_*.log")))
+    assert "warm bias_relu fwd triton fp32 N=256" in text and "warm bias_relu bwd triton fp32 N=256" in text, text
+    assert "failed" not in text, text
+    (path,) = (tmp_path / "out").glob("*.json")
+    doc = json.loads(path.read_text())
+    assert doc["compile_s"] > 0 and not doc["notes"], doc["notes"]
+    assert {r["backend"] for r in doc["rows"]} == {"torch", "cpu", "triton"}
+    assert all(r["eager_us"] for r in doc["rows"]), doc["rows"]
