@@ -655,11 +655,13 @@ _TRITON_OP = {
 }
 
 
-def triton_cases(cases, sms: int = 132, jobs: int = 1) -> dict[tuple, list[KernelLaunch]]:
+def triton_cases(cases, sms: int = 132, jobs: int = 1, rows: Optional[dict] = None) -> dict[tuple, list[KernelLaunch]]:
     """{(op, direction, dtype, N): the launches the Triton launcher makes for a contiguous (M, N) input with
     weight and bias, p > 0 (dropout_add_norm: with a residual, and grad_sum in the backward; the `_res32` rows: bf16
     x with residual_in_fp32), each launch compiled for sm_90 as tools.triton_resources compiles them (all cases
-    recorded first, then compiled once each, `jobs` at a time)."""
+    recorded first, then compiled once each, `jobs` at a time). rows: M per case where it is not 64M / N (a
+    measurement's shapes)."""
+    rows = rows or {}
     import torch
 
     from tools import triton_resources as TR
@@ -675,7 +677,7 @@ def triton_cases(cases, sms: int = 132, jobs: int = 1) -> dict[tuple, list[Kerne
                 tdt[dtype],
                 n,
                 sms,
-                m=rows_of(n),
+                m=rows.get((op, direction, dtype, n), rows_of(n)),
                 facts=facts,
                 **({"residual_in_fp32": True} if DAN_OPS.get(op, (False, False))[1] else {}),
             )
@@ -691,7 +693,7 @@ def triton_cases(cases, sms: int = 132, jobs: int = 1) -> dict[tuple, list[Kerne
     TR.compile_pending([comp], jobs=jobs)
     out = {}
     for (op, direction, dtype, n), launches in recorded.items():
-        m = rows_of(n)
+        m = rows.get((op, direction, dtype, n), rows_of(n))
         out[(op, direction, dtype, n)] = [_triton_launch(comp, launch, m, n, dtype) for launch in launches]
     return out
 
