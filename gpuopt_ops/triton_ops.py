@@ -106,7 +106,21 @@ def _launch_wrapper():
         if INTERPRETED:
             return _COMMON.launch_directly
         raise
-    return wrap_triton
+    return _kept_wrappers(wrap_triton)
+
+
+def _kept_wrappers(wrap):
+    """wrap, its result kept per kernel: wrap_triton(kernel) builds a new wrapper object (a few microseconds a
+    launch) that holds only the kernel, so one per kernel serves every launch, traced or not."""
+    kept = {}
+
+    def kept_wrap(kernel):
+        got = kept.get(id(kernel))
+        if got is None:
+            got = kept[id(kernel)] = wrap(kernel)  # holds the kernel: its id is never reused
+        return got
+
+    return kept_wrap
 
 
 _WRAP = _launch_wrapper()
