@@ -5,10 +5,11 @@
     python -m benchmarks.gpu_measure --ns 1024,4096 --ops ldr,dan_ln --budget 120     # a trimmed plan
     python -m benchmarks.gpu_measure --ncu                          # ncu counters of six kernels (separate step)
     python -m benchmarks.gpu_measure --attach-model FILE.json       # the model's estimate per row (CPU machine)
+    python -m benchmarks.gpu_measure --device cpu --elements 4096 --ns 256   # the same loop on the CPU kernels
 
 Rows: op x direction (fwd, bwd) x backend (cuda, triton) x dtype (bf16, fp32) x N (768 ... 16384), M = 2^26 // N.
 The ops are the model's rows (tools.roofline_gpuopt), named as below; p = 0.1 wherever there is a dropout:
-    ldr        layer_norm_dropout_relu(x, w, b)                         model op layer_norm_dropout_relu
+    ldr        layer_norm_dropout_relu(x, N, w, b)                      model op layer_norm_dropout_relu
     bias_relu  bias_relu(x, b)                                          model op bias_relu
     dan_ln     dropout_add_norm(x, residual, w, b, prenorm=True)        model op dropout_add_norm
     dan_rms    dropout_add_norm(x, residual, w, norm="rms", prenorm=True)  model op dropout_add_rms_norm
@@ -50,7 +51,8 @@ still leaves what it measured. --dry-run prints the plan with each row's estimat
 
 The gpuopt wheel: --wheel unpacks it into a temporary folder put first on sys.path (so the checkout's gpuopt_ops,
 which has no compiled extension, does not shadow it); without --wheel, gpuopt_ops is imported as installed
-(benchmarks/gpu_check.sh installs the wheel into its own folder first). Nothing is installed.
+(benchmarks/gpu_check.sh installs the wheel into its own folder first). Nothing is installed. The file's name
+carries --commit (gpu_check.sh: GPU_CHECK_COMMIT), else the checkout's git commit, else "unknown".
 """
 
 from __future__ import annotations
