@@ -581,6 +581,39 @@ def _sync(device: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ timing
+def _device_events(prof) -> list[tuple[str, float, float]]:
+    """(name, start us, duration us) of a profiler session's kernels, memsets and memcpys (not the GPU spans of
+    record_function ranges)."""
+    import torch
+
+    return [
+        (e.name, e.time_range.start, e.time_range.elapsed_us())
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and not e.name.startswith("gpu_measure_")
+    ]
+
+
+_MARKER_NAME: list[str] = []
+
+
+def marker_name() -> str:
+    """The profiler's name of torch.cuda._sleep's kernel on this machine, read once from a session of that kernel
+    alone (which also pays the profiler's first start); MARKER where that session shows no single kernel."""
+    if not _MARKER_NAME:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            torch.cuda._sleep(MARKER_CYCLES)
+            torch.cuda.synchronize()
+        names = {name for name, _, _ in _device_events(prof)}
+        _MARKER_NAME.append(names.pop() if len(names) == 1 else MARKER)
+    return _MARKER_NAME[0]
+
+
 def profile_group(live: list[tuple[int, Callable]], device: str, calls: int = PROFILE_CALLS) -> dict:
     """One profiler session over a group's rows: per row index, (kernel_us, kernels, host_us). A marker kernel
     precedes each row's calls and follows the last; each call runs inside a record_function range."""
@@ -600,19 +633,12 @@ def profile_group(live: list[tuple[int, Callable]], device: str, calls: int = PR
             torch.cuda._sleep(MARKER_CYCLES)
             torch.cuda.synchronize()
     host: dict[int, list[float]] = {}
-    dev_events = []
     for e in prof.events():
         if e.name.startswith("gpu_measure_row_") and e.device_type == torch.autograd.DeviceType.CPU:
             host.setdefault(int(e.name.rsplit("_", 1)[1]), []).append(e.time_range.elapsed_us())
-        elif (
-            e.device_type == torch.autograd.DeviceType.CUDA
-            and not getattr(e, "is_user_annotation", False)  # the GPU span of a record_function range
-            and not e.name.startswith("gpu_measure_")
-        ):
-            dev_events.append((e.name, e.time_range.start, e.time_range.elapsed_us()))
     out = {i: {"host_us": median(host.get(i, [])), "kernel_us": None, "kernels": None} for i, _ in live}
     if device == "cuda":
-        chunks = split_at_markers(dev_events)
+        chunks = split_at_markers(_device_events(prof), marker_name())
         if len(chunks) == len(live):
             for (i, _), chunk in zip(live, chunks):
                 k_us, kernels = aggregate_kernels(chunk, calls)
@@ -869,6 +895,8 @@ def measure(args, plan: list[Row], meta: dict, out_dirs: list[str], stem: str, c
         notes += run_compile_workers(plan, args.compile_workers, time.monotonic() + max(0.0, cap), log_dir, env, device)
         meta["compile_s"] = round(time.monotonic() - t0, 1)
         print(f"compile workers: {meta['compile_s']} s", flush=True)
+    if device == "cuda":
+        meta["marker_kernel"] = marker_name()
     spent_est, spent_real = 0.0, 0.0
     for (dtype, n), rows in groups_of(plan):
         est = group_seconds(rows)
