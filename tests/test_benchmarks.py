@@ -133,8 +133,8 @@ def test_gpu_check_dry_run_lists_every_step(tmp_path):
         "san_racecheck",
         "san_initcheck",
         "memory",
-        "bench_sweep",
-        "bench_graphs",
+        "measure",
+        "ncu",
         "bench_compile",
         "plots",
     ], summary
