@@ -54,9 +54,12 @@ def make_step(model: nn.Module, x: torch.Tensor):
     return step
 
 
+TRANSFORMER_MODELS = ("bert", "gpt2", "llama", "vit", "gemma", "t5", "opt")
+
+
 def transformer_model(name: str, width: int = 64, depth: int = 2, dropout: float = 0.1, batch: int = 3, seq: int = 12):
-    """(model, inputs) of a small random-weight configuration: "bert", "gpt2", "llama" (HF transformers) or "vit"
-    (timm). Width must be a multiple of 4 (4 heads); no download."""
+    """(model, inputs) of a small random-weight configuration: one of TRANSFORMER_MODELS, HF transformers' (the T5
+    encoder only) or timm's ViT. Width must be a multiple of 4 (4 heads); no download."""
     import timm
     import transformers
 
@@ -114,8 +117,45 @@ def transformer_model(name: str, width: int = 64, depth: int = 2, dropout: float
             max_position_embeddings=max(32, seq),
         )
         model = transformers.LlamaModel(config)
+    elif name == "gemma":
+        config = transformers.GemmaConfig(
+            vocab_size=vocab,
+            hidden_size=width,
+            num_hidden_layers=depth,
+            num_attention_heads=heads,
+            num_key_value_heads=2,
+            head_dim=width // heads,
+            intermediate_size=2 * width,
+            max_position_embeddings=max(32, seq),
+        )
+        model = transformers.GemmaModel(config)
+    elif name == "t5":
+        config = transformers.T5Config(
+            vocab_size=vocab,
+            d_model=width,
+            d_kv=width // heads,
+            d_ff=2 * width,
+            num_layers=depth,
+            num_heads=heads,
+            dropout_rate=dropout,
+        )
+        model = transformers.T5EncoderModel(config)
+    elif name == "opt":
+        config = transformers.OPTConfig(
+            vocab_size=vocab,
+            hidden_size=width,
+            num_hidden_layers=depth,
+            num_attention_heads=heads,
+            ffn_dim=2 * width,
+            max_position_embeddings=max(32, seq),
+            word_embed_proj_dim=width,
+            dropout=dropout,
+            attention_dropout=0.0,
+            pad_token_id=1,
+        )
+        model = transformers.OPTModel(config)
     else:
-        raise ValueError(f"unknown model {name!r}: choose from bert, gpt2, llama, vit")
+        raise ValueError(f"unknown model {name!r}: choose from {', '.join(TRANSFORMER_MODELS)}")
     model.config._attn_implementation = "sdpa"
     return model, {"input_ids": torch.randint(0, vocab, (batch, seq))}
 
@@ -193,7 +233,9 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per model (CPU)")
     ap.add_argument("--min-run-time", type=float, default=1.0, help="seconds per model and round (CPU)")
     ap.add_argument("--quick", action="store_true", help="batch 256, width 128, depth 2, one short round")
-    ap.add_argument("--models", default=None, help="comma list of bert,gpt2,llama,vit: the transformer steps")
+    ap.add_argument(
+        "--models", default=None, help=f"comma list of {','.join(TRANSFORMER_MODELS)}: the transformer steps"
+    )
     ap.add_argument("--seq", type=int, default=128, help="tokens per sequence (--models)")
     args = ap.parse_args(argv)
     if args.models is not None:

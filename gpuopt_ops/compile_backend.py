@@ -474,7 +474,10 @@ def _is_to_float32(node: Any) -> bool:
 
 
 def _match_written_rms_norm(rsqrt: torch.fx.Node) -> Optional[_Norm]:
-    """w * (h * rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype), h = x or x.to(float32); rooted at rsqrt."""
+    """RMSNorm written out, rooted at its rsqrt: n = m * rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) with h = x or
+    x.to(float32) and m = h or x (T5 multiplies x itself: the product promotes it to fp32 exactly), then either
+    w * n.to(dtype) (LLaMA, T5) or (n * w).to(dtype) (Gemma, whose w is `1 + weight.float()`, any 1-D node of
+    x's dtype or fp32), each step optional. Casts only to x's dtype: the op's output dtype."""
     if not _calls(rsqrt, _RSQRT, ("rsqrt",)) or len(rsqrt.args) != 1 or rsqrt.kwargs:
         return None
     add_eps = rsqrt.args[0]
@@ -494,35 +497,54 @@ def _match_written_rms_norm(rsqrt: torch.fx.Node) -> Optional[_Norm]:
         h = sq.args[0]
     else:
         return None
-    normed = next(iter(rsqrt.users)) if len(rsqrt.users) == 1 else None
-    ops = _operands(normed, _MUL, "mul") if normed is not None else None
-    if ops is None or set(ops) != {h, rsqrt} or not _users(h) >= {sq, normed}:
-        return None
-    if any(len(n.users) != 1 for n in (sq, var, add_eps)):
-        return None
-    if _is_to_float32(h) and _users(h) != {sq, normed}:
+    if not isinstance(h, torch.fx.Node):
         return None
     x = h.args[0] if _is_to_float32(h) else h
-    nodes = ([h] if x is not h else []) + [sq, var, add_eps, rsqrt, normed]
-    result = normed
+    normed = next(iter(rsqrt.users)) if len(rsqrt.users) == 1 else None
+    ops = _operands(normed, _MUL, "mul") if normed is not None else None
+    if ops is None or rsqrt not in ops:
+        return None
+    m = ops[1] if ops[0] is rsqrt else ops[0]
+    if m is not h and m is not x:
+        return None
     xv = _value(x)
     if xv is None or xv.dtype not in _DTYPES or (x is not h and xv.dtype == torch.float64):
         return None
-    nxt = next(iter(result.users)) if len(result.users) == 1 else None
-    if nxt is not None and nxt.op == "call_method" and nxt.target in ("to", "type_as") and len(nxt.args) == 2:
-        nv = _value(nxt)  # the rounding step is dropped: only a cast to x's own dtype (the op's output dtype)
-        if not nxt.kwargs and nv is not None and nv.dtype == xv.dtype:
-            nodes.append(nxt)
-            result = nxt
-            nxt = next(iter(result.users)) if len(result.users) == 1 else None
+    nodes = ([h] if x is not h else []) + [sq, var, add_eps, rsqrt, normed]
+    result = normed
+
+    def sole_user(n):
+        return next(iter(n.users)) if len(n.users) == 1 else None
+
+    def cast(n):  # n's only user when it is a cast to x's dtype (the rounding step the op does once, at its end)
+        c = sole_user(n)
+        if c is None or c.op != "call_method" or c.target not in ("to", "type_as") or len(c.args) != 2 or c.kwargs:
+            return None
+        cv = _value(c)
+        return c if cv is not None and cv.dtype == xv.dtype else None
+
+    def weighted(n):  # (mul, weight) when n's only user multiplies it by a 1-D parameter of x's last dimension
+        mul = sole_user(n)
+        ops = _operands(mul, _MUL, "mul") if mul is not None else None
+        if ops is None:
+            return None
+        other = ops[1] if ops[0] is n else ops[0]
+        if isinstance(other, torch.fx.Node) and other is not n and _param_ok(other, xv):
+            return mul, other
+        return None
+
     weight = None
-    ops = _operands(nxt, _MUL, "mul") if nxt is not None else None
-    if ops is not None:
-        other = ops[1] if ops[0] is result else ops[0]
-        if isinstance(other, torch.fx.Node) and other is not result and _param_ok(other, xv):
-            weight = other
-            nodes.append(nxt)
-            result = nxt
+    first_cast = cast(result)
+    if first_cast is not None:
+        nodes.append(first_cast)
+        result = first_cast
+    found = weighted(result)
+    if found is not None:
+        result, weight = found
+        nodes.append(result)
+        if first_cast is None and cast(result) is not None:
+            result = cast(result)
+            nodes.append(result)
     return _Norm(x, weight, None, float(eps), True, nodes, result, "written-out RMSNorm")
 
 
@@ -540,11 +562,47 @@ def _dropout_only_into(node: Any, user: torch.fx.Node):
     return (node.args[0], *params)
 
 
+def _row_views(node: Any) -> tuple[Any, list]:
+    """(base, views): node = views[0](views[1](...(base))), each a view / reshape with constant sizes that keeps the
+    last dimension, so it maps rows to rows and a norm over the last dimension commutes with it (OPT's and Swin's
+    reshape between the residual add and the norm). views is [] when node is no such view."""
+    views = []
+    while (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_method"
+        and node.target in ("view", "reshape")
+        and not node.kwargs
+        and len(node.args) >= 2
+        and isinstance(node.args[0], torch.fx.Node)
+    ):
+        v, src = _value(node), _value(node.args[0])
+        if v is None or src is None or v.dim() < 1 or src.dim() < 1 or v.shape[-1] != src.shape[-1]:
+            break
+        if not all(type(d) is int for d in v.shape):
+            break  # the op's output is reshaped to these sizes: constants only
+        views.append(node)
+        node = node.args[0]
+    return node, views
+
+
+def _same_rows(node: Any, ref: torch.Tensor) -> bool:
+    """node's value has ref's dtype, device, element count and last dimension (the same rows, maybe reshaped)."""
+    v = _value(node)
+    return (
+        v is not None
+        and v.dtype == ref.dtype
+        and v.device == ref.device
+        and v.numel() == ref.numel()
+        and v.dim() >= 1
+        and v.shape[-1] == ref.shape[-1]
+    )
+
+
 def _rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
     norm = _match_norm(node)
     if norm is None:
         return False
-    s = norm.source
+    s, views = _row_views(norm.source)
     if not isinstance(s, torch.fx.Node):
         return False
     head, residual, p, training, consumed = None, None, 0.0, False, []
@@ -559,6 +617,9 @@ def _rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str
                 break
         else:
             head, residual, consumed = ops[0], ops[1], [s]
+            hv, rv = _value(head), _value(residual)
+            if hv is not None and rv is not None and hv.dtype == torch.float32 and rv.dtype != torch.float32:
+                head, residual = residual, head  # the 16-bit operand is the branch (IEEE addition commutes)
             pattern = "add → "
     elif _calls(s, _DROPOUT):
         params = _dropout_params(s)
@@ -571,25 +632,55 @@ def _rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str
     xv = _value(head)
     if xv is None or xv.dtype not in _DTYPES or xv.device.type not in ("cpu", "cuda") or xv.dim() < 1:
         return False
+    # A 16-bit branch added to an fp32 residual (autocast's matmuls produce the branch, the residual stream stays
+    # fp32) sums in fp32: the op then takes the branch converted to fp32 (exact), and everything after is fp32 as
+    # in the unfused graph.
+    promote = (
+        residual is not None
+        and xv.dtype in (torch.float16, torch.bfloat16)
+        and _same_like(residual, _value(s))
+        and _value(s).dtype == torch.float32
+        and tuple(xv.shape) == tuple(_value(s).shape)
+    )
+    if promote:
+        xv = _value(s)
     if residual is not None and not _same_like(residual, xv):
         return False
-    if not (_same_like(s, xv) and _same_like(norm.result, xv)):
+    if not (_same_like(s, xv) and _same_rows(norm.result, xv)):
         return False  # broadcasting, type promotion or a result in another dtype: not the same function
+    if views and tuple(_value(norm.result).shape) != tuple(_value(views[0]).shape):
+        return False
     if not (_param_ok(norm.weight, xv) and _param_ok(norm.bias, xv)):
         return False
     if norm.weight is not None and norm.bias is not None and _value(norm.weight).dtype != _value(norm.bias).dtype:
         return False
-    others = [u for u in s.users if u not in norm.nodes]
-    prenorm = bool(others)
-    # the op goes where the sum was: every input must exist by then (checked with the other obligations)
-    anchor = s
+    # the views between the sum and the norm go with the norm, unless something else reads them (they then read
+    # the op's sum output instead)
     dead = set(consumed) | set(norm.nodes)
-    results = [norm.result, s] if prenorm else [norm.result]
-    if not _provably_same(graph, dead, (head, residual, norm.weight, norm.bias), anchor, results):
-        return False
+    for v in views:
+        if not set(v.users) <= dead:
+            break
+        dead.add(v)
+    others = [u for u in s.users if u not in dead]
+    prenorm = bool(others)
     order = {n: i for i, n in enumerate(graph.nodes)}
-    args = (head, residual, norm.weight, norm.bias, norm.rms, p, training, norm.eps, prenorm)
+    inputs = [n for n in (head, residual, norm.weight, norm.bias) if isinstance(n, torch.fx.Node)]
+    # the op goes where the sum was, or right after its last input when that is computed later (Gemma's
+    # `1 + weight` between the sum and the norm); every reader of the sum must then come after it
+    anchor = s
+    if any(order[n] >= order[s] for n in inputs):
+        anchor = max(inputs, key=order.__getitem__).next
+        if any(order[u] < order[anchor] for u in others):
+            return False
+    results = [norm.result, s] if prenorm else [norm.result]
+    if not _provably_same(graph, dead, inputs, anchor, results):
+        return False
     with graph.inserting_before(anchor):
+        x = head
+        if promote:
+            x = graph.call_method("to", (head, torch.float32))
+            x.meta.update(s.meta)
+        args = (x, residual, norm.weight, norm.bias, norm.rms, p, training, norm.eps, prenorm)
         new = graph.call_function(_dropout_add_norm, args)
         if prenorm:
             out = graph.call_function(operator.getitem, (new, 0))
@@ -597,6 +688,9 @@ def _rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str
             total.meta.update(s.meta)
         else:
             out = new
+        if views:
+            out.meta.update(s.meta)
+            out = graph.call_method("reshape", (out, tuple(_value(norm.result).shape)))
     out.meta.update(norm.result.meta)
     norm.result.replace_all_uses_with(out)
     if prenorm:
@@ -605,8 +699,9 @@ def _rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str
     for n in sorted(dead, key=order.__getitem__, reverse=True):
         graph.erase_node(n)
     kind = "rms_norm" if norm.rms else "layer_norm"
+    pattern = ("16-bit branch → fp32 " if promote else "") + pattern
     log.append(
-        f"{pattern}{norm.kind} ({norm.result.name}, p={p}, training={training}"
+        f"{pattern}{'view → ' if views else ''}{norm.kind} ({norm.result.name}, p={p}, training={training}"
         f"{', prenorm' if prenorm else ''}) -> gpuopt::dropout_add_norm ({kind})"
     )
     return True

@@ -1,4 +1,5 @@
-"""The compile backend on unmodified library models: HF transformers' BERT, GPT-2 and LLaMA, and timm's ViT.
+"""The compile backend on unmodified library models: HF transformers' BERT, GPT-2, LLaMA, Gemma, the T5 encoder
+and OPT, and timm's ViT.
 
 Small random-weight configurations (2 layers, no download). For each model the test counts the gpuopt ops that
 actually run (torch.profiler) against the fusable sites the architecture has, per layer, and checks the outputs
@@ -17,6 +18,16 @@ Fusable sites, L = number of layers:
   input norm has no add before it and the MLP's projections have no bias, so neither is a site.
 - ViT (timm): dropout(x + pos_embed) → norm1, then per block x + dropout(proj(attn)) → norm2 and
   x + dropout(fc2(mlp)) → next norm1 / final norm; fc1 → GELU once per block.
+- Gemma: as LLaMA, with Gemma's RMSNorm: the weight enters as `1 + weight` in fp32 and multiplies before the cast
+  back to x's dtype, and it is computed between the sum and the norm (the op goes after it).
+- T5 encoder: dropout(embeddings) → RMSNorm once, then hidden + dropout(sublayer) → the next RMSNorm twice per
+  layer (the last one the final norm); T5's RMSNorm multiplies the un-cast x by the fp32 rsqrt. Its MLP's linears
+  have no bias.
+- OPT: embeddings + positions → LayerNorm once, then residual + dropout(h) → a reshape or view that keeps the last
+  dimension → LayerNorm twice per layer; fc1 → ReLU once per layer (bias_relu).
+
+Under `torch.autocast(bf16)` the matmuls give bf16 branches that are added to the fp32 residual stream: LLaMA and
+BERT fuse the same sites as in fp32 (the op takes the branch converted to fp32, as the unfused add does).
 """
 
 from __future__ import annotations
@@ -31,10 +42,13 @@ timm = pytest.importorskip("timm")
 
 LAYERS = 2
 EXPECTED = {  # forward gpuopt ops per model (each runs its _backward once in a training step)
-    "bert": {"dropout_add_norm": 2 * LAYERS, "bias_act": LAYERS, "norm_dropout": 1},
-    "gpt2": {"dropout_add_norm": 2 * LAYERS + 1, "bias_act": LAYERS, "norm_dropout": 0},
-    "llama": {"dropout_add_norm": 2 * LAYERS, "bias_act": 0, "norm_dropout": 0},
-    "vit": {"dropout_add_norm": 2 * LAYERS + 1, "bias_act": LAYERS, "norm_dropout": 0},
+    "bert": {"dropout_add_norm": 2 * LAYERS, "bias_act": LAYERS, "norm_dropout": 1, "bias_relu": 0},
+    "gpt2": {"dropout_add_norm": 2 * LAYERS + 1, "bias_act": LAYERS, "norm_dropout": 0, "bias_relu": 0},
+    "llama": {"dropout_add_norm": 2 * LAYERS, "bias_act": 0, "norm_dropout": 0, "bias_relu": 0},
+    "vit": {"dropout_add_norm": 2 * LAYERS + 1, "bias_act": LAYERS, "norm_dropout": 0, "bias_relu": 0},
+    "gemma": {"dropout_add_norm": 2 * LAYERS, "bias_act": 0, "norm_dropout": 0, "bias_relu": 0},
+    "t5": {"dropout_add_norm": 2 * LAYERS + 1, "bias_act": 0, "norm_dropout": 0, "bias_relu": 0},
+    "opt": {"dropout_add_norm": 2 * LAYERS + 1, "bias_act": 0, "norm_dropout": 0, "bias_relu": LAYERS},
 }
 MODELS = list(EXPECTED)
 
@@ -142,3 +156,37 @@ def test_inductor_compiles_the_rewritten_gpt2():
     torch.testing.assert_close(got, eager, atol=2e-5, rtol=1e-4)
     for k, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[k], atol=1e-5, rtol=1e-3, msg=k)
+
+
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_autocast_fuses_the_sites_of_fp32_with_eager_numerics(name, capsys):
+    """Under torch.autocast(bf16), the way most people train: the same sites as in fp32 run fused, and the output
+    (eval) and the gradients (training, dropout off) are as close to eager autocast as bf16's rounding allows."""
+    model, inputs = _model(name, dropout=0.1)
+    model.eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = _output(model(**inputs))
+        compiled = _compiled(model, verbose=True)
+        compiled(**inputs)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got = _output(compiled(**inputs))
+    assert _count(prof.events(), EXPECTED[name]) == EXPECTED[name]
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("gpuopt backend:")]
+    assert len(lines) == sum(EXPECTED[name].values()), lines
+    assert got.dtype == expected.dtype
+    scale = expected.float().abs().max()
+    assert (got.float() - expected.float()).abs().max() <= 2e-3 * scale
+
+    model, inputs = _model(name, dropout=0.0)
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _output(model(**inputs)).float().square().mean().backward()
+    eager_grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    compiled = _compiled(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _output(compiled(**inputs)).float().square().mean().backward()
+    for k, g in eager_grads.items():
+        p = dict(model.named_parameters())[k]
+        assert p.grad is not None, k
+        assert (p.grad - g).abs().max() <= 2e-2 * g.abs().max() + 1e-6, k
