@@ -779,6 +779,8 @@ def _match_activation(node: torch.fx.Node):
             if set(u.kwargs) <= {"inplace"}:
                 return "silu", u
         return None
+    if len(users) == 4:
+        return _match_bloom_gelu(node, users)
     if len(users) != 3:
         return None
     # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))
@@ -807,6 +809,45 @@ def _match_activation(node: torch.fx.Node):
     last = next(iter(one_plus.users))
     ops = _operands(last, _MUL, "mul")
     if ops is None or set(ops) != {half, one_plus}:
+        return None
+    return "gelu_tanh", last
+
+
+def _match_bloom_gelu(node: torch.fx.Node, users: list):
+    """("gelu_tanh", last node) for 0.5 * x * (1 + tanh(0.79788456 * x * (1 + 0.044715 * x * x))) (BLOOM's form of
+    the tanh GELU: the same function, the cube factored), else None. Other users of the inner nodes are checked
+    when the site is rewritten."""
+
+    def sole(n):
+        return next(iter(n.users)) if len(n.users) == 1 else None
+
+    half = scaled = c1 = None
+    for u in users:
+        if _node_and_const(u, _MUL, "mul", 0.5) is node:
+            half = u
+        elif _node_and_const(u, _MUL, "mul", _SQRT_2_OVER_PI, rel=1e-6) is node:
+            scaled = u
+        elif _node_and_const(u, _MUL, "mul", 0.044715) is node:
+            c1 = u
+    if half is None or scaled is None or c1 is None:
+        return None
+    c2 = sole(c1)  # (0.044715 * x) * x
+    if c2 is None or c2 not in users or set(_operands(c2, _MUL, "mul") or ()) != {c1, node}:
+        return None
+    inner = sole(c2)  # 1 + 0.044715 * x * x
+    if inner is None or _node_and_const(inner, _ADD, "add", 1.0) is not c2:
+        return None
+    arg = sole(inner)  # 0.79788456 * x * (1 + ...)
+    if arg is None or set(_operands(arg, _MUL, "mul") or ()) != {scaled, inner} or sole(scaled) is not arg:
+        return None
+    th = sole(arg)
+    if th is None or not _calls(th, _TANH, ("tanh",)) or th.args != (arg,) or th.kwargs:
+        return None
+    one_plus = sole(th)
+    if one_plus is None or _node_and_const(one_plus, _ADD, "add", 1.0) is not th:
+        return None
+    last = sole(one_plus)
+    if last is None or sole(half) is not last or set(_operands(last, _MUL, "mul") or ()) != {half, one_plus}:
         return None
     return "gelu_tanh", last
 

@@ -190,3 +190,29 @@ def test_autocast_fuses_the_sites_of_fp32_with_eager_numerics(name, capsys):
         p = dict(model.named_parameters())[k]
         assert p.grad is not None, k
         assert (p.grad - g).abs().max() <= 2e-2 * g.abs().max() + 1e-6, k
+
+
+def test_bloom_gelu_form_fuses_in_inference():
+    """BLOOM writes its tanh GELU as 0.5 * x * (1 + tanh(0.79788456 * x * (1 + 0.044715 * x * x))) inside a custom
+    autograd.Function. Without grad Dynamo inlines it, and dense_h_to_4h → GELU fuses (2 per 2 layers, beside the
+    4 residual norms); with grad the Function's own backward is the user's, so the site is left as it is."""
+    config = transformers.BloomConfig(
+        vocab_size=101, hidden_size=64, n_layer=LAYERS, n_head=4, hidden_dropout=0.0, attention_dropout=0.0
+    )
+    torch.manual_seed(0)
+    model = transformers.BloomModel(config).eval()
+    inputs = {"input_ids": torch.randint(0, 101, (3, 12))}
+    want = {"dropout_add_norm": 2 * LAYERS, "bias_act": LAYERS}
+    with torch.no_grad():
+        expected = _output(model(**inputs))
+        compiled = _compiled(model)
+        compiled(**inputs)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got = _output(compiled(**inputs))
+    assert _count(prof.events(), want) == want
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+    compiled = _compiled(model)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = _output(compiled(**inputs))
+    assert _count(prof.events(), want) == {"dropout_add_norm": 2 * LAYERS, "bias_act": 0}
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
