@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates (or reuses) a venv (./.venv unless GPUOPT_VENV), installs torch, then builds gpuopt's wheel once and
-# installs it. Idempotent: a second run rebuilds nothing when the sources are unchanged. Sourced by run_main.sh
-# and run_tests.sh. Knobs (environment):
+# installs it, and copies the installed build's _C into the checkout's gpuopt_ops/ (scripts/place_build.sh).
+# Idempotent: a second run rebuilds nothing when the sources are unchanged. Sourced by run_main.sh and
+# run_tests.sh. Knobs (environment):
 #   GPUOPT_VENV        the venv (default ./.venv)
 #   PYTHON             the interpreter that creates it (default python3; Python >= 3.10)
 #   GPUOPT_TORCH_SPEC  the torch to install (default torch==2.14.1; with GPUOPT_TORCH_SPEC="torch==2.11.0
@@ -99,3 +100,7 @@ else
   echo "$stamp" > "$INSTALL_STAMP"
   echo "== gpuopt installed in $VENV from $(basename "$WHEEL")"
 fi
+# The README's commands (`python -m benchmarks.run`, `python -m tools.roofline`, ...) run from the repository root,
+# where Python imports gpuopt_ops from the source folder, not the venv's: that folder gets the installed build's
+# compiled _C and build_info.py (gitignored), so it imports the same build.
+bash "$ROOT/scripts/place_build.sh" "$VPY"
