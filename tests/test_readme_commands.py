@@ -145,3 +145,37 @@ def test_readme_commands_run_as_written(tmp_path):
         elif command.startswith("python -m benchmarks.run"):
             assert (root / "bench_out" / f"bench_{DEVICE}.csv").is_file(), res.stdout[-2000:]
     assert not failed, "README commands that failed from the repository root:\n\n" + "\n\n".join(failed)
+
+
+def test_place_build_copies_over_links_and_stale_builds(tmp_path):
+    """scripts/place_build.sh: a link left in gpuopt_ops/ (a dev loop's) is replaced by a copy, never written
+    through; a per-Python _C of an old in-place build, which Python would import before the abi3 one, goes; a
+    second run copies nothing."""
+    if not list(PKG.glob("_C*.so")) or PKG == ROOT / "gpuopt_ops":
+        pytest.skip("needs gpuopt installed from the wheel (scripts/run_tests.sh)")
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy2(ROOT / "scripts" / "place_build.sh", root / "scripts" / "place_build.sh")
+    src = root / "gpuopt_ops"
+    src.mkdir()
+    elsewhere = tmp_path / "elsewhere.so"
+    elsewhere.write_bytes(b"not a build")
+    (src / "_C.abi3.so").symlink_to(elsewhere)
+    (src / "_C.cpython-311-x86_64-linux-gnu.so").write_bytes(b"stale")
+    (src / "build_info.py").write_text("CUDA_ARCH_LIST = 'stale'\n")
+
+    def place():
+        res = subprocess.run(["bash", "scripts/place_build.sh", sys.executable], cwd=root, env=newcomer_env(),
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert res.returncode == 0, res.stdout + res.stderr
+
+    place()
+    assert elsewhere.read_bytes() == b"not a build"
+    installed = sorted(p.name for p in PKG.glob("_C*.so"))
+    assert sorted(p.name for p in src.glob("_C*.so")) == installed
+    for name in [*installed, "build_info.py"]:
+        assert not (src / name).is_symlink() and (src / name).read_bytes() == (PKG / name).read_bytes(), name
+    assert sorted(p.name for p in src.iterdir()) == sorted([*installed, "build_info.py"])  # no temporary left
+    stamps = {p.name: p.stat().st_mtime_ns for p in src.iterdir()}
+    place()
+    assert {p.name: p.stat().st_mtime_ns for p in src.iterdir()} == stamps
