@@ -102,11 +102,29 @@ GPUOPT_DEV void unpack_group(const Group<T>& g, A (&out)[kGroup]) {
       out[2 * i] = __uint_as_float(w[i] << 16);
       out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
-    return;
-  }
+  } else  // NOLINT(readability/braces): the else of the CUDA-only branch above
 #endif
+  {
 #pragma unroll
-  for (int j = 0; j < kGroup; ++j) out[j] = static_cast<A>(to_acc(g.v[j]));
+    for (int j = 0; j < kGroup; ++j) out[j] = static_cast<A>(to_acc(g.v[j]));
+  }
+}
+
+// Makes a held group opaque to the compiler (an empty asm that may have rewritten its words, no instruction): a
+// conversion of it after this point is computed again from the held words instead of being kept from an earlier
+// one, or hoisted out of the row loop, in more registers.
+template <typename T>
+GPUOPT_DEV void opaque(Group<T>& g) {
+#if defined(__CUDA_ARCH__)
+  static_assert(sizeof(Group<T>) % 4 == 0, "whole 32-bit words");
+  uint32_t w[sizeof(Group<T>) / 4];
+  memcpy(w, g.v, sizeof(w));
+#pragma unroll
+  for (int i = 0; i < int(sizeof(w) / 4); ++i) asm volatile("" : "+r"(w[i]));
+  memcpy(g.v, w, sizeof(w));
+#else
+  (void)g;
+#endif
 }
 
 // The raw 16-byte-path group of a weight or bias at column c0 (p == nullptr: `absent` everywhere).

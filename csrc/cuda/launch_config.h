@@ -46,6 +46,12 @@ constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 // the launcher never asks for more. elem = sizeof(x's dtype). The rows kernels are compiled separately for one
 // warp a row (blockDim (32, 4): 128 threads, so up to 255 registers) and one block a row.
 constexpr int ldr_rows_forward_max_threads(bool warp_row, int elem) { return warp_row || elem > 4 ? 128 : 512; }
+// Rows of x a forward rows kernel of layer_norm_dropout_relu keeps in flight ahead of the row it reduces: the row
+// loop is a software pipeline, a row's loads issue that many rows before its math (ldr_kernels.cuh,
+// norm_forward_rows). One warp a row with 16-bit x: 2 (at VPT 4: 12 warps an SM, 4 KB of x in flight a warp, 48 KB
+// an SM); 16-bit block rows and fp32: 1, within their register budgets (a block row at most 128 registers at 512
+// threads, no spills); fp64: 0, the loads start each row (a row ahead spills at VPT 4).
+constexpr int ldr_rows_ahead(bool warp_row, int elem) { return elem == 8 ? 0 : (warp_row && elem == 2 ? 2 : 1); }
 // The backward holds its groups' xhat, dxhat (fp32) and dgamma / dbeta sums, 32 registers a group, plus the
 // weight, bias and the dropout key schedule: more than 128 registers a thread (512 threads) at two groups, so
 // one block a row has at most 256 threads (255 registers a thread).

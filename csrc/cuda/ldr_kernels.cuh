@@ -218,13 +218,20 @@ GPUOPT_DEV A dan_dropout(A v, bool keep, A scale) {
 // blockDim (T, R): T threads per row (R rows a block when T == 32, else R == 1); VPT groups per thread, group
 // k of thread t at columns 8 * (t + k * T). kVec (the launcher's choice: N % 8 == 0, x, out, weight and bias
 // 16-byte aligned) makes every access a 16-byte vector and every group one Philox call at compile time.
-// Weight and bias are loaded once, before the row loop (a thread's columns are the same in every row); each row
-// issues all its loads, then converts x once to fp32 and keeps x - mean in registers for the output.
-// DanKind: the row's loads are x and the residual; the sum is formed, stored and read back as rounded to U in
-// the same pass, so the norm sees s as stored.
+// Weight and bias are loaded once, before the row loop (a thread's columns are the same in every row).
+// LdrKind: a software pipeline over a warp's (a block's) rows. Each row issues the loads of the row kAhead rows
+// on (ldr_rows_ahead: 2 for one warp a row with 16-bit x, 1 for the other 16-bit and fp32 rows, 0 for fp64)
+// before its own math, so the warp keeps those rows' loads in flight while it reduces, draws the keep bits and
+// stores, instead of waiting a full load latency at the top of every row. A row is held raw (16-bit x: half the
+// registers of fp32) and converted again where it is used (the same conversion, so the same bits; `opaque` keeps
+// the compiler from holding the fp32 copy instead). The keep bits of the row's groups are drawn first, right
+// after the loads (they need no data), before the row sums, and held as one 32-bit mask.
+// DanKind: each row issues its loads (x and the residual) at the top; the sum is formed, stored and read back as
+// rounded to U in the same pass, so the norm sees s as stored.
 template <class K, typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT, class Params>
 GPUOPT_DEV void norm_forward_rows(const Params& p) {
   using U = typename K::U;
+  static_assert(VPT >= 1 && VPT * kGroup <= 32, "a thread's keep bits of a row fit one 32-bit mask");
   GPUOPT_SHARED_ARRAY(A, red, 2 * kWarpSize);
   const RowConsts<A> rc(p);
   // DanKind's block rows also hold the residual's row: their parameters are reloaded (from L1 / L2) every row
@@ -242,30 +249,64 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
   if (kHold) load_row_params<kVec>(p.weight, p.bias, N, groups, w, b);
   // The plan makes VPT = ceil(groups / T) with groups >= (VPT - 1) * T: only a thread's last group can be absent.
   auto has = [&](int k, int g) { return k < VPT - 1 || g < groups; };
-
-  int parity = 0;  // RMSNorm's one row sum a row alternates between the two halves of `red`
-  for (int64_t row0 = int64_t(blockIdx.x) * blockDim.y; row0 < p.M; row0 += int64_t(gridDim.x) * blockDim.y) {
-    const int64_t row = row0 + threadIdx.y;
-    if (row >= p.M) continue;  // only when R > 1, i.e. one warp a row: nothing below waits for the block
-    const int64_t base = row * N;
-    const S* __restrict__ xr = p.x + base;
-    const int64_t group0 = base / kGroup;  // used when N % 8 == 0
-    Group<S> raw[VPT];
+  using RowRaw = Group<S>[VPT];  // a thread's groups of one row, as loaded
+  auto load_row = [&](int64_t r, RowRaw& raw) {
+    const S* __restrict__ xr = p.x + r * N;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {  // every load of the row first
       const int g = tx + k * T;
       if (has(k, g)) load_raw_group(xr + g * kGroup, kVec ? kGroup : group_size(N, g * kGroup), kVec, raw[k]);
     }
-    A v[VPT][kGroup];
+  };
+
+  // One warp a row: a warp's rows end together (nothing waits for the block); one block a row: R == 1, so the
+  // block's threads share every row and its barriers.
+  const int64_t stride = int64_t(gridDim.x) * blockDim.y;
+  int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (row >= p.M) return;
+  // Rows whose x is in flight while a row is reduced (ldr_rows_ahead; DanKind: none, its loads start each row)
+  constexpr int kAhead = K::kDropPre ? 0 : cuda::ldr_rows_ahead(kWarpRow, sizeof(S));
+  Group<S> raw[VPT], ahead[kAhead > 0 ? kAhead : 1][VPT];
+  if constexpr (kAhead > 0) {
+    load_row(row, raw);
+#pragma unroll
+    for (int a = 0; a + 1 < kAhead; ++a)
+      if (row + (a + 1) * stride < p.M) load_row(row + (a + 1) * stride, ahead[a]);
+  }
+  int parity = 0;  // RMSNorm's one row sum a row alternates between the two halves of `red`
+  for (;;) {
+    const int64_t base = row * N;
+    const int64_t group0 = base / kGroup;  // used when N % 8 == 0
+    const int64_t next = row + stride;
+    const bool more = next < p.M;
+    if constexpr (kAhead > 0) {
+      if (row + kAhead * stride < p.M) load_row(row + kAhead * stride, ahead[kAhead - 1]);
+    } else {
+      load_row(row, raw);
+    }
+    A v[K::kDropPre ? VPT : 1][kGroup];  // DanKind: s as stored; LdrKind converts `raw` where it is used
+    uint32_t keep_mask = 0;              // LdrKind: bit 8 k + j keeps element j of the thread's group k
     A sum = A(0);
     if constexpr (!K::kDropPre) {
 #pragma unroll
-      for (int k = 0; k < VPT; ++k) {
+      for (int k = 0; k < VPT; ++k) {  // the keep bits first: they need no data, so they overlap the loads
         const int g = tx + k * T;
+        if (has(k, g)) {
+          const int c0 = g * kGroup;
+          bool keep[kGroup];
+          group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, kVec ? kGroup : group_size(N, c0), keep);
 #pragma unroll
-        for (int j = 0; j < kGroup; ++j) {
-          v[k][j] = has(k, g) ? to_acc(raw[k].v[j]) : A(0);  // absent elements are 0
-          sum += v[k][j];
+          for (int j = 0; j < kGroup; ++j) keep_mask |= static_cast<uint32_t>(keep[j]) << (k * kGroup + j);
+        }
+      }
+      if (!rms) {  // RMSNorm skips the mean's sum
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+          const bool h = has(k, tx + k * T);
+          A x[kGroup];
+          if (h) unpack_group(raw[k], x);
+#pragma unroll
+          for (int j = 0; j < kGroup; ++j) sum += h ? x[j] : A(0);  // absent elements are 0
         }
       }
     } else {
@@ -304,6 +345,15 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
         }
       }
     }
+    // The centred value of element j of the thread's group k: LdrKind converts x again (exactly) and subtracts
+    // the mean again (the same operation, so the same bits as the centred pass); DanKind keeps it in v.
+    auto centred = [&](int k, int j, int valid, const A (&x)[kGroup], A mu) -> A {
+      if constexpr (K::kDropPre) {
+        return v[k][j];
+      } else {
+        return j < valid ? x[j] - mu : A(0);
+      }
+    };
     A mu = A(0), var;
     // LdrKind's RMSNorm skips the mean's sum (`sum` goes unused) and takes LayerNorm's centred pass with mu = 0
     // (x - 0 is x: sq is the sum of x^2), so its code is LayerNorm's plus two uniform branches (a shared-memory
@@ -316,10 +366,16 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
         const int g = tx + k * T;
         if (has(k, g)) {
           const int valid = kVec ? kGroup : group_size(N, g * kGroup);
+          A x[kGroup];
+          if constexpr (!K::kDropPre) {
+            opaque(raw[k]);
+            unpack_group(raw[k], x);
+          }
 #pragma unroll
           for (int j = 0; j < kGroup; ++j) {
-            v[k][j] = j < valid ? v[k][j] - mu : A(0);  // x - mean, kept for the output
-            sq += v[k][j] * v[k][j];
+            if constexpr (K::kDropPre) v[k][j] = j < valid ? v[k][j] - mu : A(0);  // x - mean, kept for the output
+            const A d = centred(k, j, valid, x, mu);
+            sq += d * d;
           }
         }
       }
@@ -343,8 +399,6 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
       if (has(k, g)) {
         const int c0 = g * kGroup;
         const int valid = kVec ? kGroup : group_size(N, c0);
-        bool keep[kGroup];
-        if constexpr (!K::kDropPre) group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
         A wa[kGroup], ba[kGroup], o[kGroup];
         if (kHold) {
 #pragma unroll
@@ -356,17 +410,33 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
           load_param_group(p.weight, c0, valid, kVec, A(1), wa);
           load_param_group(p.bias, c0, valid, kVec, A(0), ba);
         }
+        A x[kGroup];
+        if constexpr (!K::kDropPre) {
+          opaque(raw[k]);
+          unpack_group(raw[k], x);
+        }
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) {
+          const A y = affine(centred(k, j, valid, x, mu) * rs, wa[j], ba[j]);
           if constexpr (K::kDropPre) {
-            o[j] = affine(v[k][j] * rs, wa[j], ba[j]);
+            o[j] = y;
           } else {
-            o[j] = nd_forward_element<A>(affine(v[k][j] * rs, wa[j], ba[j]), keep[j], p.scale, p.relu);
+            o[j] = nd_forward_element<A>(y, (keep_mask >> (k * kGroup + j)) & 1u, p.scale, p.relu);
           }
         }
         store_group(outr + c0, valid, kVec, o);
       }
     }
+    if (!more) break;
+    if constexpr (kAhead > 0) {
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        raw[k] = ahead[0][k];
+#pragma unroll
+        for (int a = 0; a + 1 < kAhead; ++a) ahead[a][k] = ahead[a + 1][k];
+      }
+    }
+    row = next;
   }
 }
 
