@@ -90,7 +90,12 @@ def test_copy_kernel_reaches_copy_speed():
     assert le.bound == "memory" and le.blocks_per_sm == 8
     assert le.batch_bytes == 16 and le.bytes_in_flight_per_sm == 16 * 2048
     t_dram = 2 * M * 4 / R.H200.copy_bw
-    assert est.estimate == pytest.approx(t_dram / (t_dram + R.H200.launch_s))
+    # the three bounds combine as their p-norm (GPU.overlap): the issue and latency times, far under DRAM's, add
+    # almost nothing
+    assert le.t_dram == pytest.approx(t_dram)
+    combined = R.combine([le.t_dram, le.t_issue, le.t_latency], R.H200.overlap)
+    assert t_dram < combined < 1.001 * t_dram
+    assert est.estimate == pytest.approx(t_dram / (combined + R.H200.launch_s))
     # instructions: the loop body x its trips, plus the code outside the loop once per thread
     fn = S.parse_sass(LOOPS.read_text())["copy_f4"]
     (loop,) = S.loops(fn)
@@ -102,8 +107,47 @@ def test_too_few_threads_is_latency_bound():
     """One 64-thread block per SM: 1 KB in flight per SM, far under Little's law's ~14 KB."""
     est = R.estimate([copy_launch(132, 64)], 2 * M * 4, M)
     assert est.main.bound == "latency" and est.main.bytes_in_flight_per_sm == 16 * 64
-    need = R.latency_need(M * 4, 2 * M * 4, 1.0)
+    # the cycle a wait: the memory latency, then the short chain of the copy (store, address arithmetic) to the
+    # next load
+    assert R.H200.latency_s < est.main.cycle_s < R.H200.latency_s + 0.2e-6
+    need = R.latency_need(M * 4, 2 * M * 4, 1.0, cycle_s=est.main.cycle_s)
     assert est.estimate == pytest.approx((16 * 64) / need, rel=0.05)
+
+
+def _code(*lines: str) -> list:
+    return [S.parse_instr(16 * i, t) for i, t in enumerate(lines)]
+
+
+def test_chain_after_loads():
+    """The cycles from a load wait to the next load's issue: in order, one instruction a cycle, each no earlier
+    than its sources are ready (RESULT_CYCLES after their producer)."""
+    body = _code(
+        "LDG.E.128 R4, desc[UR4][R2.64]",
+        "FADD R8, R4, R5",  # the wait: ready at once, issues at its cycle
+        "SHFL.BFLY PT, R9, R8, 0x1, 0x1f",  # FADD's result after 5 cycles
+        "FADD R10, R9, R8",  # SHFL's after 24
+        "STG.E [R2.64], R10",  # FADD's after 5
+        "IADD3 R2, R2, 0x10, RZ",
+    )
+    # wait at cycle w: FADD at w, SHFL at w + 5, FADD at w + 29, STG at w + 34, IADD3 at w + 35; the loop comes
+    # round to the LDG, which reads R2 (IADD3's, ready at w + 40): issued at w + 40
+    assert R.chain_after_loads(body) == 40
+    # straight-line code: the chain runs to the end (IADD3 issues at w + 35, the walk ends a cycle later)
+    assert R.chain_after_loads(body, steady_state=False) == 36
+    # independent work between the load and its first use overlaps the load: not part of the chain
+    assert R.chain_after_loads(body[:1] + _code("IMAD R20, R21, R22, R23") * 3 + body[1:]) == 40
+
+
+def test_combine_and_gpus():
+    assert R.combine([3.0, 1.0, 0.0], float("inf")) == 3.0
+    assert R.combine([1.0, 1.0], 2.0) == pytest.approx(2**0.5)
+    assert R.combine([2.0, 1.0, 1.0], 6.0) == pytest.approx((64 + 1 + 1) ** (1 / 6))
+    # the GPU descriptions: the H200's copy yardstick is the one measured in its run (3.9 TB/s), the H100's the
+    # calibration's share of its peak; both carry the fitted terms
+    assert R.H200.copy_bw == pytest.approx(3.9e12)
+    assert R.H100.copy_bw == pytest.approx(0.87 * 3.35e12)
+    for g in (R.H100, R.H200):
+        assert (g.latency_s, g.chain_scale, g.overlap) == (R.FIT["latency_s"], R.FIT["chain_scale"], R.FIT["overlap"])
 
 
 def test_trips_are_required_and_structural():
@@ -132,6 +176,9 @@ def test_gate_names_each_criterion():
     )  # fmt: skip
     (wave,) = [f for f in R.gate_failures([row]) if "wave" in f]
     assert "0.5" in wave and len(R.gate_failures([row])) == 2  # and the estimate under 0.88
+    # a row no measurement confirms: the floor (and the bytes in flight it needs) do not gate it, the wave does
+    assert R.gate_failures([row], gated=set()) == [wave]
+    assert len(R.gate_failures([row], gated={R.row_key(row)})) == 2
     bwd = R.Row(
         "layer_norm_dropout_relu", "backward", "cuda", "bf16", 4096, "k", 0.27, 167.0, 48.1, 6_271, 16_500, 2,
         0.985, 1.04, "issue",
@@ -143,18 +190,52 @@ def test_gate_names_each_criterion():
     ] * 3
 
 
+def test_floor_gated_rows():
+    """A row is floor-gated where a measurement of its backend, op, direction, dtype and N confirms the model's
+    kernel time: within 0.10 of a kernel-time figure, or of an eager figure whose host time hides (CUDA forward);
+    every row once the model is within 0.10 of every measured row."""
+    rows = [
+        R.Row(op, d, b, "bf16", 4096, "k", 0.9, 1, 30, 1, 1, 1, 1.0, 1.0, "memory")
+        for op, d, b in (
+            ("layer_norm_dropout_relu", "forward", "cuda"),
+            ("bias_relu", "backward", "cuda"),
+            ("bias_relu", "backward", "triton"),
+        )
+    ]
+
+    def cmp(op, d, b, delta, quantity="eager"):
+        return dict(backend=b, op=op, direction=d, dtype="bf16", n=4096, quantity=quantity, model=0.5, delta=delta)
+
+    near = [
+        cmp("ldr", "fwd", "cuda", 0.05),
+        cmp("bias_relu", "bwd", "cuda", 0.05),
+        cmp("bias_relu", "bwd", "triton", 0.3),
+    ]
+    # the CUDA backward's eager figure carries host time: it confirms nothing of the kernel
+    assert R.floor_gated(rows, near) == {R.row_key(rows[0])}
+    near[2] = cmp("bias_relu", "bwd", "triton", 0.3, "kernel")
+    assert R.floor_gated(rows, near) == {R.row_key(rows[0])}
+    near[2] = cmp("bias_relu", "bwd", "triton", -0.08, "kernel")
+    assert R.floor_gated(rows, near) == {R.row_key(r) for r in rows}  # all within: every row
+
+
 def test_budget_and_need_yardsticks():
-    # bf16 forward moves 4 bytes an element: ~33 lane-instructions per element at 4.18 TB/s
+    # bf16 forward moves 4 bytes an element: ~34 lane-instructions per element at 3.9 TB/s
     assert R.instruction_budget(4 * M, M) == pytest.approx(R.H200.issue_rate * 4 / R.H200.copy_bw)
-    assert 30 < R.instruction_budget(4 * M, M) < 34
-    # reads are half the bytes: ~14 KB in flight per SM for 88 % of copy
-    assert 13_000 < R.latency_need(1, 2, 0.88) < 15_000
+    assert 33 < R.instruction_budget(4 * M, M) < 35
+    # reads are half the bytes: 88 % of copy needs ~7.8 KB in flight per SM over the bare latency (0.6 us), ~39 KB
+    # over a 3 us cycle (a row's loads, then its reductions and stores)
+    assert 7_000 < R.latency_need(1, 2, 0.88) < 8_500
+    assert 37_000 < R.latency_need(1, 2, 0.88, cycle_s=3e-6) < 41_000
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The gates, on the installed extension and the Triton kernels (one `python -m tools.roofline --json` run: Triton
-# compiles need a process without TRITON_INTERPRET, which conftest sets here)
+# The gates, on the installed extension and the Triton kernels (one `python -m tools.roofline --json --measured`
+# run: Triton compiles need a process without TRITON_INTERPRET, which conftest sets here). The floors gate the rows
+# that the GPU measurements of docs/measurements/ confirm (tools.roofline.floor_gated; every row once the model is
+# within 0.10 of every measured row, tests/test_model_vs_measured.py); the other criteria gate every row.
 ROOT = Path(__file__).resolve().parent.parent
+MEASUREMENTS = sorted((ROOT / "docs" / "measurements").glob("*.json"))
 
 
 def _ci() -> bool:
@@ -179,7 +260,7 @@ def model(triton_store):
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["GPUOPT_TRITON_STORE"] = str(triton_store)
     res = subprocess.run(
-        [sys.executable, "-m", "tools.roofline", str(ext), "--json"],
+        [sys.executable, "-m", "tools.roofline", str(ext), "--json", "--measured", *map(str, MEASUREMENTS)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -191,27 +272,45 @@ def model(triton_store):
 
 
 # Rows the kernels do not reach yet, and why (docs/RESULTS.md has their estimates). The gate fails on any other
-# row that misses a criterion, and on a listed row that meets them all: the list only shrinks.
-_LONG_BACKWARD_TRITON = (
-    "N = 16384 backward: two kernels (row coefficients over an (M,) grid, then chunks) read x and grad_out twice "
-    "from DRAM; the wide single-block kernel, which holds the raw row and the dgamma/dbeta accumulators in "
-    "registers, spills there, also holding only half its row (RMSNorm-dropout, one accumulator, fits), and a row "
-    "split over a CTA cluster (num_ctas) does not compile on triton 3.6 and fences every cluster barrier on 3.8 "
-    "(DESIGN.md)"
+# row that misses a criterion, and on a listed row that meets them all: the list only shrinks. The floors gate only
+# rows a GPU measurement confirms, so each row here is a shortfall both measured and modelled.
+_ROW_LOOP = (
+    "measured on the H200 (wheel of f5132bd) and modelled alike: the rows kernel keeps one row's loads in flight "
+    "per block (~32 KB per SM) and then runs the row's dependent chain (two reductions, Philox, stores) before the "
+    "next row's loads, a ~3 us cycle a row; the fix is the next row's loads before this row's reductions (issue 35, "
+    "item 4). Measured / model: "
 )
 KNOWN_SHORT: dict[tuple, str] = {
-    ("triton", op, "backward", dt, 16384): _LONG_BACKWARD_TRITON
+    ("cuda", "layer_norm_dropout_relu", "forward", "bf16", 4096): _ROW_LOOP + "0.61 / 0.56",
+    ("cuda", "layer_norm_dropout_relu", "forward", "bf16", 16384): _ROW_LOOP + "0.50 / 0.56",
+    ("cuda", "layer_norm_dropout_relu", "forward", "fp32", 4096): _ROW_LOOP + "0.70 / 0.70",
+    ("cuda", "dropout_add_norm", "forward", "bf16", 4096): _ROW_LOOP + "0.86 / 0.86 (x and residual in flight)",
+    ("cuda", "dropout_add_norm", "forward", "bf16", 16384): _ROW_LOOP + "0.79 / 0.87 (x and residual in flight)",
+    ("cuda", "dropout_add_rms_norm", "forward", "bf16", 4096): _ROW_LOOP + "0.92 (p = 0) / 0.86",
+    ("cuda", "dropout_add_rms_norm", "forward", "bf16", 16384): _ROW_LOOP + "0.90 (p = 0) / 0.87",
+}
+# Rows out of every gate, and why: printed by test_gate, not evaluated. The 11 Triton backward rows at N = 16384
+# (two kernels reading x and grad_out twice; a wave efficiency of 0.86 on their chunk grid) left the gate with
+# issue 35: the measured Triton backward is 0.12-0.34 at every N, so these rows are not where it is slow.
+OUT_OF_GATE: dict[tuple, str] = {
+    ("triton", op, "backward", dt, 16384): (
+        "Triton backward at N = 16384: out of the gate (issue 35), the measured Triton backward is slow at every N"
+    )
     for op in ("layer_norm_dropout_relu", *G.DAN_OPS)
     for dt in G.op_dtypes(op)
 }
 
 
+def _gated(model) -> set:
+    return {tuple(k) for k in model["floor_gated"]}
+
+
 def _failing(model, backend: str) -> dict[tuple, list[str]]:
     out: dict[tuple, list[str]] = {}
     for r in model["rows"]:
-        if r["backend"] != backend:
+        if r["backend"] != backend or (r["backend"], r["op"], r["direction"], r["dtype"], r["N"]) in OUT_OF_GATE:
             continue
-        bad = R.gate_failures([R.Row(**r)])
+        bad = R.gate_failures([R.Row(**r)], _gated(model))
         if bad:
             out[(r["backend"], r["op"], r["direction"], r["dtype"], r["N"])] = bad
     return out
@@ -263,10 +362,22 @@ def test_triton_cubins_are_read_in_one_pass(model):
 # ids other than the bare backend names: conftest skips any test keyed `cuda` on a machine without a GPU
 @pytest.mark.parametrize("backend", ["cuda", "triton"], ids=["cuda-kernels", "triton-kernels"])
 def test_gate(model, backend):
-    """Every row: the floor (LayerNorm-dropout-ReLU forward 0.88, backward 0.82; bias-ReLU 0.88; bias_act with
-    gelu, gelu_tanh, silu forward 0.88, backward 0.82), no partial
-    second wave (wave efficiency >= 0.95), instructions per element <= 0.85 x the issue budget, bytes in flight >=
-    what the floor needs; except the rows of KNOWN_SHORT, which must still miss (or leave the list)."""
+    """Every row: no partial second wave (wave efficiency >= 0.95), instructions per element <= 0.85 x the issue
+    budget. The rows a measurement confirms (floor_gated; the others are printed): the floor (LayerNorm-dropout-ReLU
+    forward 0.88, backward 0.82; bias-ReLU 0.88; bias_act with gelu, gelu_tanh, silu forward 0.88, backward 0.82)
+    and bytes in flight >= what the floor needs. Except the rows of KNOWN_SHORT, which must still miss (or leave
+    the list)."""
+    gated = _gated(model)
+    ungated = [
+        f"{r['backend']} {r['op']} {r['direction']} {r['dtype']} N={r['N']}: estimate {r['estimate']:.2f}"
+        for r in model["rows"]
+        if r["backend"] == backend and (r["backend"], r["op"], r["direction"], r["dtype"], r["N"]) not in gated
+    ]
+    print(f"\n{backend}: {len(ungated)} rows not gated by the floors (no measurement confirms them):")
+    print("\n".join("  " + u for u in ungated))
+    out = [k for k in OUT_OF_GATE if k[0] == backend]
+    print(f"{backend}: {len(out)} rows out of every gate: " + "; ".join(f"{k}: {OUT_OF_GATE[k]}" for k in out))
+    assert not set(OUT_OF_GATE) & set(KNOWN_SHORT)
     failing = _failing(model, backend)
     new = [f for key, fs in failing.items() if key not in KNOWN_SHORT for f in fs]
     assert not new, f"{len(new)} gate failures; python -m tools.roofline for the table:\n" + "\n".join(new)
@@ -286,3 +397,15 @@ def test_calibration_against_published_measurements(model):
     }
     bad = R.calibration_failures(cal)
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.slow
+def test_floors_gate_measured_rows(model):
+    """The floors are not a no-op: a measurement confirms some rows (or the model agrees with every measured row,
+    and the floors gate all rows); the gated rows are rows of the table, and are printed."""
+    gated = _gated(model)
+    keys = {(r["backend"], r["op"], r["direction"], r["dtype"], r["N"]) for r in model["rows"]}
+    assert MEASUREMENTS and gated, "no row is confirmed by a measurement: the floors gate nothing"
+    assert gated <= keys
+    print(f"\nthe floors gate {len(gated)} of {len(keys)} rows:")
+    print("\n".join(f"  {k}" for k in sorted(gated)))

@@ -505,7 +505,17 @@ def chain_after_loads(instrs, steady_state: bool = True) -> float:
             lat = RESULT_CYCLES.get(ins.base, DEFAULT_RESULT_CYCLES)
             for r in ins.dsts:
                 ready[r] = start + lat
-    if since is not None:  # no loads after the last wait in this pass: the chain runs to its end
+    if since is not None and steady_state:  # the chain runs on into the next iteration, up to its first load
+        for ins in instrs:
+            start = max([t] + [ready.get(r, 0) for r in ins.srcs])
+            t = start + 1
+            m = S.mem_bytes(ins)
+            if m and m[0] in ("global_load", "async_copy"):
+                t = start
+                break
+            for r in ins.dsts:
+                ready[r] = start + RESULT_CYCLES.get(ins.base, DEFAULT_RESULT_CYCLES)
+    if since is not None:  # (straight-line code: the chain runs to its end)
         cycles += t - since
     return float(cycles)
 
@@ -837,15 +847,17 @@ def calibration_rows(gpu: GPU = H100) -> list[dict]:
 
 # ----------------------------------------------------------------------------------------------------------------
 # The model against measurements (docs/measurements/*.json, tests/test_model_vs_measured.py)
-# benchmarks/run.py's op names -> the model's ops. The benchmark's add_rms runs p = 0 and its dan_ln / add_rms
-# backward has no grad_sum (one output of a last block); the model's rows take p > 0 and grad_sum (one more M x N
-# read), the nearest it has: the fraction is of the benchmark's bytes either way.
+# The op names of the measurement files (benchmarks/run.py's, and benchmarks/gpu_measure.py's dan_rms, rms_drop)
+# -> the model's ops. benchmarks/run.py's add_rms runs p = 0 and its dan_ln / add_rms backward has no grad_sum (one
+# output of a last block); the model's rows take p > 0 and grad_sum (one more M x N read), the nearest it has: the
+# fraction is of the file's bytes either way. Other ops (run.py's ln_drop, the peers' ln) are not modelled.
 MEASURED_OPS = {
     "ldr": "layer_norm_dropout_relu",
     "bias_relu": "bias_relu",
     "dan_ln": "dropout_add_norm",
     "add_rms": "dropout_add_rms_norm",
-    "ln_drop": "rms_norm_dropout",
+    "dan_rms": "dropout_add_rms_norm",
+    "rms_drop": "rms_norm_dropout",
     "bias_gelu": "bias_act_gelu",
 }
 MEASURED_DIRECTIONS = {"fwd": "forward", "bwd": "backward", "forward": "forward", "backward": "backward"}
