@@ -131,9 +131,13 @@ def register_norm_dropout_autograd(forward_op, backward_op) -> None:
         ctx.save_for_backward(x, weight, bias, mean, rstd, seed)
         ctx.p = p
         ctx.flags = tuple(inputs[6:8])  # (rms, relu) of norm_dropout; () for layer_norm_dropout_relu
+        # no zero gradients made for mean / rstd (ignored): two allocations and two fill kernels a backward fewer
+        ctx.set_materialize_grads(False)
 
     def backward(ctx, grad_out, _grad_mean, _grad_rstd):
         x, weight, bias, mean, rstd, seed = ctx.saved_tensors
+        if grad_out is None:  # only mean / rstd reached the loss: the gradients are those of a zero grad_out
+            grad_out = torch.zeros_like(x, memory_format=torch.contiguous_format)
         grad_x, grad_w, grad_b = backward_op(grad_out, x, weight, bias, mean, rstd, seed, ctx.p, *ctx.flags)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         return (

@@ -294,3 +294,34 @@ def test_host_cost_parts_of_every_op():
         assert r["launches"] == 2 and r["facts_calls"] == 0, r
         assert r["allocs"] == outputs.get(r["op"], 4) + 1, r  # dropout_add_norm: grad_x, grad_res, grad_w, grad_b
         assert all(r[k] > 0 for k in ("fwd_op", "bwd_op", "bwd_checks", "bwd_launcher")), r
+
+
+@pytest.mark.parametrize("name", ["layer_norm_dropout_relu", "triton_layer_norm_dropout_relu"])
+def test_the_norm_backward_makes_no_zero_gradients_for_the_statistics(name):
+    """The autograd of layer_norm_dropout_relu / norm_dropout (C++ and Triton) makes no zero tensors for the
+    gradients of mean and rstd (two allocations and two fill kernels a backward); where only the statistics reach
+    the loss, the gradients are those of a zero grad_out, as before: zeros."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    dev = "cuda" if name.startswith("triton") and not C.INTERPRETED else "cpu"
+    op = getattr(torch.ops.gpuopt, name)
+    x = torch.randn(8, 64, device=dev).requires_grad_()
+    w = torch.randn(64, device=dev).requires_grad_()
+    b = torch.randn(64, device=dev).requires_grad_()
+    seed = torch.tensor([5], device=dev)
+    out, mean, rstd = op(x, w, b, seed, 0.2, 1e-5)
+    with Ops() as seen:
+        gx, gw, gb = torch.autograd.grad(out, (x, w, b), torch.ones_like(out), retain_graph=True)
+    assert not [n for n in seen.names if n.startswith(("zeros", "fill", "new_zeros"))], seen.names
+    assert gx.abs().sum() > 0
+    for g in torch.autograd.grad(mean.sum() + rstd.sum(), (x, w, b)):
+        assert torch.equal(g, torch.zeros_like(g))
