@@ -104,8 +104,10 @@ class GPU:
 #   chain_scale    3: a thread's cycle per load wait = latency_s + its dependent chain after the wait (the in-order
 #                  walk of chain_after_loads, RESULT_CYCLES) x chain_scale / clock. The chain walked alone runs at
 #                  the warp's own dependencies; the SM's other warps take its scheduler's issue slots meanwhile,
-#                  hence the scale > 1. CUDA LayerNorm-dropout-ReLU forward bf16, N = 1024: 2.8 us a row (the
-#                  review of the H200 run derived ~4.3 us from the measurement; it was 1 us).
+#                  hence the scale > 1. CUDA LayerNorm-dropout-ReLU forward bf16: 3.2 us a row at N = 1024, 3.75 at
+#                  4096 (the review of the H200 run derived 4.3 and 3.6 us from the measurement; it was 1 us);
+#                  dropout-add-LayerNorm forward bf16, N = 1024: 4.6 us (derived: 3.8; the walk puts its first
+#                  Philox on the chain, which the GPU overlaps with the load wait).
 #   overlap        6: the DRAM, issue and latency times combine as their 6-norm (1.12x the max where two are equal,
 #                  1.20x where all three are), not their max.
 # Fit quality (CUDA forward rows): 33 of 50 within 0.10, rms error 0.135; with the old terms (1 us, no chain, max,
