@@ -245,6 +245,11 @@ def _act_lines(act: str, y: str, out: str):
     return lines, ["y3", "c", "u", "th"]
 
 
+def _other_users(inner: list, k: int) -> list:
+    """The inner values the program also returns: one (by k), or all of them (k % 4 == 3)."""
+    return list(inner) if k % 4 == 3 else [inner[k % len(inner)]]
+
+
 def _autocast(lines: list, start: int, stop: int) -> list:
     """lines[start:stop] inside `with torch.autocast("cpu", dtype=torch.bfloat16):`."""
     inner = lines[start:stop]
@@ -311,7 +316,7 @@ def build(spec: Spec) -> Program:
             cur = nxt
         out = cur
         if pert == "other_user":
-            returns_extra.append(inner[k % len(inner)])
+            returns_extra += _other_users(inner, k)
         elif pert == "inplace_source":
             body.append(f"{out} = {out} + {src}")
         elif pert == "inplace_outside":
@@ -367,7 +372,7 @@ def build(spec: Spec) -> Program:
         if pert == "cast":
             body.append(f"y = y.to({dt})")
         if pert == "other_user" and inner:
-            returns_extra.append(inner[k % len(inner)])
+            returns_extra += _other_users(inner, k)
         if spec.prenorm:
             returns_extra.append("s")
         if pert == "inplace_outside":
@@ -416,7 +421,7 @@ def build(spec: Spec) -> Program:
         inner = ["y", *inner]
         out = "z"
         if pert == "other_user":
-            returns_extra.append(inner[k % len(inner)])
+            returns_extra += _other_users(inner, k)
         elif pert == "inplace_source":
             body.append(f"z = z + {src}.reshape(z.shape)" if spec.linear == "addmm" else f"z = z + {src}")
         elif pert == "inplace_outside":
