@@ -632,19 +632,19 @@ def _rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str
     xv = _value(head)
     if xv is None or xv.dtype not in _DTYPES or xv.device.type not in ("cpu", "cuda") or xv.dim() < 1:
         return False
-    # A 16-bit branch added to an fp32 residual (autocast's matmuls produce the branch, the residual stream stays
-    # fp32) sums in fp32: the op then takes the branch converted to fp32 (exact), and everything after is fp32 as
-    # in the unfused graph.
-    promote = (
-        residual is not None
-        and xv.dtype in (torch.float16, torch.bfloat16)
-        and _same_like(residual, _value(s))
-        and _value(s).dtype == torch.float32
-        and tuple(xv.shape) == tuple(_value(s).shape)
-    )
+    # A 16-bit operand added to an fp32 one (autocast's matmuls produce the branch, the residual stream stays fp32)
+    # sums in fp32: the op then takes that operand converted to fp32 (exact), and everything after is fp32 as in
+    # the unfused graph.
+    sv, rv = _value(s), _value(residual)
+    promote = None
+    if sv is not None and rv is not None and sv.dtype == torch.float32 and xv.shape == rv.shape == sv.shape:
+        if xv.dtype in (torch.float16, torch.bfloat16) and _same_like(residual, sv):
+            promote = "branch"
+        elif rv.dtype in (torch.float16, torch.bfloat16) and _same_like(head, sv):
+            promote = "residual"
     if promote:
-        xv = _value(s)
-    if residual is not None and not _same_like(residual, xv):
+        xv = sv
+    if residual is not None and promote != "residual" and not _same_like(residual, xv):
         return False
     if not (_same_like(s, xv) and _same_rows(norm.result, xv)):
         return False  # broadcasting, type promotion or a result in another dtype: not the same function
@@ -676,11 +676,14 @@ def _rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str
     if not _provably_same(graph, dead, inputs, anchor, results):
         return False
     with graph.inserting_before(anchor):
-        x = head
-        if promote:
+        x, r = head, residual
+        if promote == "branch":
             x = graph.call_method("to", (head, torch.float32))
             x.meta.update(s.meta)
-        args = (x, residual, norm.weight, norm.bias, norm.rms, p, training, norm.eps, prenorm)
+        elif promote == "residual":
+            r = graph.call_method("to", (residual, torch.float32))
+            r.meta.update(s.meta)
+        args = (x, r, norm.weight, norm.bias, norm.rms, p, training, norm.eps, prenorm)
         new = graph.call_function(_dropout_add_norm, args)
         if prenorm:
             out = graph.call_function(operator.getitem, (new, 0))
@@ -699,7 +702,7 @@ def _rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str
     for n in sorted(dead, key=order.__getitem__, reverse=True):
         graph.erase_node(n)
     kind = "rms_norm" if norm.rms else "layer_norm"
-    pattern = ("16-bit branch → fp32 " if promote else "") + pattern
+    pattern = (f"16-bit {promote} → fp32 " if promote else "") + pattern
     log.append(
         f"{pattern}{'view → ' if views else ''}{norm.kind} ({norm.result.name}, p={p}, training={training}"
         f"{', prenorm' if prenorm else ''}) -> gpuopt::dropout_add_norm ({kind})"

@@ -433,7 +433,7 @@ def test_transformer_block_sites_are_rewritten_and_match_eager():
 def test_block_patterns_that_must_not_be_rewritten():
     def f(x, r, rb, w):
         a = F.layer_norm(F.dropout(x, 0.1, False) + r[:1], (16,))  # broadcast residual: another function
-        b = F.layer_norm(x + rb, (16,))  # bf16 + fp32 promotes: the result is not in x's dtype
+        b = F.layer_norm(x.half() + rb, (16,))  # fp16 + bf16 promotes to fp32: neither operand is the sum's type
         c = F.layer_norm((x + r).view(4, 2, 8), (2, 8))  # normalized over two dimensions
         d = F.layer_norm(x + r, (16,), eps=0.0)  # eps = 0: the op requires eps > 0
         e = F.gelu(F.linear(x, w), approximate="tanh")  # no bias
@@ -445,6 +445,24 @@ def test_block_patterns_that_must_not_be_rewritten():
     x, r = torch.randn(4, 16), torch.randn(4, 16)
     out = torch.compile(f, backend=_capture(log))(x, r, r.to(torch.bfloat16), torch.randn(16, 16))
     assert log == [] and len(out) == 6
+
+
+def test_a_16_bit_branch_on_an_fp32_residual_is_rewritten_exactly():
+    """bf16 + fp32 sums in fp32 (autocast's matmul outputs on the fp32 residual stream): the op takes the branch
+    converted to fp32, which is exact, so the result is the unfused one, in fp32, either operand order."""
+
+    def f(x, rb, w, b):
+        return F.layer_norm(x + rb, (16,), w, b), F.layer_norm(rb + F.dropout(x, 0.0, True), (16,), w, b)
+
+    log = []
+    torch._dynamo.reset()
+    x, rb = torch.randn(4, 16), torch.randn(4, 16).to(torch.bfloat16)
+    w, b = torch.randn(16), torch.randn(16)
+    got = torch.compile(f, backend=_capture(log))(x, rb, w, b)
+    assert [line.split(" →")[0] for line in log] == ["16-bit branch", "16-bit residual"], log
+    for g, e in zip(got, f(x, rb, w, b)):
+        assert g.dtype == e.dtype == torch.float32
+        torch.testing.assert_close(g, e, atol=1e-6, rtol=1e-6)
 
 
 def test_norm_dropout_sites_are_rewritten_and_match_eager():
