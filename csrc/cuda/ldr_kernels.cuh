@@ -347,7 +347,7 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
     }
     // The centred value of element j of the thread's group k: LdrKind converts x again (exactly) and subtracts
     // the mean again (the same operation, so the same bits as the centred pass); DanKind keeps it in v.
-    auto centred = [&](int k, int j, int valid, const A (&x)[kGroup], A mu) -> A {
+    auto centred = [&](int k, int j, int valid, const A(&x)[kGroup], A mu) -> A {
       if constexpr (K::kDropPre) {
         return v[k][j];
       } else {
