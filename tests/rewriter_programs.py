@@ -464,8 +464,9 @@ def build(spec: Spec) -> Program:
 @dataclasses.dataclass(frozen=True)
 class SeqSpec:
     """A model of nn.Sequential blocks: ("ln", eps, affine, bias, tail), ("rms", eps, affine, tail),
-    ("linear", bias, act); container: "plain" | "nested" | "subclass" (forward not overridden) | "residual" (each
-    module adds its output to its input) | "reversed" (the modules in reverse order)."""
+    ("linear", bias, act); container: "plain" | "nested" (each block in an inner nn.Sequential) | "subclass"
+    (forward not overridden) | "residual" (each module adds its output to its input) | "reversed" (the modules in
+    reverse order)."""
 
     blocks: tuple
     container: str = "plain"
@@ -509,8 +510,9 @@ def build_sequential(spec: SeqSpec):
     """(model, x): the model in spec.dtype, with random parameters."""
     gen = torch.Generator().manual_seed(spec.seed)
     n = spec.n
-    modules = []
+    modules, groups = [], []
     for block in spec.blocks:
+        first = len(modules)
         kind = block[0]
         if kind == "ln":
             _, eps, affine, bias, tail = block
@@ -524,14 +526,14 @@ def build_sequential(spec: SeqSpec):
             tail = (act,) if act else ()
         for step in tail:
             modules.append(nn.Dropout(spec.p) if step == "dropout" else _ACT_MODULES[step]())
+        groups.append(modules[first:])
     for m in modules:
         for prm in m.parameters(recurse=False):
             with torch.no_grad():
                 prm.copy_(torch.randn(prm.shape, generator=gen, dtype=torch.float64) * 0.5 + (prm.dim() == 1))
     cls = _CONTAINERS[spec.container]
-    if spec.container == "nested":
-        half = max(1, len(modules) // 2)
-        model = nn.Sequential(nn.Sequential(*modules[:half]), nn.Sequential(*modules[half:]))
+    if spec.container == "nested":  # each block an nn.Sequential of its own, inside the outer one
+        model = nn.Sequential(*(nn.Sequential(*g) for g in groups))
     else:
         model = cls(*modules)
     x = (torch.randn(*spec.lead, n, generator=gen, dtype=torch.float64) * spec.scale).to(spec.dtype)
