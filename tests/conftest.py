@@ -38,6 +38,7 @@ def pytest_collection_modifyitems(config, items):
 XDIST_GROUPS = {
     "test_roofline.py": "triton_compile",
     "test_static_gate_triton.py": "triton_compile",
+    "test_model_vs_measured.py": "triton_compile",
     "test_emulator_runtime.py": "emulator_runtime",
     "test_train.py": "train",
 }
