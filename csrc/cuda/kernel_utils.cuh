@@ -127,6 +127,21 @@ GPUOPT_DEV void opaque(Group<T>& g) {
 #endif
 }
 
+// opaque() for a held group of parameter values (a weight's or bias's kGroup elements in their own type).
+template <typename T>
+GPUOPT_DEV void opaque(T (&a)[kGroup]) {
+#if defined(__CUDA_ARCH__)
+  static_assert(sizeof(a) % 4 == 0, "whole 32-bit words");
+  uint32_t w[sizeof(a) / 4];
+  memcpy(w, a, sizeof(w));
+#pragma unroll
+  for (int i = 0; i < int(sizeof(w) / 4); ++i) asm volatile("" : "+r"(w[i]));
+  memcpy(a, w, sizeof(w));
+#else
+  (void)a;
+#endif
+}
+
 // The raw 16-byte-path group of a weight or bias at column c0 (p == nullptr: `absent` everywhere).
 template <typename T>
 GPUOPT_DEV void load_raw_param(const T* __restrict__ p, int64_t c0, T absent, Group<T>& g) {

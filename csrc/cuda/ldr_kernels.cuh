@@ -224,14 +224,14 @@ GPUOPT_DEV A dan_dropout(A v, bool keep, A scale) {
 // before its own math, so the warp keeps those rows' loads in flight while it reduces, draws the keep bits and
 // stores, instead of waiting a full load latency at the top of every row. A row is held raw (16-bit x: half the
 // registers of fp32) and converted again where it is used (the same conversion, so the same bits; `opaque` keeps
-// the compiler from holding the fp32 copy instead). The keep bits of the row's groups are drawn first, right
-// after the loads (they need no data), before the row sums, and held as one 32-bit mask.
+// the compiler from holding the fp32 copy instead). A group's keep bits are drawn where the output consumes
+// them, as booleans (a 32-bit mask drawn before the row sums cost ~4 more instructions an element to pack and
+// test; the rows ahead already keep the loads in flight through the row's math).
 // DanKind: each row issues its loads (x and the residual) at the top; the sum is formed, stored and read back as
 // rounded to U in the same pass, so the norm sees s as stored.
 template <class K, typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT, class Params>
 GPUOPT_DEV void norm_forward_rows(const Params& p) {
   using U = typename K::U;
-  static_assert(VPT >= 1 && VPT * kGroup <= 32, "a thread's keep bits of a row fit one 32-bit mask");
   GPUOPT_SHARED_ARRAY(A, red, 2 * kWarpSize);
   const RowConsts<A> rc(p);
   // DanKind's block rows also hold the residual's row: their parameters are reloaded (from L1 / L2) every row
@@ -285,20 +285,8 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
       load_row(row, raw);
     }
     A v[K::kDropPre ? VPT : 1][kGroup];  // DanKind: s as stored; LdrKind converts `raw` where it is used
-    uint32_t keep_mask = 0;              // LdrKind: bit 8 k + j keeps element j of the thread's group k
     A sum = A(0);
     if constexpr (!K::kDropPre) {
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {  // the keep bits first: they need no data, so they overlap the loads
-        const int g = tx + k * T;
-        if (has(k, g)) {
-          const int c0 = g * kGroup;
-          bool keep[kGroup];
-          group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, kVec ? kGroup : group_size(N, c0), keep);
-#pragma unroll
-          for (int j = 0; j < kGroup; ++j) keep_mask |= static_cast<uint32_t>(keep[j]) << (k * kGroup + j);
-        }
-      }
       if (!rms) {  // RMSNorm skips the mean's sum
 #pragma unroll
         for (int k = 0; k < VPT; ++k) {
@@ -401,6 +389,9 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
         const int valid = kVec ? kGroup : group_size(N, c0);
         A wa[kGroup], ba[kGroup], o[kGroup];
         if (kHold) {
+          // bf16 block rows: the weight converted again each row (one shift an element), not hoisted out of the
+          // row loop by the compiler into more registers than a 512-thread block's 128 (it spilled one)
+          if constexpr (!kWarpRow && !K::kDropPre && std::is_same<R, bfloat16_t>::value) opaque(w[kHold ? k : 0]);
 #pragma unroll
           for (int j = 0; j < kGroup; ++j) {
             wa[j] = static_cast<A>(to_acc(w[kHold ? k : 0][j]));
@@ -411,7 +402,9 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
           load_param_group(p.bias, c0, valid, kVec, A(0), ba);
         }
         A x[kGroup];
+        bool keep[kGroup];
         if constexpr (!K::kDropPre) {
+          group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
           opaque(raw[k]);
           unpack_group(raw[k], x);
         }
@@ -421,7 +414,7 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
           if constexpr (K::kDropPre) {
             o[j] = y;
           } else {
-            o[j] = nd_forward_element<A>(y, (keep_mask >> (k * kGroup + j)) & 1u, p.scale, p.relu);
+            o[j] = nd_forward_element<A>(y, keep[j], p.scale, p.relu);
           }
         }
         store_group(outr + c0, valid, kVec, o);
