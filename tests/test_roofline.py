@@ -281,12 +281,7 @@ _ROW_LOOP = (
     "item 4). Measured / model: "
 )
 KNOWN_SHORT: dict[tuple, str] = {
-    ("cuda", "layer_norm_dropout_relu", "forward", "bf16", 4096): _ROW_LOOP + "0.61 / 0.56",
-    ("cuda", "layer_norm_dropout_relu", "forward", "bf16", 16384): _ROW_LOOP + "0.50 / 0.56",
-    ("cuda", "layer_norm_dropout_relu", "forward", "fp32", 4096): _ROW_LOOP + "0.70 / 0.70",
-    ("cuda", "dropout_add_norm", "forward", "bf16", 4096): _ROW_LOOP + "0.86 / 0.86 (x and residual in flight)",
     ("cuda", "dropout_add_norm", "forward", "bf16", 16384): _ROW_LOOP + "0.79 / 0.87 (x and residual in flight)",
-    ("cuda", "dropout_add_rms_norm", "forward", "bf16", 4096): _ROW_LOOP + "0.92 (p = 0) / 0.86",
     ("cuda", "dropout_add_rms_norm", "forward", "bf16", 16384): _ROW_LOOP + "0.90 (p = 0) / 0.87",
 }
 # Rows out of every gate, and why: printed by test_gate, not evaluated. The 11 Triton backward rows at N = 16384
