@@ -67,6 +67,49 @@ def triton_store(tmp_path_factory):
     return tmp_path_factory.getbasetemp() / "triton-store"
 
 
+@pytest.fixture(scope="session")
+def roofline_run(triton_store):
+    """The performance model on the installed extension and the Triton kernels, beside every committed GPU
+    measurement: one `python -m tools.roofline --json --measured docs/measurements/*.json` run a test process,
+    shared by tests/test_roofline.py and tests/test_model_vs_measured.py (one xdist group). Triton compiles need a
+    process without TRITON_INTERPRET, which this file sets here. Under CI=true a build the model cannot read fails."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tools import cuda_resources as CR
+
+    ci = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+    pytest.importorskip("triton.backends.nvidia")
+    try:
+        ext = CR.find_installed_extension()
+        CR.find_cuobjdump()
+    except CR.ToolError as e:
+        if ci:
+            pytest.fail(f"CI=true but the model cannot read the build: {e}")
+        pytest.skip(str(e))
+    if not CR.has_device_code(ext):
+        if ci:
+            pytest.fail(f"CI=true but {ext.name} is a CPU-only build: no CUDA kernels to model")
+        pytest.skip(f"{ext.name} is a CPU-only build: no CUDA kernels to model")
+    root = Path(__file__).resolve().parent.parent
+    measurements = sorted((root / "docs" / "measurements").glob("*.json"))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    env["GPUOPT_TRITON_STORE"] = str(triton_store)
+    res = subprocess.run(
+        [sys.executable, "-m", "tools.roofline", str(ext), "--json", "--measured", *map(str, measurements)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    return json.loads(res.stdout)
+
+
 # hypothesis profiles (tests/test_fuzz.py): `dev` by default (small, derandomized: the same examples every run),
 # `ci` under CI=true (more examples where they are cheap: the C++ and GPU backends; the interpreter keeps its own
 # small count), `long` for a deep random search: `pytest tests/test_fuzz.py --hypothesis-profile=long`.

@@ -9,9 +9,6 @@ the list only shrinks. The floors of tests/test_roofline.py gate the rows this t
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -41,10 +38,6 @@ ROW_FIELDS = {
 }
 
 
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-
 def row_key(path_or_stem, c: dict) -> tuple:
     stem = Path(path_or_stem).stem
     return (stem, c["backend"], c["op"], c["direction"], c["dtype"], int(c["n"]))
@@ -70,36 +63,10 @@ def test_measurement_files_are_well_formed():
 
 
 @pytest.fixture(scope="module")
-def compared(triton_store):
-    """{file stem: the model beside each row} from one `python -m tools.roofline --measured ... --json` run (Triton
-    compiles need a process without TRITON_INTERPRET, which conftest sets here)."""
-    from tools import cuda_resources as CR
-
-    pytest.importorskip("triton.backends.nvidia")
-    try:
-        ext = CR.find_installed_extension()
-        CR.find_cuobjdump()
-    except CR.ToolError as e:
-        if _ci():
-            pytest.fail(f"CI=true but the model cannot read the build: {e}")
-        pytest.skip(str(e))
-    if not CR.has_device_code(ext):
-        if _ci():
-            pytest.fail(f"CI=true but {ext.name} is a CPU-only build: no CUDA kernels to model")
-        pytest.skip(f"{ext.name} is a CPU-only build: no CUDA kernels to model")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["GPUOPT_TRITON_STORE"] = str(triton_store)
-    res = subprocess.run(
-        [sys.executable, "-m", "tools.roofline", str(ext), "--json", "--measured", *map(str, MEASUREMENTS)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
-    return {Path(f).stem: comps for f, comps in json.loads(res.stdout)["measured"].items()}
+def compared(roofline_run):
+    """{file stem: the model beside each row}, from the one model run of the test process (tests/conftest.py's
+    roofline_run, shared with tests/test_roofline.py)."""
+    return {Path(f).stem: comps for f, comps in roofline_run["measured"].items()}
 
 
 # Rows the model does not reach (|model - measured| > 0.10), each with its reason. Keys: (measurement file stem,

@@ -2,10 +2,6 @@
 efficiency, trip counts; then the gates on the built extension and the Triton kernels, and the calibration
 against peers' published measurements."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -238,37 +234,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MEASUREMENTS = sorted((ROOT / "docs" / "measurements").glob("*.json"))
 
 
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-
 @pytest.fixture(scope="module")
-def model(triton_store):
-    from tools import cuda_resources as CR
-
-    pytest.importorskip("triton.backends.nvidia")
-    try:
-        ext = CR.find_installed_extension()
-        CR.find_cuobjdump()
-    except CR.ToolError as e:
-        if _ci():
-            pytest.fail(f"CI=true but the model cannot read the build: {e}")
-        pytest.skip(str(e))
-    if not CR.has_device_code(ext):
-        pytest.skip(f"{ext.name} is a CPU-only build: no CUDA kernels to model")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["GPUOPT_TRITON_STORE"] = str(triton_store)
-    res = subprocess.run(
-        [sys.executable, "-m", "tools.roofline", str(ext), "--json", "--measured", *map(str, MEASUREMENTS)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
-    return json.loads(res.stdout)
+def model(roofline_run):
+    return roofline_run  # tests/conftest.py: one model run, shared with tests/test_model_vs_measured.py
 
 
 # Rows the kernels do not reach yet, and why (docs/RESULTS.md has their estimates). The gate fails on any other
