@@ -12,6 +12,7 @@ by the world size.
 import contextlib
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -49,3 +50,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Every run's files and results.json are written and the group is destroyed. Leave without the interpreter's
+    # teardown: under a loaded CI machine a rank has aborted there ("terminate called without an active
+    # exception", SIGABRT, after all its work), a race in the process-group threads' destructors at exit that this
+    # test does not check. The test still reads everything each run wrote.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
