@@ -360,4 +360,54 @@ BiasActBackwardArgs check_bias_act_backward(const Tensor& grad_out, const Tensor
   return a;
 }
 
+namespace {
+
+// gate / up of gated_act and its backward: returns the args with gate, up, M, F, act and the dropout set.
+GatedActArgs check_gated_inputs(const char* op, const Tensor& gate, const std::optional<Tensor>& up,
+                                const Tensor& seed, double p, int64_t act) {
+  check_act(op, act);
+  check_input(op, "gate", gate);
+  GatedActArgs a;
+  const int64_t last = last_dim(gate);
+  if (up.has_value() && up->defined()) {
+    check_same(op, "up", *up, "gate", gate);
+    a.F = last;
+    a.up = as_contiguous(*up);
+  } else {
+    GPUOPT_CHECK(last % 2 == 0, "gpuopt.", op,
+                 ": gate must have an even last dimension (its halves are [gate | up]) when up is None, got shape ",
+                 shape_str(gate.sizes()));
+    a.F = last / 2;
+  }
+  a.M = rows_of(gate, last);
+  a.act = static_cast<int>(act);
+  a.dropout = check_seed_p(op, seed, gate, "gate", p);
+  a.gate = as_contiguous(gate);
+  return a;
+}
+
+}  // namespace
+
+GatedActArgs check_gated_act(const Tensor& gate, const std::optional<Tensor>& up, const Tensor& seed, double p,
+                             int64_t act) {
+  return check_gated_inputs("gated_act", gate, up, seed, p, act);
+}
+
+GatedActArgs check_gated_act_backward(const Tensor& grad_out, const Tensor& gate, const std::optional<Tensor>& up,
+                                      const Tensor& seed, double p, int64_t act) {
+  const char* op = "gated_act_backward";
+  GatedActArgs a = check_gated_inputs(op, gate, up, seed, p, act);
+  check_device(op, "grad_out", grad_out, gate, "gate");
+  GPUOPT_CHECK(grad_out.scalar_type() == gate.scalar_type(), "gpuopt.", op, ": grad_out must have dtype ",
+               dtype_name(gate.scalar_type()), " like gate, got ", dtype_name(grad_out.scalar_type()));
+  bool same = grad_out.dim() == gate.dim();
+  for (int64_t d = 0; same && d < gate.dim(); ++d) {
+    same = grad_out.size(d) == (d == gate.dim() - 1 ? a.F : gate.size(d));
+  }
+  GPUOPT_CHECK(same, "gpuopt.", op, ": grad_out must have the output's shape (gate's, last dimension ", a.F,
+               "), got ", shape_str(grad_out.sizes()));
+  a.grad_out = as_contiguous(grad_out);
+  return a;
+}
+
 }  // namespace gpuopt

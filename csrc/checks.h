@@ -125,6 +125,22 @@ struct BiasActBackwardArgs {
 BiasActBackwardArgs check_bias_act_backward(const Tensor& grad_out, const Tensor& saved, const Tensor& bias,
                                             int64_t act);
 
+// gated_act: gate and up of the same shape (..., F), or up absent and gate (..., 2F) holding [gate | up].
+struct GatedActArgs {
+  Tensor gate, up;  // contiguous; up undefined for the [gate | up] layout
+  Tensor grad_out;  // contiguous (backward only)
+  int64_t M = 0;    // rows
+  int64_t F = 0;    // the output's last dimension
+  int act = 0;
+  DropoutParams dropout{};
+  bool packed() const { return !up.defined(); }
+};
+
+GatedActArgs check_gated_act(const Tensor& gate, const std::optional<Tensor>& up, const Tensor& seed, double p,
+                             int64_t act);
+GatedActArgs check_gated_act_backward(const Tensor& grad_out, const Tensor& gate, const std::optional<Tensor>& up,
+                                      const Tensor& seed, double p, int64_t act);
+
 // Accumulation dtype of inputs of dtype t: fp64 for fp64, fp32 otherwise.
 inline ScalarType acc_dtype_of(ScalarType t) { return t == kDouble ? kDouble : kFloat; }
 

@@ -192,4 +192,26 @@ GPUOPT_HD acc_t act_backward_element(acc_t g, acc_t saved, acc_t b) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------------- gated_act
+// gated_act (DESIGN.md section 1): h = act(gate) * up, out = keep ? h * scale : 0, in the accumulation dtype.
+// Backward, from the saved inputs: gh = keep ? grad_out * scale : 0, grad_up = gh * act(gate),
+// grad_gate = (gh * up) * act'(gate). relu's act' is gate > 0 (0 at 0 and for NaN, as bias_relu's out > 0).
+template <int kAct, typename acc_t, class P = ActMath>
+GPUOPT_HD acc_t gated_forward_element(acc_t gate, acc_t up, bool keep, acc_t scale) {
+  return keep ? (act_forward<kAct, acc_t, P>(gate) * up) * scale : acc_t(0);
+}
+
+// grad_gate and grad_up of one element, given the upstream gradient g.
+template <int kAct, typename acc_t, class P = ActMath>
+GPUOPT_HD void gated_backward_element(acc_t g, acc_t gate, acc_t up, bool keep, acc_t scale, acc_t& grad_gate,
+                                      acc_t& grad_up) {
+  const acc_t gh = keep ? g * scale : acc_t(0);
+  grad_up = gh * act_forward<kAct, acc_t, P>(gate);
+  if constexpr (kAct == kActRelu) {
+    grad_gate = gate > acc_t(0) ? gh * up : acc_t(0);
+  } else {
+    grad_gate = (gh * up) * act_derivative<kAct, acc_t, P>(gate);
+  }
+}
+
 }  // namespace gpuopt

@@ -23,6 +23,12 @@ constexpr const char* kDanBackwardSchema =
     "dropout_add_norm_backward(Tensor grad_out, Tensor? grad_sum, Tensor sum, Tensor? weight, Tensor? bias,"
     " Tensor mean, Tensor rstd, Tensor seed, float p, bool rms, bool has_residual)"
     " -> (Tensor grad_x, Tensor grad_residual, Tensor grad_weight, Tensor grad_bias)";
+// gated_act: out = dropout(act(gate) * up). up None: gate's last dimension holds [gate | up] (2F), out's is F;
+// the backward then writes [grad_gate | grad_up] into grad_gate and returns grad_up as (0,).
+constexpr const char* kGatedActSchema = "gated_act(Tensor gate, Tensor? up, Tensor seed, float p, int act) -> Tensor";
+constexpr const char* kGatedActBackwardSchema =
+    "gated_act_backward(Tensor grad_out, Tensor gate, Tensor? up, Tensor seed, float p, int act)"
+    " -> (Tensor grad_gate, Tensor grad_up)";
 constexpr const char* kNormDropoutSchema =
     "norm_dropout(Tensor x, Tensor? weight, Tensor? bias, Tensor seed, float p, float eps, bool rms, bool relu)"
     " -> (Tensor out, Tensor mean, Tensor rstd)";
@@ -43,6 +49,8 @@ void define_schemas(Library& m) {
   m.def(kBiasActBackwardSchema);
   m.def(kNormDropoutSchema);
   m.def(kNormDropoutBackwardSchema);
+  m.def(kGatedActSchema);
+  m.def(kGatedActBackwardSchema);
 }
 
 }  // namespace gpuopt

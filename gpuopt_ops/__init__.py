@@ -1,4 +1,5 @@
-"""gpuopt: fused LayerNorm-Dropout-ReLU, norm-dropout, bias-activation and dropout-add-norm operators for PyTorch.
+"""gpuopt: fused LayerNorm-Dropout-ReLU, norm-dropout, bias-activation, dropout-add-norm and gated-activation
+operators for PyTorch.
 
 `import gpuopt_ops` loads the compiled extension (which defines torch.ops.gpuopt.*) and registers the fake
 kernels and autograd formulas, and, when `import triton` succeeds, the Triton twins torch.ops.gpuopt.triton_*
@@ -35,6 +36,7 @@ from .ops import (  # noqa: E402
     bias_relu,
     draw_seed,
     dropout_add_norm,
+    gated_act,
     layer_norm_dropout_relu,
     norm_dropout,
 )
@@ -73,6 +75,7 @@ __all__ = [
     "bias_act",
     "dropout_add_norm",
     "norm_dropout",
+    "gated_act",
     "draw_seed",
     "fuse",
     "unfuse",

@@ -192,6 +192,50 @@ def check_bias_relu_backward(grad_out, out):
     return out.numel() // n, n
 
 
+def _check_gated_inputs(op: str, gate, up, seed, p: float, act: int):
+    """Returns (M, F): rows, and the output's last dimension."""
+    check_act(op, act)
+    check_input(op, "gate", gate)
+    last = gate.shape[-1]
+    if up is not None:
+        check_same(op, "up", up, "gate", gate)
+        f = last
+    else:
+        torch._check(
+            last % 2 == 0,
+            lambda: (
+                f"gpuopt.{op}: gate must have an even last dimension (its halves are [gate | up]) when up is None,"
+                f" got shape {_shape(gate)}"
+            ),
+        )
+        f = last // 2
+    check_seed_p(op, seed, gate, "gate", p)
+    return gate.numel() // last, f
+
+
+def check_gated_act(gate, up, seed, p: float, act: int):
+    """Returns (M, F)."""
+    return _check_gated_inputs("gated_act", gate, up, seed, p, act)
+
+
+def check_gated_act_backward(grad_out, gate, up, seed, p: float, act: int):
+    """Returns (M, F)."""
+    op = "gated_act_backward"
+    m, f = _check_gated_inputs(op, gate, up, seed, p, act)
+    check_device(op, "grad_out", grad_out, gate, "gate")
+    if grad_out.dtype != gate.dtype:
+        _fail(op, f"grad_out must have dtype {gate.dtype} like gate, got {grad_out.dtype}")
+    torch._check(
+        grad_out.dim() == gate.dim()
+        and all(a == b for a, b in zip(grad_out.shape[:-1], gate.shape[:-1]))
+        and grad_out.shape[-1] == f,
+        lambda: (
+            f"gpuopt.{op}: grad_out must have the output's shape (gate's, last dimension {f}), got {_shape(grad_out)}"
+        ),
+    )
+    return m, f
+
+
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 

@@ -111,6 +111,19 @@ def _bias_act_backward_fake(grad_out, saved, bias, act):
     )
 
 
+@torch.library.register_fake("gpuopt::gated_act")
+def _gated_act_fake(gate, up, seed, p, act):
+    _, f = V.check_gated_act(gate, up, seed, p, act)
+    return gate.new_empty((*gate.shape[:-1], f))
+
+
+@torch.library.register_fake("gpuopt::gated_act_backward")
+def _gated_act_backward_fake(grad_out, gate, up, seed, p, act):
+    V.check_gated_act_backward(grad_out, gate, up, seed, p, act)
+    grad_up = gate.new_empty((0,)) if up is None else torch.empty_like(up, memory_format=torch.contiguous_format)
+    return torch.empty_like(gate, memory_format=torch.contiguous_format), grad_up
+
+
 # ---------------------------------------------------------------------------------------------- autograd
 def register_ldr_autograd(forward_op, backward_op) -> None:
     """Autograd of a layer_norm_dropout_relu op (C++ or Triton): backward is the `_backward` op.
@@ -247,11 +260,30 @@ def register_bias_act_autograd(forward_op, backward_op) -> None:
     _forbid_double_backward(f"{forward_op}_backward")
 
 
+def register_gated_act_autograd(forward_op, backward_op) -> None:
+    """Autograd of a gated_act op: saves the inputs (gate, up) and the seed, never the activation or a mask; the
+    backward recomputes both. For the [gate | up] layout (up None) grad_gate holds both halves."""
+
+    def setup_context(ctx, inputs, output):
+        gate, up, seed, p, act = inputs
+        ctx.save_for_backward(gate, up, seed)
+        ctx.p, ctx.act = p, act
+
+    def backward(ctx, grad_out):
+        gate, up, seed = ctx.saved_tensors
+        grad_gate, grad_up = backward_op(grad_out, gate, up, seed, ctx.p, ctx.act)
+        return grad_gate, (grad_up if up is not None else None), None, None, None
+
+    torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
+    _forbid_double_backward(f"{forward_op}_backward")
+
+
 register_ldr_autograd("gpuopt::layer_norm_dropout_relu", _ops.layer_norm_dropout_relu_backward)
 register_norm_dropout_autograd("gpuopt::norm_dropout", _ops.norm_dropout_backward)
 register_dropout_add_norm_autograd("gpuopt::dropout_add_norm", _ops.dropout_add_norm_backward)
 register_bias_relu_autograd("gpuopt::bias_relu", _ops.bias_relu_backward)
 register_bias_act_autograd("gpuopt::bias_act", _ops.bias_act_backward)
+register_gated_act_autograd("gpuopt::gated_act", _ops.gated_act_backward)
 
 
 # ---------------------------------------------------------------------------------------------- public API
@@ -400,9 +432,36 @@ ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}  # bias_act's ac
 def bias_act(x: torch.Tensor, bias: torch.Tensor, act: str = "gelu", backend: str = "auto") -> torch.Tensor:
     """act(x + bias), bias of shape (x.shape[-1],) broadcast over the rows; act is "relu", "gelu" (erf form, as
     F.gelu), "gelu_tanh" (as F.gelu(approximate="tanh")) or "silu". Backward fuses the dbias sum."""
-    code = ACTIVATIONS.get(act) if isinstance(act, str) else None
-    if code is None:
-        raise ValueError(f"gpuopt.bias_act: act must be one of {', '.join(map(repr, ACTIVATIONS))}, got {act!r}")
+    code = _act_code("bias_act", act)
     backend = resolve_backend(backend, x.device, "bias_act")
     op = _triton_ops().triton_bias_act if backend == "triton" else _ops.bias_act
     return op(x, bias, code)
+
+
+def _act_code(op: str, act) -> int:
+    code = ACTIVATIONS.get(act) if isinstance(act, str) else None
+    if code is None:
+        raise ValueError(f"gpuopt.{op}: act must be one of {', '.join(map(repr, ACTIVATIONS))}, got {act!r}")
+    return code
+
+
+def gated_act(
+    gate: torch.Tensor,
+    up: Optional[torch.Tensor] = None,
+    *,
+    act: str = "silu",
+    p: float = 0.0,
+    training: bool = True,
+    generator: Optional[torch.Generator] = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """dropout(act(gate) * up, p) in one fused kernel: SwiGLU (act "silu"), GeGLU ("gelu" erf form, "gelu_tanh"),
+    ReGLU ("relu"). gate and up have the same shape; with up=None, gate's last dimension holds [gate | up] (a fused
+    gate_up projection's output, 2F wide) and the result's is F. The backward saves only the inputs and recomputes
+    the activation. Dropout (off by default) uses the project's definition (DESIGN.md): the same seed gives the
+    same mask as every other gpuopt op at the same linear index of the output."""
+    code = _act_code("gated_act", act)
+    backend = resolve_backend(backend, gate.device, "gated_act")
+    p_eff, seed = _dropout_seed(gate, p, training, generator)
+    op = _triton_ops().triton_gated_act if backend == "triton" else _ops.gated_act
+    return op(gate, up, seed, p_eff, code)

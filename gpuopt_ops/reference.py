@@ -198,7 +198,11 @@ def bias_act(
 ) -> torch.Tensor:
     """act(x + bias) with torch's own activations (act codes of bias_act: 0 relu, 1 gelu, 2 gelu_tanh, 3 silu)."""
     dt = compute_dtype or x.dtype
-    z = x.to(dt) + bias.to(dt)
+    return _activation(x.to(dt) + bias.to(dt), act)
+
+
+def _activation(z: torch.Tensor, act: int) -> torch.Tensor:
+    """torch's own activation of an act code (0 relu, 1 gelu, 2 gelu_tanh, 3 silu)."""
     if act == 0:
         return torch.relu(z)
     if act == 1:
@@ -208,6 +212,42 @@ def bias_act(
     if act == 3:
         return torch.nn.functional.silu(z)
     raise ValueError(f"unknown act {act}")
+
+
+def gated_act(
+    gate: torch.Tensor,
+    up: Optional[torch.Tensor],
+    act: int,
+    seed=0,
+    p: float = 0.0,
+    compute_dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """dropout(act(gate) * up) from unfused PyTorch ops (act codes of bias_act); up None: gate holds [gate | up] in
+    its last dimension. The mask is DESIGN.md's at the output's linear index. Differentiable."""
+    dt = compute_dtype or gate.dtype
+    if up is None:
+        gate, up = gate.chunk(2, dim=-1)
+    h = _activation(gate.to(dt), act) * up.to(dt)
+    if dropout_threshold(p) == 0:
+        return h
+    f = h.shape[-1]
+    keep = dropout_keep_mask(seed_value(seed), h.numel() // f, f, p, device=h.device).reshape(h.shape)
+    return torch.where(keep, h * dropout_scale(p, gate.dtype), torch.zeros((), dtype=dt, device=h.device))
+
+
+def eager_gated_act(gate, up, act: str = "silu", p: float = 0.0, training: bool = True):
+    """What a user writes without gpuopt (the benchmarks' `eager` provider): torch's activation, a multiply and
+    torch's own dropout RNG."""
+    if up is None:
+        gate, up = gate.chunk(2, dim=-1)
+    fn = {
+        "relu": torch.relu,
+        "gelu": torch.nn.functional.gelu,
+        "gelu_tanh": lambda z: torch.nn.functional.gelu(z, approximate="tanh"),
+        "silu": torch.nn.functional.silu,
+    }[act]
+    h = fn(gate) * up
+    return torch.nn.functional.dropout(h, p, training) if p > 0 and training else h
 
 
 def eager_layer_norm_dropout_relu(x, weight, bias, p: float, training: bool = True, eps: float = 1e-5):

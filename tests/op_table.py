@@ -42,9 +42,13 @@ class Sample:
     grad_sum: Optional[torch.Tensor] = None  # dropout_add_norm with prenorm: the gradient of its `sum` output
 
     @property
+    def x(self) -> torch.Tensor:
+        """The op's main input: x, or gated_act's gate."""
+        return self.args["x"] if "x" in self.args else self.args["gate"]
+
+    @property
     def m(self) -> int:
-        x = self.args["x"]
-        return x.numel() // x.shape[-1]
+        return self.x.numel() // self.x.shape[-1]
 
 
 @dataclass(frozen=True)
@@ -477,14 +481,94 @@ BIAS_ACT = OpSpec(
     check=bias_act_check,
 )
 
-OPS = [LAYER_NORM_DROPOUT_RELU, NORM_DROPOUT, BIAS_RELU, DROPOUT_ADD_NORM, BIAS_ACT]
+
+# ---------------------------------------------------------------------------------------------- gated activation
+def gated_sample(prefix, n, dtype, device, *, act=3, p=0.0, packed=False, seed=4321, data_seed=0):
+    """n is F, the output's last dimension; packed: one (..., 2F) tensor [gate | up] (up None)."""
+    g = torch.Generator().manual_seed(data_seed)
+    gate = (1.5 * torch.randn(*prefix, 2 * n if packed else n, generator=g, dtype=torch.float64)).to(dtype).to(device)
+    up = None if packed else torch.randn(*prefix, n, generator=g, dtype=torch.float64).to(dtype).to(device)
+    grad_out = torch.randn(*prefix, n, generator=g, dtype=torch.float64).to(dtype).to(device)
+    return Sample(dict(gate=gate, up=up, seed=seed_tensor(seed, device), p=p, act=act), grad_out)
+
+
+def gated_run(backend, s: Sample):
+    a = s.args
+    out = backend.op("gated_act")(a["gate"], a["up"], a["seed"], a["p"], a["act"])
+    gg, gu = backend.op("gated_act_backward")(s.grad_out, a["gate"], a["up"], a["seed"], a["p"], a["act"])
+    res = dict(out=out, grad_gate=gg, grad_up=gu)
+    if a["up"] is None:  # the packed layout gives the two-tensor layout's bits, on the same backend
+        n = s.grad_out.shape[-1]
+        gate, up = a["gate"][..., :n].contiguous(), a["gate"][..., n:].contiguous()
+        res["split_out"] = backend.op("gated_act")(gate, up, a["seed"], a["p"], a["act"])
+        res["split_grad_gate"], res["split_grad_up"] = backend.op("gated_act_backward")(
+            s.grad_out, gate, up, a["seed"], a["p"], a["act"]
+        )
+    return res
+
+
+def gated_reference(s: Sample, dtype, low_precision_params=False):
+    a = s.args
+    gate = a["gate"].detach().to(dtype).requires_grad_()
+    up = None if a["up"] is None else a["up"].detach().to(dtype).requires_grad_()
+    out = R.gated_act(gate, up, a["act"], a["seed"], a["p"])
+    out.backward(s.grad_out.to(dtype))
+    return dict(out=out.detach(), grad_gate=gate.grad, grad_up=None if up is None else up.grad)
+
+
+def gated_check(s: Sample, ours, ref64, low):
+    a = s.args
+    gate, up, n = a["gate"], a["up"], s.grad_out.shape[-1]
+    dtype = gate.dtype
+    out_shape = (*gate.shape[:-1], n)
+    assert ours["out"].dtype == dtype and tuple(ours["out"].shape) == out_shape and ours["out"].is_contiguous()
+    assert ours["grad_gate"].dtype == dtype and ours["grad_gate"].shape == gate.shape
+    if up is None:
+        assert ours["grad_up"].shape == (0,), "the packed layout's grad_up is (0,): grad_gate holds both halves"
+        gg = ours["grad_gate"].cpu()
+        for k, got in (("out", ours["out"].cpu()), ("grad_gate", gg[..., :n]), ("grad_up", gg[..., n:])):
+            assert torch.equal(got, ours["split_" + k].cpu()), f"packed layout: {k} differs from the two-tensor bits"
+    else:
+        assert ours["grad_up"].dtype == dtype and ours["grad_up"].shape == up.shape
+    fl = FLOORS[dtype]
+    for k in ("out", "grad_gate") if up is None else ("out", "grad_gate", "grad_up"):
+        assert_close_to_reference(k, ours[k].cpu(), ref64[k].cpu(), low[k].cpu(), fl)
+    if R.dropout_threshold(a["p"]) > 0:  # dropped elements are exact zeros in the output and both gradients
+        m = s.m
+        keep = R.dropout_keep_mask(R.seed_value(a["seed"]), m, n, a["p"]).reshape(out_shape)
+        zero = torch.zeros((), dtype=dtype)
+        assert torch.equal(ours["out"].cpu()[~keep], zero.expand(int((~keep).sum())))
+        gg = ours["grad_gate"].cpu()
+        gu = gg[..., n:] if up is None else ours["grad_up"].cpu()
+        assert bool((gg[..., :n][~keep] == 0).all()) and bool((gu[~keep] == 0).all())
+
+
+GATED_ACT = OpSpec(
+    name="gated_act",
+    variants=(
+        Variant("silu", dict(act=3)),
+        Variant("gelu", dict(act=1)),
+        Variant("gelu_tanh", dict(act=2)),
+        Variant("relu", dict(act=0)),
+        Variant("silu-packed", dict(act=3, packed=True)),
+        Variant("silu-dropout", dict(act=3, p=0.25)),
+        Variant("gelu_tanh-packed-dropout", dict(act=2, p=0.3, packed=True)),
+    ),
+    sample=gated_sample,
+    run=gated_run,
+    reference=gated_reference,
+    check=gated_check,
+    extra_backends=("cuda-emulated",),
+)
+
+OPS = [LAYER_NORM_DROPOUT_RELU, NORM_DROPOUT, BIAS_RELU, DROPOUT_ADD_NORM, BIAS_ACT, GATED_ACT]
 OPS_BY_NAME = {op.name: op for op in OPS}
 
 
 def check_against_reference(op: OpSpec, backend, s: Sample):
     """Runs `op` on `backend` and checks every result against the fp64 reference; returns our results."""
     ours = op.run(backend, s)
-    dtype = s.args["x"].dtype
+    dtype = s.x.dtype
     cpu = Sample(
         {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in s.args.items()},
         s.grad_out.cpu(),
