@@ -1,4 +1,4 @@
-// dtype dispatch shared by the CPU and CUDA launchers of layer_norm_dropout_relu and dropout_add_norm.
+// dtype and activation dispatch shared by the CPU launchers.
 #pragma once
 #include <type_traits>
 
@@ -43,6 +43,21 @@ void dispatch_dan(const Args& a, Body&& body) {
       with_sum(TypeTag<scalar_t>{});
     }
   });
+}
+
+// Calls body(std::integral_constant<int, kAct>) for the activation code (checked by the caller).
+template <typename Body>
+void dispatch_act(int act, Body&& body) {
+  switch (act) {
+    case kActGelu:
+      return body(std::integral_constant<int, kActGelu>{});
+    case kActGeluTanh:
+      return body(std::integral_constant<int, kActGeluTanh>{});
+    case kActSilu:
+      return body(std::integral_constant<int, kActSilu>{});
+    default:  // kActRelu
+      return body(std::integral_constant<int, kActRelu>{});
+  }
 }
 
 }  // namespace gpuopt

@@ -531,3 +531,87 @@ def test_clear_errors_without_triton(monkeypatch):
     monkeypatch.delitem(sys.modules, "gpuopt_ops.triton_ops", raising=False)
     with pytest.raises(ImportError, match="gpuopt_ops.triton_ops needs the `triton` package"):
         importlib.import_module("gpuopt_ops.triton_ops")
+
+
+# ---------------------------------------------------------------------------------------------- gated_act
+GATED_CASES = [
+    (dict(act=7), ACT_MESSAGE + "7"),
+    (dict(act=-1), ACT_MESSAGE + "-1"),
+    (dict(gate=torch.randint(0, 3, (3, 6))), "gate must be float32, float16, bfloat16 or float64, got torch.int64"),
+    (dict(gate=torch.tensor(1.0), up=None), "gate must have at least 1 dimension"),
+    (dict(gate=torch.randn(3, 0), up=None), "gate must have a non-empty last dimension"),
+    (dict(up=torch.randn(3, 5)), r"up must have shape \(3, 6\) like gate, got \(3, 5\)"),
+    (dict(up=torch.randn(3, 6, dtype=torch.float64)), "up must have dtype torch.float32 like gate, got torch.float64"),
+    (
+        dict(gate=torch.randn(3, 7), up=None),
+        r"gate must have an even last dimension \(its halves are \[gate \| up\]\) when up is None, got shape \(3, 7\)",
+    ),
+    (dict(seed=torch.zeros(1, dtype=torch.int32)), "seed must have dtype torch.int64, got torch.int32"),
+    (dict(seed=torch.zeros(2, dtype=torch.int64)), "seed must have exactly 1 element"),
+    (dict(p=1.5), r"p must be in \[0, 1\], got 1.5"),
+    (dict(p=float("nan")), r"p must be in \[0, 1\], got nan"),
+]
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("change,message", GATED_CASES)
+def test_gated_act_bad_input(backend, change, message):
+    require_op(backend, "gated_act")
+    kw = dict(gate=torch.randn(3, 6), up=torch.randn(3, 6), seed=torch.zeros(1, dtype=torch.int64), p=0.1, act=3)
+    kw.update(change)
+    op = backend.op("gated_act")
+    args = list(_on(kw, backend.device).values())
+    with pytest.raises(RuntimeError, match=r"gpuopt\.(triton_)?gated_act: " + message):
+        op(*args)
+    assert _raise_first_line(op, *args) == _raise_first_line(_fake(ops.gated_act), *kw.values())
+
+
+GATED_BWD_CASES = [
+    *[(change, message) for change, message in GATED_CASES if "gate=" not in str(change)],
+    (
+        dict(grad_out=torch.randn(3, 5)),
+        r"grad_out must have the output's shape \(gate's, last dimension 6\), got \(3, 5\)",
+    ),
+    (
+        dict(gate=torch.randn(3, 12), up=None),  # packed: the output's last dimension is 6, grad_out's is 6: fine
+        None,
+    ),
+    (
+        dict(gate=torch.randn(3, 12), up=None, grad_out=torch.randn(3, 12)),
+        r"grad_out must have the output's shape \(gate's, last dimension 6\), got \(3, 12\)",
+    ),
+    (dict(grad_out=torch.randn(2, 6)), r"grad_out must have the output's shape \(gate's, last dimension 6\)"),
+    (dict(grad_out=torch.randn(3, 6, dtype=torch.float16)), "grad_out must have dtype torch.float32 like gate"),
+    (dict(gate=torch.randn(3, 7), up=None, grad_out=torch.randn(3, 3)), "gate must have an even last dimension"),
+]
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("change,message", GATED_BWD_CASES)
+def test_gated_act_backward_bad_input(backend, change, message):
+    require_op(backend, "gated_act")
+    kw = dict(
+        grad_out=torch.randn(3, 6),
+        gate=torch.randn(3, 6),
+        up=torch.randn(3, 6),
+        seed=torch.zeros(1, dtype=torch.int64),
+        p=0.1,
+        act=3,
+    )
+    kw.update(change)
+    op = backend.op("gated_act_backward")
+    args = list(_on(kw, backend.device).values())
+    if message is None:  # a valid call: the packed layout's grad_gate holds both halves, grad_up is (0,)
+        gg, gu = op(*args)
+        assert gg.shape == (3, 12) and gu.shape == (0,)
+        return
+    with pytest.raises(RuntimeError, match=r"gpuopt\.(triton_)?gated_act_backward: " + message):
+        op(*args)
+    assert _raise_first_line(op, *args) == _raise_first_line(_fake(ops.gated_act_backward), *kw.values())
+
+
+def test_gated_act_bad_activation_name():
+    with pytest.raises(
+        ValueError, match="gpuopt.gated_act: act must be one of 'relu', 'gelu', 'gelu_tanh', 'silu', got 'tanh'"
+    ):
+        gpuopt_ops.gated_act(torch.randn(2, 8), act="tanh")

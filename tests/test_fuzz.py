@@ -17,7 +17,7 @@ from gpuopt_ops import reference as R
 
 from backends import DEFAULT, backend_params, require_op
 from helpers import FLOORS, assert_close_to_reference, ldr_reference_and_grads
-from op_table import DROPOUT_ADD_NORM, NORM_DROPOUT, Sample, check_against_reference
+from op_table import DROPOUT_ADD_NORM, GATED_ACT, NORM_DROPOUT, Sample, check_against_reference
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
@@ -367,3 +367,27 @@ REGRESSIONS = [
 @pytest.mark.parametrize("case", REGRESSIONS)
 def test_fuzz_regressions(backend, case):
     check_ldr(backend, case)
+
+
+@st.composite
+def gated_case(draw, interpreted=False):
+    """gated_act: the layer case's dtype, F (its n), rows, layout (of gate and up), p, seed and scale, plus the
+    activation and the layout of the inputs (two tensors, or one [gate | up] tensor)."""
+    return dict(draw(ldr_case(interpreted)), act=draw(st.sampled_from([0, 1, 2, 3])), packed=draw(st.booleans()))
+
+
+def check_gated(be, case):
+    dev, dt, n = be.device, case["dtype"], case["n"]
+    gate = make_x(dict(case, n=2 * n) if case["packed"] else case, dev)
+    up = None if case["packed"] else make_x(dict(case, data_seed=case["data_seed"] + 5), dev)
+    grad_out = torch.randn(
+        (*gate.shape[:-1], n), generator=torch.Generator().manual_seed(case["data_seed"] + 2), dtype=torch.float64
+    ).to(dt)
+    args = dict(gate=gate, up=up, seed=torch.tensor([case["seed"]], dtype=torch.int64, device=dev), p=case["p"])
+    check_against_reference(GATED_ACT, be, Sample(dict(args, act=case["act"]), grad_out.to(dev)))
+
+
+@pytest.mark.parametrize("backend", backend_params(*DEFAULT, "cuda-emulated"))
+def test_fuzz_gated_act(backend):
+    require_op(backend, "gated_act")
+    _fuzz(check_gated, backend, gated_case)

@@ -117,21 +117,6 @@ void bias_act_backward_kernel(const Tensor& grad_out, const Tensor& saved, const
   sum_partials(partial, blocks, N, data_as<acc_t>(grad_b));
 }
 
-// Calls body(std::integral_constant<int, kAct>) for the activation code (checked by the caller).
-template <typename Body>
-void dispatch_act(int act, Body&& body) {
-  switch (act) {
-    case kActGelu:
-      return body(std::integral_constant<int, kActGelu>{});
-    case kActGeluTanh:
-      return body(std::integral_constant<int, kActGeluTanh>{});
-    case kActSilu:
-      return body(std::integral_constant<int, kActSilu>{});
-    default:
-      return body(std::integral_constant<int, kActRelu>{});
-  }
-}
-
 // x of dtype scalar_t, bias of x's dtype or fp32.
 template <typename Body>
 void dispatch_bias(ScalarType x_dtype, ScalarType bias_dtype, const char* name, Body&& body) {

@@ -298,6 +298,71 @@ GPUOPT_CLONES void bias_act_backward_row(int act, const float* GPUOPT_RESTRICT g
   }
 }
 
+// gated_act: one loop per activation and dropout setting. The keep bit is a select on (u >= t) in fp32 (as the
+// dropout loops above); everything else is fused_math.h's element functions with the RowMath primitives.
+#define GPUOPT_GATED_FWD(kAct)                                                                 \
+  case kAct:                                                                                   \
+    if (u == nullptr) {                                                                        \
+      for (int64_t j = 0; j < n; ++j) out[j] = act_forward<kAct, float, RowMath>(g[j]) * v[j]; \
+    } else {                                                                                   \
+      for (int64_t j = 0; j < n; ++j) {                                                        \
+        const float h = (act_forward<kAct, float, RowMath>(g[j]) * v[j]) * scale;              \
+        out[j] = static_cast<float>(u[j]) >= tf ? h : 0.0f;                                    \
+      }                                                                                        \
+    }                                                                                          \
+    return;
+
+GPUOPT_CLONES void gated_forward_row(int act, const float* GPUOPT_RESTRICT g, const float* GPUOPT_RESTRICT v,
+                                     const uint16_t* GPUOPT_RESTRICT u, uint32_t t, float scale,
+                                     float* GPUOPT_RESTRICT out, int64_t n) {
+  const float tf = static_cast<float>(t);
+  switch (act) {
+    GPUOPT_GATED_FWD(kActRelu)
+    GPUOPT_GATED_FWD(kActGelu)
+    GPUOPT_GATED_FWD(kActGeluTanh)
+    GPUOPT_GATED_FWD(kActSilu)
+    default:
+      return;
+  }
+}
+
+// grad_gate: the expression of dg[j] from gh, g[j], v[j]; act'(g) for acts 1-3, relu's select g > 0 written out (as
+// act_derivative has none). Two loops, so the loop without dropout has no select on u.
+#define GPUOPT_GATED_BWD_BODY(kAct, grad_gate)          \
+  dv[j] = gh * act_forward<kAct, float, RowMath>(g[j]); \
+  dg[j] = grad_gate;
+#define GPUOPT_GATED_BWD(kAct, grad_gate)                                       \
+  case kAct:                                                                    \
+    if (u == nullptr) {                                                         \
+      for (int64_t j = 0; j < n; ++j) {                                         \
+        const float gh = go[j];                                                 \
+        GPUOPT_GATED_BWD_BODY(kAct, grad_gate)                                  \
+      }                                                                         \
+    } else {                                                                    \
+      for (int64_t j = 0; j < n; ++j) {                                         \
+        const float gh = static_cast<float>(u[j]) >= tf ? go[j] * scale : 0.0f; \
+        GPUOPT_GATED_BWD_BODY(kAct, grad_gate)                                  \
+      }                                                                         \
+    }                                                                           \
+    return;
+
+GPUOPT_CLONES void gated_backward_row(int act, const float* GPUOPT_RESTRICT go, const float* GPUOPT_RESTRICT g,
+                                      const float* GPUOPT_RESTRICT v, const uint16_t* GPUOPT_RESTRICT u, uint32_t t,
+                                      float scale, float* GPUOPT_RESTRICT dg, float* GPUOPT_RESTRICT dv, int64_t n) {
+  const float tf = static_cast<float>(t);
+  switch (act) {
+    GPUOPT_GATED_BWD(kActRelu, (g[j] > 0.0f ? gh * v[j] : 0.0f))
+    GPUOPT_GATED_BWD(kActGelu, (gh * v[j]) * (act_derivative<kActGelu, float, RowMath>(g[j])))
+    GPUOPT_GATED_BWD(kActGeluTanh, (gh * v[j]) * (act_derivative<kActGeluTanh, float, RowMath>(g[j])))
+    GPUOPT_GATED_BWD(kActSilu, (gh * v[j]) * (act_derivative<kActSilu, float, RowMath>(g[j])))
+    default:
+      return;
+  }
+}
+
+#undef GPUOPT_GATED_FWD
+#undef GPUOPT_GATED_BWD
+#undef GPUOPT_GATED_BWD_BODY
 #undef GPUOPT_ACT_LOOP
 
 GPUOPT_CLONES void to_float(const torch::headeronly::BFloat16* GPUOPT_RESTRICT src, float* GPUOPT_RESTRICT dst,

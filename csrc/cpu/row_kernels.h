@@ -62,6 +62,14 @@ void bias_act_row(int act, const float* x, const float* b, float* y, int64_t n);
 // dx = g * act'(x + b); pb += dx
 void bias_act_backward_row(int act, const float* g, const float* x, const float* b, float* dx, float* pb, int64_t n);
 
+// gated_act (acts 0-3), fused_math.h's gated_forward_element / gated_backward_element on fp32 runs:
+// out = keep ? (act(g) * v) * scale : 0, keep_j = (u[j] >= t); u == nullptr means no dropout (out = act(g) * v).
+void gated_forward_row(int act, const float* g, const float* v, const uint16_t* u, uint32_t t, float scale, float* out,
+                       int64_t n);
+// gh = keep ? go * scale : 0; dv = gh * act(g); dg = (gh * v) * act'(g) (relu: g > 0 ? gh * v : 0).
+void gated_backward_row(int act, const float* go, const float* g, const float* v, const uint16_t* u, uint32_t t,
+                        float scale, float* dg, float* dv, int64_t n);
+
 // Conversions of a row to / from fp32 (round to nearest even, as c10's own conversions).
 void to_float(const torch::headeronly::BFloat16* src, float* dst, int64_t n);
 void to_float(const torch::headeronly::Half* src, float* dst, int64_t n);
