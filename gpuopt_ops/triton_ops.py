@@ -13,12 +13,14 @@
         -> (out, sum, mean, rstd)
     torch.ops.gpuopt.triton_dropout_add_norm_backward(grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, p,
         rms, has_residual) -> (grad_x, grad_residual, grad_weight, grad_bias)
+    torch.ops.gpuopt.triton_gated_act(gate, up, seed, p, act) -> out
+    torch.ops.gpuopt.triton_gated_act_backward(grad_out, gate, up, seed, p, act) -> (grad_gate, grad_up)
 
 Same schemas, input checks (gpuopt_ops/checks.py: the C++ messages word for word), outputs and dropout
 bits as the C++ ops; autograd is that of the C++ ops (ops.register_ldr_autograd / register_norm_dropout_autograd /
-register_bias_relu_autograd / register_bias_act_autograd / register_dropout_add_norm_autograd). norm_dropout runs
-layer_norm_dropout_relu's kernels with its rms / relu flags as constexprs (rms=False, relu=True: the same kernels,
-the same bits).
+register_bias_relu_autograd / register_bias_act_autograd / register_dropout_add_norm_autograd /
+register_gated_act_autograd). norm_dropout runs layer_norm_dropout_relu's kernels with its rms / relu flags as
+constexprs (rms=False, relu=True: the same kernels, the same bits).
 The kernels are in triton_kernels/ (repository root), installed as gpuopt_ops.triton_kernels.
 
 On a GPU the ops run compiled Triton kernels, and torch.compile decomposes them into the kernels (Inductor sees
@@ -78,6 +80,7 @@ from torch.library import triton_op, wrap_triton  # noqa: E402
 from gpuopt_ops.triton_kernels import bias_relu as _BR  # noqa: E402
 from gpuopt_ops.triton_kernels import common as _COMMON  # noqa: E402
 from gpuopt_ops.triton_kernels import dropout_add_norm as _DAN  # noqa: E402
+from gpuopt_ops.triton_kernels import gated_act as _GA  # noqa: E402
 from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as _LDR  # noqa: E402
 
 from . import checks as V  # noqa: E402
@@ -85,6 +88,7 @@ from .ops import (  # noqa: E402
     register_bias_act_autograd,
     register_bias_relu_autograd,
     register_dropout_add_norm_autograd,
+    register_gated_act_autograd,
     register_ldr_autograd,
     register_norm_dropout_autograd,
 )
@@ -151,6 +155,8 @@ _KERNELS = {
         _DAN.dan_bwd_chunk_kernel,
         _COMMON.sum_partials_kernel,
     ],
+    "gpuopt::triton_gated_act": [_GA.gated_act_fwd_kernel],
+    "gpuopt::triton_gated_act_backward": [_GA.gated_act_bwd_kernel],
 }
 
 SCHEMAS = {
@@ -184,6 +190,11 @@ SCHEMAS = {
         "(Tensor grad_out, Tensor? grad_sum, Tensor sum, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd,"
         " Tensor seed, float p, bool rms, bool has_residual)"
         " -> (Tensor grad_x, Tensor grad_residual, Tensor grad_weight, Tensor grad_bias)"
+    ),
+    "gpuopt::triton_gated_act": "(Tensor gate, Tensor? up, Tensor seed, float p, int act) -> Tensor",
+    "gpuopt::triton_gated_act_backward": (
+        "(Tensor grad_out, Tensor gate, Tensor? up, Tensor seed, float p, int act)"
+        " -> (Tensor grad_gate, Tensor grad_up)"
     ),
 }
 
@@ -435,6 +446,30 @@ def _dan_backward(
     return grad_x, grad_res, grad_w, grad_b
 
 
+@_triton_op("gpuopt::triton_gated_act")
+def _gated_act(gate: torch.Tensor, up: Optional[torch.Tensor], seed: torch.Tensor, p: float, act: int) -> torch.Tensor:
+    _, f = V.check_gated_act(gate, up, seed, p, act)
+    gate = gate.contiguous()
+    out = torch.empty((*gate.shape[:-1], f), dtype=gate.dtype, device=gate.device)
+    if not _skip_launch(gate, "gated_act"):
+        _GA.launch_forward(gate, _contig(up), seed, out, p, act=act, wrap=_WRAP)
+    return out
+
+
+@_triton_op("gpuopt::triton_gated_act_backward")
+def _gated_act_backward(
+    grad_out: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Tensor], seed: torch.Tensor, p: float, act: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    V.check_gated_act_backward(grad_out, gate, up, seed, p, act)
+    gate = gate.contiguous()
+    # every element is written; one tensor [grad_gate | grad_up] for the [gate | up] layout, grad_up (0,) there
+    grad_gate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    grad_up = torch.empty(up.shape if up is not None else (0,), dtype=gate.dtype, device=gate.device)
+    if not _skip_launch(gate, "gated_act_backward"):
+        _GA.launch_backward(grad_out.contiguous(), gate, _contig(up), seed, grad_gate, grad_up, p, act=act, wrap=_WRAP)
+    return grad_gate, grad_up
+
+
 _OPDEFS = (
     _ldr_forward,
     _ldr_backward,
@@ -446,6 +481,8 @@ _OPDEFS = (
     _bias_act_backward,
     _dan_forward,
     _dan_backward,
+    _gated_act,
+    _gated_act_backward,
 )
 
 
@@ -482,12 +519,15 @@ triton_bias_act = torch.ops.gpuopt.triton_bias_act
 triton_bias_act_backward = torch.ops.gpuopt.triton_bias_act_backward
 triton_dropout_add_norm = torch.ops.gpuopt.triton_dropout_add_norm
 triton_dropout_add_norm_backward = torch.ops.gpuopt.triton_dropout_add_norm_backward
+triton_gated_act = torch.ops.gpuopt.triton_gated_act
+triton_gated_act_backward = torch.ops.gpuopt.triton_gated_act_backward
 
 register_ldr_autograd("gpuopt::triton_layer_norm_dropout_relu", triton_layer_norm_dropout_relu_backward)
 register_norm_dropout_autograd("gpuopt::triton_norm_dropout", triton_norm_dropout_backward)
 register_bias_relu_autograd("gpuopt::triton_bias_relu", triton_bias_relu_backward)
 register_bias_act_autograd("gpuopt::triton_bias_act", triton_bias_act_backward)
 register_dropout_add_norm_autograd("gpuopt::triton_dropout_add_norm", triton_dropout_add_norm_backward)
+register_gated_act_autograd("gpuopt::triton_gated_act", triton_gated_act_backward)
 
 __all__ = [
     "triton_layer_norm_dropout_relu",
@@ -500,5 +540,7 @@ __all__ = [
     "triton_bias_act_backward",
     "triton_dropout_add_norm",
     "triton_dropout_add_norm_backward",
+    "triton_gated_act",
+    "triton_gated_act_backward",
     "INTERPRETED",
 ]
