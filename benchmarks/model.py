@@ -54,7 +54,7 @@ def make_step(model: nn.Module, x: torch.Tensor):
     return step
 
 
-TRANSFORMER_MODELS = ("bert", "gpt2", "llama", "vit", "gemma", "t5", "opt")
+TRANSFORMER_MODELS = ("bert", "gpt2", "llama", "vit", "gemma", "t5", "opt", "mistral", "qwen2", "phi3")
 
 
 def transformer_model(name: str, width: int = 64, depth: int = 2, dropout: float = 0.1, batch: int = 3, seq: int = 12):
@@ -129,6 +129,36 @@ def transformer_model(name: str, width: int = 64, depth: int = 2, dropout: float
             max_position_embeddings=max(32, seq),
         )
         model = transformers.GemmaModel(config)
+    elif name in ("mistral", "qwen2"):
+        cls = transformers.MistralConfig if name == "mistral" else transformers.Qwen2Config
+        config = cls(
+            vocab_size=vocab,
+            hidden_size=width,
+            num_hidden_layers=depth,
+            num_attention_heads=heads,
+            num_key_value_heads=2,
+            intermediate_size=2 * width,
+            max_position_embeddings=max(32, seq),
+        )
+        model = (transformers.MistralModel if name == "mistral" else transformers.Qwen2Model)(config)
+    elif name == "phi3":
+        config = transformers.Phi3Config(
+            vocab_size=vocab,
+            hidden_size=width,
+            num_hidden_layers=depth,
+            num_attention_heads=heads,
+            num_key_value_heads=2,
+            intermediate_size=2 * width,
+            max_position_embeddings=max(32, seq),
+            original_max_position_embeddings=max(32, seq),
+            resid_pdrop=dropout,
+            embd_pdrop=dropout,
+            attention_dropout=0.0,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+        model = transformers.Phi3Model(config)
     elif name == "t5":
         config = transformers.T5Config(
             vocab_size=vocab,

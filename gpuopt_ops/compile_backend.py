@@ -15,7 +15,13 @@ Registered on `import gpuopt_ops`. In the FX graph Dynamo captures it rewrites
   `gpuopt_ops.norm_dropout` (the LayerNorm → ... → relu chains are the first rule's);
 - linear / addmm with a bias (addmm optionally through one view) → an activation into a bias-free matmul and
   `gpuopt_ops.bias_act`: `F.gelu` (both approximations), the tanh GELU written out as
-  `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`, and `F.silu`,
+  `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`, and `F.silu`;
+- the gated MLP of LLaMA-style models, `act(gate) * up` (either operand order) with act `F.silu`, `F.gelu` (both
+  approximations), relu, SiLU written out as `g * torch.sigmoid(g)`, or the tanh GELU written out (both forms above),
+  into one call of `gpuopt_ops.gated_act` (p = 0): two tensors of the same shape, dtype and device, or, when gate and
+  up are the two halves of one tensor's last dimension (`y.chunk(2, -1)`, `y.split(F, -1)`, `y[..., :F]` /
+  `y[..., F:]`: Phi-3's fused `gate_up_proj`), that tensor alone ([gate | up] layout). This rule runs first, so a
+  gate projection with a bias keeps its linear and the activation goes into the gated op,
 
 then compiles the graph with Inductor (forward and backward; AOTAutograd traces through the public functions, so
 each training call draws a fresh dropout seed from torch's generator on x's device, as in eager mode).
@@ -40,7 +46,7 @@ import torch.fx
 import torch.nn.functional as F
 
 from .modules import default_rms_eps
-from .ops import bias_act, bias_relu, dropout_add_norm, layer_norm_dropout_relu, norm_dropout
+from .ops import bias_act, bias_relu, dropout_add_norm, gated_act, layer_norm_dropout_relu, norm_dropout
 
 _LAYER_NORM = {F.layer_norm, torch.layer_norm}
 _DROPOUT = {F.dropout, torch.dropout}
@@ -57,6 +63,9 @@ _TANH = {torch.tanh, F.tanh}
 _POW = {torch.pow, operator.pow}
 _RSQRT = {torch.rsqrt}
 _ADDMM = {torch.addmm}
+_SIGMOID = {torch.sigmoid, F.sigmoid}
+_CHUNK = {torch.chunk}
+_SPLIT = {torch.split, torch.functional.split}
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
@@ -93,6 +102,10 @@ def _linear_bias_act(x, weight, bias, act):
 def _addmm_bias_act(bias, a, w, shape, act):
     y = torch.mm(a, w)
     return bias_act(y if shape is None else y.view(shape), _bias_like(y, bias), act=act)
+
+
+def _gated(gate, up, act):
+    return gated_act(gate, up, act=act, p=0.0, training=False)
 
 
 # ---------------------------------------------------------------------------------------------- proof obligations
@@ -916,6 +929,172 @@ def _rewrite_bias_act_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list
     return True
 
 
+# ---------------------------------------------------------------------------------------------- gated MLP
+def _gated_activation(a: Any, order: dict):
+    """(act name, gate, the activation's nodes) when a = act(gate): F.silu, F.gelu (either approximation), relu
+    (out of place), SiLU written out as `g * sigmoid(g)` (either order, function or method), or the tanh GELU
+    written out (_match_activation's two forms, gate with no user outside them); else None. Other users of the
+    nodes are checked by the proof obligations when the site is rewritten."""
+    if not isinstance(a, torch.fx.Node) or a.op not in ("call_function", "call_method") or not a.args:
+        return None
+    src = a.args[0]
+    if isinstance(src, torch.fx.Node) and len(a.args) == 1 and not _mutated(a):
+        if _is_relu(a):
+            return "relu", src, [a]
+        if _calls(a, _GELU) and set(a.kwargs) <= {"approximate"}:
+            approx = a.kwargs.get("approximate", "none")
+            if approx in ("none", "tanh"):
+                return ("gelu" if approx == "none" else "gelu_tanh"), src, [a]
+        if _calls(a, _SILU) and set(a.kwargs) <= {"inplace"}:
+            return "silu", src, [a]
+    ops = _operands(a, _MUL, "mul")
+    if ops is None:
+        return None
+    for g, s in (ops, ops[::-1]):  # g * sigmoid(g)
+        if (
+            isinstance(g, torch.fx.Node)
+            and _calls(s, _SIGMOID, ("sigmoid",))
+            and len(s.args) == 1
+            and not s.kwargs
+            and s.args[0] is g
+        ):
+            return "silu", g, [s, a]
+    for o in ops:  # the tanh GELU written out: 0.5 * g * (1 + tanh(...)), rooted at its gate
+        g = _node_and_const(o, _MUL, "mul", 0.5) if isinstance(o, torch.fx.Node) else None
+        if g is None:
+            continue
+        found = _match_activation(g)
+        if found is None or found[1] is not a:
+            continue
+        nodes, stack = set(), [a]
+        while stack:
+            n = stack.pop()
+            if n in nodes or n is g:
+                continue
+            nodes.add(n)
+            stack.extend(i for i in n.all_input_nodes if order[i] > order[g])
+        return found[0], g, sorted(nodes, key=order.__getitem__)
+    return None
+
+
+def _last_dim(node: torch.fx.Node, dim: Any) -> bool:
+    v = _value(node)
+    return v is not None and type(dim) is int and dim in (-1, v.dim() - 1)
+
+
+def _halves(gate: torch.fx.Node, up: torch.fx.Node):
+    """(y, views) when gate and up are the first and the second half of y's last dimension: getitem 0 and 1 of one
+    `y.chunk(2, -1)` / `y.split(F, -1)` (or [F, F]), or `y[..., :F]` and `y[..., F:]`; views are the nodes that
+    take them apart. Else None."""
+    if not all(n.op == "call_function" and n.target is operator.getitem and len(n.args) == 2 for n in (gate, up)):
+        return None
+    c, i = gate.args
+    if up.args[0] is c and isinstance(c, torch.fx.Node) and i == 0 and up.args[1] == 1 and c.args:
+        y = c.args[0]
+        yv = _value(y)
+        if not isinstance(y, torch.fx.Node) or yv is None or yv.dim() < 1 or yv.shape[-1] % 2:
+            return None
+        half = yv.shape[-1] // 2
+        if _calls(c, _CHUNK, ("chunk",)) and set(c.kwargs) <= {"dim", "chunks"}:
+            ok = _arg(c, 1, "chunks", None) == 2 and _last_dim(y, _arg(c, 2, "dim", 0))
+        elif _calls(c, _SPLIT, ("split",)) and set(c.kwargs) <= {"dim", "split_size", "split_size_or_sections"}:
+            size = _arg(c, 1, "split_size", None) if c.op == "call_method" else None
+            size = size if size is not None else _arg(c, 1, "split_size_or_sections", None)
+            sizes = list(size) if isinstance(size, (list, tuple)) else [size, size]
+            ok = sizes == [half, half] and _last_dim(y, _arg(c, 2, "dim", 0))
+        else:
+            ok = False
+        return (y, [c]) if ok else None
+    y = gate.args[0]
+    if up.args[0] is not y or not isinstance(y, torch.fx.Node):
+        return None
+    yv = _value(y)
+    if yv is None or yv.dim() < 1 or yv.shape[-1] % 2:
+        return None
+    half = yv.shape[-1] // 2
+
+    def last_slice(index):  # the slice of the last dimension when the index leaves every other one whole
+        if not isinstance(index, tuple) or not index or not isinstance(index[-1], slice):
+            return None
+        lead = index[:-1]
+        whole = slice(None, None, None)
+        if lead == (Ellipsis,) or (len(lead) == yv.dim() - 1 and all(s == whole for s in lead)):
+            return index[-1]
+        return None
+
+    g, u = last_slice(gate.args[1]), last_slice(up.args[1])
+    if g is None or u is None or g.step not in (None, 1) or u.step not in (None, 1):
+        return None
+    if g.start in (None, 0) and g.stop == half and u.start == half and u.stop in (None, 2 * half):
+        return y, []
+    return None
+
+
+def _rewrite_gated_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
+    """act(gate) * up (either order) → one gated_act call; [gate | up] halves of one tensor → its packed layout."""
+    ops = _operands(node, _MUL, "mul")
+    if ops is None or not all(isinstance(o, torch.fx.Node) for o in ops):
+        return False
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for a, up in (ops, ops[::-1]):
+        found = _gated_activation(a, order)
+        if found is None:
+            continue
+        act, gate, act_nodes = found
+        if up is a or up in act_nodes or gate is up:
+            continue
+        gv, uv = _value(gate), _value(up)
+        if gv is None or uv is None or gv.dtype not in _DTYPES or gv.device.type not in ("cpu", "cuda"):
+            continue
+        if gv.dim() < 1 or gv.shape[-1] < 1 or not _same_like(up, gv):
+            continue  # gate and up of one shape, dtype and device: no broadcasting, no type promotion
+        if not (_same_like(a, gv) and _same_like(node, gv)):
+            continue  # the activation and the product in gate's dtype and shape
+        dead = {*act_nodes, node}
+        packed = _halves(gate, up)
+        if packed is not None:
+            y, views = packed
+            yv = _value(y)
+            if yv.dtype != gv.dtype or yv.device != gv.device or tuple(yv.shape[:-1]) != tuple(gv.shape[:-1]):
+                continue
+            for n in (gate, up, *views):  # the getitems / chunk go too, unless something else reads them
+                if set(n.users) <= dead:
+                    dead.add(n)
+            inputs = [y]
+        else:
+            inputs = [gate, up]
+        if not _provably_same(graph, dead, inputs, node, [node]):
+            continue
+        with graph.inserting_before(node):
+            new = graph.call_function(_gated, (inputs[0], inputs[1] if len(inputs) == 2 else None, act))
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        for n in sorted(dead, key=order.__getitem__, reverse=True):
+            graph.erase_node(n)
+        what = "[gate | up] halves" if packed is not None else "gate, up"
+        log.append(f"{act}(gate) * up ({node.name}, {what}) -> gpuopt::gated_act ({act})")
+        return True
+    return False
+
+
+def _rewrite_gated(gm: torch.fx.GraphModule, log: list[str]) -> int:
+    """The gated-MLP rule, before the others: a gate projection with a bias keeps its linear (the matmul's bias
+    add) and its activation goes into gated_act rather than bias_act / bias_relu."""
+    graph = gm.graph
+    count = 0
+    for node in list(graph.nodes):
+        if (
+            node.graph is graph
+            and node.op in ("call_function", "call_method")
+            and _rewrite_gated_site(graph, node, log)
+        ):
+            count += 1
+    if count:
+        graph.lint()
+        gm.recompile()
+    return count
+
+
 def _rewrite_blocks(gm: torch.fx.GraphModule, log: list[str]) -> int:
     graph = gm.graph
     count = 0
@@ -937,6 +1116,7 @@ def _rewrite_blocks(gm: torch.fx.GraphModule, log: list[str]) -> int:
 def rewrite_graph(gm: torch.fx.GraphModule, verbose: bool = False) -> list[str]:
     """Rewrites the patterns in gm in place; returns one line per rewrite (printed when verbose)."""
     log: list[str] = []
+    _rewrite_gated(gm, log)
     _rewrite(gm, log)
     _rewrite_blocks(gm, log)
     if verbose:

@@ -10,6 +10,8 @@ Parameter names, shapes and initialisation match the unfused PyTorch modules, so
 - `FusedDropoutAddRMSNorm`     ≙ nn.RMSNorm(dropout(x) + residual)     (parameter `weight`)
 - `FusedLayerNormDropout`      ≙ nn.LayerNorm → nn.Dropout (→ nn.ReLU) (parameters `weight`, `bias`)
 - `FusedRMSNormDropout`        ≙ nn.RMSNorm → nn.Dropout (→ nn.ReLU)   (parameter `weight`)
+- `GatedMLP`                   ≙ HF LLaMA's MLP, down(act(gate(x)) * up(x)) (`gate_proj`, `up_proj`, `down_proj`;
+                                 fused=True: Phi-3's `gate_up_proj`, `down_proj`)
 
 `backend` is "auto" (CUDA kernels on CUDA tensors, C++ on CPU), "cuda", "cpu" or "triton" (see backends.py).
 """
@@ -32,6 +34,7 @@ from .ops import (
     bias_act,
     bias_relu,
     dropout_add_norm,
+    gated_act,
     layer_norm_dropout_relu,
     norm_dropout,
 )
@@ -373,6 +376,65 @@ class FusedRMSNormDropout(_FusedNormDropout):
         self._setup_nd(normalized_shape, p, eps, activation, backend)
         _norm_parameters(self, elementwise_affine, None, {"device": device, "dtype": dtype})
         self.reset_parameters()
+
+
+class GatedMLP(nn.Module):
+    """The gated MLP of LLaMA-style models, `down_proj(dropout(act(gate_proj(x)) * up_proj(x)))`, with the
+    activation, the product and the dropout in one gpuopt_ops.gated_act call (SwiGLU: act "silu"; GeGLU: "gelu",
+    "gelu_tanh"; ReGLU: "relu").
+
+    Parameters and state-dict names are HF transformers' LlamaMLP / MistralMLP / Qwen2MLP / GemmaMLP layout:
+    `gate_proj`, `up_proj` (Linear hidden → intermediate) and `down_proj` (intermediate → hidden), each an
+    nn.Linear with nn.Linear's initialisation, biases when bias=True (LLaMA's mlp_bias). fused=True keeps Phi-3's
+    layout instead: one `gate_up_proj` of 2 * intermediate_size output rows, the gate's rows first, whose output
+    the op reads as [gate | up] without splitting it. Dropout (p, on the gated activation, before down_proj) is on
+    in training only; its seed is drawn from torch's generator on x's device, so torch.manual_seed reproduces it.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        act: str = "silu",
+        bias: bool = False,
+        p: float = 0.0,
+        fused: bool = False,
+        backend: str = "auto",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        if act not in ACTIVATIONS:
+            raise ValueError(f"GatedMLP: act must be one of {', '.join(map(repr, ACTIVATIONS))}, got {act!r}")
+        if not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.hidden_size = int(hidden_size)
+        self.intermediate_size = int(intermediate_size)
+        self.act = act
+        self.p = float(p)
+        self.fused = bool(fused)
+        self.backend = resolve_backend(backend)
+        factory = {"bias": bool(bias), "device": device, "dtype": dtype}
+        if self.fused:
+            self.gate_up_proj = nn.Linear(self.hidden_size, 2 * self.intermediate_size, **factory)
+        else:
+            self.gate_proj = nn.Linear(self.hidden_size, self.intermediate_size, **factory)
+            self.up_proj = nn.Linear(self.hidden_size, self.intermediate_size, **factory)
+        self.down_proj = nn.Linear(self.intermediate_size, self.hidden_size, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            gate, up = self.gate_up_proj(x), None
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        h = gated_act(gate, up, act=self.act, p=self.p, training=self.training, backend=self.backend)
+        return self.down_proj(h)
+
+    def extra_repr(self) -> str:
+        return (
+            f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, act={self.act!r}, "
+            f"p={self.p}, fused={self.fused}, backend={self.backend!r}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- unfused twins
