@@ -127,7 +127,7 @@ def check_ldr(ops, m, n, dtype, params, p, *, x_unaligned=False, params_unaligne
 
 
 def test_schemas_are_the_real_ones(emu):
-    names = ["layer_norm_dropout_relu", "bias_relu", "bias_act", "dropout_add_norm", "norm_dropout"]
+    names = ["layer_norm_dropout_relu", "bias_relu", "bias_act", "dropout_add_norm", "norm_dropout", "gated_act"]
     for name in names + [f"{n}_backward" for n in names]:
         real = str(getattr(cpu, name).default._schema).replace("gpuopt::", "")
         ours = str(getattr(emu, name).default._schema).replace("gpuopt_emu::", "")
@@ -631,3 +631,186 @@ def test_missing_arch_message(emu):
     assert 'built with TORCH_CUDA_ARCH_LIST="8.0;9.0+PTX"' in msg
     assert 'TORCH_CUDA_ARCH_LIST="7.5" pip install --no-build-isolation .' in msg
     assert 'backend="triton"' in msg
+
+
+# ---------------------------------------------------------------------------------------------------- gated_act
+# gated_act_kernels.cuh: groups of 8 consecutive OUTPUT elements (the Philox groups), a thread taking groups t, t + T,
+# ... of a persistent grid of 256-thread blocks, U = 2 a grid stride on the 16-byte path (fp64: 1) and 1 element by
+# element. The 16-byte path: every buffer 16-byte aligned, and two tensors (one flat row: only the last group of
+# the whole problem can be partial, taken element by element after the loop) or packed with F % 8 == 0. Otherwise
+# element by element, the walk into the [gate | up] rows wrapping at each row end (several times a group at F < 8).
+# A 1-SM, 1-block device gives a grid stride of 256 threads (512 or 256 groups), so these shapes take many strides.
+@pytest.fixture
+def one_block_device(emu):
+    old = emu.configure(1, 1)
+    yield emu
+    emu.configure(*old)
+
+
+def gated_inputs(m, f, dtype, packed, seed=0):
+    g0 = torch.Generator().manual_seed(seed)
+    gate = (1.5 * torch.randn(m, 2 * f if packed else f, generator=g0, dtype=torch.float64)).to(dtype)
+    up = None if packed else torch.randn(m, f, generator=g0, dtype=torch.float64).to(dtype)
+    grad_out = torch.randn(m, f, generator=g0, dtype=torch.float64).to(dtype)
+    return gate, up, grad_out
+
+
+def run_gated(ops, gate, up, grad_out, seed, p, act):
+    out = ops.gated_act(gate, up, seed, p, act)
+    gg, gu = ops.gated_act_backward(grad_out, gate, up, seed, p, act)
+    return out, gg, gu
+
+
+def split_packed(gate):
+    f = gate.shape[-1] // 2
+    return gate[..., :f].contiguous(), gate[..., f:].contiguous()
+
+
+@pytest.mark.parametrize("act", [0, 1, 2, 3])
+def test_gated_act_unaligned_and_deterministic(one_block_device, act):
+    """Unaligned views take the element-by-element kernels and give the 16-byte path's bits (the same per-element
+    math, the same keep bits); a second run gives the same bits; the launches are one kernel a direction."""
+    ops = one_block_device
+    m, f = 37, 200  # 7400 elements: 925 groups, two grid strides of the 16-byte path, four element by element
+    gate, up, go = gated_inputs(m, f, torch.bfloat16, packed=False, seed=act)
+    s = seed_tensor(17)
+    ops.take_launches()
+    vec = run_gated(ops, gate, up, go, s, 0.3, act)
+    assert [e.split()[0] for e in ops.take_launches()] == ["gated_act_forward_kernel", "gated_act_backward_kernel"]
+    scalar = run_gated(ops, unaligned(gate), unaligned(up), unaligned(go), s, 0.3, act)
+    for name, a, b in zip(("out", "grad_gate", "grad_up"), vec, scalar):
+        assert not a.isnan().any(), f"{name}: a never-written (poisoned) element"
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{name}: scalar path differs from vectors"
+    again = run_gated(ops, gate, up, go, s, 0.3, act)
+    for a, b in zip(vec, again):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+# F: 1 and 3 (a group spans several rows), 7 and 13 (a row end inside most groups), 8 and 64 (the 16-byte path),
+# 1000 (the 16-byte path, rows longer than a grid stride's share of a row).
+@pytest.mark.parametrize("f", [1, 3, 7, 8, 13, 64, 1000])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, pytest.param(torch.float64, marks=slow)], ids=lambda d: str(d)[6:]
+)
+def test_gated_act_packed_equals_two_tensors(one_block_device, f, dtype):
+    """The [gate | up] layout gives the two-tensor layout's bits (out, and grad_gate / grad_up as the halves of
+    the one gradient), aligned or not, and both match the fp64 reference."""
+    ops = one_block_device
+    m = max(3, 3000 // f)
+    gate, _, go = gated_inputs(m, f, dtype, packed=True, seed=f)
+    s = seed_tensor(3)
+    g, u = split_packed(gate)
+    for act, p in ((3, 0.0), (2, 0.25)):
+        packed = run_gated(ops, gate, None, go, s, p, act)
+        two = run_gated(ops, g, u, go, s, p, act)
+        assert packed[2].shape == (0,) and packed[1].shape == gate.shape
+        assert torch.equal(packed[0], two[0]), "out"
+        assert torch.equal(packed[1][:, :f], two[1]) and torch.equal(packed[1][:, f:], two[2]), "grad halves"
+        moved = run_gated(ops, unaligned(gate), None, unaligned(go), s, p, act)
+        for a, b in zip(packed, moved):
+            assert torch.equal(a, b), "unaligned packed buffers"
+        ref = R.gated_act(g.double(), u.double(), act, s, p)
+        low = R.gated_act(g, u, act, s, p)
+        fl = FLOORS[dtype]
+        assert_close_to_reference("out", two[0], ref, low, fl)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["two", "packed"])
+@pytest.mark.parametrize("f", [5, 24, 100])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_gated_act_keep_bits_are_the_reference_mask(one_block_device, packed, f, p):
+    """relu(1) * 1 = 1 before the dropout: out is the scale exactly where the reference mask (DESIGN.md section
+    2, at the output's linear index r F + c) keeps, an exact 0 elsewhere; grad_up (= g * scale * relu(1)) and
+    grad_gate are 0 exactly where dropped, nonzero where kept."""
+    ops = one_block_device
+    m = 41
+    gate = torch.ones(m, 2 * f if packed else f)
+    up = None if packed else torch.ones(m, f)
+    go = torch.ones(m, f)
+    s = seed_tensor(1234567)
+    out, gg, gu = run_gated(ops, gate, up, go, s, p, 0)
+    keep = R.dropout_keep_mask(R.seed_value(s), m, f, p)
+    t = R.dropout_threshold(p)
+    scale = torch.tensor(65536.0 / (65536 - t), dtype=torch.float64).to(torch.float32)
+    assert torch.equal(out != 0, keep) and torch.equal(out[keep], scale.expand(int(keep.sum())))
+    grad_up = gg[:, f:] if packed else gu
+    grad_gate = gg[:, :f] if packed else gg
+    assert torch.equal(grad_up != 0, keep) and torch.equal(grad_gate != 0, keep)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["two", "packed"])
+def test_gated_act_p1_exact_zeros(one_block_device, packed):
+    """p = 1 drops everything through the select: out is +0 exactly even where act(gate) * up is inf or NaN, and
+    both gradients are exact zeros (finite inputs: 0 * act(gate) is 0)."""
+    ops = one_block_device
+    m, f = 9, 40
+    gate, up, go = gated_inputs(m, f, torch.float32, packed)
+    s = seed_tensor(2)
+    _, gg, gu = run_gated(ops, gate, up, go, s, 1.0, 3)
+    assert torch.equal(gg, torch.zeros_like(gg)) and torch.equal(gu, torch.zeros_like(gu))
+    gate[0, 0], gate[1, 1] = float("inf"), float("nan")
+    out = ops.gated_act(gate, up, s, 1.0, 3)
+    assert torch.equal(out.view(torch.int32), torch.zeros(m, f, dtype=torch.int32)), "+0 everywhere"
+
+
+def test_gated_act_block_order_independent(small_device, monkeypatch):
+    """Blocks run in reverse order give the same bits (every element is written once, by one thread)."""
+    gate, _, go = gated_inputs(50, 1000, torch.bfloat16, packed=True)
+    a = run_gated(small_device, gate, None, go, seed_tensor(9), 0.3, 1)
+    monkeypatch.setenv("GPUOPT_EMU_BLOCK_ORDER", "reverse")
+    c = run_gated(small_device, gate, None, go, seed_tensor(9), 0.3, 1)
+    for u, v in zip(a, c):
+        assert torch.equal(u, v)
+
+
+def test_gated_act_empty_rows_launch_nothing(emu):
+    """M = 0: empty outputs of the right shapes, no kernel launched."""
+    emu.take_launches()
+    s = seed_tensor(1)
+    out, gg, gu = run_gated(emu, torch.empty(0, 16), torch.empty(0, 16), torch.empty(0, 16), s, 0.5, 3)
+    assert out.shape == (0, 16) and gg.shape == (0, 16) and gu.shape == (0, 16)
+    out, gg, gu = run_gated(emu, torch.empty(2, 0, 32), None, torch.empty(2, 0, 16), s, 0.5, 3)
+    assert out.shape == (2, 0, 16) and gg.shape == (2, 0, 32) and gu.shape == (0,)
+    assert emu.take_launches() == []
+
+
+def test_gated_act_fp64_and_fp16(one_block_device):
+    """fp64 (one group a thread on the 16-byte path) and fp16 against the fp64 reference, both layouts, odd F."""
+    for dtype in (torch.float64, torch.float16):
+        for packed, f in ((False, 77), (True, 24), (True, 9)):
+            gate, up, go = gated_inputs(13, f, dtype, packed, seed=f)
+            s = seed_tensor(8)
+            out, gg, gu = run_gated(one_block_device, gate, up, go, s, 0.2, 1)
+            g, u = split_packed(gate) if packed else (gate, up)
+            gr, ur = (t.detach().double().clone().requires_grad_() for t in (g, u))
+            ref = R.gated_act(gr, ur, 1, s, 0.2)
+            ref.backward(go.double())
+            gl, ul = (t.detach().clone().requires_grad_() for t in (g, u))
+            low = R.gated_act(gl, ul, 1, s, 0.2)
+            low.backward(go)
+            grad_gate, grad_up = (gg[:, :f], gg[:, f:]) if packed else (gg, gu)
+            fl = FLOORS[dtype]
+            assert_close_to_reference("out", out, ref.detach(), low.detach(), fl)
+            assert_close_to_reference("grad_gate", grad_gate, gr.grad, gl.grad, fl)
+            assert_close_to_reference("grad_up", grad_up, ur.grad, ul.grad, fl)
+
+
+# The walk's index arithmetic past 2^31 (no emulated tensor is that large): the gate-layout offset of output
+# element i is (i // row) * ld + i % row, for every group a thread visits, at the grid stride of an H100 wave.
+@pytest.mark.parametrize(
+    "n,row,ld",
+    [
+        (2**33 + 8 * 3, 28672, 2 * 28672),  # packed, F = 28672: M F past 2^33
+        (3 * 2**31 + 40, 3 * 2**31 + 40, 3 * 2**31 + 40),  # two tensors: one flat row past 2^32
+        (2**32 + 96, 12, 24),  # packed, F = 12 (element by element: row ends inside groups)
+        (2**32 + 5, 1, 2),  # packed, F = 1: a group spans 8 rows
+    ],
+)
+def test_gated_act_walk_offsets_past_2_31(emu, n, row, ld):
+    step = 132 * 8 * 256 * 8  # 132 SMs x 8 blocks x 256 threads, 8 elements a group
+    for first in (0, 8 * 1234, step - 8):
+        count = (n - 1 - first) // step + 1  # every group of this thread: the whole walk, to the end of n
+        got = emu.gated_walk_offsets(n, row, ld, step, first, count)
+        visited = range(first, first + count * step, step)
+        assert visited[-1] < n <= visited[-1] + step
+        assert got == [(i // row) * ld + i % row for i in visited] and got[-1] > 2**32

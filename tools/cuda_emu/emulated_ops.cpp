@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/arch_message.h"
+#include "cuda/gated_act_glue.h"
 #include "cuda/launch.cuh"
 #include "cuda/ops_glue.h"
 #include "cuda_emu.h"
@@ -112,6 +113,21 @@ std::vector<std::string> take_launches() {
   return out;
 }
 
+// gated_act's walk (gated_act_kernels.cuh) on the host, for index arithmetic past 2^31 that no emulated tensor can
+// reach: the gate-layout offsets of the groups a thread visits, from output element `first` (8t) on, one grid
+// stride of `step` elements apart, `count` of them.
+std::vector<int64_t> gated_walk_offsets(int64_t n, int64_t row, int64_t ld, int64_t step, int64_t first,
+                                        int64_t count) {
+  const dev::GatedGeometry geo = cuda::gated_geometry(n, row, ld, step);
+  dev::GatedWalk w = dev::gated_walk_at(first, geo);
+  std::vector<int64_t> out;
+  for (int64_t k = 0; k < count; ++k) {
+    out.push_back(w.g);
+    dev::gated_walk_step(w, geo);
+  }
+  return out;
+}
+
 // The CUDA backend's error for a GPU outside the build's TORCH_CUDA_ARCH_LIST (cuda_launcher.h raises it).
 std::string missing_arch_message(int64_t major, int64_t minor, int64_t device, std::string name,
                                  std::string built_for) {
@@ -128,6 +144,7 @@ STABLE_TORCH_LIBRARY(gpuopt_emu, m) {
   m.def("configure(int sm_count, int max_blocks_per_sm, int shared_per_block=232448) -> int[]");
   m.def("take_launches() -> str[]");
   m.def("missing_arch_message(int major, int minor, int device, str name, str built_for) -> str");
+  m.def("gated_walk_offsets(int n, int row, int ld, int step, int first, int count) -> int[]");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(gpuopt_emu, CPU, m) {
@@ -141,6 +158,8 @@ STABLE_TORCH_LIBRARY_IMPL(gpuopt_emu, CPU, m) {
   m.impl("dropout_add_norm_backward", TORCH_BOX(&gpuopt::dan_backward_op<gpuopt::EmuBackend>));
   m.impl("norm_dropout", TORCH_BOX(&gpuopt::nd_forward_op<gpuopt::EmuBackend>));
   m.impl("norm_dropout_backward", TORCH_BOX(&gpuopt::nd_backward_op<gpuopt::EmuBackend>));
+  m.impl("gated_act", TORCH_BOX(&gpuopt::gated_act_op<gpuopt::EmuBackend>));
+  m.impl("gated_act_backward", TORCH_BOX(&gpuopt::gated_act_backward_op<gpuopt::EmuBackend>));
 }
 
 // Ops without tensor arguments dispatch to CompositeExplicitAutograd (no dispatch key comes from their inputs).
@@ -148,4 +167,5 @@ STABLE_TORCH_LIBRARY_IMPL(gpuopt_emu, CompositeExplicitAutograd, m) {
   m.impl("configure", TORCH_BOX(&gpuopt::configure));
   m.impl("take_launches", TORCH_BOX(&gpuopt::take_launches));
   m.impl("missing_arch_message", TORCH_BOX(&gpuopt::missing_arch_message));
+  m.impl("gated_walk_offsets", TORCH_BOX(&gpuopt::gated_walk_offsets));
 }

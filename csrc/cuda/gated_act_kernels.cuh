@@ -1,0 +1,260 @@
+// CUDA kernels of gpuopt::gated_act and its backward (DESIGN.md sections 1 and 3): out = dropout(act(gate) * up),
+// element-wise. The work unit is a group of 8 consecutive elements of the OUTPUT's linear order (indices 8q ..
+// 8q + 7), which is exactly the Philox group q of the dropout contract: one Philox call a group, whatever F.
+// Where a group's inputs live is a walk over the rows of the output:
+//   two tensors  gate, up, out (and grad_out, grad_gate, grad_up) all (M, F) contiguous: a flat problem of n = M F
+//                elements; the launcher sets row = n, so element i sits at offset i of every buffer.
+//   packed       gate (M, 2F) holds [gate | up]: output element i = r F + c reads gate[r 2F + c] and
+//                up = gate + F at the same offset; the backward writes grad_gate and grad_up (= grad_gate + F) at
+//                that offset too; out and grad_out are (M, F) at i. row = F, ld = 2F.
+// A thread takes the groups t, t + T, t + 2T, ... (T threads in the grid, a persistent one-wave grid), U of them
+// a grid stride, all their loads issued before the first one is used. Its walk (the column of its group's first
+// element and that element's offset in the gate layout) advances by the grid stride's 8T elements with one add
+// and one conditional wrap a group, from constants the launcher computes (no division in the loop).
+// kVec: 16-byte vectors (the launcher's choice: every pointer 16-byte aligned and no group crossing a row, i.e.
+// two tensors, or packed with F % 8 == 0); the flat problem's last group, when n % 8 != 0, is then taken element
+// by element by one thread after the loop. Otherwise every group goes element by element, its walk wrapping at
+// each row end (F < 8: a group spans several rows).
+#pragma once
+#include <cstdint>
+
+#include "cuda/kernel_utils.cuh"
+#include "cuda/launch_config.h"
+#include "fused_math.h"
+
+namespace gpuopt {
+namespace cuda {
+
+constexpr int kGatedThreads = 256;  // threads a block of both kernels (their __launch_bounds__)
+
+// Groups a thread takes per grid stride (all loads first) on the vector path: 16-bit and fp32, 2 (forward: 64 or
+// 128 bytes of gate and up in flight a thread; backward: 96 or 192 with grad_out); fp64 1 (its groups are 64 bytes
+// a tensor). The element-by-element path takes 1 (its walk wraps per element: two groups of it spill).
+constexpr int gated_unroll(int elem, bool vec) { return elem == 8 || !vec ? 1 : 2; }
+
+}  // namespace cuda
+
+namespace dev {
+
+// The output-order walk of a thread: its current group's first element i = 8q lies in column c of a row of
+// `row` elements, at offset g = (i / row) * ld + c of the gate-layout buffers.
+struct GatedWalk {
+  int64_t c;
+  int64_t g;
+};
+
+// The walk's geometry, computed by the launcher: step = 8T elements = step_rows * row + step_col, step_col < row.
+struct GatedGeometry {
+  int64_t n;         // output elements, M F (> 0)
+  int64_t row;       // output elements a row as the walk sees it: F (packed) or n (two tensors)
+  int64_t ld;        // row stride of the gate-layout buffers: 2F (packed) or n (two tensors)
+  int64_t step_col;  // (8T) % row
+  int64_t step_off;  // (8T) / row * ld + step_col: the offset change of one grid stride, before a wrap
+  int64_t wrap;      // ld - row: added when the column passes the row's end
+};
+
+// The walk at output element i: a thread's first group (i = 8t < 2^32, plan_gated checks it), or the flat
+// problem's tail (i < row). One 32-bit division at most (a 64-bit one would be a call, with a stack frame).
+GPUOPT_HOST_DEV GatedWalk gated_walk_at(int64_t i, const GatedGeometry& geo) {
+  if (i < geo.row) return GatedWalk{i, i};
+  const int64_t r = static_cast<uint32_t>(i) / static_cast<uint32_t>(geo.row);  // row < i < 2^32
+  const int64_t c = i - r * geo.row;
+  return GatedWalk{c, r * geo.ld + c};
+}
+
+// The walk one grid stride (8T elements) on.
+GPUOPT_HOST_DEV void gated_walk_step(GatedWalk& w, const GatedGeometry& geo) {
+  w.c += geo.step_col;
+  w.g += geo.step_off;
+  if (w.c >= geo.row) {
+    w.c -= geo.row;
+    w.g += geo.wrap;
+  }
+}
+
+// The group of 8 elements at walk w, `valid` of them (the rest read as 0), from a gate-layout buffer. Element by
+// element the walk wraps at each row end.
+template <bool kVec, typename S>
+GPUOPT_DEV void gated_load(const S* __restrict__ base, GatedWalk w, int valid, const GatedGeometry& geo,
+                           Group<S>& out) {
+  if (kVec) {
+    load_raw_group(base + w.g, kGroup, true, out);
+  } else {
+    int64_t c = w.c, g = w.g;
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      out.v[j] = j < valid ? base[g] : from_acc<S>(acc_t_of<S>(0));
+      ++g;
+      if (++c == geo.row) {
+        c = 0;
+        g += geo.wrap;
+      }
+    }
+  }
+}
+
+template <bool kVec, typename S, typename A>
+GPUOPT_DEV void gated_store(S* __restrict__ base, GatedWalk w, int valid, const GatedGeometry& geo,
+                            const A (&v)[kGroup]) {
+  if (kVec) {
+    store_group(base + w.g, kGroup, true, v);
+  } else {
+    int64_t c = w.c, g = w.g;
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      if (j < valid) base[g] = from_acc<S>(v[j]);
+      ++g;
+      if (++c == geo.row) {
+        c = 0;
+        g += geo.wrap;
+      }
+    }
+  }
+}
+
+template <typename S>
+struct GatedForwardParams {
+  const S* gate;
+  const S* up;  // packed: gate + F
+  const int64_t* seed;
+  S* out;  // (M, F)
+  GatedGeometry geo;
+  acc_t_of<S> scale;
+  uint32_t threshold;
+};
+
+template <typename S>
+struct GatedBackwardParams {
+  const S* grad_out;  // (M, F)
+  const S* gate;
+  const S* up;  // packed: gate + F
+  const int64_t* seed;
+  S* grad_gate;
+  S* grad_up;  // packed: grad_gate + F
+  GatedGeometry geo;
+  acc_t_of<S> scale;
+  uint32_t threshold;
+};
+
+// One group of the forward: keep bits of Philox group q, gated_forward_element per element, the output at 8q.
+template <int kAct, bool kVec, typename S>
+GPUOPT_DEV void gated_forward_group(const GatedForwardParams<S>& p, const GroupDropout<false>& drop, int64_t q,
+                                    int valid, const Group<S>& gv, const Group<S>& uv) {
+  using A = acc_t_of<S>;
+  A ga[kGroup], ua[kGroup], o[kGroup];
+  unpack_group(gv, ga);
+  unpack_group(uv, ua);
+  bool keep[kGroup];
+  drop.keep(q, keep);
+#pragma unroll
+  for (int j = 0; j < kGroup; ++j) o[j] = gated_forward_element<kAct, A>(ga[j], ua[j], keep[j], p.scale);
+  store_group(p.out + q * kGroup, valid, kVec, o);
+}
+
+template <typename S, int kAct, bool kVec>
+__global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_forward_kernel(GatedForwardParams<S> p) {
+  constexpr int U = cuda::gated_unroll(sizeof(S), kVec);
+  const GatedGeometry& geo = p.geo;
+  // every thread of the grid is here (no return before it): the constructor's warp shuffles see full warps
+  const GroupDropout<false> drop(read_seed(p.seed, p.threshold), p.threshold);
+  const int64_t T = int64_t(gridDim.x) * blockDim.x;
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t groups = kVec ? geo.n / kGroup : ceil_div(geo.n, kGroup);  // kVec: whole groups; the tail after
+  GatedWalk w = gated_walk_at(t * kGroup, geo);
+  for (int64_t q = t; q < groups; q += U * T) {
+    Group<S> gv[U], uv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t qu = q + u * T;
+      if (qu < groups) {
+        const int valid = kVec ? kGroup : static_cast<int>(min64(kGroup, geo.n - qu * kGroup));
+        gated_load<kVec>(p.gate, w, valid, geo, gv[u]);
+        gated_load<kVec>(p.up, w, valid, geo, uv[u]);
+      }
+      gated_walk_step(w, geo);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t qu = q + u * T;
+      if (qu < groups) {
+        const int valid = kVec ? kGroup : static_cast<int>(min64(kGroup, geo.n - qu * kGroup));
+        gated_forward_group<kAct, kVec>(p, drop, qu, valid, gv[u], uv[u]);
+      }
+    }
+  }
+  if (kVec && geo.n % kGroup != 0 && t == T - 1) {  // the flat problem's last, partial group
+    const int64_t q = groups;
+    const int valid = static_cast<int>(geo.n - q * kGroup);
+    const GatedWalk wt = gated_walk_at(q * kGroup, geo);
+    Group<S> gv, uv;
+    gated_load<false>(p.gate, wt, valid, geo, gv);
+    gated_load<false>(p.up, wt, valid, geo, uv);
+    gated_forward_group<kAct, false>(p, drop, q, valid, gv, uv);
+  }
+}
+
+// One group of the backward: gated_backward_element per element; grad_gate and grad_up at the walk's offsets.
+template <int kAct, bool kVec, typename S>
+GPUOPT_DEV void gated_backward_group(const GatedBackwardParams<S>& p, const GroupDropout<false>& drop, int64_t q,
+                                     GatedWalk w, int valid, const Group<S>& dv, const Group<S>& gv,
+                                     const Group<S>& uv) {
+  using A = acc_t_of<S>;
+  A da[kGroup], ga[kGroup], ua[kGroup], dg[kGroup], du[kGroup];
+  unpack_group(dv, da);
+  unpack_group(gv, ga);
+  unpack_group(uv, ua);
+  bool keep[kGroup];
+  drop.keep(q, keep);
+#pragma unroll
+  for (int j = 0; j < kGroup; ++j) gated_backward_element<kAct, A>(da[j], ga[j], ua[j], keep[j], p.scale, dg[j], du[j]);
+  gated_store<kVec>(p.grad_gate, w, valid, p.geo, dg);
+  gated_store<kVec>(p.grad_up, w, valid, p.geo, du);
+}
+
+template <typename S, int kAct, bool kVec>
+__global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_backward_kernel(GatedBackwardParams<S> p) {
+  constexpr int U = cuda::gated_unroll(sizeof(S), kVec);
+  const GatedGeometry& geo = p.geo;
+  const GroupDropout<false> drop(read_seed(p.seed, p.threshold), p.threshold);
+  const int64_t T = int64_t(gridDim.x) * blockDim.x;
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t groups = kVec ? geo.n / kGroup : ceil_div(geo.n, kGroup);
+  GatedWalk w = gated_walk_at(t * kGroup, geo);
+  for (int64_t q = t; q < groups; q += U * T) {
+    Group<S> dv[U], gv[U], uv[U];
+    GatedWalk wu[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t qu = q + u * T;
+      wu[u] = w;
+      if (qu < groups) {
+        const int valid = kVec ? kGroup : static_cast<int>(min64(kGroup, geo.n - qu * kGroup));
+        load_raw_group(p.grad_out + qu * kGroup, valid, kVec, dv[u]);
+        gated_load<kVec>(p.gate, w, valid, geo, gv[u]);
+        gated_load<kVec>(p.up, w, valid, geo, uv[u]);
+      }
+      gated_walk_step(w, geo);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t qu = q + u * T;
+      if (qu < groups) {
+        const int valid = kVec ? kGroup : static_cast<int>(min64(kGroup, geo.n - qu * kGroup));
+        gated_backward_group<kAct, kVec>(p, drop, qu, wu[u], valid, dv[u], gv[u], uv[u]);
+      }
+    }
+  }
+  if (kVec && geo.n % kGroup != 0 && t == T - 1) {
+    const int64_t q = groups;
+    const int valid = static_cast<int>(geo.n - q * kGroup);
+    const GatedWalk wt = gated_walk_at(q * kGroup, geo);
+    Group<S> dv, gv, uv;
+    load_raw_group(p.grad_out + q * kGroup, valid, false, dv);
+    gated_load<false>(p.gate, wt, valid, geo, gv);
+    gated_load<false>(p.up, wt, valid, geo, uv);
+    gated_backward_group<kAct, false>(p, drop, q, wt, valid, dv, gv, uv);
+  }
+}
+
+}  // namespace dev
+}  // namespace gpuopt
