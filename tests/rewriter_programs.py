@@ -14,12 +14,17 @@ Families (compile_backend.py's module docstring):
 - "residual": norm(dropout(h) + r), norm(r + dropout(h)), norm(h + r), norm(dropout(h)), the sum returned too or
   not (pre-norm) (dropout_add_norm sites);
 - "bias_act": F.linear / torch.addmm (+ a view) with a bias → relu (three spellings), gelu (both
-  approximations), the tanh GELU written out, silu (bias_relu and bias_act sites).
+  approximations), the tanh GELU written out, silu (bias_relu and bias_act sites);
+- "gated": the gated MLP, act(gate) * up in either order with gate and up from two bias-free linears, or the
+  halves of one projection's output (chunk, split, slices: Phi-3's gate_up_proj), act silu, gelu (both
+  approximations), relu (two spellings), SiLU and the tanh GELU written out; a dropout after it when p > 0
+  (gated_act sites).
 
-Perturbations: another user of an inner value, `d + d`, in-place ops inside the pattern, on its inputs between its
-first and last node, and outside it; views that keep or change the last dim; a dtype cast inside the pattern; an
-autocast region around part of it; broadcasting or larger residuals; eps variants (None, 0); weight / bias present
-or not; parameters in fp32 under 16-bit inputs.
+Perturbations: another user of an inner value, `d + d` (gated: `a * a`, `a * gate`), in-place ops inside the
+pattern, on its inputs between its first and last node, and outside it; views that keep or change the last dim; a
+dtype cast inside the pattern; an autocast region around part of it; broadcasting or larger residuals; eps variants
+(None, 0); weight / bias present or not; parameters in fp32 under 16-bit inputs; (gated) an autocast region around
+the product alone, the halves of a projection swapped or taken along another dimension.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ NORMS = ("ln", "ln_module", "rms", "rms_module", "rms_written")
 CHAINS = (("dropout", "relu"), ("relu", "dropout"), ("relu",), ("dropout",))
 RESIDUALS = ("dropout_add", "add_dropout", "add", "dropout")
 ACTS = ("relu", "relu_method", "torch_relu", "gelu", "gelu_tanh", "gelu_written", "silu")
+GATED_ACTS = ("silu", "gelu", "gelu_tanh", "relu", "relu_method", "silu_written", "gelu_written")
+GATED_FORMS = ("two", "two_up_first", "chunk", "split", "slices")
 PERTURBATIONS = {
     "norm_chain": (
         "none",
@@ -91,6 +98,22 @@ PERTURBATIONS = {
         "autocast_first",
         "autocast_rest",
     ),
+    "gated": (
+        "none",
+        "other_user",
+        "self_mul",
+        "inplace_inside",
+        "inplace_source",
+        "inplace_before",
+        "inplace_outside",
+        "view_keep",
+        "cast",
+        "broadcast",
+        "autocast_first",
+        "autocast_rest",
+        "autocast_between",
+        "halves_swapped",
+    ),
 }
 # perturbations after which the rewriter must still fuse (the pattern itself is intact)
 KEEPS_FUSION = {"none", "inplace_before"}
@@ -113,6 +136,7 @@ class Spec:
     prenorm: bool = False
     linear: str = "linear"
     act: str = "gelu"
+    gated: str = "two"  # the gated family's form: GATED_FORMS
     p: float = 0.0
     perturb: str = "none"
     choice: int = 0  # which inner value / which variant the perturbation picks
@@ -243,6 +267,13 @@ def _act_lines(act: str, y: str, out: str):
         f"{out} = 0.5 * {y} * (1.0 + th)",
     ]
     return lines, ["y3", "c", "u", "th"]
+
+
+def _gated_act_lines(act: str, g: str, out: str):
+    """Lines computing out = act(g) for the gated family, and the activation's inner values."""
+    if act == "silu_written":
+        return [f"sg = torch.sigmoid({g})", f"{out} = {g} * sg"], ["sg"]
+    return _act_lines(act, g, out)
 
 
 def _other_users(inner: list, k: int) -> list:
@@ -432,20 +463,94 @@ def build(spec: Spec) -> Program:
         elif pert == "autocast_rest":
             body = _autocast(body, first, len(body))
         lines = pre + body
+    elif spec.family == "gated":
+        m, form = n, spec.gated  # the intermediate size F = n
+
+        def weight(rows):
+            return (torch.randn(rows, n, generator=gen, dtype=torch.float64) / math.sqrt(n)).to(dt)
+
+        src = (
+            "x1"
+            if pert in ("inplace_before", "inplace_outside") or (pert == "inplace_source" and k // 2 % 2 == 0)
+            else "x"
+        )
+        pre = ["x1 = x * 1.0"] if src == "x1" else []
+        if pert in ("inplace_before", "inplace_outside"):
+            pre.append("x1.add_(0.5)")
+        packed = form not in ("two", "two_up_first")
+        body = []
+        if not packed:
+            params["Wg"], params["Wu"] = weight(m), weight(m)
+            body += [f"g = F.linear({src}, self.Wg)", f"v = F.linear({src}, self.Wu)"]
+        else:
+            params["W13"] = weight(2 * m)
+            body.append(f"y = F.linear({src}, self.W13)")
+            if pert == "halves_swapped":  # act on the second half, or halves of the leading dimension
+                body.append("v, g = y.chunk(2, dim=-1)" if k % 2 == 0 else "g, v = y.chunk(2, dim=0)")
+            elif form == "chunk":
+                body.append("g, v = y.chunk(2, dim=-1)")
+            elif form == "split":
+                body.append(f"g, v = y.split({m}, dim=-1)")
+            else:
+                body += [f"g = y[..., :{m}]", f"v = y[..., {m}:]"]
+        first = len(body)
+        if pert == "view_keep":
+            body += [f"g = g.reshape(-1, {m})", f"v = v.reshape(-1, {m})"]
+        elif pert == "cast":
+            body.append(f"g = g.to({_other(dt)})")
+        elif pert == "broadcast":
+            body.append("v = v[:1]")  # (1, ..., F): broadcast over the rows
+        act, inner = _gated_act_lines(spec.act, "g", "a")
+        body += act
+        inner = ["a", *inner]
+        if pert == "inplace_inside":
+            body.append(("a.mul_(-1.5)", "g.mul_(-1.5)", "v.mul_(-1.5)")[k % 3])
+        elif pert == "inplace_source":
+            body.append(f"{src}.mul_(2)")
+        if pert == "self_mul":
+            product = "z = a * a" if k % 2 == 0 else "z = a * g"
+        else:
+            up_first = form == "two_up_first" or (packed and k % 2 == 1)
+            product = "z = v * a" if up_first else "z = a * v"
+        mid = len(body)
+        body.append(product)
+        out = "z"
+        if spec.p > 0:
+            body.append(f"z = F.dropout(z, {spec.p!r}, self.training)")
+        if pert == "other_user":
+            returns_extra += _other_users(inner + ["g"], k)
+        elif pert == "inplace_source":
+            body.append(f"z = z + {src}[..., :1]")
+        elif pert == "inplace_outside":
+            body += [f"{src}.mul_(2)", "g.mul_(2)" if k % 2 == 0 else "v.add_(1)"]
+            returns_extra.append(src)
+        if pert == "autocast_first":
+            body = _autocast(body, 0, first)
+        elif pert == "autocast_rest":
+            body = _autocast(body, first, len(body))
+        elif pert == "autocast_between":
+            body = _autocast(body, mid, mid + 1)
+        lines = pre + body
+        if spec.p > 0 and pert == "none":
+            mask_check = "chain"
     else:
         raise ValueError(spec.family)
     ret = ", ".join([out, *dict.fromkeys(returns_extra)])
     lines.append(f"return {ret}")
-    fuses = (
-        pert in KEEPS_FUSION
-        and not spec.param_fp32
-        and (spec.eps is None or spec.eps > 0)
-        and not (spec.family == "bias_act" and not spec.bias)
-        # addmm → relu is no pattern of the rewriter (relu after linear only; addmm takes the bias_act activations)
-        and not (
-            spec.family == "bias_act" and spec.linear == "addmm" and spec.act in ("relu", "relu_method", "torch_relu")
+    fuses = pert in KEEPS_FUSION and (
+        spec.family == "gated"  # no parameter, bias or eps condition: every intact gated program is a site
+        or (
+            not spec.param_fp32
+            and (spec.eps is None or spec.eps > 0)
+            and not (spec.family == "bias_act" and not spec.bias)
+            # addmm → relu is no pattern of the rewriter (relu after linear only; addmm takes the bias_act activations)
+            and not (
+                spec.family == "bias_act"
+                and spec.linear == "addmm"
+                and spec.act in ("relu", "relu_method", "torch_relu")
+            )
+            and not (spec.family != "bias_act" and spec.norm in ("rms", "rms_module") and spec.eps is None)
         )
-        and not (spec.family != "bias_act" and spec.norm in ("rms", "rms_module") and spec.eps is None)
     )
     inputs = {"x": x, "r": r, "t": t}
     return make_program(

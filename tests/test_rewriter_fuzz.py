@@ -7,8 +7,8 @@ is not, except where the pattern is intact (then the rewrite must happen, and th
 Two kinds of fuzzers: a sweep over every (family, perturbation) of the grammar and every fuse() container, with the
 other fields drawn by a generator seeded by the case (reproducible, parametrized: a failure names its case), and
 hypothesis drawing every field freely (derandomized, no example database; profiles in tests/conftest.py).
-`dev` (the default) runs 55 sweep and 10 hypothesis rewriter programs, 15 + 10 fuse() models and 3 compiled
-nn.Sequentials; `ci` (CI=true or GPUOPT_HYPOTHESIS_PROFILE=ci) 145 + 100 rewriter programs, 60 + 75 fuse() models
+`dev` (the default) runs 77 sweep and 10 hypothesis rewriter programs, 15 + 10 fuse() models and 3 compiled
+nn.Sequentials; `ci` (CI=true or GPUOPT_HYPOTHESIS_PROFILE=ci) 203 + 100 rewriter programs, 60 + 75 fuse() models
 and 25 compiled nn.Sequentials. The Inductor programs (4 in dev, 12 in ci) are marked slow. Below the fuzzers, one
 example per known fault of the rewriter and of fuse(), so that a failure names the fault.
 """
@@ -24,6 +24,8 @@ from rewriter_programs import (
     ACTS,
     CHAINS,
     DTYPES,
+    GATED_ACTS,
+    GATED_FORMS,
     NORMS,
     PERTURBATIONS,
     RESIDUALS,
@@ -64,7 +66,7 @@ def _examples(fraction: float, least: int) -> int:
 
 # ---------------------------------------------------------------------------------------------- strategies
 @st.composite
-def specs(draw, families=("norm_chain", "residual", "bias_act")):
+def specs(draw, families=("norm_chain", "residual", "bias_act", "gated")):
     family = draw(st.sampled_from(families))
     perturb = draw(st.sampled_from(PERTURBATIONS[family]))
     # a bf16 autocast region changes nothing for bf16 inputs: fp32 and fp16 there
@@ -91,7 +93,8 @@ def specs(draw, families=("norm_chain", "residual", "bias_act")):
         residual=draw(st.sampled_from(RESIDUALS)),
         prenorm=draw(st.booleans()),
         linear=draw(st.sampled_from(["linear", "addmm"])),
-        act=draw(st.sampled_from(ACTS)),
+        act=draw(st.sampled_from(GATED_ACTS if family == "gated" else ACTS)),
+        gated=draw(st.sampled_from(GATED_FORMS)) if family == "gated" else "two",
         p=draw(st.sampled_from([0.0, 0.0, 0.1, 0.5])),
         perturb=perturb,
         choice=draw(st.integers(0, 7)),
@@ -152,7 +155,7 @@ def sweep_spec(family: str, perturb: str, i: int) -> Spec:
     rng = random.Random(f"{family}/{perturb}/{i}")
     half = rng.random() < 2 / 3 and not perturb.startswith("autocast")
     dtype = rng.choice([torch.bfloat16, torch.float16]) if half else torch.float32
-    if perturb == "none" and family != "bias_act" and i < len(NORMS):
+    if perturb == "none" and family not in ("bias_act", "gated") and i < len(NORMS):
         # each norm form intact, with its default eps, on small inputs (where eps shows), dtypes in turn
         dtype = (torch.bfloat16, torch.float16, torch.float32)[i % 3]
         norm = NORMS[i]
@@ -170,6 +173,14 @@ def sweep_spec(family: str, perturb: str, i: int) -> Spec:
     # the bias_act activations)
     written = perturb == "other_user"
     norm = "rms_written" if written else rng.choice(NORMS)
+    gated, act = "two", None
+    if family == "gated":  # its own generator: the other families' draws stay as they were
+        grng = random.Random(f"gated-form/{perturb}/{i}")
+        gated = grng.choice(GATED_FORMS[2:] if perturb == "halves_swapped" else GATED_FORMS)
+        if perturb == "none" and i < len(GATED_FORMS):  # each form intact
+            gated = GATED_FORMS[i]
+        # another user of each inner value of both written-out activations, in turn
+        act = ("gelu_written", "silu_written")[i % 2] if written else grng.choice(GATED_ACTS)
     eps = {"ln": [None, 1e-6, 0.0], "ln_module": [None, 1e-6], "rms_written": [1e-6]}.get(norm, [None, None, 1e-6])
     return Spec(
         family=family,
@@ -186,7 +197,8 @@ def sweep_spec(family: str, perturb: str, i: int) -> Spec:
         residual=rng.choice(RESIDUALS),
         prenorm=rng.random() < 0.5,
         linear="addmm" if perturb.startswith("view") else rng.choice(["linear", "addmm"]),
-        act="gelu_written" if written else rng.choice(ACTS[3:] if perturb.startswith("view") else ACTS),
+        act=act or ("gelu_written" if written else rng.choice(ACTS[3:] if perturb.startswith("view") else ACTS)),
+        gated=gated,
         p=rng.choice([0.0, 0.0, 0.1]),
         perturb=perturb,
         choice=i if written else rng.randrange(8),  # other_user: the i-th inner value (3: all of them)
