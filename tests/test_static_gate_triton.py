@@ -5,9 +5,9 @@ TRITON_INTERPRET, which conftest sets for the other tests) and every test here r
 
 - the table: the project's launchers run on meta tensors with each launch compiled by triton.compile for
   GPUTarget("cuda", 90, 32) (bundled ptxas) with the specialization a real launch gets (16-byte pointer alignment,
-  divisibility hints), over fp16/bf16/fp32 x N in {768, ..., 16384}, forward, backward and bias-ReLU: no spills,
-  shared memory within 227 KiB, N = 8192 takes the fused backward, and the persistent grids, sized from the
-  compiled kernels' facts, are one full wave;
+  divisibility hints), over fp16/bf16/fp32 x N in {768, ..., 16384}, forward, backward, bias-ReLU and gated_act:
+  no spills, shared memory within 227 KiB, N = 8192 takes the fused backward, and the persistent grids, sized from
+  the compiled kernels' facts, are one full wave;
 - the unhinted compiles: launches of every path compiled WITHOUT alignment / divisibility hints (what a launch on
   an unaligned view compiles; the interpreter accepts code the compiler rejects): no spills, no stack;
 - Inductor's TTIR mutation analysis: each kernel writes exactly its output pointers (otherwise torch.compile
@@ -69,7 +69,12 @@ KERNELS = WIDE | {
     "dan_bwd_fused_kernel",
     "dan_bwd_row_coef_kernel",
     "dan_bwd_chunk_kernel",
+    "gated_act_fwd_kernel",
+    "gated_act_bwd_kernel",
 }
+# gated_act's one-tensor [gate | up] layout, analysed on its own (tools.triton_resources.analysis_name): its
+# backward writes grad_up into grad_gate's second half, so it must write one tensor only
+PACKED_ANALYSIS = {"gated_act_fwd_kernel[PACKED]", "gated_act_bwd_kernel[PACKED]"}
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +108,13 @@ def test_table_covers_every_op_dtype_and_n(gate):
         for dtype in ("bf16", "fp32"):
             for n in (768, 1024, 8192, 16384):
                 assert (op, dtype, n) in seen, (op, dtype, n)
+    # gated_act (tools.triton_resources' GATED_TABLE): SwiGLU and GeGLU, both layouts, bf16 and fp32, every N
+    for act in (3, 1):
+        for layout in ("", "_packed"):
+            for d in ("fwd", "bwd"):
+                for dtype in ("bf16", "fp32"):
+                    for n in (768, 1024, 2048, 4096, 8192, 16384):
+                        assert (f"gated_act{act}{layout}_{d}", dtype, n) in seen, (act, layout, d, dtype, n)
     assert all(r["regs"] > 0 for r in rows)
 
 
@@ -153,7 +165,7 @@ def test_unhinted_launches_compile_without_spills(gate):
     no affine, p = 0, 3-chunk rows, bias-ReLU) compile for sm_90 without alignment hints and use no stack (no
     spills)."""
     unhinted = gate[0]["unhinted"]
-    assert len(unhinted) >= 22 + 10
+    assert len(unhinted) >= 22 + 10 + 8
     bad = [r for r in unhinted if r["spills"] or r["stack"]]
     assert not bad, bad
     assert {r["kernel"].split("[")[0] for r in unhinted} == KERNELS - WIDE
@@ -161,9 +173,10 @@ def test_unhinted_launches_compile_without_spills(gate):
 
 
 def test_inductor_sees_only_output_stores(gate):
-    """Inductor's TTIR mutation analysis finds exactly the output pointers written by each of the 15 kernels."""
+    """Inductor's TTIR mutation analysis finds exactly the output pointers written by each of the 17 kernels (and
+    by gated_act's in its one-tensor layout: grad_gate alone)."""
     inductor = gate[0]["inductor"]
-    assert {r["kernel"] for r in inductor} == KERNELS
+    assert {r["kernel"] for r in inductor} == KERNELS | PACKED_ANALYSIS
     for r in inductor:
         assert r["written"] == r["expected"], r
 

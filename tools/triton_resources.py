@@ -474,6 +474,23 @@ def launches(
             **act,
             **hook,
         )
+    elif op in GATED_OPS:  # gated_act: n is F, the output's last dimension; packed: gate (M, 2F) = [gate | up]
+        from gpuopt_ops.triton_kernels import gated_act as GA
+
+        code, packed = int(op[len("gated_act")]), "_packed" in op
+        gate = _meta((m, 2 * n if packed else n), dtype)
+        up = None if packed else _meta((m, n), dtype)
+        if op.endswith("_fwd"):
+            _call_launcher(
+                GA.launch_forward, gate, up, seed, _meta((m, n), dtype), p, act=code, wrap=compiler.wrap,
+                _sm_count=sm_count, **hook,
+            )  # fmt: skip
+        else:
+            grad_up = _meta((0,) if packed else (m, n), dtype)
+            _call_launcher(
+                GA.launch_backward, _meta((m, n), dtype), gate, up, seed, _meta(tuple(gate.shape), dtype), grad_up,
+                p, act=code, wrap=compiler.wrap, _sm_count=sm_count, **hook,
+            )  # fmt: skip
     elif op in DAN_OPS:
         from gpuopt_ops.triton_kernels import dropout_add_norm as DAN
 
@@ -531,6 +548,11 @@ def launches(
 # bias_act{1,2,3}: bias_act with gelu, gelu_tanh, silu (the bias-ReLU kernels with ACT = 1, 2, 3)
 BIAS_ACT_OPS = tuple(f"bias_act{act}_{d}" for act in (1, 2, 3) for d in ("fwd", "bwd"))
 DAN_OPS = ("dan_fwd", "dan_bwd", "dan_rms_fwd", "dan_rms_bwd")
+# gated_act{0..3}[_packed]_{fwd|bwd}: gated_act with act 0-3 (relu, gelu, gelu_tanh, silu); _packed: the one-tensor
+# [gate | up] layout (2-D tiles), else two tensors (flat); N is F, the output's last dimension
+GATED_OPS = tuple(
+    f"gated_act{act}{layout}_{d}" for act in (0, 1, 2, 3) for layout in ("", "_packed") for d in ("fwd", "bwd")
+)
 # norm_dropout: nd_{ln|rms}[_relu]_{fwd|bwd}, the ldr kernels with the RMS / RELU constexprs
 ND_OPS = tuple(f"nd_{norm}{act}_{d}" for norm in ("ln", "rms") for act in ("", "_relu") for d in ("fwd", "bwd"))
 OPS = ("ldr_fwd", "ldr_bwd", "bias_relu_fwd", "bias_relu_bwd", *BIAS_ACT_OPS, *DAN_OPS)
@@ -545,6 +567,16 @@ ND_TABLE = tuple(
     for dtype in (torch.bfloat16, torch.float32)
     for n in (768, 1024, 8192, 16384)
 )
+# The table's gated_act variants: SwiGLU (act 3) and GeGLU (act 1), both layouts, bf16 and fp32, every N of the
+# table (the flat kernels compile once per dtype: no specialization depends on N there)
+GATED_TABLE = tuple(
+    (f"gated_act{act}{layout}_{d}", dtype, n)
+    for act in (3, 1)
+    for layout in ("", "_packed")
+    for d in ("fwd", "bwd")
+    for dtype in (torch.bfloat16, torch.float32)
+    for n in NS
+)
 
 
 def record_table(
@@ -555,10 +587,10 @@ def record_table(
     sm_count: int = DEFAULT_SM_COUNT,
     m: int = ROWS,
     facts: bool = False,
-    extra=ND_TABLE,
+    extra=ND_TABLE + GATED_TABLE,
 ) -> list[tuple[str, torch.dtype, int, Launch]]:
     """The launches of every (op, dtype, N) of ops x dtypes x ns, then of the `extra` (op, dtype, N) cases whose
-    N is in ns (the norm_dropout variants)."""
+    N is in ns (the norm_dropout and gated_act variants)."""
     cases = [(op, dtype, n) for op in ops for dtype in dtypes for n in ns]
     cases += [(op, dtype, n) for op, dtype, n in extra if n in ns]
     return [
@@ -710,6 +742,26 @@ UNHINTED_ND = [
     ),
 ]
 
+# gated_act: (what the case covers, its ops, launches() keyword arguments)
+UNHINTED_GATED = [
+    (
+        "gated SwiGLU, [gate | up] layout, odd F: generic RNG, unaligned up half, bf16",
+        ("gated_act3_packed_fwd", "gated_act3_packed_bwd"),
+        dict(m=8, n=37, dtype=torch.bfloat16),
+    ),
+    (
+        "gated GeGLU, two tensors, odd element count, fp64",
+        ("gated_act1_fwd", "gated_act1_bwd"),
+        dict(m=3, n=37, dtype=torch.float64),
+    ),
+    (
+        "gated GeGLU-tanh, [gate | up] layout, p = 0: no RNG, fp16",
+        ("gated_act2_packed_fwd", "gated_act2_packed_bwd"),
+        dict(m=4, n=300, dtype=torch.float16, p=0.0),
+    ),
+    ("gated ReGLU, two tensors, fp32", ("gated_act0_fwd", "gated_act0_bwd"), dict(m=4, n=300, dtype=torch.float32)),
+]
+
 # What each kernel may write (its output pointers); anything else written makes torch.compile clone that input.
 EXPECTED_WRITES = {
     "ldr_fwd_fused_kernel": {"OUT", "MEAN", "RSTD"},
@@ -727,6 +779,12 @@ EXPECTED_WRITES = {
     "dan_bwd_wide_kernel": {"DX", "DRES", "PDW", "PDB"},
     "dan_bwd_row_coef_kernel": {"C1", "C2"},
     "dan_bwd_chunk_kernel": {"DX", "DRES", "PDW", "PDB"},
+    "gated_act_fwd_kernel": {"OUT"},
+    "gated_act_bwd_kernel": {"DGATE", "DUP"},
+    # the [gate | up] layout: grad_up goes into grad_gate's second half; DUP is never written (no two outputs
+    # that torch.compile would clone and write back separately)
+    "gated_act_fwd_kernel[PACKED]": {"OUT"},
+    "gated_act_bwd_kernel[PACKED]": {"DGATE"},
 }
 
 
@@ -759,7 +817,7 @@ def record_unhinted(
         m, n, dtype = kw.pop("m"), kw.pop("n"), kw.pop("dtype")
         for launch in launches(compiler, op, dtype, n, sm_count, m, **kw):
             recorded.append((case, op, dtype, n, launch))
-    for case, ops, kw in UNHINTED_DAN + UNHINTED_ND:
+    for case, ops, kw in UNHINTED_DAN + UNHINTED_ND + UNHINTED_GATED:
         kw = dict(kw)
         m, n, dtype = kw.pop("m"), kw.pop("n"), kw.pop("dtype")
         for op in ops:
@@ -800,16 +858,24 @@ def analysis_launches(sm_count: int = DEFAULT_SM_COUNT, rec: Optional[Compiler] 
         launches(rec, op, torch.float32, 12288, sm_count, 64)
     for op in ("bias_relu_fwd", "bias_relu_bwd", "bias_act1_fwd", "bias_act1_bwd"):
         launches(rec, op, torch.float32, 1000, sm_count, 64)
+    for op in ("gated_act3_fwd", "gated_act3_bwd", "gated_act3_packed_fwd", "gated_act3_packed_bwd"):
+        launches(rec, op, torch.float32, 1000, sm_count, 64)
     return rec.launches
 
 
+def analysis_name(launch: Launch) -> str:
+    """The name a launch's analysis is reported under: the kernel's, with "[PACKED]" for gated_act's one-tensor
+    layout (its writes differ: one output tensor)."""
+    return launch.kernel.__name__ + ("[PACKED]" if launch.args.get("PACKED") else "")
+
+
 def first_analysis_launches(sm_count: int = DEFAULT_SM_COUNT) -> tuple[Compiler, dict[str, Launch]]:
-    """The first of analysis_launches() of each kernel, by kernel name, and the Compiler that recorded them (its
+    """The first of analysis_launches() of each kernel, by analysis_name, and the Compiler that recorded them (its
     pending jobs hold each launch's signature): what the Inductor checks look at."""
     rec = Compiler()
     first: dict[str, Launch] = {}
     for launch in analysis_launches(sm_count, rec):
-        first.setdefault(launch.kernel.__name__, launch)
+        first.setdefault(analysis_name(launch), launch)
     return rec, first
 
 

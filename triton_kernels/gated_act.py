@@ -54,7 +54,7 @@ MIN_BLOCK_N = 16
 
 
 @triton.jit
-def _tile(M, F, NUMEL, PACKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def gated_tile_offsets(M, F, NUMEL, PACKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """This program's tile: (output offsets = dropout indices, the gate's offsets, mask, the linear index of each
     tile row's first column (int64 [BLOCK_M]), the tile's first column). Offsets only: the kernels load and store
     themselves (Inductor's analysis of the kernel then sees which pointers are written)."""
@@ -96,7 +96,7 @@ def gated_act_fwd_kernel(
     ACT: tl.constexpr,
 ):
     """out = keep ? (act(gate) * up) * scale : 0. PACKED: up is GATE's second half (UP is not read)."""
-    offs, in_offs, mask, base, col0 = _tile(M, F, NUMEL, PACKED, BLOCK_M, BLOCK_N)
+    offs, in_offs, mask, base, col0 = gated_tile_offsets(M, F, NUMEL, PACKED, BLOCK_M, BLOCK_N)
     g = to_acc(tl.load(GATE + in_offs, mask=mask, other=0.0), IS_FP64)
     if PACKED:
         u = to_acc(tl.load(GATE + (in_offs + F), mask=mask, other=0.0), IS_FP64)
@@ -134,7 +134,7 @@ def gated_act_bwd_kernel(
 ):
     """grad_gate and grad_up in one pass from grad_out and the saved inputs (the activation and keep bits
     recomputed). PACKED: up is GATE's second half and grad_up DGATE's (UP and DUP are neither read nor written)."""
-    offs, in_offs, mask, base, col0 = _tile(M, F, NUMEL, PACKED, BLOCK_M, BLOCK_N)
+    offs, in_offs, mask, base, col0 = gated_tile_offsets(M, F, NUMEL, PACKED, BLOCK_M, BLOCK_N)
     dy = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
     g = to_acc(tl.load(GATE + in_offs, mask=mask, other=0.0), IS_FP64)
     if PACKED:
