@@ -7,7 +7,7 @@ is not, except where the pattern is intact (then the rewrite must happen, and th
 Two kinds of fuzzers: a sweep over every (family, perturbation) of the grammar and every fuse() container, with the
 other fields drawn by a generator seeded by the case (reproducible, parametrized: a failure names its case), and
 hypothesis drawing every field freely (derandomized, no example database; profiles in tests/conftest.py).
-`dev` (the default) runs 77 sweep and 10 hypothesis rewriter programs, 15 + 10 fuse() models and 3 compiled
+`dev` (the default) runs 80 sweep and 10 hypothesis rewriter programs, 15 + 10 fuse() models and 3 compiled
 nn.Sequentials; `ci` (CI=true or GPUOPT_HYPOTHESIS_PROFILE=ci) 203 + 100 rewriter programs, 60 + 75 fuse() models
 and 25 compiled nn.Sequentials. The Inductor programs (4 in dev, 12 in ci) are marked slow. Below the fuzzers, one
 example per known fault of the rewriter and of fuse(), so that a failure names the fault.
@@ -177,10 +177,11 @@ def sweep_spec(family: str, perturb: str, i: int) -> Spec:
     if family == "gated":  # its own generator: the other families' draws stay as they were
         grng = random.Random(f"gated-form/{perturb}/{i}")
         gated = grng.choice(GATED_FORMS[2:] if perturb == "halves_swapped" else GATED_FORMS)
-        if perturb == "none" and i < len(GATED_FORMS):  # each form intact
-            gated = GATED_FORMS[i]
         # another user of each inner value of both written-out activations, in turn
         act = ("gelu_written", "silu_written")[i % 2] if written else grng.choice(GATED_ACTS)
+        if perturb == "none" and i < len(GATED_FORMS):  # each form intact, the three GELU-like ones in fp32
+            gated, act = GATED_FORMS[i], GATED_ACTS[i]
+            dtype = (torch.float32, torch.float32, torch.float32, torch.bfloat16, torch.float16)[i]
     eps = {"ln": [None, 1e-6, 0.0], "ln_module": [None, 1e-6], "rms_written": [1e-6]}.get(norm, [None, None, 1e-6])
     return Spec(
         family=family,
@@ -201,20 +202,25 @@ def sweep_spec(family: str, perturb: str, i: int) -> Spec:
         gated=gated,
         p=rng.choice([0.0, 0.0, 0.1]),
         perturb=perturb,
-        choice=i if written else rng.randrange(8),  # other_user: the i-th inner value (3: all of them)
+        # other_user: the i-th inner value (3: all of them); gated in-place / halves: the i-th target / way
+        choice=i if written or (family, perturb) in _SWEEP_LEAST else rng.randrange(8),
         seed=rng.randrange(2**16),
     )
 
 
 # every (family, perturbation) of the grammar: one program each in dev, four in ci; five for another user of each
-# inner value of the written-out forms, and for each norm form intact with its default eps
+# inner value of the written-out forms, and for each norm form (gated: each form) intact with its default eps; for
+# the gated family each in-place target (activation, gate, up) and both ways of taking the halves apart otherwise
 _SWEEP_PER_CASE = 1 if _PROFILE_EXAMPLES <= 100 else 4
+_SWEEP_LEAST = {("gated", "inplace_inside"): 3, ("gated", "halves_swapped"): 2}
 _SWEEP = [
     (f, p, i)
     for f, ps in PERTURBATIONS.items()
     for p in ps
     for i in range(
-        max(_SWEEP_PER_CASE, 5) if p == "other_user" or (p == "none" and f != "bias_act") else _SWEEP_PER_CASE
+        max(_SWEEP_PER_CASE, 5)
+        if p == "other_user" or (p == "none" and f != "bias_act")
+        else max(_SWEEP_PER_CASE, _SWEEP_LEAST.get((f, p), 1))
     )
 ]
 
