@@ -1,20 +1,24 @@
 """Training steps side by side in one run: a stock MLP against the same MLP after `gpuopt_ops.fuse`, and
-transformer models (BERT, GPT-2, LLaMA, ViT) in eager mode, under torch.compile's Inductor and under the "gpuopt"
-backend.
+transformer models (BERT, GPT-2, LLaMA, ViT, Gemma, T5, OPT, Mistral, Qwen2, Phi-3) in eager mode, under
+torch.compile's Inductor and under the "gpuopt" backend.
 
     python -m benchmarks.model                          # the MLP; GPU if there is one, else CPU
     python -m benchmarks.model --device cpu --batch 4096 --width 1024 --depth 4 --p 0.1
     python -m benchmarks.model --quick                  # tiny shapes, seconds (the CI smoke test)
     python -m benchmarks.model --models bert,gpt2,llama,vit [--width 256 --depth 2 --batch 8 --seq 128]
+    python -m benchmarks.model --models llama --autocast   # LLaMA's training step under torch.autocast(bf16)
 
 Transformer models (`--models`): small random-weight configurations of HF transformers' BertModel, GPT2Model,
-LlamaModel and timm's vit_tiny_patch16_224 layout (`transformer_model`, shared with tests/test_models.py): width
---width, --depth layers, dropout --p, --batch sequences of --seq tokens (ViT: --batch images whose patch count is
-about --seq). Each step is a forward in train mode, a mean-square loss and backward, for eager, Inductor
-(`backend="inductor"`) and `backend="gpuopt"` (our rewrites, then Inductor). Printed per model: the three step
-times, the ratios, and the share of the gpuopt step spent inside gpuopt ops (torch.profiler, self CPU time of
-the gpuopt::* ops over the step) - at small widths on the CPU the step is matmul-bound and that share bounds what
-fusion can gain.
+LlamaModel, GemmaModel, the T5 encoder, OPTModel, MistralModel, Qwen2Model, Phi3Model and timm's
+vit_tiny_patch16_224 layout (`transformer_model`, shared with tests/test_models.py): width --width, --depth layers,
+dropout --p, --batch sequences of --seq tokens (ViT: --batch images whose patch count is about --seq). Each step is
+a forward in train mode (under torch.autocast(bf16) with --autocast), a mean-square loss and backward, for eager,
+Inductor (`backend="inductor"`) and `backend="gpuopt"` (our rewrites, then Inductor). Printed per model: the three
+step times, the ratios, and the share of the gpuopt step spent inside gpuopt ops, in all and per op with its calls
+(torch.profiler over one step, `gpuopt_share`: on the CPU each gpuopt::* op's CPU time over the step's, on a GPU
+its kernels' device time over the step's) - at small widths on the CPU the step is matmul-bound and that share
+bounds what fusion can gain. In LLaMA, Mistral, Qwen2, Gemma and Phi-3 the MLP's gated activation is one
+gated_act (and its backward) per layer.
 
 The model is torchvision.ops.MLP's layout written with stock modules: depth × [Linear → LayerNorm → ReLU →
 Dropout(p)] and a Linear head. The fused copy is `gpuopt_ops.fuse(stock)`: the same weights (the state dicts are
@@ -194,12 +198,36 @@ def _first(result) -> torch.Tensor:
     return result if isinstance(result, torch.Tensor) else result[0]
 
 
-def _train_step(model, fn, inputs):
+def _train_step(model, fn, inputs, autocast_device=None):
+    """zero_grad, forward, a mean-square loss, backward; the forward under torch.autocast(bf16) on autocast_device
+    when given (how LLaMA-style models train)."""
+    import contextlib
+
     def step():
         model.zero_grad(set_to_none=True)
-        _first(fn(**inputs)).float().square().mean().backward()
+        ctx = torch.autocast(autocast_device, dtype=torch.bfloat16) if autocast_device else contextlib.nullcontext()
+        with ctx:
+            out = _first(fn(**inputs))
+        out.float().square().mean().backward()
 
     return step
+
+
+def gpuopt_share(prof, device: str) -> tuple[float, dict[str, float]]:
+    """(share of the step inside gpuopt ops, {op: its share}) from a torch.profiler run of one step. CPU: each gpuopt
+    op's CPU time (its own work and what it calls) over the step's self CPU time; CUDA: each gpuopt op's device
+    time (its kernels) over the step's device time."""
+    events = prof.key_averages()
+    if device == "cuda":
+        total = sum(e.self_device_time_total for e in events)
+        per_op = {e.key[len("gpuopt::") :]: e.device_time_total for e in events if e.key.startswith("gpuopt::")}
+    else:
+        total = sum(e.self_cpu_time_total for e in events)
+        per_op = {e.key[len("gpuopt::") :]: e.cpu_time_total for e in events if e.key.startswith("gpuopt::")}
+    if not total:
+        return 0.0, {}
+    shares = {op: t / total for op, t in sorted(per_op.items())}
+    return sum(shares.values()), shares
 
 
 def run_transformers(args) -> dict[str, dict[str, float]]:
@@ -208,7 +236,8 @@ def run_transformers(args) -> dict[str, dict[str, float]]:
     meta = metadata(args.device)
     print(
         f"benchmarks.model: training steps, width {args.width}, {args.depth} layers, batch {args.batch} x "
-        f"{args.seq}, dropout {args.p}, fp32, {meta['device']}, torch {meta['torch']}"
+        f"{args.seq}, dropout {args.p}, {'bf16 autocast' if args.autocast else 'fp32'}, {meta['device']}, "
+        f"torch {meta['torch']}"
     )
     results: dict[str, dict[str, float]] = {}
     for name in args.models:
@@ -222,7 +251,8 @@ def run_transformers(args) -> dict[str, dict[str, float]]:
             "gpuopt": torch.compile(model, backend="gpuopt"),
         }
 
-        steps = {k: _train_step(model, fn, inputs) for k, fn in runs.items()}
+        amp = args.device if args.autocast else None
+        steps = {k: _train_step(model, fn, inputs, amp) for k, fn in runs.items()}
         for fn in steps.values():  # compile and warm up
             fn()
             fn()
@@ -236,18 +266,26 @@ def run_transformers(args) -> dict[str, dict[str, float]]:
             for _ in range(args.rounds):
                 for k, fn in steps.items():
                     samples[k] += time_cpu(fn, args.min_run_time)
-        with torch.profiler.profile() as prof:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if args.device == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
             steps["gpuopt"]()
             _sync(args.device)
-        ours = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key.startswith("gpuopt::")) / 1e3
-        total = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1e3
+        share, per_op = gpuopt_share(prof, args.device)
+        counts = {k: 0 for k in per_op}
+        for e in prof.events():
+            if e.name.startswith("gpuopt::"):
+                counts[e.name[len("gpuopt::") :]] = counts.get(e.name[len("gpuopt::") :], 0) + 1
         med = {k: _percentile(v, 0.5) for k, v in samples.items()}
-        res = {**med, "gpuopt_share": ours / total if total else 0.0}
+        res = {**med, "gpuopt_share": share, "gpuopt_ops": per_op, "gpuopt_calls": counts}
         results[name] = res
+        ops = ", ".join(f"{op} {100 * v:.1f} % ({counts.get(op, 0)} calls)" for op, v in per_op.items())
         print(
-            f"  {name:5s}  eager {med['eager']:8.2f} ms  inductor {med['inductor']:8.2f} ms  gpuopt "
+            f"  {name:7s}  eager {med['eager']:8.2f} ms  inductor {med['inductor']:8.2f} ms  gpuopt "
             f"{med['gpuopt']:8.2f} ms   eager/gpuopt {med['eager'] / med['gpuopt']:.2f}x   inductor/gpuopt "
             f"{med['inductor'] / med['gpuopt']:.2f}x   gpuopt ops {100 * res['gpuopt_share']:.1f} % of the step"
+            + (f": {ops}" if ops else "")
         )
     return results
 
@@ -267,6 +305,7 @@ def parse_args(argv=None):
         "--models", default=None, help=f"comma list of {','.join(TRANSFORMER_MODELS)}: the transformer steps"
     )
     ap.add_argument("--seq", type=int, default=128, help="tokens per sequence (--models)")
+    ap.add_argument("--autocast", action="store_true", help="forward under torch.autocast(bf16) (--models)")
     args = ap.parse_args(argv)
     if args.models is not None:
         args.models = [m for m in args.models.split(",") if m]
