@@ -964,3 +964,25 @@ def test_an_empty_kernel_is_rejected():
     low, _ = ldr_reference_and_grads(x, w, b, seed_tensor(0), 0.0, EPS, torch.ones_like(x), torch.float32)
     with pytest.raises(AssertionError):
         assert_close_to_reference("out", torch.zeros_like(x), ref64, low, 1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_activation_loops_flush_subnormals_and_restore_the_fp_mode(threads):
+    """The CPU activation loops (bias_act acts 1-3, gated_act) run with FTZ/DAZ, as the GPU's .ftz primitives
+    (a clamped arm of their exp2 is subnormal and would cost a microcode assist per vector): a subnormal input
+    reads as 0 and a subnormal result is written as 0. The caller's floating-point mode is restored afterwards,
+    so PyTorch's own ops still produce subnormals."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tiny = torch.full((64, 256), 3e-39)  # subnormal in fp32
+        one = torch.ones(64, 256)
+        s = seed_tensor(0)
+        assert bool((torch.ops.gpuopt.gated_act(one, tiny, s, 0.0, 3) == 0).all()), "silu(1) * 3e-39 flushed"
+        assert bool((torch.ops.gpuopt.bias_act(tiny, torch.zeros(256), 1) == 0).all()), "gelu(3e-39) flushed"
+        gg, gu = torch.ops.gpuopt.gated_act_backward(one, tiny, one, s, 0.0, 3)
+        assert bool((gu == 0).all()) and bool((gg == 0.5).all()), "silu'(0) = 0.5, silu(0) = 0"
+        assert (torch.full((3,), 3e-39) * 1.0).ne(0).all(), "the caller's MXCSR is back: no FTZ/DAZ after the op"
+        assert float(torch.tensor(1e-38) / 16) != 0.0
+    finally:
+        torch.set_num_threads(old)

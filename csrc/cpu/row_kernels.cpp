@@ -265,6 +265,21 @@ struct RowMath {
   static float rcp(float v) { return 1.0f / v; }
 };
 
+// The activation loops compute both arms of their selects (what lets them vectorize), and GCC folds the clamped
+// arms of RowMath::exp2 into constants: silu's 1 / (1 + 2^127) is subnormal, so every vector took a microcode
+// assist (measured 10x slower: 10-18 ns an element instead of ~1). The loops run with FTZ and DAZ set, as the
+// GPU's .ftz primitives: values below 2^-126 are read and written as 0. The caller's MXCSR is restored.
+class FlushSubnormals {
+ public:
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }  // FTZ (bit 15) | DAZ (bit 6)
+  ~FlushSubnormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
+
 }  // namespace
 
 // One loop per activation, written out in the cloned functions themselves (a helper template called from a clone
@@ -276,6 +291,7 @@ struct RowMath {
 
 GPUOPT_CLONES void bias_act_row(int act, const float* GPUOPT_RESTRICT x, const float* GPUOPT_RESTRICT b,
                                 float* GPUOPT_RESTRICT y, int64_t n) {
+  const FlushSubnormals ftz;
   switch (act) {
     GPUOPT_ACT_LOOP(kActGelu, y[j] = (act_forward<kActGelu, float, RowMath>(x[j] + b[j])))
     GPUOPT_ACT_LOOP(kActGeluTanh, y[j] = (act_forward<kActGeluTanh, float, RowMath>(x[j] + b[j])))
@@ -288,6 +304,7 @@ GPUOPT_CLONES void bias_act_row(int act, const float* GPUOPT_RESTRICT x, const f
 GPUOPT_CLONES void bias_act_backward_row(int act, const float* GPUOPT_RESTRICT g, const float* GPUOPT_RESTRICT x,
                                          const float* GPUOPT_RESTRICT b, float* GPUOPT_RESTRICT dx,
                                          float* GPUOPT_RESTRICT pb, int64_t n) {
+  const FlushSubnormals ftz;
   switch (act) {
     GPUOPT_ACT_LOOP(kActGelu, (dx[j] = g[j] * act_derivative<kActGelu, float, RowMath>(x[j] + b[j]), pb[j] += dx[j]))
     GPUOPT_ACT_LOOP(kActGeluTanh,
@@ -315,6 +332,7 @@ GPUOPT_CLONES void bias_act_backward_row(int act, const float* GPUOPT_RESTRICT g
 GPUOPT_CLONES void gated_forward_row(int act, const float* GPUOPT_RESTRICT g, const float* GPUOPT_RESTRICT v,
                                      const uint16_t* GPUOPT_RESTRICT u, uint32_t t, float scale,
                                      float* GPUOPT_RESTRICT out, int64_t n) {
+  const FlushSubnormals ftz;
   const float tf = static_cast<float>(t);
   switch (act) {
     GPUOPT_GATED_FWD(kActRelu)
@@ -349,6 +367,7 @@ GPUOPT_CLONES void gated_forward_row(int act, const float* GPUOPT_RESTRICT g, co
 GPUOPT_CLONES void gated_backward_row(int act, const float* GPUOPT_RESTRICT go, const float* GPUOPT_RESTRICT g,
                                       const float* GPUOPT_RESTRICT v, const uint16_t* GPUOPT_RESTRICT u, uint32_t t,
                                       float scale, float* GPUOPT_RESTRICT dg, float* GPUOPT_RESTRICT dv, int64_t n) {
+  const FlushSubnormals ftz;
   const float tf = static_cast<float>(t);
   switch (act) {
     GPUOPT_GATED_BWD(kActRelu, (g[j] > 0.0f ? gh * v[j] : 0.0f))
