@@ -744,13 +744,14 @@ def test_gated_act_p1_exact_zeros(one_block_device, packed):
     both gradients are exact zeros (finite inputs: 0 * act(gate) is 0)."""
     ops = one_block_device
     m, f = 9, 40
-    gate, up, go = gated_inputs(m, f, torch.float32, packed)
     s = seed_tensor(2)
-    _, gg, gu = run_gated(ops, gate, up, go, s, 1.0, 3)
-    assert torch.equal(gg, torch.zeros_like(gg)) and torch.equal(gu, torch.zeros_like(gu))
-    gate[0, 0], gate[1, 1] = float("inf"), float("nan")
-    out = ops.gated_act(gate, up, s, 1.0, 3)
-    assert torch.equal(out.view(torch.int32), torch.zeros(m, f, dtype=torch.int32)), "+0 everywhere"
+    for move in (lambda t: t, lambda t: None if t is None else unaligned(t)):  # 16-byte path; element by element
+        gate, up, go = gated_inputs(m, f, torch.float32, packed)
+        _, gg, gu = run_gated(ops, move(gate), move(up), move(go), s, 1.0, 3)
+        assert torch.equal(gg, torch.zeros_like(gg)) and torch.equal(gu, torch.zeros_like(gu))
+        gate[0, 0], gate[1, 1] = float("inf"), float("nan")
+        out = ops.gated_act(move(gate), move(up), s, 1.0, 3)
+        assert torch.equal(out.view(torch.int32), torch.zeros(m, f, dtype=torch.int32)), "+0 everywhere"
 
 
 def test_gated_act_block_order_independent(small_device, monkeypatch):

@@ -136,27 +136,66 @@ struct GatedBackwardParams {
   uint32_t threshold;
 };
 
+// The dropout of the kernels compiled with kDrop (the launcher's choice for 0 < threshold <= 65536; p = 0 takes
+// the kernels without RNG code, whose keep bits are all set and whose scale is 1). One Philox call a group, always
+// (no run-time test of the threshold: p = 1 draws and drops everything), and one compare a lane: lane 2i keeps
+// when (w_i & 0xffff) >= t, lane 2i + 1 when (w_i >> 16) >= t, i.e. w_i > t * 65536 - 1, which is 2^32 - 1 (never
+// true) at p = 1. The bits of csrc/philox.h (dropout_uniform16) and DESIGN.md section 2.
+struct GatedDropout {
+  uint32_t k0, k1;   // the key: the seed's low and high words
+  uint32_t t_lo;     // threshold t
+  uint32_t t_hi_m1;  // t * 65536 - 1 (t >= 1)
+
+  GPUOPT_DEV GatedDropout(const int64_t* __restrict__ seed, uint32_t threshold)
+      : t_lo(threshold), t_hi_m1(static_cast<uint32_t>((uint64_t(threshold) << 16) - 1u)) {
+    const uint64_t s = static_cast<uint64_t>(read_seed(seed, threshold));  // not read at p = 1 (all dropped)
+    k0 = static_cast<uint32_t>(s);
+    k1 = static_cast<uint32_t>(s >> 32);
+  }
+
+  GPUOPT_DEV void keep(int64_t group, bool (&out)[kGroup]) const {
+    const uint64_t g = static_cast<uint64_t>(group);
+    const Philox4x32 r = philox4x32_10(static_cast<uint32_t>(g), static_cast<uint32_t>(g >> 32), 0u, 0u, k0, k1);
+#pragma unroll
+    for (int i = 0; i < kGroup / 2; ++i) {
+      out[2 * i] = (r.w[i] & 0xffffu) >= t_lo;
+      out[2 * i + 1] = r.w[i] > t_hi_m1;
+    }
+  }
+};
+
+// The keep bits of Philox group q (kDrop), or all set (p = 0: no RNG code in the kernel at all).
+template <bool kDrop>
+GPUOPT_DEV void gated_keep(const GatedDropout& drop, int64_t q, bool (&keep)[kGroup]) {
+  if (kDrop) {
+    drop.keep(q, keep);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) keep[j] = true;
+  }
+}
+
 // One group of the forward: keep bits of Philox group q, gated_forward_element per element, the output at 8q.
-template <int kAct, bool kVec, typename S>
-GPUOPT_DEV void gated_forward_group(const GatedForwardParams<S>& p, const GroupDropout<false>& drop, int64_t q,
-                                    int valid, const Group<S>& gv, const Group<S>& uv) {
+template <int kAct, bool kVec, bool kDrop, typename S>
+GPUOPT_DEV void gated_forward_group(const GatedForwardParams<S>& p, const GatedDropout& drop, int64_t q, int valid,
+                                    const Group<S>& gv, const Group<S>& uv) {
   using A = acc_t_of<S>;
   A ga[kGroup], ua[kGroup], o[kGroup];
   unpack_group(gv, ga);
   unpack_group(uv, ua);
   bool keep[kGroup];
-  drop.keep(q, keep);
+  gated_keep<kDrop>(drop, q, keep);
+  const A scale = kDrop ? p.scale : A(1);  // p = 0: the scale is 1 exactly
 #pragma unroll
-  for (int j = 0; j < kGroup; ++j) o[j] = gated_forward_element<kAct, A>(ga[j], ua[j], keep[j], p.scale);
+  for (int j = 0; j < kGroup; ++j) o[j] = gated_forward_element<kAct, A>(ga[j], ua[j], keep[j], scale);
   store_group(p.out + q * kGroup, valid, kVec, o);
 }
 
-template <typename S, int kAct, bool kVec>
+template <typename S, int kAct, bool kVec, bool kDrop>
 __global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_forward_kernel(GatedForwardParams<S> p) {
   constexpr int U = cuda::gated_unroll(sizeof(S), kVec);
   const GatedGeometry& geo = p.geo;
-  // every thread of the grid is here (no return before it): the constructor's warp shuffles see full warps
-  const GroupDropout<false> drop(read_seed(p.seed, p.threshold), p.threshold);
+  const GatedDropout drop(p.seed, p.threshold);  // kDrop false: unused, no code
   const int64_t T = int64_t(gridDim.x) * blockDim.x;
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t groups = kVec ? geo.n / kGroup : ceil_div(geo.n, kGroup);  // kVec: whole groups; the tail after
@@ -178,7 +217,7 @@ __global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_forward_kernel(
       const int64_t qu = q + u * T;
       if (qu < groups) {
         const int valid = kVec ? kGroup : static_cast<int>(min64(kGroup, geo.n - qu * kGroup));
-        gated_forward_group<kAct, kVec>(p, drop, qu, valid, gv[u], uv[u]);
+        gated_forward_group<kAct, kVec, kDrop>(p, drop, qu, valid, gv[u], uv[u]);
       }
     }
   }
@@ -189,33 +228,33 @@ __global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_forward_kernel(
     Group<S> gv, uv;
     gated_load<false>(p.gate, wt, valid, geo, gv);
     gated_load<false>(p.up, wt, valid, geo, uv);
-    gated_forward_group<kAct, false>(p, drop, q, valid, gv, uv);
+    gated_forward_group<kAct, false, kDrop>(p, drop, q, valid, gv, uv);
   }
 }
 
 // One group of the backward: gated_backward_element per element; grad_gate and grad_up at the walk's offsets.
-template <int kAct, bool kVec, typename S>
-GPUOPT_DEV void gated_backward_group(const GatedBackwardParams<S>& p, const GroupDropout<false>& drop, int64_t q,
-                                     GatedWalk w, int valid, const Group<S>& dv, const Group<S>& gv,
-                                     const Group<S>& uv) {
+template <int kAct, bool kVec, bool kDrop, typename S>
+GPUOPT_DEV void gated_backward_group(const GatedBackwardParams<S>& p, const GatedDropout& drop, int64_t q, GatedWalk w,
+                                     int valid, const Group<S>& dv, const Group<S>& gv, const Group<S>& uv) {
   using A = acc_t_of<S>;
   A da[kGroup], ga[kGroup], ua[kGroup], dg[kGroup], du[kGroup];
   unpack_group(dv, da);
   unpack_group(gv, ga);
   unpack_group(uv, ua);
   bool keep[kGroup];
-  drop.keep(q, keep);
+  gated_keep<kDrop>(drop, q, keep);
+  const A scale = kDrop ? p.scale : A(1);
 #pragma unroll
-  for (int j = 0; j < kGroup; ++j) gated_backward_element<kAct, A>(da[j], ga[j], ua[j], keep[j], p.scale, dg[j], du[j]);
+  for (int j = 0; j < kGroup; ++j) gated_backward_element<kAct, A>(da[j], ga[j], ua[j], keep[j], scale, dg[j], du[j]);
   gated_store<kVec>(p.grad_gate, w, valid, p.geo, dg);
   gated_store<kVec>(p.grad_up, w, valid, p.geo, du);
 }
 
-template <typename S, int kAct, bool kVec>
+template <typename S, int kAct, bool kVec, bool kDrop>
 __global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_backward_kernel(GatedBackwardParams<S> p) {
   constexpr int U = cuda::gated_unroll(sizeof(S), kVec);
   const GatedGeometry& geo = p.geo;
-  const GroupDropout<false> drop(read_seed(p.seed, p.threshold), p.threshold);
+  const GatedDropout drop(p.seed, p.threshold);
   const int64_t T = int64_t(gridDim.x) * blockDim.x;
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t groups = kVec ? geo.n / kGroup : ceil_div(geo.n, kGroup);
@@ -240,7 +279,7 @@ __global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_backward_kernel
       const int64_t qu = q + u * T;
       if (qu < groups) {
         const int valid = kVec ? kGroup : static_cast<int>(min64(kGroup, geo.n - qu * kGroup));
-        gated_backward_group<kAct, kVec>(p, drop, qu, wu[u], valid, dv[u], gv[u], uv[u]);
+        gated_backward_group<kAct, kVec, kDrop>(p, drop, qu, wu[u], valid, dv[u], gv[u], uv[u]);
       }
     }
   }
@@ -252,7 +291,7 @@ __global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_backward_kernel
     load_raw_group(p.grad_out + q * kGroup, valid, false, dv);
     gated_load<false>(p.gate, wt, valid, geo, gv);
     gated_load<false>(p.up, wt, valid, geo, uv);
-    gated_backward_group<kAct, false>(p, drop, q, wt, valid, dv, gv, uv);
+    gated_backward_group<kAct, false, kDrop>(p, drop, q, wt, valid, dv, gv, uv);
   }
 }
 

@@ -70,6 +70,13 @@ inline bool gated_vector_access(const GatedBuffers& b, std::initializer_list<con
   return true;
 }
 
+// The kernel of an access path and a threshold: p = 0 (threshold 0) takes the instance without RNG code
+// (kDrop false), any other p the one that draws one Philox call a group (kDrop).
+template <class K>
+K gated_kernel(bool vec, bool dropout, K vec_no_drop, K vec_drop, K scalar_no_drop, K scalar_drop) {
+  return vec ? (dropout ? vec_drop : vec_no_drop) : (dropout ? scalar_drop : scalar_no_drop);
+}
+
 template <typename S>
 void gated_pointers(const GatedBuffers& b, const S*& gate, const S*& up) {
   gate = static_cast<const S*>(b.gate);
@@ -89,7 +96,10 @@ void run_gated_act(const GatedBuffers& b, Launcher& launcher) {
       p.scale = static_cast<dev::acc_t_of<S>>(b.dropout.scale);
       p.threshold = b.dropout.threshold;
       const bool vec = gated_vector_access(b, {p.gate, p.up, p.out});
-      auto kernel = vec ? dev::gated_act_forward_kernel<S, kAct, true> : dev::gated_act_forward_kernel<S, kAct, false>;
+      auto kernel = gated_kernel(vec, b.dropout.threshold != 0u, dev::gated_act_forward_kernel<S, kAct, true, false>,
+                                 dev::gated_act_forward_kernel<S, kAct, true, true>,
+                                 dev::gated_act_forward_kernel<S, kAct, false, false>,
+                                 dev::gated_act_forward_kernel<S, kAct, false, true>);
       const int64_t n = b.M * b.F;
       const GatedPlan plan = plan_gated(n, b.packed ? b.F : n, b.packed ? 2 * b.F : n, gated_unroll(sizeof(S), vec),
                                         launcher.blocks_per_sm(kernel, kGatedThreads), launcher.sm_count());
@@ -115,8 +125,10 @@ void run_gated_act_backward(const GatedBuffers& b, Launcher& launcher) {
       p.scale = static_cast<dev::acc_t_of<S>>(b.dropout.scale);
       p.threshold = b.dropout.threshold;
       const bool vec = gated_vector_access(b, {p.grad_out, p.gate, p.up, p.grad_gate, p.grad_up});
-      auto kernel =
-          vec ? dev::gated_act_backward_kernel<S, kAct, true> : dev::gated_act_backward_kernel<S, kAct, false>;
+      auto kernel = gated_kernel(vec, b.dropout.threshold != 0u, dev::gated_act_backward_kernel<S, kAct, true, false>,
+                                 dev::gated_act_backward_kernel<S, kAct, true, true>,
+                                 dev::gated_act_backward_kernel<S, kAct, false, false>,
+                                 dev::gated_act_backward_kernel<S, kAct, false, true>);
       const int64_t n = b.M * b.F;
       const GatedPlan plan = plan_gated(n, b.packed ? b.F : n, b.packed ? 2 * b.F : n, gated_unroll(sizeof(S), vec),
                                         launcher.blocks_per_sm(kernel, kGatedThreads), launcher.sm_count());
