@@ -32,6 +32,18 @@ def main():
             for act in range(4):  # relu, gelu, gelu_tanh, silu
                 o = ops.bias_act(xb, bb, act)
                 ops.bias_act_backward(torch.randn_like(o), o if act == 0 else xb, bb, act)
+            # gated_act: two tensors (a flat problem: odd n gives a partial last group) and [gate | up] (odd n: the
+            # element-by-element kernels), unaligned buffers, every act, p = 0 (no RNG code), 0.1 and 1
+            for packed in (False, True):
+                for aligned in (True, False):
+                    cols = 2 * n if packed else n
+                    gate = torch.randn(3 * cols + 1, device="cuda", dtype=dtype)[0 if aligned else 1 :][: 3 * cols]
+                    gate = gate.view(3, cols)
+                    up = None if packed else torch.randn(3, n, device="cuda", dtype=dtype)
+                    for act in range(4):
+                        for p in (0.0, 0.1, 1.0):
+                            o = ops.gated_act(gate, up, seed, p, act)
+                            ops.gated_act_backward(torch.randn_like(o), gate, up, seed, p, act)
             # dropout_add_norm: LayerNorm / RMSNorm, with and without residual, fp32 sum for 16-bit x
             for rms in (False, True):
                 for res32 in (False, True) if dtype != torch.float32 else (False,):
