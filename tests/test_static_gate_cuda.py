@@ -605,3 +605,42 @@ def test_static_resource_budget_of_installed_extension():
         f"static resource budget of {ext} ({arch}) violated by {len(bad)} fp16/bf16/fp32 kernel variants "
         f"(python -m tools.cuda_resources for the full table):\n{CR.format_table(bad)}\n\n{summary}"
     )
+
+
+def declared_kernels() -> set[str]:
+    """The `__global__` kernels declared in csrc/cuda's kernel headers (each name ends in `_kernel`)."""
+    import re
+
+    names = set()
+    for header in sorted((Path(__file__).resolve().parent.parent / "csrc" / "cuda").glob("*.cuh")):
+        text = header.read_text()
+        for m in re.finditer(r"__global__", text):
+            found = re.search(r"\b(\w+_kernel)\s*\(", text[m.end() : m.end() + 400])
+            assert found, f"{header.name}: no kernel name after __global__ at {text[m.start() : m.start() + 80]!r}"
+            names.add(found.group(1))
+    return names
+
+
+def test_declared_kernels_are_found():
+    """The parser of the kernel headers finds every family the gate has to see (a name split over lines too)."""
+    names = declared_kernels()
+    for expect in (
+        "bias_act_forward_kernel",
+        "ldr_forward_rows_kernel",
+        "dan_backward_wide_kernel",
+        "column_sum_kernel",
+        "gated_act_forward_kernel",
+        "gated_act_backward_kernel",
+    ):
+        assert expect in names, (expect, sorted(names))
+
+
+@pytest.mark.slow
+def test_every_declared_kernel_is_in_the_gated_build():
+    """Every kernel family of csrc/cuda/*.cuh has fp16/bf16/fp32 variants in the installed extension, so the
+    resource gate above sees it (a kernel header whose .cu is missing from the build would escape the gate)."""
+    ext, tool = _installed_cuda_extension()
+    _, rows = CR.analyze(ext, cuobjdump=tool)
+    built = {r.kernel.split("<")[0].split("::")[-1] for r in rows if r.kind == "kernel" and not r.fp64}
+    missing = sorted(declared_kernels() - built)
+    assert not missing, f"kernels declared in csrc/cuda but not in {ext.name} (rebuild the extension?): {missing}"
