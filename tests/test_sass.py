@@ -268,6 +268,41 @@ def test_sass_of_built_extension():
         S.sass_of(so, ["no_such_kernel"])
 
 
+def _gated_name(direction: str, drop: bool) -> str:
+    """gated_act_{direction}_kernel<__nv_bfloat16, 3 (silu), true (16-byte vectors), drop> (mangled)."""
+    kernel, params = f"gated_act_{direction}_kernel", f"Gated{direction.capitalize()}Params"
+    return f"_ZN6gpuopt3dev{len(kernel)}{kernel}I13__nv_bfloat16Li3ELb1ELb{int(drop)}EEEvNS0_{len(params)}{params}IT_EE"
+
+
+def test_gated_act_sass_of_built_extension():
+    """gated_act's 16-byte bf16 kernels (gated_act_kernels.cuh): one grid-stride loop whose two groups a thread
+    load all at once (one wait a pass: gate and up, 64 bytes; with grad_out 96) and store as 16-byte vectors; the
+    p = 0 instances carry no Philox code (its multiplier 0xD2511F53 nowhere), the dropout ones do."""
+    try:
+        so = _built_extension()
+        S.find_nvdisasm(S.find_cuobjdump())
+    except ToolError as e:
+        pytest.skip(f"needs cuobjdump, nvdisasm and the built CUDA extension: {e}")
+    names = {(d, drop): _gated_name(d, drop) for d in ("forward", "backward") for drop in (False, True)}
+    try:
+        fns = S.sass_of(so, list(names.values()))
+    except ToolError as e:
+        if "functions not in" in str(e):
+            pytest.skip(f"{so} has no gated_act CUDA kernels (a CPU-only build?): {e}")
+        raise
+    for (direction, drop), name in names.items():
+        fn = fns[name]
+        (loop,) = S.loops(fn)
+        loads = 64 if direction == "forward" else 96
+        assert S.load_batches(loop.own) == S.Batches(1, loads, loads, loads), (direction, drop)
+        summary = S.mem_summary(loop.own)
+        stores = 2 if direction == "forward" else 4  # out; grad_gate and grad_up: a 16-byte vector a group each
+        assert summary["global_load"]["count"] == loads // 16
+        assert summary["global_store"] == {"count": stores, "bytes": 16 * stores}
+        philox = any("0x2daee0ad" in i.text.lower() or "0xd2511f53" in i.text.lower() for i in fn.instrs)
+        assert philox == drop, (direction, drop)
+
+
 def test_one_pass_disassembly_matches_cuobjdump(tmp_path, monkeypatch):
     """sass_of_cubins (one raw-instruction pass of the disassembler for many cubins, the performance model's way
     of reading Triton's cubins) gives every function of the built extension's dropout-add-norm forward cubin with
