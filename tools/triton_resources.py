@@ -10,9 +10,10 @@ and JITFunction._pack_args, i.e. exactly as a real launch does (a meta tensor's 
 allocations are 512-byte aligned, so "16-byte aligned" is what a launch on fresh tensors gets).
 
 The table: OPS x DTYPES x NS, plus a few norm_dropout cases (ND_TABLE: layer_norm_dropout_relu's kernels with
-RMS=True, RELU=False; ops nd_*). Recorded per compiled variant: registers per thread, spill bytes and stack frame
-from `ptxas -v` (Triton runs ptxas with -v; the log is captured), shared memory from the kernel metadata,
-num_warps, the grid the launcher chose, and the blocks per SM those registers/warps/shared memory allow
+RMS=True, RELU=False; ops nd_*) and gated_act's (GATED_TABLE: SwiGLU and GeGLU, both layouts, bf16 and fp32;
+ops gated_act{act}[_packed]_{fwd|bwd}, N = F). Recorded per compiled variant: registers per thread, spill bytes
+and stack frame from `ptxas -v` (Triton runs ptxas with -v; the log is captured), shared memory from the kernel
+metadata, num_warps, the grid the launcher chose, and the blocks per SM those registers/warps/shared memory allow
 (tools.cuda_resources.occupancy: 65536 registers and 64 warps per SM, 32 blocks per SM, 228 KiB shared per SM).
 All figures are compile-time facts; none is a measured speed.
 
