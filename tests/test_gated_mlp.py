@@ -187,3 +187,24 @@ def test_constructor_checks_and_repr():
     assert m.gate_up_proj.weight.shape == (32, 8) and m.gate_up_proj.bias is None
     assert m.down_proj.weight.dtype == torch.float64
     assert "fused=True" in repr(m) and "act='gelu_tanh'" in repr(m)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_compiles_without_graph_breaks_with_eager_results(fused):
+    """torch.compile(fullgraph) through AOTAutograd (the fake kernel and the autograd formula, as Inductor sees
+    them): outputs and gradients equal to the module's eager run, dropout off."""
+    mlp = _randomize(GatedMLP(HIDDEN, INTER, act="gelu", fused=fused)).train()
+    x = torch.randn(3, 4, HIDDEN, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    want = mlp(x)
+    want.square().sum().backward()
+    grads = {k: p.grad.clone() for k, p in mlp.named_parameters()}
+    mlp.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    got = torch.compile(mlp, backend="aot_eager", fullgraph=True)(x2)
+    got.square().sum().backward()
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x2.grad, x.grad, rtol=1e-4, atol=1e-5)
+    for k, p in mlp.named_parameters():
+        torch.testing.assert_close(p.grad, grads[k], rtol=1e-4, atol=1e-5, msg=k)
