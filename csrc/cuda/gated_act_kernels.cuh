@@ -15,6 +15,8 @@
 // two tensors, or packed with F % 8 == 0); the flat problem's last group, when n % 8 != 0, is then taken element
 // by element by one thread after the loop. Otherwise every group goes element by element, its walk wrapping at
 // each row end (F < 8: a group spans several rows).
+// kDrop: p > 0 (one Philox call a group, GatedDropout); p = 0 takes instances with no RNG code at all. Both call
+// fused_math.h's gated_forward_element / gated_backward_element, the CPU backend's and the emulator's formulas.
 #pragma once
 #include <cstdint>
 
