@@ -219,8 +219,9 @@ def _inputs(m, f, dtype, seed=0):
         (40, 37, torch.bfloat16, 1),  # odd F: the packed generic RNG against the flat 8-lane one; 16-column tiles
         (9, 264, torch.float16, 2),  # 264 = 8 x 33: 8-lane RNG in both layouts, padded tiles
         (5, 8, torch.float64, 0),
+        (70, 1, torch.float32, 3),  # F = 1: one-column tiles of 4096 rows (generic RNG); flat: one block
     ],
-    ids=["f1500-fp32-silu", "f100-fp32-silu", "f37-bf16-gelu", "f264-fp16-gelu_tanh", "f8-fp64-relu"],
+    ids=["f1500-fp32-silu", "f100-fp32-silu", "f37-bf16-gelu", "f264-fp16-gelu_tanh", "f8-fp64-relu", "f1-fp32-silu"],
 )
 def test_triton_gated_packed_is_two_tensor_bits_and_reference_mask(m, f, dtype, act):
     """Under the interpreter: the [gate | up] layout (2-D tiles) gives the two-tensor layout's (flat blocks) output
