@@ -146,6 +146,8 @@ fi
 # ---------------------------------------------------------------------------------------------- 3. GPU tests
 if [ "$BUILD_OK" = 1 ]; then
   # the cuda- and triton_gpu-marked tests: the cuda and triton backends of tests/backends.py in every test file
+  # (every op of tests/op_table.py, gated_act included, and the files that take backend_params(), e.g.
+  # tests/test_gated_mlp.py), selected by marker, so a new op's GPU tests join by themselves
   # several workers where pytest-xdist is installed: most of this step is Triton compiling kernels on the CPUs
   XDIST=""
   if "$PY" -c "import xdist" 2>/dev/null; then XDIST="-n ${GPU_CHECK_TEST_WORKERS:-8} --dist loadgroup"; fi
@@ -199,7 +201,9 @@ fi
 # stop leaves what was measured; the file goes to OUT_DIR/measurements and docs/measurements.
 # (b) ncu counters of six kernels (skipped, with the reason in its file, where ncu is missing or fails).
 # (c) torch.compile (max-autotune, slow to compile) on a few cases with all providers, for the speed-ups against
-# compile (benchmarks.run; --time-budget stops it cleanly, its CSV is written row by row).
+# compile (benchmarks.run; --time-budget stops it cleanly, its CSV is written row by row). Its ops are named: the
+# gated ops (benchmarks.run's gated, gated_packed) are measured in (a), beside Liger's SwiGLU, and left out here so
+# that they do not take this step's budget from the others.
 limit_for() {  # limit_for CAP RESERVE: the limit `step` will give, for the scripts' own budgets
   local left=$((DEADLINE - $(date +%s) - $2 * BUDGET / 460))
   echo $(($1 < left ? $1 : left))
@@ -233,7 +237,7 @@ bench() {  # bench NAME CAP RESERVE args...
 }
 if [ "$BUILD_OK" = 1 ]; then
   bench bench_compile 110 15 --out "$OUT_DIR/bench_compile" --providers cuda,triton,eager,compile,liger,copy \
-    --dtypes bf16 --ns 1024,8192 --modes fwd,fwd+bwd --rep-ms 50
+    --ops ldr,bias_relu,dan_ln,add_rms,ln_drop,bias_gelu --dtypes bf16 --ns 1024,8192 --modes fwd,fwd+bwd --rep-ms 50
 else
   skip bench_compile "extension did not build/import"
 fi

@@ -7,20 +7,26 @@
     python -m benchmarks.gpu_measure --attach-model FILE.json       # the model's estimate per row (CPU machine)
     python -m benchmarks.gpu_measure --device cpu --elements 4096 --ns 256   # the same loop on the CPU kernels
 
-Rows: op x direction (fwd, bwd) x backend (cuda, triton) x dtype (bf16, fp32) x N (768 ... 16384), M = 2^26 // N.
-The ops are the model's rows (tools.roofline_gpuopt), named as below; p = 0.1 wherever there is a dropout:
+Rows: op x direction (fwd, bwd) x backend (cuda, triton) x dtype (bf16, fp32) x N (768 ... 16384), M = 2^26 // N;
+the gated ops at their own N (GATED_NS, --gated-ns: the intermediate size F, the output's last dimension).
+The ops are the model's rows (tools.roofline_gpuopt), named as below; p = 0.1 wherever there is a dropout, except
+the gated ops, which run as LLaMA-style MLPs do, without one (p = 0, the model's gated rows):
     ldr        layer_norm_dropout_relu(x, N, w, b)                      model op layer_norm_dropout_relu
     bias_relu  bias_relu(x, b)                                          model op bias_relu
     dan_ln     dropout_add_norm(x, residual, w, b, prenorm=True)        model op dropout_add_norm
     dan_rms    dropout_add_norm(x, residual, w, norm="rms", prenorm=True)  model op dropout_add_rms_norm
     rms_drop   norm_dropout(x, w, norm="rms")                           model op rms_norm_dropout
     bias_gelu  bias_act(x, b, act="gelu")                               model op bias_act_gelu
+    gated_silu gated_act(gate, up) (SwiGLU, two (M, F) tensors)         model op gated_act_silu
+    gated_silu_packed  gated_act(gate_up) (one (M, 2F) tensor [gate | up])  model op gated_act_silu_packed
     copy       y.copy_(x), one per (dtype, N) group: the yardstick the fractions divide by
 fwd runs the forward under torch.no_grad; bwd is torch.autograd.grad of a forward taken once (retain_graph), with
 a gradient for every output the model's backward reads (dropout_add_norm's sum included). Where liger_kernel or
 quack import, their LayerNorm alone (op "ln", backends "liger" / "quack", the norm-only anchor) joins the bf16
 groups of N 1024, 4096, 16384 (liger) and 4096 (quack, whose kernels compile in the measuring process); they are
-never installed here.
+never installed here. Liger's SwiGLU (op "swiglu", backend "liger": LigerSiLUMulFunction on two tensors, the
+gated_silu rows' peer) joins the bf16 groups of PEER_SWIGLU_NS; its backward writes the gradients into the tensors
+it saved, so its rows run on copies of the group's inputs.
 
 Per row (docs/measurements/README.md has the file format):
     kernel_us  the GPU time of one call's own kernels: torch.profiler (CUPTI) durations of every kernel, memset
@@ -92,7 +98,21 @@ OPS = {  # op -> the model's op label (tools.roofline_gpuopt.OPS)
     "dan_rms": "dropout_add_rms_norm",
     "rms_drop": "rms_norm_dropout",
     "bias_gelu": "bias_act_gelu",
+    "gated_silu": "gated_act_silu",
+    "gated_silu_packed": "gated_act_silu_packed",
 }
+# The gated ops' N is the intermediate size F (2^26 // F rows), not NS. gated_silu runs at F = 4096 alone: its
+# kernels take the M x F elements as one flat problem in both backends, so F does not change their work (the model's
+# two-tensor rows are alike at every F). The packed layout (a 2-D walk or tiles, whose shape follows F; the model's
+# gated_act_silu_packed rows) is not in the default ops, nor are the model's other F (2048, 11008, 14336, 28672):
+# the plan must fit the 290 s benchmarks/gpu_check.sh gives it (284.7 s as here; 289.5 with the packed rows at 4096
+# too, 296.8 with gated_silu at 14336 as well: one more group a dtype). --ops and --gated-ns add them.
+GATED_OPS = ("gated_silu", "gated_silu_packed")
+GATED_NS = {"gated_silu": (4096,), "gated_silu_packed": (4096, 14336)}
+DEFAULT_OPS = tuple(op for op in OPS if op != "gated_silu_packed")
+# the peers' rows: op -> the model op whose ideal bytes they are charged (their own model_op is None)
+PEER_OPS = {"ln": "layer_norm_dropout_relu", "swiglu": "gated_act_silu"}
+PEER_SWIGLU_NS = (4096, 14336)  # where gated_silu runs (one program a row: its tile follows F)
 MODEL_DIRECTION = {"fwd": "forward", "bwd": "backward"}
 PEER_BACKENDS = ("liger", "quack")
 PEER_NS = {"liger": (1024, 4096, 16384), "quack": (4096,)}  # quack compiles in-process: one N
@@ -135,9 +155,12 @@ class Assumptions:
         the column-sum stage), one more at N >= 8192 (the wide backward asks the compiled facts of the kernel it
         plans before it runs one). Counted per row, though rows share variants: the launchers of ldr, dan_ln and
         bias_relu planned on meta tensors launch or query 49 distinct variants over both dtypes and the six N, 120
-        by this count. liger's LayerNorm: as a Triton row; quack's: compiled in-process (quack_compile_s)."""
+        by this count. liger's LayerNorm: as a Triton row; quack's: compiled in-process (quack_compile_s). The
+        gated ops and Liger's SwiGLU: one kernel each way (no column sums)."""
         if row.backend not in ("triton", "liger"):
             return 0
+        if row.op in GATED_OPS or row.op == "swiglu":
+            return 1
         return 1 if row.direction == "fwd" else (3 if row.n >= 8192 else 2)
 
 
@@ -174,27 +197,39 @@ def group_order(dtypes, ns) -> list[tuple[str, int]]:
 
 
 def build_plan(
-    ops=tuple(OPS),
+    ops=DEFAULT_OPS,
     directions=DIRECTIONS,
     backends=BACKENDS,
     dtypes=DTYPES,
     ns=NS,
     peers=(),
     elements: int = ELEMENTS,
+    gated_ns: Optional[dict] = None,
 ) -> list[Row]:
-    """Every row, group by group (group_order): per group its copy, then op x backend x direction; the peers'
-    LayerNorm rows (`peers`: the importable ones) in the bf16 groups of PEER_NS[peer]."""
+    """Every row, group by group (group_order): per group its copy, then op x backend x direction (the gated ops
+    in the groups of their own N, gated_ns[op], default GATED_NS); the peers' LayerNorm rows (`peers`: the
+    importable ones) in the bf16 groups of PEER_NS[peer], liger's SwiGLU in those of PEER_SWIGLU_NS where the
+    gated_silu rows run."""
+    gated_ns = GATED_NS if gated_ns is None else gated_ns
+    op_ns = {op: tuple(gated_ns.get(op, ())) if op in GATED_OPS else tuple(ns) for op in ops}
+    all_ns = tuple(dict.fromkeys(n for op in ops for n in op_ns[op]))
+    norm_ns = {n for op in ops if op not in GATED_OPS for n in op_ns[op]}  # where the LayerNorm anchors join
     plan: list[Row] = []
-    for dtype, n in group_order(dtypes, ns):
+    for dtype, n in group_order(dtypes, all_ns):
         plan.append(Row("copy", "fwd", "torch", dtype, n, elements))
         for op in ops:
+            if n not in op_ns[op]:
+                continue
             for backend in backends:
                 for direction in directions:
                     plan.append(Row(op, direction, backend, dtype, n, elements))
         for peer in peers:
-            if dtype == "bf16" and n in PEER_NS[peer]:
+            if dtype == "bf16" and n in PEER_NS[peer] and n in norm_ns:
                 for direction in directions:
                     plan.append(Row("ln", direction, peer, dtype, n, elements))
+        if "liger" in peers and dtype == "bf16" and n in PEER_SWIGLU_NS and n in op_ns.get("gated_silu", ()):
+            for direction in directions:
+                plan.append(Row("swiglu", direction, "liger", dtype, n, elements))
     return plan
 
 
@@ -212,7 +247,7 @@ def ideal_bytes(row: Row) -> int:
         return 2 * row.m * row.n * e
     from tools import roofline_gpuopt as G
 
-    model_op = OPS.get(row.op, "layer_norm_dropout_relu")  # "ln" (peers): LayerNorm's bytes are ldr's
+    model_op = OPS.get(row.op) or PEER_OPS[row.op]  # the peers' "ln": LayerNorm's bytes are ldr's
     return G.ideal_bytes(model_op, MODEL_DIRECTION[row.direction], row.dtype, row.n, row.m)
 
 
@@ -525,6 +560,13 @@ def _forward(row: Row, t: dict, backend: str):
 
     x, r, w, b, g, gs = (t[k] for k in ("x", "r", "w", "b", "g", "gs"))
     if row.backend in PEER_BACKENDS:
+        if row.backend == "liger" and row.op == "swiglu":
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+            # its backward overwrites the tensors it saved (gate and up) with their gradients: copies, not the
+            # group's inputs
+            a, u = (v.detach().clone().requires_grad_(True) for v in (x, r))
+            return (lambda: (LigerSiLUMulFunction.apply(a, u),)), (a, u), (g,)
         if row.backend == "liger":
             from liger_kernel.ops.layer_norm import LigerLayerNormFunction
 
@@ -545,6 +587,13 @@ def _forward(row: Row, t: dict, backend: str):
         return (lambda: (G.norm_dropout(x, w, None, norm="rms", p=P, backend=backend),)), (x, w), (g,)
     if row.op == "bias_gelu":
         return (lambda: (G.bias_act(x, b, act="gelu", backend=backend),)), (x, b), (g,)
+    if row.op == "gated_silu":  # gate = x, up = r; no dropout (the model's gated rows)
+        return (lambda: (G.gated_act(x, r, act="silu", backend=backend),)), (x, r), (g,)
+    if row.op == "gated_silu_packed":  # one (M, 2F) input [x | r], made once a group
+        if "xr" not in t:
+            t["xr"] = torch.cat([x.detach(), r.detach()], dim=-1).requires_grad_(True)
+        xr = t["xr"]
+        return (lambda: (G.gated_act(xr, None, act="silu", backend=backend),)), (xr,), (g,)
     if row.op == "copy":
         y = torch.empty_like(x, requires_grad=False)
         return (lambda: (y.copy_(x.detach()),)), (), ()
@@ -1177,11 +1226,18 @@ def parse_args(argv=None):
     )
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its time budget; measure nothing")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole run (default 300)")
-    ap.add_argument("--ops", default=",".join(OPS), help=f"comma list of {tuple(OPS)}")
+    ap.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"comma list of {tuple(OPS)} (default: all but "
+                    "gated_silu_packed)")  # fmt: skip
     ap.add_argument("--directions", default=",".join(DIRECTIONS))
     ap.add_argument("--backends", default=None, help="comma list of cuda,triton (default both; --device cpu: cpu)")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--ns", default=",".join(map(str, NS)))
+    ap.add_argument(
+        "--gated-ns",
+        default=None,
+        help="comma list of F for every gated op (default: GATED_NS, " + "; ".join(
+            f"{op} {','.join(map(str, ns))}" for op, ns in GATED_NS.items()) + ")",
+    )  # fmt: skip
     ap.add_argument("--no-peers", action="store_true", help="leave out the liger and quack LayerNorm rows")
     ap.add_argument("--wheel", default=None, help="the gpuopt wheel, unpacked and put first on sys.path")
     ap.add_argument(
@@ -1231,6 +1287,15 @@ def parse_args(argv=None):
     for n in a.ns:
         if not 0 < n <= a.elements:
             ap.error(f"--ns: N = {n} must be in 1 .. --elements ({a.elements})")
+    if a.gated_ns is not None:
+        try:
+            fs = tuple(int(s) for s in a.gated_ns.split(",") if s)
+        except ValueError:
+            ap.error(f"--gated-ns: comma list of integers, got {a.gated_ns!r}")
+        for n in fs:
+            if not 0 < n <= a.elements:
+                ap.error(f"--gated-ns: F = {n} must be in 1 .. --elements ({a.elements})")
+        a.gated_ns = {op: fs for op in GATED_OPS}
     a.out_dir = a.out_dir or [str(ROOT / "docs" / "measurements")]
     return a
 
@@ -1260,7 +1325,9 @@ def main(argv=None) -> int:
         return 0
     if args.dry_run:
         peers = [] if args.no_peers or "bf16" not in args.dtypes else list(PEER_BACKENDS)
-        plan = build_plan(args.ops, args.directions, args.backends, args.dtypes, args.ns, peers, args.elements)
+        plan = build_plan(
+            args.ops, args.directions, args.backends, args.dtypes, args.ns, peers, args.elements, args.gated_ns
+        )
         print(plan_text(plan, args.budget, args.compile_workers))
         if peers:
             print("(the liger and quack rows run only where those packages import)")
@@ -1277,7 +1344,9 @@ def main(argv=None) -> int:
         run_ncu(args, meta, args.out_dir, stem)
         return 0
     peers = [] if (args.no_peers or args.device != "cuda") else peers_importable()
-    plan = build_plan(args.ops, args.directions, args.backends, args.dtypes, args.ns, peers, args.elements)
+    plan = build_plan(
+        args.ops, args.directions, args.backends, args.dtypes, args.ns, peers, args.elements, args.gated_ns
+    )
     b = budget(plan, args.compile_workers)
     print(f"gpu_measure: {len(plan)} rows on {meta['gpu']}, estimated {b['total']:.0f} s, budget {args.budget:.0f} s",
           flush=True)  # fmt: skip

@@ -16,7 +16,9 @@ Providers
              gpuopt_ops.triton_ops cannot be imported                                            GPU only
     eager    F.layer_norm -> F.dropout -> F.relu, and relu(x + b)
     compile  torch.compile of the eager code: mode="max-autotune" on GPU, default mode on CPU; dynamic=False
-    liger    Liger-Kernel's LayerNorm + torch dropout + relu (ldr only), when liger_kernel is importable
+    liger    Liger-Kernel's LayerNorm + torch dropout + relu (ldr), its SwiGLU (LigerSiLUMulFunction: gated with
+             --act silu, two tensors), when liger_kernel is importable; its SwiGLU backward writes the
+             gradients into the tensors it saved, so it runs on copies of the inputs
     quack    quack-kernels' LayerNorm alone, no dropout or ReLU (ldr only): the norm-only speed anchor
     copy     y.copy_(x) on an (M, N) tensor of the case's dtype: this machine's bandwidth baseline
 
@@ -43,6 +45,12 @@ of a fp32 statistic. Every provider of a case is charged the same bytes, so GB/s
     ln_drop       LayerNorm → dropout (BERT's embeddings; gpuopt_ops.norm_dropout): as ldr
     bias_gelu fwd read x (M*N*e) + bias (N*pe); write out (M*N*e)
     bias_gelu bwd read grad_out, x (2*M*N*e) + bias (N*pe); write grad_x (M*N*e) + dbias (N*pe)
+    gated    fwd  gated_act(gate, up, act=--act) (SwiGLU by default; gpuopt_ops.gated_act, eager
+                  gpuopt_ops.reference.eager_gated_act), N = F, the output's last dimension, dropout p = --gated-p
+                  (default 0, as LLaMA-style MLPs): read gate, up (2*M*N*e); write out (M*N*e)
+    gated    bwd  read grad_out, gate, up (3*M*N*e); write grad_gate, grad_up (2*M*N*e)
+    gated_packed  the same with one (M, 2N) input holding [gate | up] (a fused gate_up projection's output), whose
+                  gradient is one (M, 2N) tensor [grad_gate | grad_up]: the same bytes
     fwd+bwd       the sum of fwd and bwd
     copy          read x + write y (2*M*N*e)
 ratio_copy = GB/s / GB/s of the copy measured in the same case; speedup_vs_eager = eager ms / ms,
@@ -73,9 +81,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-OPS = ("ldr", "bias_relu", "dan_ln", "add_rms", "ln_drop", "bias_gelu")
+OPS = ("ldr", "bias_relu", "dan_ln", "add_rms", "ln_drop", "bias_gelu", "gated", "gated_packed")
 # the transformer blocks: gpuopt's own op, eager and compile only
 BLOCK_OPS = ("dan_ln", "add_rms", "ln_drop", "bias_gelu")
+# the gated MLP activation (gpuopt_ops.gated_act): two tensors, or one [gate | up] tensor
+GATED_OPS = ("gated", "gated_packed")
+GATED_ACTS = ("silu", "gelu", "gelu_tanh", "relu")
 MODES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GPU_NS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -123,6 +134,9 @@ def bytes_moved(op: str, mode: str, m: int, n: int, dtype: torch.dtype) -> int:
     elif op == "bias_gelu":
         fwd = 2 * m * n * e + n * pe
         bwd = 3 * m * n * e + 2 * n * pe
+    elif op in GATED_OPS:  # n = F, the output's last dimension
+        fwd = 3 * m * n * e
+        bwd = 5 * m * n * e
     else:
         raise ValueError(op)
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
@@ -313,13 +327,101 @@ def block_forward_fn(provider: str, op: str, device: str, p: float) -> Callable:
     raise Skip(f"{provider} has no {op}")
 
 
-def make_runner(provider: str, op: str, mode: str, device: str, p: float, x, w, b, g, r=None) -> Callable[[], object]:
-    """A no-argument callable that runs one timed iteration of (provider, op, mode) on the given inputs."""
+def gated_forward_fn(provider: str, op: str, device: str, p: float, act: str) -> Callable:
+    """The callable (gate, up) -> out of a provider for a gated op (up None: gate holds [gate | up])."""
+    if provider in ("cuda", "cpu", "triton"):
+        if (provider == "cpu") == (device == "cuda"):
+            raise Skip(f"provider {provider} does not run on device {device}")
+        g = _import_gpuopt()
+        if provider == "triton":
+            _triton_available()
+        return lambda gate, up: g.gated_act(gate, up, act=act, p=p, backend=provider)
+    if provider == "eager":
+        _import_gpuopt()
+        from gpuopt_ops import reference as R
+
+        return lambda gate, up: R.eager_gated_act(gate, up, act, p, True)
+    if provider == "compile":
+        key = ("gated", act, p, device)
+        if key not in _COMPILED:
+            _compiled("ldr", device)  # lifts the recompile limits once
+            _import_gpuopt()
+            from gpuopt_ops import reference as R
+
+            def composition(gate, up):
+                return R.eager_gated_act(gate, up, act, p, True)
+
+            kwargs = {"mode": "max-autotune"} if device == "cuda" else {}
+            _COMPILED[key] = torch.compile(composition, dynamic=False, **kwargs)
+        cf = _COMPILED[key]
+        if device == "cuda":
+
+            def run(gate, up):
+                torch.compiler.cudagraph_mark_step_begin()
+                return cf(gate, up)
+
+            return run
+        return cf
+    if provider == "liger":
+        if device != "cuda":
+            raise Skip("liger runs on GPU only")
+        if op != "gated" or act != "silu" or p > 0:
+            raise Skip("liger's SwiGLU is silu on two tensors without dropout (gated with --act silu, --gated-p 0)")
+        try:
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+        except Exception as err:  # noqa: BLE001
+            raise Skip(f"liger_kernel's SwiGLU not importable ({type(err).__name__}: {err})") from None
+        return LigerSiLUMulFunction.apply
+    raise Skip(f"{provider} has no {op}")
+
+
+def _gated_runner(provider: str, op: str, mode: str, device: str, p: float, act: str, x, r, g) -> Callable[[], object]:
+    """gate = x, up = r (op gated), or one (M, 2N) tensor [x | r] (gated_packed); g is the output's gradient. liger
+    runs on copies of x and r: its backward overwrites the tensors it saved with the gradients."""
+    f = gated_forward_fn(provider, op, device, p, act)
+    if op == "gated_packed":
+        gate = torch.cat([x.detach(), r.detach()], dim=-1).requires_grad_(True)
+        inputs, up = (gate,), None
+    elif provider == "liger":
+        gate, up = x.detach().clone().requires_grad_(True), r.detach().clone().requires_grad_(True)
+        inputs = (gate, up)
+    else:
+        gate, up = x, r
+        inputs = (x, r)
+    if mode == "fwd":
+
+        def run():
+            with torch.no_grad():
+                return f(gate, up)
+
+        return run
+    if mode == "bwd":
+        with torch.enable_grad():
+            y = f(gate, up)
+        return lambda: torch.autograd.grad(y, inputs, g, retain_graph=True)
+    if mode == "fwd+bwd":
+
+        def run():
+            with torch.enable_grad():
+                y = f(gate, up)
+            return torch.autograd.grad(y, inputs, g)
+
+        return run
+    raise ValueError(mode)
+
+
+def make_runner(
+    provider: str, op: str, mode: str, device: str, p: float, x, w, b, g, r=None, act: str = "silu"
+) -> Callable[[], object]:
+    """A no-argument callable that runs one timed iteration of (provider, op, mode) on the given inputs (gated ops:
+    p is their dropout probability, act their activation)."""
     if provider == "copy":
         y = torch.empty_like(x)
         return lambda: y.copy_(x)
     if provider == "quack":
         return _quack_runner(op, mode, device, x, w, b, g)
+    if op in GATED_OPS:
+        return _gated_runner(provider, op, mode, device, p, act, x, r, g)
     if op in BLOCK_OPS:
         fb = block_forward_fn(provider, op, device, p)
         inputs = {"dan_ln": (x, r, w, b), "add_rms": (x, r, w), "ln_drop": (x, w, b), "bias_gelu": (x, b)}[op]
@@ -439,6 +541,8 @@ def parse_args(argv=None):
     ap.add_argument("--m", type=int, default=None, help="fix the number of rows M (else sized by --mbytes)")
     ap.add_argument("--mbytes", type=float, default=None, help="forward bytes per case in MB (GPU 256, CPU 16)")
     ap.add_argument("--p", type=float, default=0.1, help="dropout probability")
+    ap.add_argument("--gated-p", type=float, default=0.0, help="dropout probability of the gated ops (default 0)")
+    ap.add_argument("--act", default="silu", choices=GATED_ACTS, help="activation of the gated ops (default silu)")
     ap.add_argument("--out", default="bench_out", help="output folder (CSV: bench_<device>.csv)")
     ap.add_argument(
         "--time-budget",
@@ -558,7 +662,8 @@ def run(args) -> str:
             runners: dict[str, Callable] = {}
             for prov in args.providers:
                 try:
-                    runners[prov] = make_runner(prov, op, mode, device, args.p, x, w, b, g, r)
+                    p_op = args.gated_p if op in GATED_OPS else args.p
+                    runners[prov] = make_runner(prov, op, mode, device, p_op, x, w, b, g, r, args.act)
                     runners[prov]()  # warm-up (and compilation)
                     runners[prov]()
                     _sync(device)
@@ -608,7 +713,7 @@ def run(args) -> str:
                     "dtype": dt_name,
                     "M": m,
                     "N": n,
-                    "p": args.p,
+                    "p": args.gated_p if op in GATED_OPS else args.p,
                     "ms_median": ms,
                     "ms_p20": p20,
                     "ms_p80": p80,

@@ -21,14 +21,23 @@ def test_default_plan_covers_every_row_once_in_group_order():
     plan = GM.build_plan(peers=GM.PEER_BACKENDS)
     keys = [r.key for r in plan]
     assert len(keys) == len(set(keys))
-    ours = [r for r in plan if r.op in GM.OPS]
+    row_ops = tuple(o for o in GM.OPS if o not in GM.GATED_OPS)
+    ours = [r for r in plan if r.op in row_ops]
     assert len(ours) == 6 * 2 * 2 * 2 * 6  # op x direction x backend x dtype x N
     assert {(r.op, r.direction, r.backend, r.dtype, r.n) for r in ours} == {
-        (o, d, b, t, n) for o in GM.OPS for d in GM.DIRECTIONS for b in GM.BACKENDS for t in GM.DTYPES for n in GM.NS
+        (o, d, b, t, n) for o in row_ops for d in GM.DIRECTIONS for b in GM.BACKENDS for t in GM.DTYPES for n in GM.NS
     }
+    # the gated ops at their own F: SwiGLU on two tensors at 4096 (the packed layout and other F when asked)
+    assert GM.DEFAULT_OPS == (*row_ops, "gated_silu")
+    gated = {(r.op, r.direction, r.backend, r.dtype, r.n) for r in plan if r.op in GM.GATED_OPS}
+    assert gated == {("gated_silu", d, b, t, 4096) for d in GM.DIRECTIONS for b in GM.BACKENDS for t in GM.DTYPES}
     assert sum(r.op == "copy" for r in plan) == 12  # one yardstick per (dtype, N) group
     assert [(r.backend, r.n) for r in plan if r.op == "ln"] == [
         (p, n) for n in (1024, 4096, 16384) for p in GM.PEER_BACKENDS if n in GM.PEER_NS[p] for _ in GM.DIRECTIONS
+    ]
+    # Liger's SwiGLU beside the gated_silu rows, bf16
+    assert [(r.backend, r.dtype, r.n, r.direction) for r in plan if r.op == "swiglu"] == [
+        ("liger", "bf16", 4096, d) for d in GM.DIRECTIONS
     ]
     groups = [g for g, _ in GM.groups_of(plan)]
     assert groups[:6] == [("bf16", 1024), ("fp32", 1024), ("bf16", 4096), ("fp32", 4096), ("bf16", 16384),
@@ -38,11 +47,37 @@ def test_default_plan_covers_every_row_once_in_group_order():
         assert r.m == (1 << 26) // r.n
 
 
+def test_gated_plan_follows_its_own_f():
+    """--gated-ns sets the gated ops' F (their groups join or add to the others'); without a gated op, no such
+    group; the peers' SwiGLU only beside gated_silu rows."""
+    plan = GM.build_plan(ops=("ldr", "gated_silu", "gated_silu_packed"), backends=("cuda",), dtypes=("bf16",),
+                         ns=(1024,), peers=("liger",), gated_ns={op: (1024, 11008) for op in GM.GATED_OPS})  # fmt: skip
+    assert [(r.op, r.n) for r in plan if r.direction == "fwd"] == [
+        ("copy", 1024), ("ldr", 1024), ("gated_silu", 1024), ("gated_silu_packed", 1024), ("ln", 1024),
+        ("copy", 11008), ("gated_silu", 11008), ("gated_silu_packed", 11008),
+    ]  # fmt: skip
+    assert {g for g, _ in GM.groups_of(GM.build_plan(ops=("ldr",), ns=(1024,)))} == {("bf16", 1024), ("fp32", 1024)}
+    # Liger's SwiGLU at PEER_SWIGLU_NS (4096, 14336) where gated_silu runs
+    plan = GM.build_plan(ops=("gated_silu",), dtypes=("bf16",), peers=("liger",), gated_ns={"gated_silu": (2048, 4096)})
+    assert [(r.op, r.backend, r.n) for r in plan if r.backend == "liger"] == [("swiglu", "liger", 4096)] * 2
+    a = GM.parse_args(["--gated-ns", "2048,28672", "--ops", "gated_silu_packed"])
+    assert a.gated_ns == {op: (2048, 28672) for op in GM.GATED_OPS} and a.ops == ("gated_silu_packed",)
+
+
 def test_ideal_bytes_are_the_models():
     from tools import roofline_gpuopt as G
 
     r = GM.Row("dan_ln", "bwd", "cuda", "bf16", 4096)
     assert GM.ideal_bytes(r) == G.ideal_bytes("dropout_add_norm", "backward", "bf16", 4096)
+    # gated_act: gate, up in, out (3 tensors of M x F); grad_out, gate, up in, grad_gate, grad_up out (5); Liger's
+    # SwiGLU is charged the same bytes
+    m = (1 << 26) // 14336
+    for op in ("gated_silu", "gated_silu_packed"):
+        assert GM.ideal_bytes(GM.Row(op, "fwd", "cuda", "bf16", 14336)) == 3 * m * 14336 * 2
+        assert GM.ideal_bytes(GM.Row(op, "bwd", "triton", "fp32", 14336)) == 5 * m * 14336 * 4
+    assert GM.ideal_bytes(GM.Row("swiglu", "bwd", "liger", "bf16", 14336)) == 5 * m * 14336 * 2
+    assert GM.new_record(GM.Row("swiglu", "fwd", "liger", "bf16", 4096))["model_op"] is None
+    assert GM.new_record(GM.Row("gated_silu", "fwd", "cuda", "bf16", 4096))["model_op"] == "gated_act_silu"
     m = (1 << 26) // 1024
     assert GM.ideal_bytes(GM.Row("copy", "fwd", "torch", "fp32", 1024)) == 2 * m * 1024 * 4
     assert GM.ideal_bytes(GM.Row("ldr", "fwd", "triton", "bf16", 1024)) == 2 * m * 1024 * 2 + 2 * m * 4 + 2 * 1024 * 2
@@ -66,6 +101,8 @@ def test_row_phase_arithmetic():
     assert GM.call_seconds(row, host_bound) == 1e-3
     assert a.variants(GM.Row("ldr", "fwd", "cuda", "bf16", 1024)) == 0
     assert a.variants(GM.Row("ldr", "bwd", "triton", "bf16", 1024)) == 2
+    assert a.variants(GM.Row("gated_silu", "bwd", "triton", "bf16", 14336)) == 1  # one kernel, no column sums
+    assert a.variants(GM.Row("swiglu", "bwd", "liger", "bf16", 14336)) == 1
 
 
 def test_compile_phase_spreads_variants_over_workers():
@@ -339,6 +376,24 @@ def test_cpu_smoke_run_writes_every_row(tmp_path):
         assert r["eager_us"] > 0 and r["host_us"] > 0 and r["eager_frac"] > 0, r
         assert r["kernel_us"] is None and r["replay_us"] is None and r["status"] == "partial", r
     assert (tmp_path / path.name.replace(".json", ".md")).is_file()
+
+
+def test_cpu_smoke_run_of_the_gated_rows(tmp_path):
+    """The gated rows through the same loop on the CPU kernels: both layouts (the packed one's (M, 2F) input made
+    once a group), at --gated-ns, timed against the group's copy."""
+    pytest.importorskip("gpuopt_ops")
+    args = ["--device", "cpu", "--elements", "4096", "--ns", "128", "--gated-ns", "128", "--dtypes", "fp32"]
+    rc = GM.main([*args, "--ops", "gated_silu,gated_silu_packed", "--out-dir", str(tmp_path), "--commit", "abc1234"])
+    assert rc == 0
+    (path,) = tmp_path.glob("*-cpu-abc1234.json")
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["op"], r["direction"], r["n"]) for r in rows] == [("copy", "fwd", 128)] + [
+        (op, d, 128) for op in ("gated_silu", "gated_silu_packed") for d in ("fwd", "bwd")
+    ]
+    for r in rows:
+        assert r["m"] == 32 and r["eager_us"] > 0 and r["host_us"] > 0 and r["eager_frac"] > 0, r
+        assert r["status"] == "partial" and not r["notes"], r
+    assert [r["model_op"] for r in rows[1:]] == ["gated_act_silu"] * 2 + ["gated_act_silu_packed"] * 2
 
 
 def test_a_spent_budget_skips_rows_and_still_writes_the_file(tmp_path):
