@@ -45,6 +45,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from .backends import has_kernel
 from .modules import default_rms_eps
 from .ops import bias_act, bias_relu, dropout_add_norm, gated_act, layer_norm_dropout_relu, norm_dropout
 
@@ -1046,6 +1047,8 @@ def _rewrite_gated_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[st
         gv, uv = _value(gate), _value(up)
         if gv is None or uv is None or gv.dtype not in _DTYPES or gv.device.type not in ("cpu", "cuda"):
             continue
+        if gv.device.type == "cuda" and not has_kernel("gated_act", "CUDA"):
+            return False  # a build without the op's CUDA kernels: the site stays as it is
         if gv.dim() < 1 or gv.shape[-1] < 1 or not _same_like(up, gv):
             continue  # gate and up of one shape, dtype and device: no broadcasting, no type promotion
         if not (_same_like(a, gv) and _same_like(node, gv)):
