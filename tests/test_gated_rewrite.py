@@ -225,14 +225,24 @@ def test_proof_obligations_refuse_mutation_and_mode_changes():
             out = a * u
         return out
 
-    for fn in (inplace_gate, inplace_up, inplace_after, autocast_between, grad_mode_between):
+    def inplace_activation(g, u):
+        return F.silu(g, inplace=True) * u  # the caller's gate changes too: not the op's function
+
+    def inplace_relu(g, u):
+        return torch.relu_(g) * u
+
+    cases = (inplace_gate, inplace_up, inplace_after, autocast_between, grad_mode_between, inplace_activation)
+    for fn in (*cases, inplace_relu):
         g, u = torch.randn(4, 16), torch.randn(4, 16)
         log = []
         torch._dynamo.reset()
-        got = torch.compile(fn, backend=_capture(log))(g.clone(), u.clone())
-        want = fn(g.clone(), u.clone())
+        g1, u1, g2, u2 = g.clone(), u.clone(), g.clone(), u.clone()
+        got = torch.compile(fn, backend=_capture(log))(g1, u1)
+        want = fn(g2, u2)
         assert log == [], (fn.__name__, log)
         torch.testing.assert_close(got, want, msg=fn.__name__)
+        torch.testing.assert_close(g1, g2, msg=fn.__name__)  # the inputs after the call too
+        torch.testing.assert_close(u1, u2, msg=fn.__name__)
 
 
 def test_halves_that_are_not_gate_then_up_use_two_tensors():
