@@ -815,3 +815,28 @@ def test_gated_act_walk_offsets_past_2_31(emu, n, row, ld):
         visited = range(first, first + count * step, step)
         assert visited[-1] < n <= visited[-1] + step
         assert got == [(i // row) * ld + i % row for i in visited] and got[-1] > 2**32
+
+
+def test_gated_act_paths_taken(small_device):
+    """The path shows in the grid: 12288 output elements are 1536 groups, 3 blocks of 256 threads at 2 groups a
+    thread (the 16-byte path of 16-bit and fp32) and 6 at 1 (fp64, and every element-by-element grid), within the
+    8 resident blocks of the emulated device."""
+    s = seed_tensor(4)
+
+    def grid_of(gate, up, dtype):
+        go = torch.randn(gate.shape[0], gate.shape[-1] // (1 if up is not None else 2), dtype=torch.float64)
+        small_device.take_launches()
+        run_gated(small_device, gate, up, go.to(dtype), s, 0.1, 3)
+        grids = {e.split()[1] for e in small_device.take_launches()}
+        assert len(grids) == 1, grids  # forward and backward: the same plan
+        return grids.pop()
+
+    for dtype in (torch.bfloat16, torch.float32, torch.float64):
+        vec = "grid=(6,1,1)" if dtype == torch.float64 else "grid=(3,1,1)"
+        gate, up, _ = gated_inputs(96, 128, dtype, packed=False)
+        assert grid_of(gate, up, dtype) == vec, dtype  # two tensors, aligned
+        assert grid_of(unaligned(gate), up, dtype) == "grid=(6,1,1)", dtype  # one buffer unaligned
+        gate, _, _ = gated_inputs(192, 64, dtype, packed=True)
+        assert grid_of(gate, None, dtype) == vec, dtype  # [gate | up], F % 8 == 0
+        gate, _, _ = gated_inputs(1024, 12, dtype, packed=True)
+        assert grid_of(gate, None, dtype) == "grid=(6,1,1)", dtype  # [gate | up], F = 12: row ends inside groups
