@@ -280,6 +280,32 @@ def test_dropout_add_norm_mask_is_layer_norm_dropout_relus(backend, m, n):
             assert torch.equal(kept, torch.full_like(kept, R.dropout_scale(p)))
 
 
+@pytest.mark.parametrize("backend", backend_params(*DEFAULT, "cuda-emulated"))
+@pytest.mark.parametrize("m,n", [(3, 7), (5, 37), (16, 123), (6, 40), (3, 4099), (1, 8195)])
+def test_gated_act_mask_is_layer_norm_dropout_relus(backend, m, n):
+    """gated_act keeps output element (r, c) exactly when layer_norm_dropout_relu keeps linear index r*F + c at the
+    same seed, in both layouts, forward (act relu, gate and up 1: out = scale where kept) and backward (grad_up =
+    grad_out * relu(gate) = scale where kept), as integers; (1, 8195) and (3, 4099) cross the CPU's 8192-element
+    tiles off a Philox group boundary."""
+    require_op(backend, "gated_act")
+    dev = backend.device
+    op, op_bwd = backend.op("gated_act"), backend.op("gated_act_backward")
+    for seed in (0, -5, 2**40 + 3):
+        for p in (0.1, 0.6):
+            ldr = keep_bits(CPU, torch.randn(m, n), seed, p)
+            assert torch.equal(ldr, reference_bits(seed, m, n, p))
+            s_ = seed_tensor(seed, dev)
+            ones, g1 = torch.ones(m, n, device=dev), torch.ones(m, n, device=dev)
+            for gate, up in ((ones, ones), (torch.ones(m, 2 * n, device=dev), None)):
+                out = op(gate, up, s_, p, 0)
+                gg, gu = op_bwd(g1, gate, up, s_, p, 0)
+                grad_up = gg[:, n:] if up is None else gu
+                fwd, bwd = ((t.cpu() != 0).to(torch.int32) for t in (out, grad_up))
+                assert torch.equal(fwd, ldr) and torch.equal(bwd, ldr), (seed, p, up is None)
+                kept = out[out != 0].cpu()
+                assert torch.equal(kept, torch.full_like(kept, R.dropout_scale(p)))
+
+
 # ---------------------------------------------------------------------------------------------- at GPU scale
 @pytest.mark.parametrize("backend", backend_params("cuda", "triton"))
 @pytest.mark.parametrize(
@@ -303,6 +329,28 @@ def test_gpu_masks_equal_the_cpu_backend(backend, m, n):
     for seed in (0, -5, 99, 2**40 + 7):
         x = torch.randn(m, n)
         assert torch.equal(keep_bits(backend, x, seed, 0.3), keep_bits(CPU, x, seed, 0.3)), seed
+
+
+@pytest.mark.parametrize("backend", backend_params("cuda", "triton"))
+@pytest.mark.parametrize("m,n", [(3, 7), (5, 8), (64, 1000), (7, 4096), (3, 11008), (2, 14336), (700, 64), (1, 65533)])
+@pytest.mark.parametrize("packed", [False, True])
+def test_gpu_gated_masks_equal_the_cpu_backend(backend, m, n, packed):
+    """Every path of the GPU gated_act kernels (vector and element by element, both layouts, LLaMA / Mistral
+    intermediate sizes) keeps what the C++ CPU op keeps, forward and backward."""
+    require_op(backend, "gated_act")
+    for seed in (0, -5, 2**40 + 7):
+        gate = torch.rand(m, 2 * n if packed else n) + 1  # > 0: out = relu(gate) * up != 0 where kept
+        up = None if packed else torch.rand(m, n) + 1
+        g = torch.ones(m, n)
+        bits = []
+        for be in (backend, CPU):
+            dev = be.device
+            args = (gate.to(dev), None if up is None else up.to(dev), seed_tensor(seed, dev), 0.3, 0)
+            out = be.op("gated_act")(*args)
+            gg, gu = be.op("gated_act_backward")(g.to(dev), *args)
+            grads = gg if packed else torch.cat([gg, gu], -1)
+            bits.append(((out.cpu() != 0).to(torch.int32), (grads.cpu() != 0).to(torch.int32)))
+        assert torch.equal(bits[0][0], bits[1][0]) and torch.equal(bits[0][1], bits[1][1]), seed
 
 
 # ---------------------------------------------------------------------------------------------- CPU vector paths
