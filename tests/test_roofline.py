@@ -308,6 +308,15 @@ def test_model_covers_every_case(model):
         for dt in ("bf16", "fp16", "fp32")
         for n in (768, 1024, 2048, 4096, 8192, 12288, 16384)
     }
+    # gated_act: SwiGLU (two tensors, the [gate | up] layout, with dropout), GeGLU; bf16, fp32; N = F
+    want |= {
+        (backend, op, d, dt, n)
+        for backend in ("cuda", "triton")
+        for op in ("gated_act_silu", "gated_act_silu_packed", "gated_act_gelu", "gated_act_silu_dropout")
+        for d in ("forward", "backward")
+        for dt in ("bf16", "fp32")
+        for n in (2048, 4096, 11008, 14336, 28672)
+    }
     assert keys == want
     for r in model["rows"]:
         assert 0 < r["estimate"] <= 1 and 0 < r["wave_efficiency"] <= 1 and r["bytes_ratio"] >= 0.99, r
@@ -346,6 +355,58 @@ def test_gate(model, backend):
     assert not new, f"{len(new)} gate failures; python -m tools.roofline for the table:\n" + "\n".join(new)
     fixed = [key for key in KNOWN_SHORT if key[0] == backend and key not in failing]
     assert not fixed, f"these rows now pass every gate: remove them from KNOWN_SHORT: {fixed}"
+
+
+# The gated MLP activation's targets (issue 37): forward >= 0.90, backward >= 0.85 of copy, every F of the model
+# (2048 ... 28672, M x F = 64M), bf16 and fp32, both backends, on the estimates themselves. They are also its FLOORS
+# (tools.roofline), which gate the rows a measurement confirms like every op's (floor_gated); no GPU has measured
+# gated_act yet, so this test holds the targets on every gated row meanwhile. Rows the kernels do not reach yet are
+# listed with the model's reason; a listed row that reaches its target fails the test: the list only shrinks.
+GATED_TARGETS = {"forward": 0.90, "backward": 0.85}
+GATED_SHORT: dict[tuple, str] = {}
+
+
+def _gated_rows(model) -> list[dict]:
+    return [r for r in model["rows"] if r["op"] in G.GATED_OPS]
+
+
+@pytest.mark.slow
+def test_gated_act_targets(model):
+    """Every gated_act row's estimate reaches the issue's target (GATED_TARGETS, the same as its FLOORS), except
+    those of GATED_SHORT, which must still miss; the rows are printed with their main kernel and bound."""
+    rows = _gated_rows(model)
+    assert {(r["op"], r["direction"]) for r in rows} == {(op, d) for op in G.GATED_OPS for d in G.DIRECTIONS}
+    for d, target in GATED_TARGETS.items():
+        assert all(R.FLOORS[(op, d)] == target for op in G.GATED_OPS)
+    print("\ngated_act estimates (fraction of copy, H200):")
+    short, fixed = [], []
+    for r in rows:
+        key = (r["backend"], r["op"], r["direction"], r["dtype"], r["N"])
+        target = GATED_TARGETS[r["direction"]]
+        print(f"  {key}: estimate {r['estimate']:.3f} (target {target}), {r['kernel']}, {r['bound']}-bound")
+        if r["estimate"] < target and key not in GATED_SHORT:
+            short.append(f"{key}: estimate {r['estimate']:.3f} < {target} ({r['kernel']}, {r['bound']}-bound)")
+        if r["estimate"] >= target and key in GATED_SHORT:
+            fixed.append(key)
+    assert not short, f"{len(short)} gated rows under their target:\n" + "\n".join(short)
+    assert not fixed, f"these rows now reach their target: remove them from GATED_SHORT: {fixed}"
+    assert set(GATED_SHORT) <= {(r["backend"], r["op"], r["direction"], r["dtype"], r["N"]) for r in rows}
+
+
+@pytest.mark.slow
+def test_gated_peer_rows(model):
+    """Liger's SwiGLU on the same model beside the gated_act_silu rows (printed; estimates of a peer, not gated)."""
+    peers = model["peers"]
+    assert {(p["peer"], p["op"], p["direction"], p["dtype"], p["N"]) for p in peers} == {
+        ("liger_swiglu", "gated_act_silu", d, "bf16", n) for d in G.DIRECTIONS for n in R.PEER_NS
+    }
+    ours = {(r["backend"], r["direction"], r["dtype"], r["N"]): r["estimate"] for r in _gated_rows(model)
+            if r["op"] == "gated_act_silu"}  # fmt: skip
+    print("\nLiger's SwiGLU beside gated_act_silu (estimates):")
+    for p in peers:
+        assert 0 < p["estimate"] <= 1 and "_swiglu_" in p["kernel"], p
+        k = (p["direction"], p["dtype"], p["N"])
+        print(f"  {k}: liger {p['estimate']:.3f}, cuda {ours[('cuda', *k)]:.3f}, triton {ours[('triton', *k)]:.3f}")
 
 
 @pytest.mark.slow

@@ -1,9 +1,10 @@
 """Static performance model of memory-bound GPU kernels, without a GPU: `python -m tools.roofline [--json]`.
 
-For every gpuopt op x direction x backend (CUDA, Triton) x dtype x N at M * N = 64M elements on an H200, the
-model takes the launches the real host launcher makes and the compiled sm_90 code of exactly those kernels,
-and estimates the fraction of copy bandwidth the op reaches. It prints a markdown table, and the same model run
-on peers' kernels beside their published measurements (the calibration). `--json` prints both as JSON.
+For every gpuopt op x direction x backend (CUDA, Triton) x dtype x N at M * N = 64M elements on an H200 (gated_act:
+N is its F, 2048 ... 28672), the model takes the launches the real host launcher makes and the compiled sm_90 code
+of exactly those kernels, and estimates the fraction of copy bandwidth the op reaches. It prints a markdown table,
+the same model run on peers' kernels beside their published measurements (the calibration), and on Liger's SwiGLU
+beside the gated_act_silu rows (the peers' rows, not gated). `--json` prints all of it as JSON.
 
 The method (docs/DESIGN.md, "Performance model", is the reference):
 
@@ -697,6 +698,12 @@ FLOORS = {  # (op, direction) -> the estimate every row must reach
         )
         for d, floor in (("forward", 0.88), ("backward", 0.82))
     },
+    # gated_act (issue 37): forward >= 0.90, backward >= 0.85 of copy, every F, bf16 and fp32
+    **{
+        (op, d): floor
+        for op in ("gated_act_silu", "gated_act_silu_packed", "gated_act_gelu", "gated_act_silu_dropout")
+        for d, floor in (("forward", 0.90), ("backward", 0.85))
+    },
 }
 INSTR_SHARE = 0.85  # instructions per element must stay within this share of the issue budget
 MIN_WAVE_EFFICIENCY = 0.95
@@ -780,10 +787,13 @@ def gpuopt_rows(
     gpu: GPU = H200,
     jobs: int = 1,
 ) -> list[Row]:
-    """The model's row for every gpuopt case."""
+    """The model's row for every gpuopt case: every op at its own N (roofline_gpuopt.op_ns: gated_act's F), or at
+    `ns` where given."""
     from tools import roofline_gpuopt as G
 
-    ns = tuple(ns or G.NS)
+    def op_ns(op: str) -> tuple:
+        return tuple(ns) if ns else G.op_ns(op)
+
     ops = tuple(ops or G.OPS)
     rows: list[Row] = []
     code = None
@@ -798,7 +808,7 @@ def gpuopt_rows(
             for d in G.DIRECTIONS
             for dt in dtypes
             if dt in G.op_dtypes(op)
-            for n in ns
+            for n in op_ns(op)
         ]
         triton_cases = G.triton_cases(cases, gpu.sms, jobs=jobs)
         prefetch_sass([launch.code for ls in triton_cases.values() for launch in ls], jobs)
@@ -807,7 +817,7 @@ def gpuopt_rows(
             for dtype in dtypes:
                 if dtype not in G.op_dtypes(op):
                     continue
-                for n in ns:
+                for n in op_ns(op):
                     ideal = G.ideal_bytes(op, direction, dtype, n)
                     for backend in backends:
                         if backend == "triton" and op not in G.TRITON_OPS:
@@ -847,6 +857,60 @@ def calibration_rows(gpu: GPU = H100) -> list[dict]:
     return out
 
 
+PEER_NS = (4096, 14336)  # the F of the peers' rows (benchmarks/gpu_measure.py measures Liger's SwiGLU there)
+
+
+def peer_rows(gpu: GPU = H200, ns: Sequence[int] = PEER_NS, dtypes: Sequence[str] = ("bf16",)) -> list[dict]:
+    """The model on a peer of a gpuopt row, beside it (no published figure to meet: printed, not gated): Liger's
+    SwiGLU (tools.roofline_peers.liger_swiglu) as the gated_act_silu rows, M x F = 64M, fractions of `gpu`'s copy
+    bandwidth with gated_act_silu's ideal bytes."""
+    import torch
+
+    from tools import roofline_gpuopt as G
+    from tools import roofline_peers as P
+
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    out = []
+    for dtype in dtypes:
+        for n in ns:
+            for direction in G.DIRECTIONS:
+                m = G.rows_of(n)
+                launches = P.liger_swiglu(n, m, tdt[dtype], direction)
+                est = estimate(launches, G.ideal_bytes("gated_act_silu", direction, dtype, n), m * n, gpu)
+                out.append(
+                    {
+                        "peer": "liger_swiglu",
+                        "op": "gated_act_silu",
+                        "direction": direction,
+                        "dtype": dtype,
+                        "N": n,
+                        "estimate": round(est.estimate, 4),
+                        "kernel": est.main.label if est.main else "",
+                        "bound": est.main.bound if est.main else "",
+                    }
+                )
+    return out
+
+
+def peers_markdown(peers: Sequence[dict], rows: Sequence[Row] = ()) -> str:
+    ours = {(r.op, r.direction, r.dtype, r.N, r.backend): r.estimate for r in rows}
+    lines = [
+        "Peers beside gpuopt's rows (estimates, the same model and GPU):",
+        "",
+        "| peer | op | dir | dtype | N | estimate | cuda | triton | bound | kernel |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in peers:
+        k = (p["op"], p["direction"], p["dtype"], p["N"])
+        cuda, triton = ours.get((*k, "cuda")), ours.get((*k, "triton"))
+        lines.append(
+            f"| {p['peer']} | {p['op']} | {p['direction']} | {p['dtype']} | {p['N']} | {p['estimate']:.2f} | "
+            f"{'-' if cuda is None else f'{cuda:.2f}'} | {'-' if triton is None else f'{triton:.2f}'} | {p['bound']} | "
+            f"{p['kernel']} |"
+        )
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The model against measurements (docs/measurements/*.json, tests/test_model_vs_measured.py)
 # The op names of the measurement files (benchmarks/run.py's, and benchmarks/gpu_measure.py's dan_rms, rms_drop)
@@ -861,6 +925,8 @@ MEASURED_OPS = {
     "dan_rms": "dropout_add_rms_norm",
     "rms_drop": "rms_norm_dropout",
     "bias_gelu": "bias_act_gelu",
+    "gated_silu": "gated_act_silu",
+    "gated_silu_packed": "gated_act_silu_packed",
 }
 MEASURED_DIRECTIONS = {"fwd": "forward", "bwd": "backward", "forward": "forward", "backward": "backward"}
 MODEL_BOUND = 0.10  # |model - measured| per row (tests/test_model_vs_measured.py)
@@ -1080,14 +1146,21 @@ def calibration_markdown(cal: Sequence[dict], gpu: GPU = H100) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.roofline", description=__doc__.split("\n\n")[0])
-    ap.add_argument("so", nargs="?", help="the built extension (default: the installed gpuopt_ops/_C*.so)")
+    ap.add_argument(
+        "so",
+        nargs="*",
+        help="the built extension (default: the installed gpuopt_ops/_C*.so); more ELF files (e.g. an nvcc -c "
+        "object of a kernel file changed since the build) add the kernels the first lacks",
+    )
     ap.add_argument("--backend", default="cuda,triton")
     ap.add_argument("--dtype", default="bf16,fp16,fp32")
-    ap.add_argument("--n", default=None, help="comma-separated row lengths (default: 768 ... 16384)")
+    ap.add_argument(
+        "--n", default=None, help="comma-separated row lengths (default: 768 ... 16384; gated_act's F 2048 ... 28672)"
+    )
     ap.add_argument("--op", default=None, help="comma-separated ops of tools.roofline_gpuopt.OPS (default: all)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of markdown")
     ap.add_argument("--summary", action="store_true", help="one line per backend x op x direction x dtype")
-    ap.add_argument("--no-calibration", action="store_true")
+    ap.add_argument("--no-calibration", action="store_true", help="neither the calibration nor the peers' rows")
     ap.add_argument("--gate", action="store_true", help="exit 1 when a row or the calibration fails its gate")
     ap.add_argument("--jobs", type=int, default=max(1, min(8, os.cpu_count() or 1)))
     ap.add_argument(
@@ -1099,12 +1172,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     ap.add_argument("--only-measured", action="store_true", help="with --measured: print only that comparison")
     a = ap.parse_args(argv)
+    a.so = a.so or None
     got: dict[str, list[dict]] = {}
     try:
         for f in a.measured or ():
             got[f] = measured_comparison(json.loads(Path(f).read_text()), a.so, jobs=a.jobs)
         if a.measured and a.only_measured:
-            rows, cal = [], []
+            rows, cal, peers = [], [], []
         else:
             rows = gpuopt_rows(
                 a.so,
@@ -1115,6 +1189,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 jobs=a.jobs,
             )
             cal = [] if a.no_calibration else calibration_rows()
+            silu_rows = "gated_act_silu" in (a.op.split(",") if a.op else ("gated_act_silu",))
+            peers = peer_rows() if silu_rows and not a.no_calibration else []
     except CR.ToolError as e:
         print(f"tools.roofline: {e}", file=sys.stderr)
         return 2
@@ -1128,6 +1204,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 gpu=asdict(H200),
                 rows=[r.json() for r in rows],
                 calibration=cal,
+                peers=peers,
                 floor_gated=None if gated is None else sorted(list(k) for k in gated),
                 failures=fails,
             )
@@ -1147,6 +1224,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if cal:
             print()
             print(calibration_markdown(cal))
+        if peers:
+            print()
+            print(peers_markdown(peers, rows))
         if gated is not None and rows:
             print(f"\nthe floors gate {len(gated)} of {len(rows)} rows (those the measurements confirm)")
         if fails:

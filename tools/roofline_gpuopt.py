@@ -13,6 +13,7 @@ once) and its element count.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -34,11 +35,25 @@ DAN_OPS = {  # op label -> (rms, residual_in_fp32)
 # norm_dropout's row: RMSNorm, no ReLU, a weight and no bias, p > 0. Its CUDA launches are layer_norm_dropout_relu's
 # kernels (rms and relu are launch arguments) without the mean and the bias.
 ND_OPS = ("rms_norm_dropout",)
-OPS = ("layer_norm_dropout_relu", "bias_relu", *OPS_BIAS_ACT, *DAN_OPS, *ND_OPS)
+# gated_act's rows: op label -> (act code, packed, p > 0). Two (M, F) tensors gate and up, or one (M, 2F) tensor
+# [gate | up] ("_packed"); SwiGLU (silu) and GeGLU (gelu, erf: the costliest activation) without dropout, as
+# LLaMA-style MLPs run it, and SwiGLU with p > 0 ("_dropout": the Philox work). N is F, the output's last
+# dimension; M = 64M / F. bf16 and fp32.
+GATED_OPS = {
+    "gated_act_silu": (3, False, False),
+    "gated_act_silu_packed": (3, True, False),
+    "gated_act_gelu": (1, False, False),
+    "gated_act_silu_dropout": (3, False, True),
+}
+GATED_P = 0.1  # p of the "_dropout" rows
+OPS = ("layer_norm_dropout_relu", "bias_relu", *OPS_BIAS_ACT, *DAN_OPS, *ND_OPS, *GATED_OPS)
 TRITON_OPS = OPS  # every op has Triton launches in the model
 DIRECTIONS = ("forward", "backward")
 DTYPES = ("bf16", "fp16", "fp32")
 NS = (768, 1024, 2048, 4096, 8192, 12288, 16384)
+# the gated rows' F: LLaMA-style intermediate sizes (11008 LLaMA-2 7B, 14336 Mistral / LLaMA-3 8B, 28672 LLaMA-3 70B)
+GATED_NS = (2048, 4096, 11008, 14336, 28672)
+GATED_DTYPES = ("bf16", "fp32")
 ELEMENTS = 64 * 1024 * 1024  # M * N of every case
 ELEM = {"bf16": 2, "fp16": 2, "fp32": 4}
 CUDA_TYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
@@ -50,8 +65,16 @@ def rows_of(n: int) -> int:
 
 
 def op_dtypes(op: str) -> tuple:
-    """The dtypes the model has rows for: residual_in_fp32 only matters for 16-bit x (bf16 rows)."""
+    """The dtypes the model has rows for: residual_in_fp32 only matters for 16-bit x (bf16 rows); gated_act: bf16
+    and fp32."""
+    if op in GATED_OPS:
+        return GATED_DTYPES
     return ("bf16",) if op in DAN_OPS and DAN_OPS[op][1] else DTYPES
+
+
+def op_ns(op: str) -> tuple:
+    """The N of an op's rows (gated_act: its F)."""
+    return GATED_NS if op in GATED_OPS else NS
 
 
 def dan_sizes(op: str, dtype: str) -> tuple:
@@ -76,6 +99,8 @@ def ideal_bytes(op: str, direction: str, dtype: str, n: int, m: Optional[int] = 
     e = ELEM[dtype]
     if op in DAN_OPS:
         return dan_ideal_bytes(op, direction, dtype, m, n)
+    if op in GATED_OPS:  # gate, up in, out (forward); grad_out, gate, up in, grad_gate, grad_up out (backward)
+        return (3 if direction == "forward" else 5) * m * n * e
     if op == "layer_norm_dropout_relu" or op in ND_OPS:
         k = 1 if op in ND_OPS else 2  # statistics (rstd, mean) and parameters (weight, bias)
         if direction == "forward":  # x in, out, mean and rstd out, weight and bias in
@@ -100,6 +125,12 @@ COLUMN_SUM_TILE = 32
 BIAS_RELU_ROWS = 4  # kBiasReluRows, bias_relu_kernels.cuh
 TILED_LDR_ROWS = 2  # kLdrTiledRows, ldr_kernels.cuh
 STATS_GROUPS = {2: 4, 4: 2}  # ldr_stats_groups: groups per trip by element size (16-bit: 4, 32-bit: 2)
+GATED_THREADS = 256  # kGatedThreads, gated_act_kernels.cuh
+
+
+def gated_unroll(elem: int, vec: bool) -> int:
+    """Groups of 8 a thread of the gated_act kernels takes per grid stride, all loads first (gated_unroll)."""
+    return 1 if elem == 8 or not vec else 2
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -230,17 +261,28 @@ def partial_stride(n: int) -> int:
 # ----------------------------------------------------------------------------------------------------------------
 # CUDA: kernels of the built extension
 class CudaCode:
-    """The sm_90 kernels of one built extension: symbol and resources per kernel name."""
+    """The sm_90 kernels of one built extension: symbol and resources per kernel name. so_path: the extension, or
+    several ELF files (the extension and, say, an `nvcc -c` object of a kernel file built since), each kernel read
+    from the first file that has it."""
 
     def __init__(self, so_path):
-        self.path = so_path
-        _, rows = CR.analyze(so_path, arch="sm_90")
-        self.rows = {r.kernel: r for r in rows if r.kind == "kernel"}
+        paths = [so_path] if isinstance(so_path, (str, os.PathLike)) else list(so_path)
+        self.path = paths[0]
+        self.paths = paths
+        self.rows: dict[str, CR.Row] = {}
+        self.where: dict[str, object] = {}  # kernel -> the file it is read from
+        for path in paths:
+            _, rows = CR.analyze(path, arch="sm_90")
+            for r in rows:
+                if r.kind == "kernel" and r.kernel not in self.rows:
+                    self.rows[r.kernel], self.where[r.kernel] = r, path
 
     def kernel(self, short: str) -> CR.Row:
         if short not in self.rows:
             close = [k for k in self.rows if k.split("<")[0] == short.split("<")[0]]
-            raise CR.ToolError(f"no kernel {short} in {self.path}; the build has: {close}")
+            raise CR.ToolError(
+                f"no kernel {short} in {', '.join(map(str, self.paths))}; the build has: {close or 'none of that name'}"
+            )
         return self.rows[short]
 
     def blocks_per_sm(self, short: str, threads: int, dynamic_shared: int = 0) -> int:
@@ -251,7 +293,7 @@ class CudaCode:
         r = self.kernel(short)
         grid = tuple(grid) + (1,) * (3 - len(grid))
         block = tuple(block) + (1,) * (3 - len(block))
-        return KernelLaunch(self.path, r.mangled, grid, block, regs=r.regs, shared=r.shared, label=short, **kw)
+        return KernelLaunch(self.where[short], r.mangled, grid, block, regs=r.regs, shared=r.shared, label=short, **kw)
 
 
 def cuda_launches(
@@ -285,6 +327,10 @@ def cuda_launches(
 
     if op in DAN_OPS:
         dan_launches(code, op, direction, dtype, n, sms, m, out, column_sums)
+        return out
+
+    if op in GATED_OPS:
+        out.append(gated_launch(code, op, direction, dtype, n, sms, m))
         return out
 
     if op == "layer_norm_dropout_relu" or op in ND_OPS:
@@ -416,6 +462,39 @@ def cuda_launches(
     return out
 
 
+def gated_launch(code, op: str, direction: str, dtype: str, n: int, sms: int, m: int) -> KernelLaunch:
+    """gated_act's one launch (run_gated_act / run_gated_act_backward of gated_act_launch.cuh) for contiguous,
+    16-byte aligned buffers (fresh tensors): the vector path (two tensors, or packed with F % 8 == 0) with the
+    RNG code only where p > 0 (kDrop), else the element-by-element path (keep bits at run time); a persistent
+    one-wave grid of 256-thread blocks over the groups of 8 output elements, U groups a thread a grid stride
+    (plan_gated). n is F; the output has m x F elements."""
+    act, packed, dropout = GATED_OPS[op]
+    e = ELEM[dtype]
+    mn = m * n
+    vec = not packed or n % GROUP == 0
+    drop = dropout or not vec
+
+    def flag(b: bool) -> str:
+        return "true" if b else "false"
+
+    name = f"gated_act_{direction}_kernel<{CUDA_TYPE[dtype]}, {act}, {flag(vec)}, {flag(drop)}>"
+    u = gated_unroll(e, vec)
+    needed = _cdiv(_cdiv(mn, GROUP), GATED_THREADS * u)
+    g = persistent_grid(needed, code.blocks_per_sm(name, GATED_THREADS), sms)
+    groups = mn // GROUP if vec else _cdiv(mn, GROUP)  # the vector path's partial last group: after the loop
+    reads, writes = (3, 2) if direction == "backward" else (2, 1)  # grad_out, gate, up / grad_gate, grad_up
+    return code.launch(
+        name,
+        (g,),
+        (GATED_THREADS,),
+        elements=mn,
+        bytes=(reads + writes) * mn * e,
+        read_bytes=reads * mn * e,
+        stride_units=needed,
+        trips=structural_trips(groups / (u * g * GATED_THREADS)),
+    )
+
+
 def dan_launches(code, op: str, direction: str, dtype: str, n: int, sms: int, m: int, out: list, column_sums) -> None:
     """dropout_add_norm's launches (run_dan_forward / run_dan_backward of launch.cuh) for the 16-byte vector
     path: the rows kernels at plan_ldr_rows(elem = the wider of x and the sum), else the looped kernels."""
@@ -543,6 +622,9 @@ TRITON_LOOPS = {
     "dan_bwd_wide_kernel": ("rows", 0),
     "dan_bwd_row_coef_kernel": ("chunks", 0),
     "dan_bwd_chunk_kernel": ("rows", 1),
+    # gated_act: one program a tile, no loop (the trips are not needed; a loop in their code raises)
+    "gated_act_fwd_kernel": ("none", 0),
+    "gated_act_bwd_kernel": ("none", 0),
 }
 
 
@@ -577,6 +659,10 @@ def _triton_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
         return 3 * mn * e + bias + a["_grid"][1] * n * ACC, 2 * mn * e + bias
     if kernel.startswith("dan_"):
         return _dan_bytes(kernel, a, m, n, e)
+    if kernel == "gated_act_fwd_kernel":  # n is F: gate, up in, out
+        return 3 * mn * e, 2 * mn * e
+    if kernel == "gated_act_bwd_kernel":  # grad_out, gate, up in, grad_gate, grad_up out
+        return 5 * mn * e, 3 * mn * e
     raise KeyError(f"tools.roofline_gpuopt: no byte declaration for the Triton kernel {kernel}; add one")
 
 
@@ -622,6 +708,8 @@ def _triton_trips(kernel: str, a: dict, grid: tuple, m: int, n: int):
     if kernel not in TRITON_LOOPS:
         raise KeyError(f"tools.roofline_gpuopt: no loop description for the Triton kernel {kernel}; add one")
     kind, axis = TRITON_LOOPS[kernel]
+    if kind == "none":
+        return None, None, 0
     block_n = int(a.get("BLOCK_N", n))
     chunks = _cdiv(n, block_n) if block_n < n else None
     if kind == "rows":
@@ -652,15 +740,29 @@ _TRITON_OP = {
     },
     ("rms_norm_dropout", "forward"): "nd_rms_fwd",
     ("rms_norm_dropout", "backward"): "nd_rms_bwd",
+    **{
+        (op, d): f"gated_act{code}{'_packed' if packed else ''}_{short}"
+        for op, (code, packed, _) in GATED_OPS.items()
+        for d, short in (("forward", "fwd"), ("backward", "bwd"))
+    },
 }
+
+
+def _launcher_kwargs(op: str) -> dict:
+    """tools.triton_resources.launches' keyword arguments of an op's rows beyond (op, dtype, N)."""
+    if DAN_OPS.get(op, (False, False))[1]:
+        return {"residual_in_fp32": True}
+    if op in GATED_OPS:
+        return {"p": GATED_P if GATED_OPS[op][2] else 0.0}
+    return {}
 
 
 def triton_cases(cases, sms: int = 132, jobs: int = 1, rows: Optional[dict] = None) -> dict[tuple, list[KernelLaunch]]:
     """{(op, direction, dtype, N): the launches the Triton launcher makes for a contiguous (M, N) input with
     weight and bias, p > 0 (dropout_add_norm: with a residual, and grad_sum in the backward; the `_res32` rows: bf16
-    x with residual_in_fp32), each launch compiled for sm_90 as tools.triton_resources compiles them (all cases
-    recorded first, then compiled once each, `jobs` at a time). rows: M per case where it is not 64M / N (a
-    measurement's shapes)."""
+    x with residual_in_fp32; gated_act: N = F, p = 0 but in the `_dropout` rows), each launch compiled for sm_90
+    as tools.triton_resources compiles them (all cases recorded first, then compiled once each, `jobs` at a time).
+    rows: M per case where it is not 64M / N (a measurement's shapes)."""
     rows = rows or {}
     import torch
 
@@ -679,7 +781,7 @@ def triton_cases(cases, sms: int = 132, jobs: int = 1, rows: Optional[dict] = No
                 sms,
                 m=rows.get((op, direction, dtype, n), rows_of(n)),
                 facts=facts,
-                **({"residual_in_fp32": True} if DAN_OPS.get(op, (False, False))[1] else {}),
+                **_launcher_kwargs(op),
             )
             for op, direction, dtype, n in cases
         }

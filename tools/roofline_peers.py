@@ -695,6 +695,82 @@ def liger_layer_norm(
     return out
 
 
+# Liger-Kernel's SwiGLU (liger_kernel/ops/swiglu.py, LigerSiLUMulFunction: the peer of gpuopt's gated_act_silu
+# rows), on two (M, F) tensors: one program a row holding the whole row (BLOCK_SIZE = next_power_of_2(F), warps by
+# its calculate_settings), the activation in fp32; the backward recomputes silu(a) and writes da, db into a and b
+# (in place: its memory, not its traffic, differs from gpuopt's). No host op launches a kernel (torch.empty_like).
+def _liger_swiglu_module():
+    try:
+        import liger_kernel.ops.swiglu as SW
+    except ImportError as exc:
+        raise ToolError(f"liger_kernel's SwiGLU is not importable ({exc}): {LIGER_INSTALL}") from None
+    return SW
+
+
+def _run_liger_swiglu_host(F: int, M: int, dtype: torch.dtype, direction: str) -> list[_Recorded]:
+    """Runs swiglu_forward (or swiglu_backward) on fake CUDA tensors; returns its kernel launches (meta tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    SW = _liger_swiglu_module()
+    events: list = []
+    with contextlib.ExitStack() as stack:
+        for name in ("_swiglu_forward_kernel", "_swiglu_backward_kernel"):
+            stack.enter_context(mock.patch.object(SW, name, _Recorder(getattr(SW, name), events)))
+        stack.enter_context(FakeTensorMode())
+        a = torch.empty((M, F), dtype=dtype, device="cuda")
+        b = torch.empty((M, F), dtype=dtype, device="cuda")
+        if direction == "forward":
+            SW.swiglu_forward(a, b)
+        elif direction == "backward":
+            SW.swiglu_backward(a, b, torch.empty((M, F), dtype=dtype, device="cuda"))
+        else:
+            raise ValueError(direction)
+    return [
+        _Recorded(r.kernel, r.grid, tuple(_to_meta(x) for x in r.args), {k: _to_meta(v) for k, v in r.kwargs.items()})
+        for r in events
+    ]
+
+
+def liger_swiglu(F: int, M: int, dtype: torch.dtype = torch.bfloat16, direction: str = "forward") -> list[Launch]:
+    """The launches Liger-Kernel's SwiGLU (the installed version) makes for two contiguous (M, F) tensors, each
+    Triton kernel compiled for sm_90. Bytes: a, b read and c written (forward); dc, a, b read and da, db written
+    over a and b (backward): gpuopt's gated_act bytes."""
+    from tools.triton_resources import compile_cubin  # sets Triton's cache and interpreter flags on import
+
+    e = _elem(dtype)
+    mn = M * F
+    version = liger_version()
+    out: list[Launch] = []
+    for ev in _run_liger_swiglu_host(F, M, dtype, direction):
+        name = ev.kernel.__name__
+        if name == "_swiglu_forward_kernel":
+            nbytes, read = 3 * mn * e, 2 * mn * e
+        elif name == "_swiglu_backward_kernel":
+            nbytes, read = 5 * mn * e, 3 * mn * e
+        else:
+            raise ToolError(f"liger's SwiGLU host code launched an unknown kernel {name}")
+        info = compile_cubin(ev.kernel, ev.grid, ev.args, ev.kwargs)
+        spills = f", {info.spills} B of spills" if info.spills else ""
+        out.append(
+            KernelLaunch(
+                info.cubin,
+                info.name,
+                (ev.grid + (1, 1, 1))[:3],
+                (32 * info.num_warps, 1, 1),
+                elements=mn,
+                bytes=nbytes,
+                read_bytes=read,
+                trips=_trips_liger(name, None),
+                regs=info.regs,
+                shared=info.shared,
+                label=f"liger {version} {name} num_warps={info.num_warps}{spills}",
+            )
+        )
+    if len(out) != 1:
+        raise ToolError(f"liger's SwiGLU {direction} made {len(out)} launches, one was expected")
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The published measurements
 _CSV = "linkedin/Liger-Kernel benchmark/data/all_benchmark_data.csv (added by commit 6a2c491, #815)"
