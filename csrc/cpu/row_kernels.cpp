@@ -12,7 +12,7 @@
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
-#define GPUOPT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define GPUOPT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define GPUOPT_CLONES __attribute__((target_clones("avx2", "default")))
 #elif defined(__x86_64__) && defined(__clang__)

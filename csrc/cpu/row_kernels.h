@@ -1,6 +1,8 @@
-// fp32 row kernels of the CPU backend: the inner loops of layer_norm_dropout_relu and bias_relu, forward and
-// backward, on rows already in fp32. Each is compiled twice (x86-64-v3 = AVX2 + FMA + F16C, and the baseline
-// ISA) with GCC/Clang target_clones; the loader picks one per machine, so the .so still runs on any x86-64.
+// fp32 row kernels of the CPU backend: the inner loops of the norm, bias-activation and gated ops, forward and
+// backward, on rows already in fp32. With GCC >= 11 each is compiled three times (x86-64-v4 = AVX-512, x86-64-v3 =
+// AVX2 + FMA + F16C, and the baseline ISA; older GCC and Clang: AVX2 and the baseline) with target_clones; the
+// loader picks one per machine, so the .so still runs on any x86-64. The 16-lane clone roughly halves the
+// activations' arithmetic (GELU's row loop measured 0.99 -> 0.56 ns an element on one core here).
 //
 // Why not at::vec: an extension is compiled without ATen's CPU_CAPABILITY_* macros, so at::vec::Vectorized
 // falls back to its generic std::array implementation (scalar loops). Plain loops over restrict pointers plus
