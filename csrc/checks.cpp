@@ -363,8 +363,8 @@ BiasActBackwardArgs check_bias_act_backward(const Tensor& grad_out, const Tensor
 namespace {
 
 // gate / up of gated_act and its backward: returns the args with gate, up, M, F, act and the dropout set.
-GatedActArgs check_gated_inputs(const char* op, const Tensor& gate, const std::optional<Tensor>& up,
-                                const Tensor& seed, double p, int64_t act) {
+GatedActArgs check_gated_inputs(const char* op, const Tensor& gate, const std::optional<Tensor>& up, const Tensor& seed,
+                                double p, int64_t act) {
   check_act(op, act);
   check_input(op, "gate", gate);
   GatedActArgs a;
@@ -404,8 +404,8 @@ GatedActArgs check_gated_act_backward(const Tensor& grad_out, const Tensor& gate
   for (int64_t d = 0; same && d < gate.dim(); ++d) {
     same = grad_out.size(d) == (d == gate.dim() - 1 ? a.F : gate.size(d));
   }
-  GPUOPT_CHECK(same, "gpuopt.", op, ": grad_out must have the output's shape (gate's, last dimension ", a.F,
-               "), got ", shape_str(grad_out.sizes()));
+  GPUOPT_CHECK(same, "gpuopt.", op, ": grad_out must have the output's shape (gate's, last dimension ", a.F, "), got ",
+               shape_str(grad_out.sizes()));
   a.grad_out = as_contiguous(grad_out);
   return a;
 }
