@@ -61,6 +61,27 @@ def make_step(model: nn.Module, x: torch.Tensor):
 TRANSFORMER_MODELS = ("bert", "gpt2", "llama", "vit", "gemma", "t5", "opt", "mistral", "qwen2", "phi3")
 
 
+# The LLaMA-style decoders: the transformers class prefix, and the configuration arguments beyond the shared ones.
+_DECODERS = {
+    "llama": ("Llama", lambda **k: {}),
+    "gemma": ("Gemma", lambda width, heads, **k: {"head_dim": width // heads}),
+    "mistral": ("Mistral", lambda **k: {}),
+    "qwen2": ("Qwen2", lambda **k: {}),
+    "phi3": (
+        "Phi3",
+        lambda seq, dropout, **k: {
+            "original_max_position_embeddings": max(32, seq),
+            "resid_pdrop": dropout,
+            "embd_pdrop": dropout,
+            "attention_dropout": 0.0,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
+}
+
+
 def transformer_model(name: str, width: int = 64, depth: int = 2, dropout: float = 0.1, batch: int = 3, seq: int = 12):
     """(model, inputs) of a small random-weight configuration: one of TRANSFORMER_MODELS, HF transformers' (the T5
     encoder only) or timm's ViT. Width must be a multiple of 4 (4 heads); no download."""
@@ -110,8 +131,9 @@ def transformer_model(name: str, width: int = 64, depth: int = 2, dropout: float
             eos_token_id=0,
         )
         model = transformers.GPT2Model(config)
-    elif name == "llama":
-        config = transformers.LlamaConfig(
+    elif name in _DECODERS:
+        prefix, extra = _DECODERS[name]
+        config = getattr(transformers, f"{prefix}Config")(
             vocab_size=vocab,
             hidden_size=width,
             num_hidden_layers=depth,
@@ -119,50 +141,9 @@ def transformer_model(name: str, width: int = 64, depth: int = 2, dropout: float
             num_key_value_heads=2,
             intermediate_size=2 * width,
             max_position_embeddings=max(32, seq),
+            **extra(width=width, heads=heads, seq=seq, dropout=dropout),
         )
-        model = transformers.LlamaModel(config)
-    elif name == "gemma":
-        config = transformers.GemmaConfig(
-            vocab_size=vocab,
-            hidden_size=width,
-            num_hidden_layers=depth,
-            num_attention_heads=heads,
-            num_key_value_heads=2,
-            head_dim=width // heads,
-            intermediate_size=2 * width,
-            max_position_embeddings=max(32, seq),
-        )
-        model = transformers.GemmaModel(config)
-    elif name in ("mistral", "qwen2"):
-        cls = transformers.MistralConfig if name == "mistral" else transformers.Qwen2Config
-        config = cls(
-            vocab_size=vocab,
-            hidden_size=width,
-            num_hidden_layers=depth,
-            num_attention_heads=heads,
-            num_key_value_heads=2,
-            intermediate_size=2 * width,
-            max_position_embeddings=max(32, seq),
-        )
-        model = (transformers.MistralModel if name == "mistral" else transformers.Qwen2Model)(config)
-    elif name == "phi3":
-        config = transformers.Phi3Config(
-            vocab_size=vocab,
-            hidden_size=width,
-            num_hidden_layers=depth,
-            num_attention_heads=heads,
-            num_key_value_heads=2,
-            intermediate_size=2 * width,
-            max_position_embeddings=max(32, seq),
-            original_max_position_embeddings=max(32, seq),
-            resid_pdrop=dropout,
-            embd_pdrop=dropout,
-            attention_dropout=0.0,
-            pad_token_id=0,
-            bos_token_id=1,
-            eos_token_id=2,
-        )
-        model = transformers.Phi3Model(config)
+        model = getattr(transformers, f"{prefix}Model")(config)
     elif name == "t5":
         config = transformers.T5Config(
             vocab_size=vocab,
