@@ -290,20 +290,22 @@ def test_gated_act_mask_is_layer_norm_dropout_relus(backend, m, n):
     require_op(backend, "gated_act")
     dev = backend.device
     op, op_bwd = backend.op("gated_act"), backend.op("gated_act_backward")
-    for seed in (0, -5, 2**40 + 3):
-        for p in (0.1, 0.6):
-            ldr = keep_bits(CPU, torch.randn(m, n), seed, p)
-            assert torch.equal(ldr, reference_bits(seed, m, n, p))
-            s_ = seed_tensor(seed, dev)
-            ones, g1 = torch.ones(m, n, device=dev), torch.ones(m, n, device=dev)
-            for gate, up in ((ones, ones), (torch.ones(m, 2 * n, device=dev), None)):
-                out = op(gate, up, s_, p, 0)
-                gg, gu = op_bwd(g1, gate, up, s_, p, 0)
-                grad_up = gg[:, n:] if up is None else gu
-                fwd, bwd = ((t.cpu() != 0).to(torch.int32) for t in (out, grad_up))
-                assert torch.equal(fwd, ldr) and torch.equal(bwd, ldr), (seed, p, up is None)
-                kept = out[out != 0].cpu()
-                assert torch.equal(kept, torch.full_like(kept, R.dropout_scale(p)))
+    cases = [(seed, p) for seed in (0, -5, 2**40 + 3) for p in (0.1, 0.6)]
+    if backend.interpreted and m * n > 4096:  # the tile-crossing shapes are the CPU's; the interpreter takes one
+        cases = cases[-1:]
+    for seed, p in cases:
+        ldr = keep_bits(CPU, torch.randn(m, n), seed, p)
+        assert torch.equal(ldr, reference_bits(seed, m, n, p))
+        s_ = seed_tensor(seed, dev)
+        ones, g1 = torch.ones(m, n, device=dev), torch.ones(m, n, device=dev)
+        for gate, up in ((ones, ones), (torch.ones(m, 2 * n, device=dev), None)):
+            out = op(gate, up, s_, p, 0)
+            gg, gu = op_bwd(g1, gate, up, s_, p, 0)
+            grad_up = gg[:, n:] if up is None else gu
+            fwd, bwd = ((t.cpu() != 0).to(torch.int32) for t in (out, grad_up))
+            assert torch.equal(fwd, ldr) and torch.equal(bwd, ldr), (seed, p, up is None)
+            kept = out[out != 0].cpu()
+            assert torch.equal(kept, torch.full_like(kept, R.dropout_scale(p)))
 
 
 # ---------------------------------------------------------------------------------------------- at GPU scale

@@ -41,39 +41,46 @@ void for_each_span(int64_t e0, int64_t e1, int64_t F, bool packed, const Body& b
   }
 }
 
-template <typename scalar_t>
-void gated_forward_kernel(const GatedActArgs& a, int64_t seed, Tensor& out_t) {
-  using acc_t = acc_type_t<scalar_t>;
-  constexpr bool kFp32 = std::is_same_v<acc_t, float>;
-  const int64_t F = a.F, total = a.M * a.F;
-  const bool packed = a.packed();
-  const scalar_t* gate = data_as<const scalar_t>(a.gate);
-  const scalar_t* up = packed ? gate + F : data_as<const scalar_t>(a.up);  // up's element of gate offset o: up[o]
-  scalar_t* out = data_as<scalar_t>(out_t);
-  const DropoutParams drop = a.dropout;
-  const bool dropping = drop.active();
+// Every span of the output, tile by tile on torch's threads: body(buffers, e, len, o, u) with the span as
+// for_each_span gives it and u its dropout uniforms (nullptr at p = 0). Each thread makes its fp32 buffers once
+// (`count` rows of kTile for 16-bit / fp32 data, none for fp64), before its first tile.
+template <typename scalar_t, typename Body>
+void gated_tiles(const GatedActArgs& a, int64_t seed, int count, const Body& body) {
+  constexpr bool kFp32 = std::is_same_v<acc_type_t<scalar_t>, float>;
+  const int64_t total = a.M * a.F;
+  const bool dropping = a.dropout.active();
   parallel_tiles((total + kTile - 1) / kTile, [&](const auto& take) {
-    std::vector<float> gbuf(kFp32 ? kTile : 0), ubuf(kFp32 ? kTile : 0), obuf(kFp32 ? kTile : 0);
+    std::vector<std::vector<float>> bufs(count, std::vector<float>(kFp32 ? kTile : 0));
     std::vector<uint16_t> rnd(dropping ? dropout_uniforms_capacity(kTile) : 0);
     for (int64_t t; (t = take()) * kTile < total;) {
       const int64_t e0 = t * kTile, e1 = std::min(total, e0 + kTile);
       const uint16_t* u = dropping ? dropout_uniforms_row(seed, e0, e1 - e0, rnd.data()) : nullptr;
-      for_each_span(e0, e1, F, packed, [&](int64_t e, int64_t len, int64_t o) {
-        const uint16_t* us = u ? u + (e - e0) : nullptr;
-        if constexpr (kFp32) {
-          const float* gf = load_row(gate + o, gbuf.data(), len);
-          const float* vf = load_row(up + o, ubuf.data(), len);
-          float* of = result_row(out + e, obuf.data());
-          cpu::gated_forward_row(a.act, gf, vf, us, drop.threshold, static_cast<float>(drop.scale), of, len);
-          store_row(out + e, of, len);
-        } else {
-          dispatch_act(a.act, [&](auto ac) {
-            for (int64_t j = 0; j < len; ++j) {
-              const bool keep = us == nullptr || dropout_keep(us[j], drop.threshold);
-              out[e + j] =
-                  gated_forward_element<decltype(ac)::value, acc_t>(gate[o + j], up[o + j], keep, acc_t(drop.scale));
-            }
-          });
+      for_each_span(e0, e1, a.F, a.packed(),
+                    [&](int64_t e, int64_t len, int64_t o) { body(bufs, e, len, o, u ? u + (e - e0) : nullptr); });
+    }
+  });
+}
+
+template <typename scalar_t>
+void gated_forward_kernel(const GatedActArgs& a, int64_t seed, Tensor& out_t) {
+  using acc_t = acc_type_t<scalar_t>;
+  const scalar_t* gate = data_as<const scalar_t>(a.gate);
+  const scalar_t* up = a.packed() ? gate + a.F : data_as<const scalar_t>(a.up);  // up of gate offset o: up[o]
+  scalar_t* out = data_as<scalar_t>(out_t);
+  const DropoutParams drop = a.dropout;
+  gated_tiles<scalar_t>(a, seed, 3, [&](auto& bufs, int64_t e, int64_t len, int64_t o, const uint16_t* us) {
+    if constexpr (std::is_same_v<acc_t, float>) {
+      const float* gf = load_row(gate + o, bufs[0].data(), len);
+      const float* vf = load_row(up + o, bufs[1].data(), len);
+      float* of = result_row(out + e, bufs[2].data());
+      cpu::gated_forward_row(a.act, gf, vf, us, drop.threshold, static_cast<float>(drop.scale), of, len);
+      store_row(out + e, of, len);
+    } else {
+      dispatch_act(a.act, [&](auto ac) {
+        for (int64_t j = 0; j < len; ++j) {
+          const bool keep = us == nullptr || dropout_keep(us[j], drop.threshold);
+          out[e + j] =
+              gated_forward_element<decltype(ac)::value, acc_t>(gate[o + j], up[o + j], keep, acc_t(drop.scale));
         }
       });
     }
@@ -83,45 +90,31 @@ void gated_forward_kernel(const GatedActArgs& a, int64_t seed, Tensor& out_t) {
 template <typename scalar_t>
 void gated_backward_kernel(const GatedActArgs& a, int64_t seed, Tensor& grad_gate_t, Tensor& grad_up_t) {
   using acc_t = acc_type_t<scalar_t>;
-  constexpr bool kFp32 = std::is_same_v<acc_t, float>;
-  const int64_t F = a.F, total = a.M * a.F;
-  const bool packed = a.packed();
   const scalar_t* go = data_as<const scalar_t>(a.grad_out);
   const scalar_t* gate = data_as<const scalar_t>(a.gate);
-  const scalar_t* up = packed ? gate + F : data_as<const scalar_t>(a.up);
+  const scalar_t* up = a.packed() ? gate + a.F : data_as<const scalar_t>(a.up);
   scalar_t* dg = data_as<scalar_t>(grad_gate_t);
-  scalar_t* du = packed ? dg + F : data_as<scalar_t>(grad_up_t);
+  scalar_t* du = a.packed() ? dg + a.F : data_as<scalar_t>(grad_up_t);
   const DropoutParams drop = a.dropout;
-  const bool dropping = drop.active();
-  parallel_tiles((total + kTile - 1) / kTile, [&](const auto& take) {
-    const int64_t nb = kFp32 ? kTile : 0;
-    std::vector<float> obuf(nb), gbuf(nb), ubuf(nb), dgbuf(nb), dubuf(nb);
-    std::vector<uint16_t> rnd(dropping ? dropout_uniforms_capacity(kTile) : 0);
-    for (int64_t t; (t = take()) * kTile < total;) {
-      const int64_t e0 = t * kTile, e1 = std::min(total, e0 + kTile);
-      const uint16_t* u = dropping ? dropout_uniforms_row(seed, e0, e1 - e0, rnd.data()) : nullptr;
-      for_each_span(e0, e1, F, packed, [&](int64_t e, int64_t len, int64_t o) {
-        const uint16_t* us = u ? u + (e - e0) : nullptr;
-        if constexpr (kFp32) {
-          const float* of = load_row(go + e, obuf.data(), len);
-          const float* gf = load_row(gate + o, gbuf.data(), len);
-          const float* vf = load_row(up + o, ubuf.data(), len);
-          float* dgf = result_row(dg + o, dgbuf.data());
-          float* duf = result_row(du + o, dubuf.data());
-          cpu::gated_backward_row(a.act, of, gf, vf, us, drop.threshold, static_cast<float>(drop.scale), dgf, duf, len);
-          store_row(dg + o, dgf, len);
-          store_row(du + o, duf, len);
-        } else {
-          dispatch_act(a.act, [&](auto ac) {
-            for (int64_t j = 0; j < len; ++j) {
-              const bool keep = us == nullptr || dropout_keep(us[j], drop.threshold);
-              acc_t dgate, dup;
-              gated_backward_element<decltype(ac)::value, acc_t>(go[e + j], gate[o + j], up[o + j], keep,
-                                                                 acc_t(drop.scale), dgate, dup);
-              dg[o + j] = dgate;
-              du[o + j] = dup;
-            }
-          });
+  gated_tiles<scalar_t>(a, seed, 5, [&](auto& bufs, int64_t e, int64_t len, int64_t o, const uint16_t* us) {
+    if constexpr (std::is_same_v<acc_t, float>) {
+      const float* of = load_row(go + e, bufs[0].data(), len);
+      const float* gf = load_row(gate + o, bufs[1].data(), len);
+      const float* vf = load_row(up + o, bufs[2].data(), len);
+      float* dgf = result_row(dg + o, bufs[3].data());
+      float* duf = result_row(du + o, bufs[4].data());
+      cpu::gated_backward_row(a.act, of, gf, vf, us, drop.threshold, static_cast<float>(drop.scale), dgf, duf, len);
+      store_row(dg + o, dgf, len);
+      store_row(du + o, duf, len);
+    } else {
+      dispatch_act(a.act, [&](auto ac) {
+        for (int64_t j = 0; j < len; ++j) {
+          const bool keep = us == nullptr || dropout_keep(us[j], drop.threshold);
+          acc_t dgate, dup;
+          gated_backward_element<decltype(ac)::value, acc_t>(go[e + j], gate[o + j], up[o + j], keep, acc_t(drop.scale),
+                                                             dgate, dup);
+          dg[o + j] = dgate;
+          du[o + j] = dup;
         }
       });
     }
