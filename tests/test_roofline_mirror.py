@@ -124,3 +124,35 @@ def test_mirror_constants_match_the_kernels():
     wide = re.search(r"wide_backward_shared\(int vpt, int threads\) \{ return (.*?); \}", src).group(1)
     assert wide == "int64_t(threads) * wide_slots(vpt) * 16"
     assert G.wide_backward_shared(4, 512) == 512 * 25 * 16
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+# (M, F): one block, several blocks per SM, more work than one wave (a grid-stride loop), F % 8 != 0 (the packed
+# layout's element path; two tensors stay on the vector path with a partial last group)
+@pytest.mark.parametrize("m,f", [(3, 64), (37, 256), (9, 4096), (5, 11008), (70, 24), (9, 1000), (4, 37)])
+def test_gated_mirror_matches_the_launcher(emu, dtype, m, f):
+    """gated_act's launches (csrc/cuda/gated_act_launch.cuh): both layouts, the vector path and the element-by-element
+    one ([gate | up] with F % 8 != 0), both directions, against tools/roofline_gpuopt.py's gated_launch."""
+    dt = DT[dtype]
+    seed = torch.tensor([5], dtype=torch.int64)
+    occ = EmulatedOccupancy()
+    for op, (act, packed, dropout) in G.GATED_OPS.items():
+        p = G.GATED_P if dropout else 0.0
+        gate = torch.randn(m, 2 * f if packed else f).to(dt)
+        up = None if packed else torch.randn(m, f).to(dt)
+        emu.take_launches()
+        emu.gated_act(gate, up, seed, p, act)
+        assert recorded(emu) == G.cuda_launches(occ, op, "forward", dtype, f, sms=SMS, m=m), (op, "forward")
+        emu.gated_act_backward(torch.randn(m, f).to(dt), gate, up, seed, p, act)
+        assert recorded(emu) == G.cuda_launches(occ, op, "backward", dtype, f, sms=SMS, m=m), (op, "backward")
+
+
+def test_gated_mirror_constants_match_the_kernels():
+    """The threads a block and the groups a thread takes per grid stride, as gated_act_kernels.cuh defines them."""
+    import re
+
+    src = (ROOT / "csrc" / "cuda" / "gated_act_kernels.cuh").read_text()
+    assert int(re.search(r"constexpr int kGatedThreads = (\d+);", src).group(1)) == G.GATED_THREADS
+    unroll = re.search(r"constexpr int gated_unroll\(int elem, bool vec\) \{ return (.*?); \}", src).group(1)
+    assert unroll.split() == "elem == 8 || !vec ? 1 : 2".split()
+    assert [G.gated_unroll(e, v) for e in (2, 4, 8) for v in (True, False)] == [2, 1, 2, 1, 1, 1]
