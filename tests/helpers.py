@@ -180,3 +180,18 @@ def load_emulated_ops():
         extra_cflags=["-fvisibility=hidden"],
     )
     return torch.ops.gpuopt_emu
+
+
+class GuardRecorder:
+    """Stands in for torch.cuda.device: records which device is current while the launchers run."""
+
+    current = []
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+
+    def __enter__(self):
+        GuardRecorder.current.append(self.device)
+
+    def __exit__(self, *exc):
+        GuardRecorder.current.pop()

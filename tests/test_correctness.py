@@ -13,6 +13,7 @@ from gpuopt_ops import reference as R
 from backends import BY_NAME, DEFAULT, backend_params, require_op
 from helpers import (
     FLOORS,
+    GuardRecorder,
     assert_close_to_reference,
     assert_unrounded_fp32_sum,
     check_fp64_dropout_precision,
@@ -841,21 +842,6 @@ def test_triton_bias_act_tiles_and_row_groups():
     assert common.column_groups(200, 264, 132) == 1  # nothing fills better: one group
 
 
-class _GuardRecorder:
-    """Stands in for torch.cuda.device: records which device is current while the launchers run."""
-
-    current = []
-
-    def __init__(self, device):
-        self.device = torch.device(device)
-
-    def __enter__(self):
-        _GuardRecorder.current.append(self.device)
-
-    def __exit__(self, *exc):
-        _GuardRecorder.current.pop()
-
-
 def test_triton_every_launch_runs_under_the_tensors_device(monkeypatch):
     """No GPU needed: fake CUDA tensors on cuda:1, torch.cuda.device mocked, launches recorded with the device
     current at launch time. Every kernel of every launcher must launch with cuda:1 current."""
@@ -866,14 +852,14 @@ def test_triton_every_launch_runs_under_the_tensors_device(monkeypatch):
     from gpuopt_ops.triton_kernels import common
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
 
-    monkeypatch.setattr(torch.cuda, "device", _GuardRecorder)
+    monkeypatch.setattr(torch.cuda, "device", GuardRecorder)
     launched = []
 
     def wrap(kernel):
         class Launch:
             def __getitem__(self, grid):
                 def run(*args, **kwargs):
-                    cur = _GuardRecorder.current[-1] if _GuardRecorder.current else None
+                    cur = GuardRecorder.current[-1] if GuardRecorder.current else None
                     launched.append((kernel.__name__, cur))
 
                 return run
@@ -902,9 +888,9 @@ def test_triton_every_launch_runs_under_the_tensors_device(monkeypatch):
         "bias_relu_bwd_kernel",
     }
     assert all(d == dev for _, d in launched), launched
-    assert not _GuardRecorder.current
-    assert not isinstance(common.device_guard(torch.device("cpu")), _GuardRecorder)
-    assert not isinstance(common.device_guard(torch.device("meta")), _GuardRecorder)
+    assert not GuardRecorder.current
+    assert not isinstance(common.device_guard(torch.device("cpu")), GuardRecorder)
+    assert not isinstance(common.device_guard(torch.device("meta")), GuardRecorder)
 
 
 @pytest.mark.parametrize("backend", backend_params("cuda", "triton"))

@@ -10,7 +10,7 @@ import torch
 from gpuopt_ops import reference as R
 
 from backends import BY_NAME, require_op
-from helpers import seed_tensor
+from helpers import GuardRecorder, seed_tensor
 
 pytest.importorskip("triton")
 
@@ -148,34 +148,19 @@ def test_triton_gated_plan_cache():
     assert stats() == (3, 4)
 
 
-class _GuardRecorder:
-    """Stands in for torch.cuda.device: records which device is current while the launchers run."""
-
-    current = []
-
-    def __init__(self, device):
-        self.device = torch.device(device)
-
-    def __enter__(self):
-        _GuardRecorder.current.append(self.device)
-
-    def __exit__(self, *exc):
-        _GuardRecorder.current.pop()
-
-
 def test_triton_gated_launches_run_under_the_tensors_device(monkeypatch):
     """Fake CUDA tensors on cuda:1, torch.cuda.device mocked: both kernels launch with cuda:1 current."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     ga, _ = _kernels()
-    monkeypatch.setattr(torch.cuda, "device", _GuardRecorder)
+    monkeypatch.setattr(torch.cuda, "device", GuardRecorder)
     launched = []
 
     def wrap(kernel):
         class Launch:
             def __getitem__(self, grid):
                 def run(*args, **kwargs):
-                    launched.append((kernel.__name__, _GuardRecorder.current[-1] if _GuardRecorder.current else None))
+                    launched.append((kernel.__name__, GuardRecorder.current[-1] if GuardRecorder.current else None))
 
                 return run
 
@@ -193,7 +178,7 @@ def test_triton_gated_launches_run_under_the_tensors_device(monkeypatch):
         ga.launch_backward(h, h, h, s, h, h, 0.0, act=0, wrap=wrap)
     assert [k for k, _ in launched] == ["gated_act_fwd_kernel"] * 2 + ["gated_act_bwd_kernel"] * 2
     assert all(d == dev for _, d in launched), launched
-    assert not _GuardRecorder.current
+    assert not GuardRecorder.current
 
 
 # ---------------------------------------------------------------------------------------------- interpreter runs
