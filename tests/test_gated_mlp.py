@@ -85,7 +85,10 @@ def test_state_dicts_load_both_ways_and_outputs_and_grads_match(kind, hidden_act
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16_bit_output_is_at_least_as_close_to_fp64_as_the_hf_module(dtype):
     """The op computes act(gate) * up in fp32 and rounds once; the HF module rounds the activation and the product
-    to the 16-bit type. Both against the same module in fp64 (the same 16-bit weights and input)."""
+    to the 16-bit type. Both against the same module in fp64 (the same 16-bit weights and input). Seeded: the max
+    error after down_proj is a draw (seeds 0-19: 39 of 40 cases within 1.25x, bf16 seed 1 at 1.30x), and the test
+    must not depend on what ran before it in the worker."""
+    torch.manual_seed(0)
     hf = _randomize(_hf_mlp("llama", "silu")).to(dtype)
     ours = GatedMLP(HIDDEN, INTER, dtype=dtype)
     ours.load_state_dict(hf.state_dict())
