@@ -4,7 +4,8 @@ Registered on `import gpuopt_ops`. In the FX graph Dynamo captures it rewrites
 
 - layer_norm → dropout → relu, layer_norm → relu → dropout and layer_norm → relu into one call of
   `gpuopt_ops.layer_norm_dropout_relu` (dropout's p and `training` flag kept: training=False fuses with p = 0);
-- linear (with bias) → relu into a bias-free linear and `gpuopt_ops.bias_relu`;
+- linear (with bias) → relu into a bias-free linear and `gpuopt_ops.bias_relu`, when the linear's result is fp32
+  or fp64 (a bf16 / fp16 linear adds its bias before its one rounding; split, the sum would round twice);
 - the residual blocks of transformers into one call of `gpuopt_ops.dropout_add_norm`: a norm whose input is
   `dropout(h) + residual` (either operand order), `h + residual` or `dropout(h)`. The norm is `F.layer_norm`
   over the last dimension, `F.rms_norm` / `nn.RMSNorm`, or RMSNorm written out as
@@ -13,8 +14,8 @@ Registered on `import gpuopt_ops`. In the FX graph Dynamo captures it rewrites
 - a norm (the same three forms) followed by dropout, by dropout → relu, or (RMSNorm) by relu → dropout or relu,
   where no residual add comes before it (BERT's embeddings: layer_norm → dropout), into one call of
   `gpuopt_ops.norm_dropout` (the LayerNorm → ... → relu chains are the first rule's);
-- linear / addmm with a bias (addmm optionally through one view) → an activation into a bias-free matmul and
-  `gpuopt_ops.bias_act`: `F.gelu` (both approximations), the tanh GELU written out as
+- linear / addmm with a bias (addmm optionally through one view; fp32 / fp64 results, as above) → an activation
+  into a bias-free matmul and `gpuopt_ops.bias_act`: `F.gelu` (both approximations), the tanh GELU written out as
   `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`, and `F.silu`;
 - the gated MLP of LLaMA-style models, `act(gate) * up` (either operand order) with act `F.silu`, `F.gelu` (both
   approximations), relu, SiLU written out as `g * torch.sigmoid(g)`, or the tanh GELU written out (both forms above),
@@ -291,6 +292,14 @@ def _tensor_ok(x: torch.fx.Node, params) -> bool:
     return True
 
 
+def _rounds_to_16_bit(matmul: torch.fx.Node) -> bool:
+    """A linear / addmm whose result is bf16 / fp16 (its inputs', or autocast's) keeps its bias: it adds the bias in
+    its fp32 accumulation and rounds once, where a bias-free matmul's rounded result plus the bias carries the
+    rounding error of x @ w.T, large against the result where the bias cancels it (modules.matmul_rounds_to_16_bit)."""
+    v = _value(matmul)
+    return v is None or v.dtype in (torch.float16, torch.bfloat16)
+
+
 def _only_user(node: torch.fx.Node) -> Optional[torch.fx.Node]:
     users = list(node.users)
     return users[0] if len(users) == 1 and users[0].args and users[0].args[0] is node else None
@@ -361,7 +370,7 @@ def _rewrite(gm: torch.fx.GraphModule, log: list[str]) -> int:
             if bias is None or not isinstance(weight, torch.fx.Node) or not _tensor_ok(x, [weight, bias]):
                 continue
             bv = _value(bias)
-            if bv.dim() != 1:
+            if bv.dim() != 1 or _rounds_to_16_bit(node):
                 continue
             relu = _only_user(node)
             if relu is None or not _is_relu(relu):
@@ -874,7 +883,7 @@ def _rewrite_bias_act_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list
         x, weight, bias = node.args[0], _arg(node, 1, "weight", None), _arg(node, 2, "bias", None)
         if bias is None or not isinstance(weight, torch.fx.Node) or not _tensor_ok(x, [weight, bias]):
             return False
-        if _value(bias).dim() != 1:
+        if _value(bias).dim() != 1 or _rounds_to_16_bit(node):
             return False
         src, view, shape = node, None, None
     elif _calls(node, _ADDMM) and len(node.args) == 3 and not node.kwargs:
@@ -882,7 +891,7 @@ def _rewrite_bias_act_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list
         if not all(isinstance(n, torch.fx.Node) for n in (bias, a, w)) or not _tensor_ok(a, [w, bias]):
             return False
         bv = _value(bias)
-        if bv.dim() != 1:
+        if bv.dim() != 1 or _rounds_to_16_bit(node):
             return False
         src, view, shape = node, None, None
         if len(node.users) == 1:

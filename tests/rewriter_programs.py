@@ -543,6 +543,8 @@ def build(spec: Spec) -> Program:
             not spec.param_fp32
             and (spec.eps is None or spec.eps > 0)
             and not (spec.family == "bias_act" and not spec.bias)
+            # a bf16 / fp16 matmul keeps its bias (added before its one rounding): no bias_act site
+            and not (spec.family == "bias_act" and spec.dtype in (torch.bfloat16, torch.float16))
             # addmm → relu is no pattern of the rewriter (relu after linear only; addmm takes the bias_act activations)
             and not (
                 spec.family == "bias_act"

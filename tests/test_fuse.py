@@ -354,6 +354,34 @@ def test_patterns_that_must_not_be_rewritten():
     assert len(log2) == 1 and "layer_norm → relu" in log2[0], "the positive control must be rewritten"
 
 
+def test_16_bit_linear_sites_keep_their_bias():
+    """A bf16 / fp16 linear or addmm (its inputs', or autocast's) adds its bias before its one rounding: the
+    linear → relu / bias_act rules leave it as it is (the output equals eager's bits), and fuse the fp32 control."""
+
+    def f(x, w, b, a2, w2):
+        r = F.relu(F.linear(x, w, b))
+        g = F.gelu(torch.addmm(b, a2, w2))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            s = F.silu(F.linear(x.float(), w.float(), b.float()))
+        return r, g, s
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        torch.manual_seed(0)
+        args = [t.to(dtype) for t in (torch.randn(8, 16), torch.randn(16, 16), torch.randn(16), torch.randn(8, 16))]
+        args.append(torch.randn(16, 16).to(dtype))
+        log = []
+        torch._dynamo.reset()
+        got = torch.compile(f, backend=_capture(log))(*args)
+        want = f(*args)
+        kinds = sorted(line.split(" (")[0] for line in log)
+        if dtype == torch.float32:  # the fp32 linear and addmm fuse; the autocast one does not
+            assert kinds == ["addmm → gelu", "linear → relu"], log
+            torch.testing.assert_close(got, want)
+        else:
+            assert kinds == [], log
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 def test_training_false_dropout_is_fused_with_p_zero():
     log = []
     torch._dynamo.reset()

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+import gpuopt_ops
 from gpuopt_ops.modules import (
     EagerLayerNormDropoutReLU,
     EagerLinearReLU,
@@ -89,6 +90,52 @@ def test_linear_bias_relu_matches_linear_and_inits_like_it():
     lin2 = nn.Linear(20, 33)
     lin2.load_state_dict(fused.state_dict())
     fused.load_state_dict(lin.state_dict())
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("how", ["bf16", "fp16", "autocast_bf16"])
+def test_16_bit_linear_keeps_the_bias_in_the_matmul(act, how):
+    """In bf16 / fp16 (the data's, or autocast's) LinearBiasReLU / LinearBiasAct give nn.Linear → act's bits: the
+    bias is added before the matmul's one rounding. Split off after it, a bias that cancels most of x @ w.T leaves
+    that rounding's error, relative to the small result, in place (the case below: ~0.5 of an ulp of 8, against
+    results of about 1/64)."""
+    from gpuopt_ops.modules import LinearBiasAct
+
+    dtype = torch.float16 if how == "fp16" else torch.bfloat16
+    fused = LinearBiasReLU(64, 48) if act == "relu" else LinearBiasAct(64, 48, act=act)
+    torch.manual_seed(3)
+    x = torch.randn(32, 64)
+    with torch.no_grad():
+        fused.weight.copy_(torch.randn(48, 64) / 8)
+        # a bias that cancels x @ w.T of row 0 up to a small remainder, so the sum is ~1/64 where x @ w.T is ~1
+        fused.bias.copy_(-(x[0] @ fused.weight.T) + torch.linspace(-1 / 64, 1 / 64, 48))
+    lin = nn.Linear(64, 48)
+    lin.load_state_dict(fused.state_dict())
+    fn = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"), "silu": F.silu}[act]
+    if how == "autocast_bf16":
+        xs = x.clone().requires_grad_(True)
+        xr = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, ref = fused(xs), fn(lin(xr))
+    else:
+        fused.to(dtype), lin.to(dtype)
+        xs, xr = (x.to(dtype).requires_grad_(True) for _ in range(2))
+        out, ref = fused(xs), fn(lin(xr))
+    assert out.dtype == ref.dtype == dtype
+    assert torch.equal(out, ref), f"{act} {how}: max |diff| {(out.float() - ref.float()).abs().max().item():.3g}"
+    g = torch.randn(out.shape, dtype=out.dtype)
+    out.backward(g)
+    ref.backward(g)
+    assert torch.equal(xs.grad, xr.grad)
+    assert torch.equal(fused.bias.grad, lin.bias.grad)
+    # row 0 against its fp64 truth on the 16-bit operands: one rounding of results ~1/64 away (< 1e-4), where the
+    # split form, bias_act(x @ w.T) on the rounded matmul, is up to half an ulp of ~1 off (2e-3 in bf16)
+    q = [t.detach().to(dtype).double() for t in (x[0], fused.weight, fused.bias)]
+    truth = fn(q[0] @ q[1].T + q[2])
+    assert (out[0].double() - truth).abs().max().item() < 1e-4
+    xq, wq = x[:1].to(dtype), fused.weight.detach().to(dtype)
+    split = gpuopt_ops.bias_act(F.linear(xq, wq), fused.bias.detach().to(dtype), act=act)
+    assert (split[0].double() - truth).abs().max().item() > 2e-4, "the case must separate the two forms"
 
 
 def test_fused_bias_relu_module():

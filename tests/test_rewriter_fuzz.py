@@ -26,6 +26,7 @@ from rewriter_programs import (
     DTYPES,
     GATED_ACTS,
     GATED_FORMS,
+    KEEPS_FUSION,
     NORMS,
     PERTURBATIONS,
     RESIDUALS,
@@ -155,6 +156,8 @@ def sweep_spec(family: str, perturb: str, i: int) -> Spec:
     rng = random.Random(f"{family}/{perturb}/{i}")
     half = rng.random() < 2 / 3 and not perturb.startswith("autocast")
     dtype = rng.choice([torch.bfloat16, torch.float16]) if half else torch.float32
+    if family == "bias_act" and perturb in KEEPS_FUSION and i % 2 == 0:
+        dtype = torch.float32  # 16-bit linears keep their bias (no site): every other intact program is fp32
     if perturb == "none" and family not in ("bias_act", "gated") and i < len(NORMS):
         # each norm form intact, with its default eps, on small inputs (where eps shows), dtypes in turn
         dtype = (torch.bfloat16, torch.float16, torch.float32)[i % 3]
