@@ -27,6 +27,7 @@ except ImportError as err:  # no build here (a source tree on sys.path), or a to
 
 from . import (
     compile_backend,  # noqa: E402
+    dtensor,  # noqa: E402
     ops,  # noqa: E402
 )
 from .backends import BACKENDS, resolve_backend  # noqa: E402
@@ -42,6 +43,7 @@ from .ops import (  # noqa: E402
 )
 
 compile_backend.register()  # torch.compile(model, backend="gpuopt")
+dtensor.register()  # DTensor sharding rules of torch.ops.gpuopt.* (tensor / sequence parallelism)
 
 
 def _load_triton_twins() -> None:

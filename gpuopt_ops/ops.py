@@ -9,6 +9,7 @@ from typing import Optional, Union
 import torch
 
 from . import checks as V
+from . import dtensor
 from .backends import resolve_backend
 
 _ops = torch.ops.gpuopt
@@ -337,15 +338,20 @@ def layer_norm_dropout_relu(
     """
     backend = resolve_backend(backend, x.device, "layer_norm_dropout_relu")
     x2, w, b = _flatten_normalized(x, normalized_shape, weight, bias)
-    p_eff, seed = _dropout_seed(x, p, training, generator)
+    p_eff, seed = _dropout_seed(x, p, training, generator, "layer_norm_dropout_relu")
     op = _triton_ops().triton_layer_norm_dropout_relu if backend == "triton" else _ops.layer_norm_dropout_relu
     out, _, _ = op(x2, w, b, seed, p_eff, float(eps))
     return out.view(x.shape) if out.shape != x.shape else out
 
 
-def _dropout_seed(x: torch.Tensor, p: float, training: bool, generator) -> tuple[float, torch.Tensor]:
-    """(p in effect, the seed): a fresh seed when dropping (training and p > 0), else a zero tensor."""
+def _dropout_seed(x: torch.Tensor, p: float, training: bool, generator, op: str) -> tuple[float, torch.Tensor]:
+    """(p in effect, the seed): a fresh seed when dropping (training and p > 0), else a zero tensor. For a DTensor
+    x the zero seed is a replicated DTensor on x's mesh, and dropping is an error (gpuopt_ops.dtensor)."""
     p_eff = float(p) if training else 0.0
+    if dtensor.is_dtensor(x):
+        if p_eff > 0.0:
+            raise dtensor.dropout_error(op)
+        return p_eff, dtensor.replicated_like(x, torch.zeros(1, dtype=torch.int64, device=x.device))
     if p_eff > 0.0:
         return p_eff, draw_seed(x.device, generator)
     return p_eff, torch.zeros(1, dtype=torch.int64, device=x.device)
@@ -380,7 +386,7 @@ def norm_dropout(
     if activation not in NORM_ACTIVATIONS:
         raise ValueError(f"gpuopt.norm_dropout: activation must be None or 'relu', got {activation!r}")
     backend = resolve_backend(backend, x.device, "norm_dropout")
-    p_eff, seed = _dropout_seed(x, p, training, generator)
+    p_eff, seed = _dropout_seed(x, p, training, generator, "norm_dropout")
     op = _triton_ops().triton_norm_dropout if backend == "triton" else _ops.norm_dropout
     out, _, _ = op(x, weight, bias, seed, p_eff, float(eps), norm == "rms", activation == "relu")
     return out
@@ -420,7 +426,7 @@ def dropout_add_norm(
     if norm not in NORMS:
         raise ValueError(f"gpuopt.dropout_add_norm: norm must be one of {NORMS}, got {norm!r}")
     backend = resolve_backend(backend, x.device, "dropout_add_norm")
-    p_eff, seed = _dropout_seed(x, p, training, generator)
+    p_eff, seed = _dropout_seed(x, p, training, generator, "dropout_add_norm")
     op = _triton_ops().triton_dropout_add_norm if backend == "triton" else _ops.dropout_add_norm
     out, s, _, _ = op(x, residual, weight, bias, seed, p_eff, float(eps), norm == "rms", bool(residual_in_fp32))
     return (out, s) if prenorm else out
@@ -462,6 +468,6 @@ def gated_act(
     same mask as every other gpuopt op at the same linear index of the output."""
     code = _act_code("gated_act", act)
     backend = resolve_backend(backend, gate.device, "gated_act")
-    p_eff, seed = _dropout_seed(gate, p, training, generator)
+    p_eff, seed = _dropout_seed(gate, p, training, generator, "gated_act")
     op = _triton_ops().triton_gated_act if backend == "triton" else _ops.gated_act
     return op(gate, up, seed, p_eff, code)

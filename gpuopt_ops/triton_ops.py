@@ -84,6 +84,7 @@ from gpuopt_ops.triton_kernels import gated_act as _GA  # noqa: E402
 from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as _LDR  # noqa: E402
 
 from . import checks as V  # noqa: E402
+from . import dtensor  # noqa: E402
 from .ops import (  # noqa: E402
     register_bias_act_autograd,
     register_bias_relu_autograd,
@@ -528,6 +529,7 @@ register_bias_relu_autograd("gpuopt::triton_bias_relu", triton_bias_relu_backwar
 register_bias_act_autograd("gpuopt::triton_bias_act", triton_bias_act_backward)
 register_dropout_add_norm_autograd("gpuopt::triton_dropout_add_norm", triton_dropout_add_norm_backward)
 register_gated_act_autograd("gpuopt::triton_gated_act", triton_gated_act_backward)
+dtensor.register("triton_")
 
 __all__ = [
     "triton_layer_norm_dropout_relu",

@@ -1,0 +1,242 @@
+"""DTensor sharding rules of the gpuopt ops (tensor and sequence parallelism).
+
+Registered on `import gpuopt_ops` for the C++ / CUDA ops and on `import gpuopt_ops.triton_ops` for the Triton
+twins, through `torch.distributed.tensor.experimental.register_sharding`. For each op, on each mesh dimension:
+
+- every input Replicate: every output Replicate;
+- rows sharded, `Shard(d)` of x on any dimension d but the last, parameters Replicate: the op runs on the local
+  rows with no communication. The outputs shaped like x keep `Shard(d)`; the per-row statistics (mean, rstd, flat
+  (M,) tensors) are `Shard(0)` when the dimensions before d have one element in all, else `_StridedShard(0,
+  split_factor=prod(x.shape[:d]))`, the placement of exactly the local rows in the flat order (sequence
+  parallelism: x (B, S, D) as `Shard(1)` leaves each rank B runs of S / world rows). The backward returns
+  grad_weight and grad_bias as `Partial()` (each rank's sum over its rows), for the caller's reduction;
+- element-wise ops (bias_relu, bias_act, gated_act of two tensors) also take `Shard` on the last dimension, with
+  the bias sharded as `Shard(0)` the same way (column-parallel linear outputs); grad_bias is then `Shard(0)`.
+
+Refused with an error that names the placement: a norm's input sharded on its last (normalized) dimension, the
+one-tensor `[gate | up]` layout of gated_act sharded on its last dimension (the halves would split), and dropout
+(p > 0) on DTensors at all: the ops key each mask by the element's index in the tensor they are given, so a shard
+would draw other masks than the same rows of the whole tensor, and a replicated input gives identical masks only
+if every rank drew the same seed. Other placements (Partial, a sharded weight) are redistributed by DTensor to one
+of the strategies above.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Optional
+
+import torch
+
+try:  # torch.distributed is optional (some builds leave it out)
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+    from torch.distributed.tensor.experimental import register_sharding
+    from torch.distributed.tensor.placement_types import _StridedShard
+except ImportError:  # pragma: no cover - exercised only on builds without torch.distributed
+    DTensor = None
+
+AVAILABLE = DTensor is not None
+
+_DROPOUT_MESSAGE = (
+    "dropout (p > 0) on DTensor inputs is not supported: each mask is keyed by the element's index in the tensor "
+    "the op is given, so a shard would draw other masks than the same rows of the whole tensor (and replicated "
+    "inputs agree only if every rank drew the same seed). Use p = 0 (or training=False) on DTensors, or call the op "
+    "on the local tensors (x.to_local()) if masks of the local rows are what you want"
+)
+
+
+class ShardingError(ValueError):
+    """A DTensor placement the op cannot compute on without changing its result."""
+
+
+def _ndim(spec) -> int:
+    return len(spec.tensor_meta.shape)
+
+
+def _last_dim_shards(spec) -> list:
+    """The placements of spec that split its last dimension."""
+    last = _ndim(spec) - 1
+    return [pl for pl in spec.placements if isinstance(pl, Shard) and (pl.dim % max(_ndim(spec), 1)) == last]
+
+
+def _check_dropout(op: str, p: float) -> None:
+    if p > 0.0:
+        raise ShardingError(f"gpuopt.{op}: {_DROPOUT_MESSAGE}")
+
+
+def _check_rows(op: str, name: str, spec, what: str = "the norm needs whole rows") -> None:
+    if spec is not None and _last_dim_shards(spec):
+        raise ShardingError(
+            f"gpuopt.{op}: {name} is sharded on its last dimension ({list(spec.placements)}): {what}. Redistribute "
+            f"{name} to Shard(d) on another dimension, or to Replicate(), first"
+        )
+
+
+def _rows_placement(shape, d: int):
+    """The placement of the flat (M,) per-row statistics of x (shape) sharded as Shard(d)."""
+    lead = math.prod(shape[:d])
+    return Shard(0) if lead == 1 else _StridedShard(0, split_factor=lead)
+
+
+def _opt(spec, placement):
+    """placement for an optional tensor argument, None where it is absent."""
+    return None if spec is None else placement
+
+
+def _rules() -> dict[str, tuple[Callable, int]]:
+    """op name -> (sharding function, index of its first non-tensor argument)."""
+    rep = Replicate()
+
+    def _norm_fwd(x, params, n_stats, stats_empty, extra_rows=(), n_row_outputs=1):
+        shape = tuple(x.tensor_meta.shape)
+        strategies = []
+        for row in [rep, *[Shard(d) for d in range(len(shape) - 1)]]:
+            stat = rep if row is rep else _rows_placement(shape, row.dim)
+            outs = [row] * n_row_outputs + [rep if stats_empty(i) else stat for i in range(n_stats)]
+            ins = [row, *[_opt(s, row) for s in extra_rows], *[_opt(s, rep) for s in params], rep]
+            strategies.append((outs, ins))
+        return strategies
+
+    def _norm_bwd(x, params, stats, stats_empty, grad_params, front=(), row_grads=1, row_grad_empty=()):
+        """grad_out, *front (row-shaped or None), x-like, params, stats, seed -> row grads, param grads."""
+        shape = tuple(x.tensor_meta.shape)
+        strategies = []
+        for row in [rep, *[Shard(d) for d in range(len(shape) - 1)]]:
+            stat = rep if row is rep else _rows_placement(shape, row.dim)
+            outs = [rep if (row_grad_empty and row_grad_empty[i]) else row for i in range(row_grads)]
+            outs += [rep if (row is rep or not present) else Partial() for present in grad_params]
+            ins = [row, *[_opt(s, row) for s in front], row, *[_opt(s, rep) for s in params]]
+            ins += [rep if stats_empty[i] else stat for i in range(len(stats))]
+            ins += [rep]
+            strategies.append((outs, ins))
+        return strategies
+
+    def ldr_fwd(x, weight, bias, seed, p, eps):
+        _check_dropout("layer_norm_dropout_relu", p)
+        _check_rows("layer_norm_dropout_relu", "x", x)
+        return [(o, i + [None, None]) for o, i in _norm_fwd(x, [weight, bias], 2, lambda i: False)]
+
+    def ldr_bwd(grad_out, x, weight, bias, mean, rstd, seed, p):
+        _check_dropout("layer_norm_dropout_relu_backward", p)
+        _check_rows("layer_norm_dropout_relu_backward", "x", x)
+        grads = [weight is not None, bias is not None]
+        return [(o, i + [None]) for o, i in _norm_bwd(x, [weight, bias], [mean, rstd], [False, False], grads)]
+
+    def nd_fwd(x, weight, bias, seed, p, eps, rms, relu):
+        _check_dropout("norm_dropout", p)
+        _check_rows("norm_dropout", "x", x)
+        return [(o, i + [None] * 4) for o, i in _norm_fwd(x, [weight, bias], 2, lambda i: rms and i == 0)]
+
+    def nd_bwd(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu):
+        _check_dropout("norm_dropout_backward", p)
+        _check_rows("norm_dropout_backward", "x", x)
+        grads = [weight is not None, bias is not None]
+        strategies = _norm_bwd(x, [weight, bias], [mean, rstd], [bool(rms), False], grads)
+        return [(o, i + [None] * 3) for o, i in strategies]
+
+    def dan_fwd(x, residual, weight, bias, seed, p, eps, rms, residual_in_fp32):
+        _check_dropout("dropout_add_norm", p)
+        _check_rows("dropout_add_norm", "x", x)
+        _check_rows("dropout_add_norm", "residual", residual)
+        strategies = _norm_fwd(x, [weight, bias], 2, lambda i: rms and i == 0, [residual], n_row_outputs=2)
+        return [(o, i + [None] * 4) for o, i in strategies]
+
+    def dan_bwd(grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, p, rms, has_residual):
+        _check_dropout("dropout_add_norm_backward", p)
+        _check_rows("dropout_add_norm_backward", "sum", sum)
+        _check_rows("dropout_add_norm_backward", "grad_out", grad_out)
+        grads = [weight is not None, bias is not None]
+        strategies = _norm_bwd(
+            sum, [weight, bias], [mean, rstd], [bool(rms), False], grads, front=[grad_sum], row_grads=2,
+            row_grad_empty=(False, not has_residual),
+        )  # fmt: skip
+        return [(o, i + [None] * 3) for o, i in strategies]
+
+    def _elementwise(x, n_out: int, grad_bias: bool, last_ok: bool):
+        """(outputs, the bias's placement, x's placement) for an element-wise op on x: x-shaped outputs, and
+        with grad_bias a last output that is the bias's gradient (Partial for row shards, Shard(0) for last-dim
+        shards, where the bias is Shard(0) too)."""
+        nd = _ndim(x)
+        strategies = []
+        for row in [rep, *[Shard(d) for d in range(nd if last_ok else nd - 1)]]:
+            last = row is not rep and row.dim == nd - 1
+            outs = [row] * (n_out - 1 if grad_bias else n_out)
+            if grad_bias:
+                outs.append(rep if row is rep else (Shard(0) if last else Partial()))
+            strategies.append((outs, Shard(0) if last else rep, row))
+        return strategies
+
+    def bias_relu(x, bias):
+        return [(o, [r, b]) for o, b, r in _elementwise(x, 1, False, True)]
+
+    def bias_relu_bwd(grad_out, out):
+        return [(o, [r, r]) for o, _, r in _elementwise(out, 2, True, True)]
+
+    def bias_act(x, bias, act):
+        return [(o, [r, b, None]) for o, b, r in _elementwise(x, 1, False, True)]
+
+    def bias_act_bwd(grad_out, saved, bias, act):
+        return [(o, [r, r, b, None]) for o, b, r in _elementwise(saved, 2, True, True)]
+
+    def gated(gate, up, seed, p, act):
+        _check_dropout("gated_act", p)
+        if up is None:
+            _check_rows("gated_act", "gate", gate, "its last dimension holds [gate | up], whose halves a shard splits")
+        return [(o, [r, _opt(up, r), rep, None, None]) for o, _, r in _elementwise(gate, 1, False, up is not None)]
+
+    def gated_bwd(grad_out, gate, up, seed, p, act):
+        _check_dropout("gated_act_backward", p)
+        if up is None:
+            _check_rows("gated_act_backward", "gate", gate, "its last dimension holds [gate | up]")
+        return [
+            ([r, rep if up is None else r], [r, r, _opt(up, r), rep, None, None])
+            for _, _, r in _elementwise(gate, 1, False, up is not None)
+        ]
+
+    return {
+        "layer_norm_dropout_relu": (ldr_fwd, 4),
+        "layer_norm_dropout_relu_backward": (ldr_bwd, 7),
+        "norm_dropout": (nd_fwd, 4),
+        "norm_dropout_backward": (nd_bwd, 7),
+        "dropout_add_norm": (dan_fwd, 5),
+        "dropout_add_norm_backward": (dan_bwd, 8),
+        "bias_relu": (bias_relu, 100),
+        "bias_relu_backward": (bias_relu_bwd, 100),
+        "bias_act": (bias_act, 2),
+        "bias_act_backward": (bias_act_bwd, 3),
+        "gated_act": (gated, 3),
+        "gated_act_backward": (gated_bwd, 4),
+    }
+
+
+def register(prefix: str = "") -> list[str]:
+    """Registers the rules for torch.ops.gpuopt.<prefix><op> (prefix "" or "triton_"); returns the op names."""
+    if not AVAILABLE:
+        return []
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    done = []
+    for name, (fn, static_argnum) in _rules().items():
+        overload = getattr(torch.ops.gpuopt, prefix + name).default
+        register_sharding(overload)(fn)
+        # p (and eps, act, the flags) decide the strategy or its error: they belong to the cache key, which
+        # register_sharding would start at the first int argument only
+        propagator.op_to_schema_info[overload] = RuntimeSchemaInfo(static_argnum, needs_pytree=True)
+        done.append(prefix + name)
+    return done
+
+
+def replicated_like(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """t (a plain tensor, the same on every rank) as a replicated DTensor on x's mesh when x is a DTensor."""
+    if AVAILABLE and isinstance(x, DTensor) and not isinstance(t, DTensor):
+        return DTensor.from_local(t, x.device_mesh, [Replicate()] * x.device_mesh.ndim, run_check=False)
+    return t
+
+
+def is_dtensor(x: Optional[torch.Tensor]) -> bool:
+    return AVAILABLE and isinstance(x, DTensor)
+
+
+def dropout_error(op: str) -> ShardingError:
+    return ShardingError(f"gpuopt.{op}: {_DROPOUT_MESSAGE}")
