@@ -33,9 +33,11 @@ try:  # torch.distributed is optional (some builds leave it out)
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
     from torch.distributed.tensor.experimental import register_sharding
+    from torch.distributed.tensor.parallel import SequenceParallel as _TorchSequenceParallel
     from torch.distributed.tensor.placement_types import _StridedShard
 except ImportError:  # pragma: no cover - exercised only on builds without torch.distributed
     DTensor = None
+    _TorchSequenceParallel = object
 
 AVAILABLE = DTensor is not None
 
@@ -240,3 +242,29 @@ def is_dtensor(x: Optional[torch.Tensor]) -> bool:
 
 def dropout_error(op: str) -> ShardingError:
     return ShardingError(f"gpuopt.{op}: {_DROPOUT_MESSAGE}")
+
+
+class SequenceParallel(_TorchSequenceParallel):
+    """torch's `SequenceParallel` style for modules with several tensor inputs and outputs: the residual norms
+    (`FusedDropoutAddLayerNorm` / `FusedDropoutAddRMSNorm`, `forward(x, residual)`, prenorm returning `(out, sum)`).
+
+    torch's style prepares the first positional input only and passes that one on, so a residual given positionally
+    would be dropped and the norm would run without it. This one prepares every positional tensor input the same
+    way (a DTensor redistributed to Shard(sequence_dim), a local tensor taken as that shard) and, with
+    use_local_output=True, converts every output. Parameters are replicated, as in torch's.
+    """
+
+    @staticmethod
+    def _prepare_input_fn(sequence_sharding, mod, inputs, device_mesh):
+        prepare = _TorchSequenceParallel._prepare_input_fn
+        return tuple(
+            prepare(sequence_sharding, mod, (t,), device_mesh) if isinstance(t, torch.Tensor) else t for t in inputs
+        )
+
+    @staticmethod
+    def _prepare_output_fn(use_local_output, mod, outputs, device_mesh):
+        if not use_local_output:
+            return outputs
+        if isinstance(outputs, tuple):
+            return tuple(o.to_local() if isinstance(o, DTensor) else o for o in outputs)
+        return outputs.to_local()
