@@ -1,19 +1,24 @@
 """Batch invariance: a row's results do not depend on the batch it is launched in.
 
 For the row ops (layer_norm_dropout_relu, norm_dropout with LayerNorm and RMSNorm, dropout_add_norm with LayerNorm
-and RMSNorm, with and without a residual) a row's output, sum, mean, rstd, grad_x and grad_residual are the same
-bits whatever the number of rows M in the launch, the row's position among them, the launch plan (CUDA: warp rows,
-block rows, wide and looped kernels, persistent grids of any size, blocks in any order; Triton: single-block or
-looped, any number of persistent programs; CPU: any tiling) and the number of CPU threads. The element-wise ops
-(bias_act, gated_act) the same for out, grad_x, grad_gate and grad_up. The column sums (grad_weight, grad_bias)
-are the same bits on a rerun at the same M, on every backend, and on the CPU at any thread count.
+and RMSNorm, with and without a residual) a row's out, sum, mean, rstd, grad_x and grad_residual are the same bits
+whatever the number of rows M in the launch, the row's position among them, the size of the grid (CUDA: devices of
+1 to 1056 resident blocks, so persistent grids from 1 block to a block a row, blocks in either order; Triton: 1 to 8
+persistent programs; CPU: any tiling) and the number of CPU threads; the element-wise ops (bias_act, gated_act)
+the same for out, grad_x, grad_gate and grad_up. The column sums (grad_weight, grad_bias) are the same bits on a
+rerun at the same M on every backend, and on the CPU at any thread count; on other CUDA grids they are close, not
+the same bits.
+
+The kernel a row takes (CUDA warp rows, block rows, wide or looped; Triton single-block, wide or looped) is a
+function of N, the dtypes and the device, never of M. Two kernels for the same row (reached here by changing the
+emulated device's shared memory or the Triton limits) agree within tolerance but not in bits: strict xfails below.
 
 Dropout keys the mask by the element's linear index in the (M, N) view: a row moved to another position gets
 another mask, so the invariance over M and position is checked at p = 0; at p > 0 a row keeps its bits when only
 rows after it change (rows appended at the end).
 
 Every comparison is of bits (integer views), never through floats. The backends: the C++ CPU kernels, the Triton
-kernels under the interpreter, and the CUDA source under tools/cuda_emu (the GPU backends where there is a GPU).
+kernels under the interpreter, and the CUDA source under tools/cuda_emu (and the GPU backends where there is a GPU).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import pytest
 import torch
 
 from gpuopt_ops import reference as R
+from gpuopt_ops.ops import ACTIVATIONS
 
 from backends import DEFAULT, backend_params, require_op
 from helpers import load_emulated_ops, seed_tensor
@@ -108,7 +114,7 @@ def run_row_op(backend, op: RowOp, rows, params, p):
 
 # bias_act's four activations and gated_act's two layouts (separate gate and up; one [gate | up] tensor)
 ELEMENTWISE = ["bias_act-relu", "bias_act-gelu", "bias_act-gelu_tanh", "bias_act-silu", "gated_act", "gated_act-packed"]
-ACT = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}
+ACT = ACTIVATIONS  # the act codes
 
 
 def elementwise_bank(m, n, dtype, salt=0):
@@ -230,14 +236,19 @@ def big_m(backend, n):
 
 @pytest.fixture(autouse=True)
 def emulated_device(request):
-    """Tests given the emulated CUDA backend run on EMULATED_DEVICE (DEVICES["1x2"]), whose persistent grids of 2
-    blocks loop over the rows of a small batch."""
+    """Tests given the emulated CUDA backend run on DEVICES["1x2"], whose persistent grids of 2 blocks loop over
+    the rows of a small batch. (Where the emulator cannot be built, the test reports why: require_op.)"""
     callspec = getattr(request.node, "callspec", None)
     backend = callspec.params.get("backend") if callspec else None
-    if backend is None or backend.namespace != "gpuopt_emu":
+    ops = None
+    if backend is not None and backend.namespace == "gpuopt_emu":
+        try:
+            ops = load_emulated_ops()
+        except Exception:
+            ops = None
+    if ops is None:
         yield
         return
-    ops = load_emulated_ops()
     old = ops.configure(*DEVICES["1x2"])
     yield
     ops.configure(*old)
@@ -357,6 +368,7 @@ def threads():
 def test_cpu_results_do_not_depend_on_the_thread_count(backend, threads, n, op, dtype):
     """1, 2 and 3 intra-op threads: every result, grad_weight and grad_bias included, the same bits (the column
     sums' row blocks are a function of M only, csrc/cpu/row_blocks.h), with and without dropout."""
+    require_op(backend, op.name)
     m = big_m(backend, n)
     rows, params = bank(m, n, dtype, salt=3)
     for p in (0.0, 0.3):
@@ -412,9 +424,9 @@ def emulated_results(backend, emu, op, rows, params, devices):
 )
 @pytest.mark.parametrize("backend", backend_params("cuda-emulated"))
 def test_emulated_cuda_rows_do_not_depend_on_the_grid(backend, emu, monkeypatch, n, op, dtype):
-    """A row's bits are the same on persistent grids of 1 block, 2 and up to 1056 (each row in another block,
-    another place of its block, after another number of rows of its block) and with the blocks run in reverse
-    order; the column sums the same bits in reverse order."""
+    """A row's bits are the same on devices of 1, 2 and 1056 resident blocks (grids of 1 block, 2, and a block a
+    row or a warp-row block of 4: each row in another block, another place of its block, after another number of
+    rows of its block) and with the blocks run in reverse order; the column sums the same bits in reverse order."""
     rows, params = bank(big_m(backend, n), n, dtype, salt=4)
     got = emulated_results(backend, emu, op, rows, params, ("1x1", "1x2", "132x8"))
     for name in ("1x1", "132x8"):
@@ -430,8 +442,10 @@ def test_emulated_cuda_rows_do_not_depend_on_the_grid(backend, emu, monkeypatch,
 
 WIDE_DIFFERS = (
     "the wide backward ({wide}) and the looped one ({looped}) add up a row's c1 = mean(dxhat * xhat) and "
-    "c2 = mean(dxhat) in other orders, so grad_x differs by an ulp of fp32 in some elements (1.2e-7 seen); the "
-    "backward's plan is a function of (N, dtypes, the device), never of M"
+    "c2 = mean(dxhat) in other orders and write grad_x in another, algebraically equal form (the wide one from "
+    "rs * c1 and rs * c2, the looped one as rs * (dxhat - xhat * c1 - c2)), so fp32 grad_x differs in the last "
+    "bits of some elements (within 1e-5 relative: the _agree test); the backward's plan is a function of "
+    "(N, dtypes, the device), never of M"
 )
 EMU_WIDE_DIFFERS = WIDE_DIFFERS.format(
     wide="ldr/dan_backward_wide_kernel", looped="ldr/dan_backward_row_stats_kernel + _tiled_kernel"
@@ -499,15 +513,17 @@ def triton_plan(monkeypatch):
 @pytest.mark.parametrize("backend", backend_params("triton-interpret"))
 def test_triton_rows_do_not_depend_on_the_programs(backend, triton_plan, n, op, dtype):
     """1, 3 and 8 persistent programs (1 and 3 loop over the row tiles: each row in another program, after another
-    number of tiles), p = 0.3: the same bits."""
+    number of tiles), p = 0.3: the same bits; the column sums (G = the programs partial rows) close."""
     m = 2 * 64 + 3  # 3 forward tiles of 64 rows, 5 backward ones of 32
     rows, params = bank(m, n, dtype, salt=6)
     got = {}
     for programs in (1, 3, 8):
         triton_plan(programs)
-        got[programs] = run_row_op(backend, op, rows, params, 0.3)[0]
-    check_rows(got[1], got[8], "1 program against 8")
-    check_rows(got[3], got[8], "3 programs against 8")
+        got[programs] = run_row_op(backend, op, rows, params, 0.3)
+    for programs in (1, 3):
+        check_rows(got[programs][0], got[8][0], f"{programs} programs against 8")
+        for k, v in got[programs][1].items():
+            assert_close_sums(v, got[8][1][k])
 
 
 LOOPED_DIFFERS = (
@@ -632,6 +648,7 @@ def test_gated_act_with_dropout_keeps_its_bits_when_rows_are_appended(backend, n
 @pytest.mark.parametrize("backend", backend_params("cpu"))
 def test_cpu_elementwise_results_do_not_depend_on_the_thread_count(backend, threads, kind, dtype):
     """1, 2 and 3 threads: out, the gradients and grad_bias the same bits (gated_act at p = 0.3)."""
+    require_elementwise(backend, kind)
     n = 1000
     m = big_m(backend, n)
     rows, params = elementwise_bank(m, n, dtype, salt=2)
