@@ -25,19 +25,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Optional
 
 import torch
 
 try:  # torch.distributed is optional (some builds leave it out)
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
     from torch.distributed.tensor.experimental import register_sharding
+    from torch.distributed.tensor.parallel import ColwiseParallel as _TorchColwiseParallel
     from torch.distributed.tensor.parallel import SequenceParallel as _TorchSequenceParallel
     from torch.distributed.tensor.placement_types import _StridedShard
 except ImportError:  # pragma: no cover - exercised only on builds without torch.distributed
     DTensor = None
-    _TorchSequenceParallel = object
+    _TorchSequenceParallel = _TorchColwiseParallel = object
 
 AVAILABLE = DTensor is not None
 
@@ -268,3 +270,22 @@ class SequenceParallel(_TorchSequenceParallel):
         if isinstance(outputs, tuple):
             return tuple(o.to_local() if isinstance(o, DTensor) else o for o in outputs)
         return outputs.to_local()
+
+
+class ColwiseParallel(_TorchColwiseParallel):
+    """torch's `ColwiseParallel` style, which takes nn.Linear and nn.Embedding only, also for `LinearBiasReLU` and
+    `LinearBiasAct`: weight and bias `Shard(0)` as nn.Linear's, the output `Shard(-1)`. The activation is
+    element-wise, so it runs on each rank's columns (bias_act's last-dimension strategy) with no communication."""
+
+    def _apply(self, module, device_mesh):
+        from .modules import LinearBiasAct, LinearBiasReLU
+
+        if not isinstance(module, (LinearBiasReLU, LinearBiasAct)):
+            return super()._apply(module, device_mesh)
+        return distribute_module(
+            module,
+            device_mesh,
+            self._partition_linear_fn,
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        )

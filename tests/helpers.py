@@ -1,5 +1,10 @@
 """Inputs and comparison helpers shared by the tests (the op table, tests/op_table.py, builds on them)."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 from gpuopt_ops import reference as R
@@ -195,3 +200,13 @@ class GuardRecorder:
 
     def __exit__(self, *exc):
         GuardRecorder.current.pop()
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def torchrun(script, *argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=None):
+    """Starts `script` under torchrun with 2 processes (gloo on CPU, a local rendezvous on a free port)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    return subprocess.Popen([*cmd, *map(str, argv)], stdout=stdout, stderr=stderr, text=True, env=env)

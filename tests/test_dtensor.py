@@ -4,17 +4,14 @@ gloo mesh under torchrun (tests/dtensor_runs.py does the checks; this test launc
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import gpuopt_ops.dtensor as gdt
 
-TESTS = Path(__file__).resolve().parent
+from helpers import TESTS, torchrun
+
 TIMEOUT = 240
 
 
@@ -29,15 +26,12 @@ def _triton_ops() -> bool:
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
 def test_sharding_rules_under_torchrun(tmp_path):
     out = tmp_path / "dtensor.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [*cmd, str(TESTS / "dtensor_runs.py"), str(out)], capture_output=True, text=True, timeout=TIMEOUT, env=env
-    )
-    assert out.exists(), proc.stderr[-4000:]
+    proc = torchrun(TESTS / "dtensor_runs.py", out, env={"TRITON_INTERPRET": "1"})
+    _, stderr = proc.communicate(timeout=TIMEOUT)
+    assert out.exists(), stderr[-4000:]
     summary = json.loads(out.read_text())
     assert not summary["errors"], "\n".join(summary["errors"])[-6000:]
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, stderr[-4000:]
     checks = summary["checks"]
     backends = ["cpu", "triton"] if _triton_ops() else ["cpu"]
     # the number of checks of one backend (outputs compared, refusals, public autograd), so one that stops
@@ -84,16 +78,14 @@ def test_tensor_and_sequence_parallel_training_step_matches_one_process(tmp_path
     checkpointing (matmuls saved). Loss and every gradient within 1e-5 of one process; the norm weights' gradients
     sharded by FSDP2 and replicated over tp; every gpuopt forward op recomputed once in the backward."""
     out = tmp_path / "tp_sp.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [*cmd, str(TESTS / "tp_sp_runs.py"), str(out)], capture_output=True, text=True, timeout=TIMEOUT, env=env
-    )
-    assert proc.returncode == 0 and out.exists(), proc.stderr[-4000:]
+    proc = torchrun(TESTS / "tp_sp_runs.py", out)
+    _, stderr = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0 and out.exists(), stderr[-4000:]
     s = json.loads(out.read_text())
     assert abs(s["loss"] - s["ref_loss"]) <= 1e-5 * abs(s["ref_loss"]), (s["loss"], s["ref_loss"])
     assert s["out_placements"] == ["S(1)"]
-    assert len(s["grads"]) == 2 * 8, sorted(s["grads"])  # per block: 2 norms, wq, q_bias, wo, gate, up, down
+    assert len(s["grads"]) == 2 * 8, sorted(s["grads"])  # per block: 2 norms, wq (weight, bias), wo, gate, up, down
+    assert s["grads"]["0.wq.bias"]["placements"][1] == "S(0)", s["grads"]["0.wq.bias"]  # column-parallel bias
     for name, g in s["grads"].items():
         assert g["diff"] <= 1e-5, (name, g)
         if name.endswith("norm.weight"):

@@ -15,7 +15,8 @@ over the ranks) against the mean of the two steps' gradients.
 import pytest
 import sac_fsdp_runs as runs
 import torch
-from test_train import TESTS, torchrun  # the torchrun launcher of tests/test_train.py (2 processes, gloo)
+
+from helpers import TESTS, torchrun
 
 TIMEOUT = 240
 TOL = 1e-5

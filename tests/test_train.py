@@ -25,10 +25,11 @@ import torch
 from gpuopt_ops import train
 from gpuopt_ops.train import loop
 
+from helpers import TESTS, torchrun
+
 SMALL = ["--no-progress", "--hidden", "64", "--batch-size", "128"]
 # the torchrun runs: both processes and the one-process runs they are compared with take the same flags
 DIST_COMMON = ["--no-progress", "--no-plot", "--hidden", "32", "--batch-size", "64", "--epochs", "2"]
-TESTS = Path(__file__).resolve().parent
 TIMEOUT = 300
 
 
@@ -62,20 +63,6 @@ def assert_same_weights(a, b, what):
 
 def max_diff(a, b):
     return max((a["model"][k] - b["model"][k]).abs().max().item() for k in a["model"])
-
-
-def torchrun(script, *argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
-    """Starts `script` under torchrun with 2 processes (gloo on CPU, a local rendezvous on a free port)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(script),
-        *map(str, argv),
-    ]
-    return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 # ---------------------------------------------------------------------------------------------- one process

@@ -4,11 +4,11 @@ fullgraph=True under selective activation checkpointing), against the same stack
 
 Mesh (dp = 1, tp = 2). Per block: the residual norms (FusedDropoutAddRMSNorm, prenorm) run sequence parallel
 (gpuopt_ops.dtensor.SequenceParallel: x and the residual Shard(1), the weight replicated); an attention stand-in
-(a column-parallel linear, gpuopt_ops.bias_act on its Shard(2) output with a Shard(0) bias, a row-parallel linear
-back to Shard(1)); GatedMLP with column-parallel gate / up projections (gated_act on two Shard(2) tensors) and a
-row-parallel down projection. The SAC policy saves matmuls only, so every gpuopt op is recomputed in the backward:
-the profiler must see each forward op as many times in the backward as in the forward. Rank 0 writes a JSON summary
-to argv[1].
+(a column-parallel LinearBiasAct through gpuopt_ops.dtensor.ColwiseParallel, whose bias_act runs on the Shard(2)
+matmul output with a Shard(0) bias, then a row-parallel linear back to Shard(1)); GatedMLP with column-parallel
+gate / up projections (gated_act on two Shard(2) tensors) and a row-parallel down projection. The SAC policy saves
+matmuls only, so every gpuopt op is recomputed in the backward: the profiler must see each forward op as many times
+in the backward as in the forward. Rank 0 writes a JSON summary to argv[1].
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-import gpuopt_ops
+from gpuopt_ops.dtensor import ColwiseParallel as GpuoptColwiseParallel
 from gpuopt_ops.dtensor import SequenceParallel
-from gpuopt_ops.modules import FusedDropoutAddRMSNorm, GatedMLP
+from gpuopt_ops.modules import FusedDropoutAddRMSNorm, GatedMLP, LinearBiasAct
 
 D, F, B, S, LAYERS = 32, 64, 2, 8, 2
 FORWARD_OPS = ("gpuopt::dropout_add_norm", "gpuopt::bias_act", "gpuopt::gated_act")
@@ -38,15 +38,14 @@ class Block(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.attention_norm = FusedDropoutAddRMSNorm(D, p=0.0, prenorm=True)
-        self.wq = nn.Linear(D, F, bias=False)
-        self.q_bias = nn.Parameter(torch.randn(F) * 0.1)
+        self.wq = LinearBiasAct(D, F, act="gelu")
         self.wo = nn.Linear(F, D, bias=False)
         self.ffn_norm = FusedDropoutAddRMSNorm(D, p=0.0, prenorm=True)
         self.mlp = GatedMLP(D, F)
 
     def forward(self, h, residual):
         x, residual = self.attention_norm(h, residual)  # positional: the style prepares both
-        h = self.wo(gpuopt_ops.bias_act(self.wq(x), self.q_bias, act="gelu"))
+        h = self.wo(self.wq(x))
         x, residual = self.ffn_norm(h, residual)
         return self.mlp(x), residual
 
@@ -105,7 +104,7 @@ def main() -> int:
     plan = {
         "attention_norm": SequenceParallel(use_local_output=False),
         "ffn_norm": SequenceParallel(use_local_output=False),
-        "wq": ColwiseParallel(input_layouts=Shard(1), use_local_output=False),
+        "wq": GpuoptColwiseParallel(input_layouts=Shard(1), use_local_output=False),
         "wo": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
         "mlp.gate_proj": ColwiseParallel(input_layouts=Shard(1), use_local_output=False),
         "mlp.up_proj": ColwiseParallel(input_layouts=Shard(1), use_local_output=False),
@@ -114,7 +113,6 @@ def main() -> int:
     model = nn.ModuleList()
     for block in blocks:
         parallelize_module(block, mesh["tp"], plan)
-        block.q_bias = nn.Parameter(distribute_tensor(block.q_bias.data, mesh["tp"], [Shard(0)]))
         compiled = torch.compile(Checkpointed(block), fullgraph=True)  # a graph break is an error
         fully_shard(compiled, mesh=mesh["dp"])
         model.append(compiled)
