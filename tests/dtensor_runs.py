@@ -25,6 +25,8 @@ from torch.distributed.tensor.placement_types import _StridedShard  # noqa: E402
 
 import gpuopt_ops  # noqa: E402
 
+from helpers import exit_without_teardown  # noqa: E402
+
 B, S, N = 2, 4, 16  # x (B, S, N); Shard(1) leaves each rank B runs of S / 2 rows (strided statistics)
 CHECKS: list[str] = []
 
@@ -336,4 +338,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import sys
 from pathlib import Path
 
@@ -38,6 +37,8 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from gpuopt_ops.modules import FusedDropoutAddRMSNorm, GatedMLP, LinearBiasAct
 from gpuopt_ops.ops import draw_seed
+
+from helpers import exit_without_teardown
 
 WIDTH, HEADS, BLOCKS, SEQ, VOCAB = 64, 4, 2, 16, 32
 BATCH_PER_RANK, WORLD = 4, 2
@@ -317,8 +318,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # As tests/train_distributed_runs.py: leave without the interpreter's teardown (a race in the process-group
-    # threads' destructors has aborted a rank at exit after all its work on a loaded machine)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown(0)  # every file is written and the group destroyed (the test reads what the runs wrote)

@@ -30,6 +30,8 @@ from gpuopt_ops.dtensor import ColwiseParallel as GpuoptColwiseParallel
 from gpuopt_ops.dtensor import SequenceParallel
 from gpuopt_ops.modules import FusedDropoutAddRMSNorm, GatedMLP, LinearBiasAct
 
+from helpers import exit_without_teardown
+
 D, F, B, S, LAYERS = 32, 64, 2, 8, 2
 FORWARD_OPS = ("gpuopt::dropout_add_norm", "gpuopt::bias_act", "gpuopt::gated_act")
 
@@ -149,4 +151,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())
