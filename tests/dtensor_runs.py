@@ -269,6 +269,26 @@ def check_refusals(mesh, ops, prefix, label):
     _raises(f"{label} [gate | up] on Shard(2)", lambda: ga(packed, None, sd, 0.0, 3), "[gate | up]")
 
 
+def check_redistributed(mesh, ops, prefix, label):
+    """Placements no strategy takes are redistributed by DTensor to one that does, with the same values: a Partial
+    x (each rank holding half of it) is reduced, a Shard(0) norm weight is gathered."""
+    torch.manual_seed(3)
+    x, w, b = torch.randn(B, S, N), torch.randn(N) + 1, torch.randn(N)
+    seed = torch.zeros(1, dtype=torch.int64)
+    rep = Replicate()
+    op = getattr(ops, prefix + "layer_norm_dropout_relu")
+    want = op(x, w, b, seed, 0.0, 1e-5)
+    half = DTensor.from_local(x / 2, mesh, [Partial()], run_check=False)  # x / 2 is exact: the sum is x
+    wd, bd, sd = (distribute_tensor(t, mesh, [rep]) for t in (w, b, seed))
+    got = op(half, wd, bd, sd, 0.0, 1e-5)
+    # DTensor picks the cheapest strategy: a reduce-scatter to Shard(0) (or an all-reduce to Replicate)
+    _compare(f"{label} Partial x", got[0], want[0], got[0].placements[0])
+    assert got[0].placements[0] in (rep, Shard(0), Shard(1)), got[0].placements
+    xs, ws = distribute_tensor(x, mesh, [Shard(0)]), distribute_tensor(w, mesh, [Shard(0)])
+    got = op(xs, ws, bd, sd, 0.0, 1e-5)
+    _compare(f"{label} Shard(0) weight", got[0], want[0], Shard(0))
+
+
 def check_public_autograd(mesh, backend):
     """The public functions on DTensors: x's gradient Shard, the parameters' sums equal to the whole tensors'."""
     torch.manual_seed(2)
@@ -319,7 +339,7 @@ def main() -> int:
     rank = dist.get_rank()
     errors = []
     for label, ops, prefix in _backends():
-        for fn in (check_norms, check_elementwise, check_refusals):
+        for fn in (check_norms, check_elementwise, check_refusals, check_redistributed):
             try:
                 fn(mesh, ops, prefix, label)
             except Exception:

@@ -36,7 +36,7 @@ def test_sharding_rules_under_torchrun(tmp_path):
     backends = ["cpu", "triton"] if _triton_ops() else ["cpu"]
     # the number of checks of one backend (outputs compared, refusals, public autograd), so one that stops
     # running shows
-    per_backend = 174
+    per_backend = 176
     assert len(checks) == per_backend * len(backends), len(checks)
     for be in backends:
         for needle in (
@@ -49,6 +49,8 @@ def test_sharding_rules_under_torchrun(tmp_path):
             f"{be} [gate | up] on Shard(2)",
             f"{be} public Shard(1) grad weight (Partial(sum),)",
             f"{be} public dropout",
+            f"{be} Partial x",
+            f"{be} Shard(0) weight",
         ):
             assert needle in checks, (needle, [c for c in checks if c.startswith(be)][:20])
 
