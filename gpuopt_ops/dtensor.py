@@ -67,7 +67,7 @@ def _last_dim_shards(spec) -> list:
 
 def _check_dropout(op: str, p: float) -> None:
     if p > 0.0:
-        raise ShardingError(f"gpuopt.{op}: {_DROPOUT_MESSAGE}")
+        raise dropout_error(op)
 
 
 def _check_rows(op: str, name: str, spec, what: str = "the norm needs whole rows") -> None:
@@ -153,9 +153,15 @@ def _rules() -> dict[str, tuple[Callable, int]]:
         _check_rows("dropout_add_norm_backward", "grad_out", grad_out)
         grads = [weight is not None, bias is not None]
         strategies = _norm_bwd(
-            sum, [weight, bias], [mean, rstd], [bool(rms), False], grads, front=[grad_sum], row_grads=2,
+            sum,
+            [weight, bias],
+            [mean, rstd],
+            [bool(rms), False],
+            grads,
+            front=[grad_sum],
+            row_grads=2,
             row_grad_empty=(False, not has_residual),
-        )  # fmt: skip
+        )
         return [(o, i + [None] * 3) for o, i in strategies]
 
     def _elementwise(x, n_out: int, grad_bias: bool, last_ok: bool):

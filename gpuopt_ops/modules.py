@@ -38,6 +38,7 @@ from .ops import (
     layer_norm_dropout_relu,
     norm_dropout,
 )
+from .reference import activation
 
 _ShapeT = Union[int, Sequence[int]]
 
@@ -150,14 +151,6 @@ def matmul_rounds_to_16_bit(x: torch.Tensor) -> bool:
     return x.dtype in (torch.bfloat16, torch.float16)
 
 
-_ACT_FUNCTIONS = {
-    "relu": torch.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
-    "silu": F.silu,
-}
-
-
 class LinearBiasReLU(nn.Module):
     """relu(x @ weight.T + bias): a bias-free matmul, then the fused bias-add + ReLU.
 
@@ -221,7 +214,7 @@ class LinearBiasAct(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if matmul_rounds_to_16_bit(x):
-            return _ACT_FUNCTIONS[self.act](F.linear(x, self.weight, self.bias))
+            return activation(F.linear(x, self.weight, self.bias), ACTIVATIONS[self.act])
         return bias_act(F.linear(x, self.weight), self.bias, act=self.act, backend=self.backend)
 
     def extra_repr(self) -> str:

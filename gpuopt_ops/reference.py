@@ -198,11 +198,11 @@ def bias_act(
 ) -> torch.Tensor:
     """act(x + bias) with torch's own activations (act codes of bias_act: 0 relu, 1 gelu, 2 gelu_tanh, 3 silu)."""
     dt = compute_dtype or x.dtype
-    return _activation(x.to(dt) + bias.to(dt), act)
+    return activation(x.to(dt) + bias.to(dt), act)
 
 
-def _activation(z: torch.Tensor, act: int) -> torch.Tensor:
-    """torch's own activation of an act code (0 relu, 1 gelu, 2 gelu_tanh, 3 silu)."""
+def activation(z: torch.Tensor, act: int) -> torch.Tensor:
+    """torch's own activation of an act code (0 relu, 1 gelu, 2 gelu_tanh, 3 silu: `ops.ACTIVATIONS`)."""
     if act == 0:
         return torch.relu(z)
     if act == 1:
@@ -227,7 +227,7 @@ def gated_act(
     dt = compute_dtype or gate.dtype
     if up is None:
         gate, up = gate.chunk(2, dim=-1)
-    h = _activation(gate.to(dt), act) * up.to(dt)
+    h = activation(gate.to(dt), act) * up.to(dt)
     if dropout_threshold(p) == 0:
         return h
     f = h.shape[-1]
@@ -240,13 +240,9 @@ def eager_gated_act(gate, up, act: str = "silu", p: float = 0.0, training: bool 
     torch's own dropout RNG."""
     if up is None:
         gate, up = gate.chunk(2, dim=-1)
-    fn = {
-        "relu": torch.relu,
-        "gelu": torch.nn.functional.gelu,
-        "gelu_tanh": lambda z: torch.nn.functional.gelu(z, approximate="tanh"),
-        "silu": torch.nn.functional.silu,
-    }[act]
-    h = fn(gate) * up
+    from .ops import ACTIVATIONS
+
+    h = activation(gate, ACTIVATIONS[act]) * up
     return torch.nn.functional.dropout(h, p, training) if p > 0 and training else h
 
 
