@@ -113,15 +113,29 @@ ScalarType check_params(const char* op, const Tensor& x, const char* x_name, con
   return param_dtype;
 }
 
-// seed (one int64 on x's device) and p in [0, 1]: the quantized dropout parameters.
-DropoutParams check_seed_p(const char* op, const Tensor& seed, const Tensor& x, const char* x_name, double p) {
+// seed (int64 on x's device: one element, or a shard map [seed, base, period, jump]) and p in [0, 1]: the
+// quantized dropout parameters. `unit`: what a map's base, period and jump must be multiples of (N for the row ops,
+// 8 for gated_act). A CPU map is checked here; a GPU one is read on the device only (checking it would wait for the
+// device), so its maker keeps the rule: gpuopt_ops.dtensor.shard_seed, which checks it on the host first.
+DropoutParams check_seed_p(const char* op, const Tensor& seed, const Tensor& x, const char* x_name, double p,
+                           int64_t unit) {
   check_device(op, "seed", seed, x, x_name);
   GPUOPT_CHECK(seed.scalar_type() == kLong, "gpuopt.", op, ": seed must have dtype torch.int64, got ",
                dtype_name(seed.scalar_type()));
-  GPUOPT_CHECK(seed.numel() == 1, "gpuopt.", op, ": seed must have exactly 1 element, got shape ",
+  GPUOPT_CHECK(seed.numel() == 1 || (seed.numel() == 4 && seed.is_contiguous()), "gpuopt.", op,
+               ": seed must have 1 element (the seed) or 4 contiguous ones (seed, base, period, jump: a shard's "
+               "numbering), got shape ",
                shape_str(seed.sizes()));
   GPUOPT_CHECK(p >= 0.0 && p <= 1.0, "gpuopt.", op, ": p must be in [0, 1], got ", p);
-  return make_dropout_params(p);
+  DropoutParams d = make_dropout_params(p);
+  d.mapped = seed.numel() == 4;
+  if (d.mapped && seed.device().type() == torch::headeronly::DeviceType::CPU && d.active()) {
+    const int64_t* m = data_as<const int64_t>(seed);
+    const bool ok = m[1] >= 0 && m[2] >= 1 && m[3] >= 0 && m[1] % unit == 0 && m[2] % unit == 0 && m[3] % unit == 0;
+    GPUOPT_CHECK(ok, "gpuopt.", op, ": the seed's shard map (base ", m[1], ", period ", m[2], ", jump ", m[3],
+                 ") must have base >= 0, period >= 1, jump >= 0, each a multiple of ", unit);
+  }
+  return d;
 }
 
 bool is_half_dtype(ScalarType t) { return t == kHalf || t == kBFloat16; }
@@ -138,7 +152,7 @@ LdrArgs check_ldr_common(const char* op, const Tensor& x, const std::optional<Te
   a.M = rows_of(x, a.N);
   a.acc_dtype = acc_dtype_of(x.scalar_type());
   a.param_dtype = check_params(op, x, "x", weight, bias, a.N);
-  a.dropout = check_seed_p(op, seed, x, "x", p);
+  a.dropout = check_seed_p(op, seed, x, "x", p, last_dim(x));
   a.x = as_contiguous(x);
   a.weight = defined_or_empty(weight);
   a.bias = defined_or_empty(bias);
@@ -270,7 +284,7 @@ DanArgs check_dropout_add_norm(const Tensor& x, const std::optional<Tensor>& res
     GPUOPT_CHECK(same_sizes(r.sizes(), x.sizes()), "gpuopt.", op, ": residual must have shape ", shape_str(x.sizes()),
                  " like x, got ", shape_str(r.sizes()));
   }
-  a.dropout = check_seed_p(op, seed, x, "x", p);
+  a.dropout = check_seed_p(op, seed, x, "x", p, last_dim(x));
   GPUOPT_CHECK(eps > 0.0 && std::isfinite(eps), "gpuopt.", op, ": eps must be a finite number > 0, got ", eps);
   a.x = as_contiguous(x);
   a.residual = defined_or_empty(residual);
@@ -317,7 +331,7 @@ DanBackwardArgs check_dropout_add_norm_backward(const Tensor& grad_out, const st
     check_vector(op, "mean", mean, grad_out, b.M, b.acc_dtype, "grad_out");
   }
   check_vector(op, "rstd", rstd, grad_out, b.M, b.acc_dtype, "grad_out");
-  b.dropout = check_seed_p(op, seed, grad_out, "grad_out", p);
+  b.dropout = check_seed_p(op, seed, grad_out, "grad_out", p, last_dim(grad_out));
   b.grad_out = as_contiguous(grad_out);
   b.grad_sum = defined_or_empty(grad_sum);
   b.sum = as_contiguous(sum);
@@ -381,7 +395,7 @@ GatedActArgs check_gated_inputs(const char* op, const Tensor& gate, const std::o
   }
   a.M = rows_of(gate, last);
   a.act = static_cast<int>(act);
-  a.dropout = check_seed_p(op, seed, gate, "gate", p);
+  a.dropout = check_seed_p(op, seed, gate, "gate", p, 8);
   a.gate = as_contiguous(gate);
   return a;
 }

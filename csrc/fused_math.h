@@ -14,6 +14,7 @@ struct DropoutParams {
   // 65536 / (65536 - threshold), 0 when threshold == 65536. double, so fp64 kernels get an fp64-accurate scale;
   // each kernel casts it once to its acc_t (for fp32 that is the fp32 rounding of the exact quotient).
   double scale;
+  bool mapped = false;  // the seed tensor holds a shard map [seed, base, period, jump] (philox.h ShardMap)
   GPUOPT_HD bool active() const { return threshold != 0; }
 };
 

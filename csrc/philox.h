@@ -107,4 +107,27 @@ GPUOPT_HD uint32_t dropout_uniform16(int64_t seed, int64_t idx) {
   return philox_lane(dropout_group_random(seed, idx >> 3), static_cast<int>(idx & 7));
 }
 
+// The numbering of a shard (DESIGN.md "Dropout RNG", sharded tensors). A seed tensor of 4 int64
+// [seed, base, period, jump] numbers element i of the op's contiguous output idx(i) = i + base + (i / period) * jump:
+// its linear index in the whole tensor the shard was cut from. A 1-element seed is the identity (base = jump = 0).
+// Row ops take maps whose base, period and jump are multiples of N (a row keeps its elements consecutive);
+// gated_act takes multiples of 8 (a group of 8 keeps its Philox call).
+struct ShardMap {
+  int64_t base = 0;
+  int64_t period = 1;
+  int64_t jump = 0;
+  GPUOPT_HD int64_t index(int64_t i) const { return jump == 0 ? i + base : i + base + (i / period) * jump; }
+};
+
+// The map of a seed tensor's data: the identity for a 1-element seed (mapped false), else elements 1..3.
+GPUOPT_HD ShardMap read_shard_map(const int64_t* seed, bool mapped) {
+  ShardMap m;
+  if (mapped) {
+    m.base = seed[1];
+    m.period = seed[2];
+    m.jump = seed[3];
+  }
+  return m;
+}
+
 }  // namespace gpuopt

@@ -86,13 +86,36 @@ def check_params(op: str, x: torch.Tensor, x_name: str, weight, bias, n) -> torc
     return param_dtype
 
 
-def check_seed_p(op: str, seed: torch.Tensor, x: torch.Tensor, x_name: str, p: float) -> None:
+def check_seed_p(op: str, seed: torch.Tensor, x: torch.Tensor, x_name: str, p: float, unit: int = 8) -> None:
+    """seed: one int64 on x's device, or a shard map [seed, base, period, jump] whose base, period and jump are
+    multiples of `unit` (N for the row ops, 8 for gated_act); a map is checked where it can be read without waiting
+    for a device (a real CPU tensor), as the C++ checks do."""
     check_device(op, "seed", seed, x, x_name)
     if seed.dtype != torch.int64:
         _fail(op, f"seed must have dtype torch.int64, got {seed.dtype}")
-    torch._check(seed.numel() == 1, lambda: f"gpuopt.{op}: seed must have exactly 1 element, got shape {_shape(seed)}")
+    torch._check(
+        seed.numel() == 1 or (seed.numel() == 4 and seed.is_contiguous()),
+        lambda: (
+            f"gpuopt.{op}: seed must have 1 element (the seed) or 4 contiguous ones (seed, base, period, jump: "
+            f"a shard's numbering), got shape {_shape(seed)}"
+        ),
+    )
     if not (0.0 <= p <= 1.0):  # also rejects NaN
         _fail(op, f"p must be in [0, 1], got {p:g}")
+    if seed.numel() == 4 and seed.device.type == "cpu" and p > 0 and not _is_fake(seed):
+        _, base, period, jump = (int(v) for v in seed.tolist())
+        if not (base >= 0 and period >= 1 and jump >= 0 and base % unit == period % unit == jump % unit == 0):
+            _fail(
+                op,
+                f"the seed's shard map (base {base}, period {period}, jump {jump}) must have base >= 0, period >= 1, "
+                f"jump >= 0, each a multiple of {unit}",
+            )
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t) or t.device.type == "meta"
 
 
 def check_ldr_common(
@@ -103,7 +126,7 @@ def check_ldr_common(
     n = x.shape[-1]
     m = x.numel() // n
     param_dtype = check_params(op, x, "x", weight, bias, n)
-    check_seed_p(op, seed, x, "x", p)
+    check_seed_p(op, seed, x, "x", p, x.shape[-1])
     return m, n, param_dtype
 
 
@@ -273,7 +296,7 @@ def check_dropout_add_norm(x, residual, weight, bias, seed, p: float, eps: float
             residual.dim() == x.dim() and all(a == b for a, b in zip(residual.shape, x.shape)),
             lambda: f"gpuopt.{op}: residual must have shape {_shape(x)} like x, got {_shape(residual)}",
         )
-    check_seed_p(op, seed, x, "x", p)
+    check_seed_p(op, seed, x, "x", p, x.shape[-1])
     _check_eps(op, eps)
     return m, n, param_dtype, s_dtype
 
@@ -309,5 +332,5 @@ def check_dropout_add_norm_backward(
     else:
         check_vector(op, "mean", mean, grad_out, m, acc, "grad_out")
     check_vector(op, "rstd", rstd, grad_out, m, acc, "grad_out")
-    check_seed_p(op, seed, grad_out, "grad_out", p)
+    check_seed_p(op, seed, grad_out, "grad_out", p, grad_out.shape[-1])
     return m, n, param_dtype, sum.dtype

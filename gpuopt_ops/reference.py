@@ -67,17 +67,29 @@ def dropout_uniform16(seed: int, idx: np.ndarray) -> np.ndarray:
     return np.where(lane & 1, word >> np.uint64(16), word & np.uint64(0xFFFF)).astype(np.int64)
 
 
-def dropout_keep_mask(seed: int, m: int, n: int, p: float, device=None) -> torch.Tensor:
-    """Boolean (m, n) keep mask of DESIGN.md's dropout for the contiguous (m, n) view."""
+def dropout_keep_mask(seed, m: int, n: int, p: float, device=None) -> torch.Tensor:
+    """Boolean (m, n) keep mask of DESIGN.md's dropout for the contiguous (m, n) view. seed: an int, or a seed
+    tensor (1 element, or 4: a shard map, see `shard_index`)."""
     t = dropout_threshold(p)
     if t == 0:
         return torch.ones(m, n, dtype=torch.bool, device=device)
-    u = dropout_uniform16(seed, np.arange(m * n, dtype=np.int64))
+    u = dropout_uniform16(seed_value(seed), shard_index(seed, m * n))
     return torch.from_numpy(u >= t).reshape(m, n).to(device)
 
 
 def seed_value(seed: torch.Tensor | int) -> int:
-    return int(seed.reshape(()).item()) if isinstance(seed, torch.Tensor) else int(seed)
+    return int(seed.reshape(-1)[0].item()) if isinstance(seed, torch.Tensor) else int(seed)
+
+
+def shard_index(seed: torch.Tensor | int, numel: int) -> np.ndarray:
+    """The dropout index of each element 0 .. numel - 1 of an op's output: i itself, or under a 4-element seed
+    [seed, base, period, jump] (a shard of a larger tensor) i + base + (i // period) * jump, the element's linear
+    index in the whole tensor."""
+    i = np.arange(numel, dtype=np.int64)
+    if not isinstance(seed, torch.Tensor) or seed.numel() == 1:
+        return i
+    _, base, period, jump = (int(v) for v in seed.reshape(-1).tolist())
+    return i + base + (i // period) * jump
 
 
 def layer_norm_dropout_relu(
@@ -116,7 +128,7 @@ def norm_dropout(
     n = x.shape[-1]
     m = x.numel() // n
     y, mean, rstd = _affine_norm(x.to(dt), weight, bias, eps, rms)
-    keep = dropout_keep_mask(seed_value(seed), m, n, p, device=x.device).reshape(x.shape)
+    keep = dropout_keep_mask(seed, m, n, p, device=x.device).reshape(x.shape)
     scale = dropout_scale(p, x.dtype)  # the op's constant: fp32 unless x is fp64, whatever compute_dtype is
     y = torch.where(keep, y * scale, torch.zeros((), dtype=dt, device=x.device))
     return (torch.relu(y) if relu else y), mean, rstd
@@ -164,7 +176,7 @@ def dropout_add_norm(
     n = x.shape[-1]
     m = x.numel() // n
     s_dtype = torch.float32 if residual_in_fp32 and x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    keep = dropout_keep_mask(seed_value(seed), m, n, p, device=x.device).reshape(x.shape)
+    keep = dropout_keep_mask(seed, m, n, p, device=x.device).reshape(x.shape)
     scale = dropout_scale(p, x.dtype)  # the op's constant: fp32 unless x is fp64, whatever compute_dtype is
     xc = x.to(dt)
     d = xc if dropout_threshold(p) == 0 else torch.where(keep, xc * scale, torch.zeros((), dtype=dt, device=x.device))
@@ -231,7 +243,7 @@ def gated_act(
     if dropout_threshold(p) == 0:
         return h
     f = h.shape[-1]
-    keep = dropout_keep_mask(seed_value(seed), h.numel() // f, f, p, device=h.device).reshape(h.shape)
+    keep = dropout_keep_mask(seed, h.numel() // f, f, p, device=h.device).reshape(h.shape)
     return torch.where(keep, h * dropout_scale(p, gate.dtype), torch.zeros((), dtype=dt, device=h.device))
 
 

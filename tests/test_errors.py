@@ -56,7 +56,7 @@ LDR_CASES = [
         "bias must have the dtype of weight",
     ),
     ("seed", dict(seed=torch.zeros(1, dtype=torch.int32)), "seed must have dtype torch.int64, got torch.int32"),
-    ("seed", dict(seed=torch.zeros(2, dtype=torch.int64)), "seed must have exactly 1 element"),
+    ("seed", dict(seed=torch.zeros(2, dtype=torch.int64)), "seed must have 1 element"),
     ("seed", dict(seed=torch.zeros(1)), "seed must have dtype torch.int64"),
     ("p", dict(p=-0.1), r"p must be in \[0, 1\], got -0.1"),
     ("p", dict(p=1.5), r"p must be in \[0, 1\], got 1.5"),
@@ -123,7 +123,7 @@ BWD_CASES = [
     (dict(mean=torch.zeros(3)), r"mean must have shape \(4,\)"),
     (dict(rstd=torch.zeros(4, dtype=torch.float64)), "rstd must have dtype torch.float32"),
     (dict(p=2.0), r"p must be in \[0, 1\], got 2"),
-    (dict(seed=torch.zeros(1, 1, dtype=torch.int64).expand(1, 2)), "seed must have exactly 1 element"),
+    (dict(seed=torch.zeros(1, 1, dtype=torch.int64).expand(1, 2)), "seed must have 1 element"),
 ]
 
 
@@ -346,7 +346,7 @@ DAN_CASES = [
         "got torch.bfloat16",
     ),
     ("seed", dict(seed=torch.zeros(1, dtype=torch.int32)), "seed must have dtype torch.int64, got torch.int32"),
-    ("seed", dict(seed=torch.zeros(2, dtype=torch.int64)), "seed must have exactly 1 element"),
+    ("seed", dict(seed=torch.zeros(2, dtype=torch.int64)), "seed must have 1 element"),
     ("p", dict(p=-0.1), r"p must be in \[0, 1\], got -0.1"),
     ("p", dict(p=float("nan")), r"p must be in \[0, 1\], got nan"),
     ("eps", dict(eps=0.0), "eps must be a finite number > 0"),
@@ -547,7 +547,7 @@ GATED_CASES = [
         r"gate must have an even last dimension \(its halves are \[gate \| up\]\) when up is None, got shape \(3, 7\)",
     ),
     (dict(seed=torch.zeros(1, dtype=torch.int32)), "seed must have dtype torch.int64, got torch.int32"),
-    (dict(seed=torch.zeros(2, dtype=torch.int64)), "seed must have exactly 1 element"),
+    (dict(seed=torch.zeros(2, dtype=torch.int64)), "seed must have 1 element"),
     (dict(p=1.5), r"p must be in \[0, 1\], got 1.5"),
     (dict(p=float("nan")), r"p must be in \[0, 1\], got nan"),
 ]
