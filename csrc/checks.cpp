@@ -114,8 +114,8 @@ ScalarType check_params(const char* op, const Tensor& x, const char* x_name, con
 }
 
 // seed (int64 on x's device: one element, or a shard map [seed, base, period, jump]) and p in [0, 1]: the
-// quantized dropout parameters. `unit`: what a map's base, period and jump must be multiples of (N for the row ops,
-// 8 for gated_act). A CPU map is checked here; a GPU one is read on the device only (checking it would wait for the
+// quantized dropout parameters. `unit`: what a map's base (and, unless jump is 0, period and jump) must be
+// multiples of (N for the row ops, 8 for gated_act). A CPU map is checked here; a GPU one is read on the device only (checking it would wait for the
 // device), so its maker keeps the rule: gpuopt_ops.dtensor.shard_seed, which checks it on the host first.
 DropoutParams check_seed_p(const char* op, const Tensor& seed, const Tensor& x, const char* x_name, double p,
                            int64_t unit) {
@@ -131,9 +131,11 @@ DropoutParams check_seed_p(const char* op, const Tensor& seed, const Tensor& x, 
   d.mapped = seed.numel() == 4;
   if (d.mapped && seed.device().type() == torch::headeronly::DeviceType::CPU && d.active()) {
     const int64_t* m = data_as<const int64_t>(seed);
-    const bool ok = m[1] >= 0 && m[2] >= 1 && m[3] >= 0 && m[1] % unit == 0 && m[2] % unit == 0 && m[3] % unit == 0;
+    const bool ok = m[1] >= 0 && m[2] >= 1 && m[3] >= 0 && m[1] % unit == 0 &&
+                    (m[3] == 0 || (m[2] % unit == 0 && m[3] % unit == 0));
     GPUOPT_CHECK(ok, "gpuopt.", op, ": the seed's shard map (base ", m[1], ", period ", m[2], ", jump ", m[3],
-                 ") must have base >= 0, period >= 1, jump >= 0, each a multiple of ", unit);
+                 ") must have base >= 0, period >= 1, jump >= 0, base a multiple of ", unit,
+                 " and, unless jump is 0, period and jump too");
   }
   return d;
 }

@@ -110,8 +110,8 @@ GPUOPT_HD uint32_t dropout_uniform16(int64_t seed, int64_t idx) {
 // The numbering of a shard (DESIGN.md "Dropout RNG", sharded tensors). A seed tensor of 4 int64
 // [seed, base, period, jump] numbers element i of the op's contiguous output idx(i) = i + base + (i / period) * jump:
 // its linear index in the whole tensor the shard was cut from. A 1-element seed is the identity (base = jump = 0).
-// Row ops take maps whose base, period and jump are multiples of N (a row keeps its elements consecutive);
-// gated_act takes multiples of 8 (a group of 8 keeps its Philox call).
+// Row ops take maps whose base, and unless jump is 0 period and jump, are multiples of N (a row keeps its elements
+// consecutive); gated_act takes multiples of 8 (a group of 8 keeps its Philox call).
 struct ShardMap {
   int64_t base = 0;
   int64_t period = 1;

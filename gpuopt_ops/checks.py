@@ -87,9 +87,9 @@ def check_params(op: str, x: torch.Tensor, x_name: str, weight, bias, n) -> torc
 
 
 def check_seed_p(op: str, seed: torch.Tensor, x: torch.Tensor, x_name: str, p: float, unit: int = 8) -> None:
-    """seed: one int64 on x's device, or a shard map [seed, base, period, jump] whose base, period and jump are
-    multiples of `unit` (N for the row ops, 8 for gated_act); a map is checked where it can be read without waiting
-    for a device (a real CPU tensor), as the C++ checks do."""
+    """seed: one int64 on x's device, or a shard map [seed, base, period, jump] that follows the rule of
+    `shard_map_follows_the_rule` for `unit` (N for the row ops, 8 for gated_act); a map is checked where it can be
+    read without waiting for a device (a real CPU tensor), as the C++ checks do."""
     check_device(op, "seed", seed, x, x_name)
     if seed.dtype != torch.int64:
         _fail(op, f"seed must have dtype torch.int64, got {seed.dtype}")
@@ -104,12 +104,19 @@ def check_seed_p(op: str, seed: torch.Tensor, x: torch.Tensor, x_name: str, p: f
         _fail(op, f"p must be in [0, 1], got {p:g}")
     if seed.numel() == 4 and seed.device.type == "cpu" and p > 0 and not _is_fake(seed):
         _, base, period, jump = (int(v) for v in seed.tolist())
-        if not (base >= 0 and period >= 1 and jump >= 0 and base % unit == period % unit == jump % unit == 0):
+        if not shard_map_follows_the_rule(base, period, jump, unit):
             _fail(
                 op,
                 f"the seed's shard map (base {base}, period {period}, jump {jump}) must have base >= 0, period >= 1, "
-                f"jump >= 0, each a multiple of {unit}",
+                f"jump >= 0, base a multiple of {unit} and, unless jump is 0, period and jump too",
             )
+
+
+def shard_map_follows_the_rule(base: int, period: int, jump: int, unit: int) -> bool:
+    """DESIGN.md section 2: a map keeps each row (unit N) or group of 8 (unit 8) in consecutive elements."""
+    if base < 0 or period < 1 or jump < 0 or base % unit:
+        return False
+    return jump == 0 or (period % unit == 0 and jump % unit == 0)
 
 
 def _is_fake(t: torch.Tensor) -> bool:

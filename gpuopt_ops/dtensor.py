@@ -13,12 +13,16 @@ twins, through `torch.distributed.tensor.experimental.register_sharding`. For ea
 - element-wise ops (bias_relu, bias_act, gated_act of two tensors) also take `Shard` on the last dimension, with
   the bias sharded as `Shard(0)` the same way (column-parallel linear outputs); grad_bias is then `Shard(0)`.
 
-Refused with an error that names the placement: a norm's input sharded on its last (normalized) dimension, the
-one-tensor `[gate | up]` layout of gated_act sharded on its last dimension (the halves would split), and dropout
-(p > 0) on DTensors at all: the ops key each mask by the element's index in the tensor they are given, so a shard
-would draw other masks than the same rows of the whole tensor, and a replicated input gives identical masks only
-if every rank drew the same seed. Other placements (Partial, a sharded weight) are redistributed by DTensor to one
-of the strategies above.
+Refused with an error that names the placement: a norm's input sharded on its last (normalized) dimension and the
+one-tensor `[gate | up]` layout of gated_act sharded on its last dimension (the halves would split). Other
+placements (Partial, a sharded weight) are redistributed by DTensor to one of the strategies above.
+
+Dropout (p > 0). The masks of a shard must be those of the same elements of the whole tensor, whatever the world
+size. The public functions (and the modules) take care of it: `call_on_shards` runs the op on each rank's local
+tensor with a 4-element seed [seed, base, period, jump] that numbers each local element by its linear index in the
+whole tensor (DESIGN.md section 2, `shard_map`), and wraps the results back. Every rank must draw the same seed
+(seed them alike, as any SPMD program does). The raw ops refuse p > 0 on DTensors: their seed cannot know the
+placement.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from functools import partial
 from typing import Optional
 
 import torch
+
+from .checks import shard_map_follows_the_rule
 
 try:  # torch.distributed is optional (some builds leave it out)
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
@@ -44,10 +50,10 @@ except ImportError:  # pragma: no cover - exercised only on builds without torch
 AVAILABLE = DTensor is not None
 
 _DROPOUT_MESSAGE = (
-    "dropout (p > 0) on DTensor inputs is not supported: each mask is keyed by the element's index in the tensor "
-    "the op is given, so a shard would draw other masks than the same rows of the whole tensor (and replicated "
-    "inputs agree only if every rank drew the same seed). Use p = 0 (or training=False) on DTensors, or call the op "
-    "on the local tensors (x.to_local()) if masks of the local rows are what you want"
+    "dropout (p > 0) on DTensor inputs goes through the public functions (gpuopt_ops.layer_norm_dropout_relu, "
+    "norm_dropout, dropout_add_norm, gated_act) or the modules, which give each shard the masks of the same "
+    "elements of the whole tensor; the raw op's seed cannot know the placement, so each mask would be keyed by the "
+    "element's index in the local shard"
 )
 
 
@@ -250,6 +256,93 @@ def is_dtensor(x: Optional[torch.Tensor]) -> bool:
 
 def dropout_error(op: str) -> ShardingError:
     return ShardingError(f"gpuopt.{op}: {_DROPOUT_MESSAGE}")
+
+
+def shard_map(global_shape, local_shape, offset) -> Optional[tuple[int, int, int]]:
+    """(base, period, jump) of a local box of a row-major tensor: local element i is element
+    i + base + (i // period) * jump of the whole tensor (DESIGN.md section 2). None when the box's elements are not
+    numbered so: two sharded dimensions with a dimension of more than one local element before the outer one."""
+    g, loc, off = list(global_shape), list(local_shape), list(offset)
+    strides = [math.prod(g[j + 1 :]) for j in range(len(g))]
+    base = sum(o * st for o, st in zip(off, strides))
+    cut = [j for j in range(len(g)) if loc[j] < g[j]]
+    if not cut or math.prod(loc) == 0:
+        return base, 1, 0
+    k = cut[-1]
+    if math.prod(loc[:k]) == 1:  # one run of consecutive elements
+        return base, 1, 0
+    if len(cut) > 1 and any(loc[m] != 1 for m in range(cut[-2])):
+        return None
+    return base, loc[k] * strides[k], (g[k] - loc[k]) * strides[k]
+
+
+def _check_placements(op: str, x, last_ok: bool) -> None:
+    nd = x.dim()
+    for pl in x.placements:
+        if isinstance(pl, Replicate) or (
+            type(pl) is Shard and (pl.dim % nd < nd - 1 or (last_ok and pl.dim % nd == nd - 1))
+        ):
+            continue
+        where = "its last dimension" if isinstance(pl, Shard) and pl.dim % nd == nd - 1 else f"{pl}"
+        raise ShardingError(
+            f"gpuopt.{op}: dropout (p > 0) on a DTensor takes Replicate() or Shard(d) placements of whole rows, got "
+            f"{list(x.placements)} ({where}). Redistribute it first (x.redistribute(mesh, [Shard(0)]) or Replicate())"
+        )
+
+
+def call_on_shards(op: str, fn, x, others, params, seed: torch.Tensor, unit: int, out_shape=None, last_ok=False):
+    """fn(x_local, *others_local, *params_local, shard_seed) on this rank's shard of the DTensor x, with the dropout
+    numbering of the whole tensor, for dropout (p > 0) on DTensors. others (x-shaped: residual, up) take x's
+    placements, params (weight, bias) are replicated and their gradients come back Partial on the mesh dimensions
+    where x is sharded. fn returns a tuple of tensors; those shaped like the local output (out_shape: the global
+    output shape, x's by default) come back as DTensors placed like x, the others as they are. unit: what the map's
+    terms must be multiples of (N for the row ops, 8 for gated_act)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _check_placements(op, x, last_ok)
+    mesh, placements = x.device_mesh, tuple(x.placements)
+    out_shape = tuple(x.shape) if out_shape is None else tuple(out_shape)
+    local_shape, offset = compute_local_shape_and_global_offset(out_shape, mesh, placements)
+    numbering = shard_map(out_shape, local_shape, offset)
+    if numbering is None or not shard_map_follows_the_rule(*numbering, unit):
+        raise ShardingError(
+            f"gpuopt.{op}: dropout (p > 0) on a DTensor of shape {tuple(x.shape)} placed {list(placements)}: this "
+            f"rank's elements are not one numbering of the whole tensor's (box {local_shape} at {offset}; the "
+            f"map's base, period and jump must be multiples of {unit}). Redistribute x to Shard(0) or Replicate() first"
+        )
+    shard_seed = torch.cat([seed.reshape(1), torch.tensor(numbering, dtype=torch.int64, device=seed.device)])
+    grads = [Partial() if isinstance(pl, Shard) else Replicate() for pl in placements]
+
+    def local(t, grad_placements=None):
+        if t is None or not isinstance(t, DTensor):
+            return t
+        return t.to_local(grad_placements=grad_placements)
+
+    others_local = [
+        local(
+            t if not isinstance(t, DTensor) or tuple(t.placements) == placements else t.redistribute(mesh, placements)
+        )
+        for t in others
+    ]
+    replicated = [Replicate()] * mesh.ndim
+    params_local = [
+        local(t if list(t.placements) == replicated else t.redistribute(mesh, replicated), grads)
+        if isinstance(t, DTensor)
+        else t
+        for t in params
+    ]
+    outs = fn(local(x), *others_local, *params_local, shard_seed)
+    local_out = tuple(local_shape)
+    return tuple(
+        DTensor.from_local(o, mesh, placements, run_check=False, shape=torch.Size(out_shape), stride=_stride(out_shape))
+        if isinstance(o, torch.Tensor) and tuple(o.shape) == local_out
+        else o
+        for o in outs
+    )
+
+
+def _stride(shape) -> tuple[int, ...]:
+    return tuple(math.prod(shape[j + 1 :]) for j in range(len(shape)))
 
 
 class SequenceParallel(_TorchSequenceParallel):

@@ -4,8 +4,9 @@ For each op, backend (C++; Triton too where it imports) and placement of its row
 and Shard on the last dimension for the element-wise ops), the op is called on DTensors and on the whole tensors:
 the output placements must be the documented ones, x-shaped outputs and statistics must equal the whole-tensor
 call bit for bit, and parameter gradients come back Partial with a sum within 1e-6 of the whole-tensor one. Then
-the refusals (a norm sharded on its last dimension, dropout on DTensors, the [gate | up] layout split) and the
-public functions' autograd. Rank 0 writes a JSON summary to argv[1].
+the refusals (a norm sharded on its last dimension, dropout through the raw ops, the [gate | up] layout split), the
+public functions' autograd, and dropout (p > 0) through the public functions: the whole tensor's bits. Rank 0
+writes a JSON summary to argv[1].
 """
 
 from __future__ import annotations
@@ -263,7 +264,11 @@ def check_refusals(mesh, ops, prefix, label):
     )
     xd = distribute_tensor(x, mesh, [Shard(1)])
     op(xd, wd, bd, sd, 0.0, 1e-5)  # p = 0 runs and is cached; p > 0 must not reuse that decision
-    _raises(f"{label} dropout on DTensors", lambda: op(xd, wd, bd, sd, 0.25, 1e-5), "dropout (p > 0) on DTensor")
+    _raises(
+        f"{label} dropout on DTensors (raw op)",
+        lambda: op(xd, wd, bd, sd, 0.25, 1e-5),
+        "goes through the public functions",
+    )
     ga = getattr(ops, prefix + "gated_act")
     packed = distribute_tensor(torch.randn(B, S, 2 * N), mesh, [Shard(2)])
     _raises(f"{label} [gate | up] on Shard(2)", lambda: ga(packed, None, sd, 0.0, 3), "[gate | up]")
@@ -323,12 +328,64 @@ def check_public_autograd(mesh, backend):
             else:
                 torch.testing.assert_close(full, leaf.grad, rtol=1e-5, atol=1e-6, msg=f"Shard({d}) grad of {name}")
             CHECKS.append(f"{backend} public Shard({d}) grad {name} {grad.placements}")
-    xd = distribute_tensor(x, mesh, [Shard(1)])
+
+
+def check_public_dropout(mesh, backend):
+    """Dropout (p > 0) through the public functions on DTensors: each shard draws the masks of the same elements of
+    the whole tensor, so out (and sum) equal one process's call with the same seed bit for bit, and so do the
+    gradients of x, residual and up (the parameters' within 1e-6: each rank sums its own rows). Every rank seeds
+    its generator alike. Then what is refused: a Partial x, and the raw op (its seed cannot know the placement)."""
+    torch.manual_seed(5)
+    rep = Replicate()
+    x, res, up = torch.randn(B, S, N), torch.randn(B, S, N), torch.randn(B, S, N)
+    w, b = torch.randn(N) + 1, torch.randn(N)
+    cases = {
+        "layer_norm_dropout_relu": lambda t: [
+            gpuopt_ops.layer_norm_dropout_relu(t[0], (N,), t[2], t[3], p=0.3, backend=backend)
+        ],
+        "norm_dropout rms": lambda t: [
+            gpuopt_ops.norm_dropout(t[0], t[2], None, norm="rms", activation="relu", p=0.3, backend=backend)
+        ],
+        "dropout_add_norm": lambda t: list(
+            gpuopt_ops.dropout_add_norm(t[0], t[1], t[2], t[3], p=0.3, prenorm=True, backend=backend)
+        ),
+        "gated_act": lambda t: [gpuopt_ops.gated_act(t[0], t[1], p=0.3, backend=backend)],
+        "gated_act packed": lambda t: [gpuopt_ops.gated_act(torch.cat([t[0], t[1]], -1), p=0.3, backend=backend)],
+    }
+    for name, run in cases.items():
+        dims = (None, 0, 1, 2) if name == "gated_act" else (None, 0, 1)
+        second = up if name.startswith("gated") else res
+        leaves = [t.clone().requires_grad_(True) for t in (x, second, w, b)]
+        torch.manual_seed(11)
+        want = run(leaves)
+        sum(o.double().sum() * (i + 1) for i, o in enumerate(want)).backward()
+        for d in dims:
+            row = rep if d is None else Shard(d)
+            dleaves = [
+                distribute_tensor(t.detach().clone(), mesh, [row if i < 2 else rep]).requires_grad_(True)
+                for i, t in enumerate((x, second, w, b))
+            ]
+            torch.manual_seed(11)
+            got = run(dleaves)
+            for i, (g, wt) in enumerate(zip(got, want)):
+                _compare(f"{backend} public {name} p=0.3 {row} output {i}", g, wt.detach(), row)
+            sum(o.double().sum() * (i + 1) for i, o in enumerate(got)).backward()
+            for lname, dl, leaf in zip(("x", "second", "weight", "bias"), dleaves, leaves):
+                if leaf.grad is None:
+                    assert dl.grad is None, f"{name} {row}: {lname} has a gradient the whole call does not"
+                    continue
+                full = dl.grad.full_tensor()
+                if lname in ("x", "second"):
+                    assert torch.equal(full, leaf.grad), f"{name} {row}: grad of {lname} differs"
+                else:
+                    torch.testing.assert_close(full, leaf.grad, rtol=1e-5, atol=1e-6, msg=f"{name} {row} {lname}")
+                CHECKS.append(f"{backend} public {name} p=0.3 {row} grad {lname} {dl.grad.placements}")
+    half = DTensor.from_local(x / 2, mesh, [Partial()], run_check=False)
     _raises(
-        f"{backend} public dropout",
-        lambda: gpuopt_ops.layer_norm_dropout_relu(xd, (N,), p=0.1, backend=backend),
-        "dropout (p > 0) on DTensor",
-        "x.to_local()",
+        f"{backend} public dropout on a Partial x",
+        lambda: gpuopt_ops.layer_norm_dropout_relu(half, (N,), p=0.1, backend=backend),
+        "Replicate() or Shard(d) placements of whole rows",
+        "Partial",
     )
 
 
@@ -344,10 +401,11 @@ def main() -> int:
                 fn(mesh, ops, prefix, label)
             except Exception:
                 errors.append(f"rank {rank} {label} {fn.__name__}:\n{traceback.format_exc()}")
-        try:
-            check_public_autograd(mesh, "triton" if prefix else "cpu")
-        except Exception:
-            errors.append(f"rank {rank} {label} public autograd:\n{traceback.format_exc()}")
+        for fn in (check_public_autograd, check_public_dropout):
+            try:
+                fn(mesh, "triton" if prefix else "cpu")
+            except Exception:
+                errors.append(f"rank {rank} {label} {fn.__name__}:\n{traceback.format_exc()}")
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump({"checks": CHECKS, "errors": errors, "world": dist.get_world_size()}, f)

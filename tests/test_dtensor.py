@@ -36,7 +36,7 @@ def test_sharding_rules_under_torchrun(tmp_path):
     backends = ["cpu", "triton"] if _triton_ops() else ["cpu"]
     # the number of checks of one backend (outputs compared, refusals, public autograd), so one that stops
     # running shows
-    per_backend = 176
+    per_backend = 236
     assert len(checks) == per_backend * len(backends), len(checks)
     for be in backends:
         for needle in (
@@ -45,10 +45,14 @@ def test_sharding_rules_under_torchrun(tmp_path):
             f"{be} S(2) bias_act_backward 3 output 1",
             f"{be} S(1) gated_act_backward packed output 0",
             f"{be} norm on Shard(2)",
-            f"{be} dropout on DTensors",
+            f"{be} dropout on DTensors (raw op)",
             f"{be} [gate | up] on Shard(2)",
             f"{be} public Shard(1) grad weight (Partial(sum),)",
-            f"{be} public dropout",
+            f"{be} public dropout on a Partial x",
+            f"{be} public dropout_add_norm p=0.3 S(1) output 1",
+            f"{be} public dropout_add_norm p=0.3 S(1) grad weight (Partial(sum),)",
+            f"{be} public gated_act p=0.3 S(2) grad second (Shard(dim=2),)",
+            f"{be} public gated_act packed p=0.3 S(1) output 0",
             f"{be} Partial x",
             f"{be} Shard(0) weight",
         ):

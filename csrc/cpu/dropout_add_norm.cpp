@@ -23,14 +23,12 @@
 namespace gpuopt {
 namespace {
 
-int64_t read_seed(const Tensor& seed) { return *data_as<const int64_t>(seed); }
-
 // ------------------------------------------------------------------------------------------ fp32 fast path
 // fp32 / bf16 / fp16 x: rows are handled in fp32 by the vectorized row kernels of cpu/row_kernels.h. fp32 rows are
 // read and written in place; 16-bit rows go through per-thread fp32 buffers (converted once each way; cpu/row_io.h).
 
 template <typename scalar_t, typename param_t, typename sum_t>
-void dan_forward_fp32(const DanArgs& a, int64_t seed, Tensor& out, Tensor& sum, Tensor& mean, Tensor& rstd) {
+void dan_forward_fp32(const DanArgs& a, const DropoutSeed& seed, Tensor& out, Tensor& sum, Tensor& mean, Tensor& rstd) {
   constexpr bool kDirectX = std::is_same_v<scalar_t, float>;
   constexpr bool kDirectS = std::is_same_v<sum_t, float>;
   const int64_t M = a.M, N = a.N;
@@ -57,7 +55,7 @@ void dan_forward_fp32(const DanArgs& a, int64_t seed, Tensor& out, Tensor& sum, 
       const int64_t end = std::min(M, (t + 1) * tile);
       for (int64_t r0 = t * tile; r0 < end; r0 += R) {
         const int64_t r1 = std::min(end, r0 + R);
-        const uint16_t* u = dropping ? dropout_uniforms_row(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
+        const uint16_t* u = dropping ? dropout_uniforms_run(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
         for (int64_t r = r0; r < r1; ++r) {
           const float* xr = load_row(x + r * N, xbuf.data(), N);
           const float* rr = res ? load_row(res + r * N, rbuf.data(), N) : nullptr;
@@ -87,8 +85,8 @@ void dan_forward_fp32(const DanArgs& a, int64_t seed, Tensor& out, Tensor& sum, 
 }
 
 template <typename scalar_t, typename param_t, typename sum_t>
-void dan_backward_fp32(const DanBackwardArgs& a, int64_t seed, Tensor& grad_x, Tensor& grad_res, Tensor& grad_w,
-                       Tensor& grad_b) {
+void dan_backward_fp32(const DanBackwardArgs& a, const DropoutSeed& seed, Tensor& grad_x, Tensor& grad_res,
+                       Tensor& grad_w, Tensor& grad_b) {
   constexpr bool kDirectX = std::is_same_v<scalar_t, float>;
   constexpr bool kDirectS = std::is_same_v<sum_t, float>;
   const int64_t M = a.M, N = a.N;
@@ -125,7 +123,7 @@ void dan_backward_fp32(const DanBackwardArgs& a, int64_t seed, Tensor& grad_x, T
       const int64_t rend = rb.end(blk, M);
       for (int64_t r0 = rb.begin(blk); r0 < rend; r0 += R) {
         const int64_t r1 = std::min(rend, r0 + R);
-        const uint16_t* u = dropping ? dropout_uniforms_row(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
+        const uint16_t* u = dropping ? dropout_uniforms_run(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
         for (int64_t r = r0; r < r1; ++r) {
           const float* sr = load_row(s + r * N, sbuf.data(), N);
           const float* gr = load_row(g + r * N, gbuf.data(), N);
@@ -152,7 +150,8 @@ void dan_backward_fp32(const DanBackwardArgs& a, int64_t seed, Tensor& grad_x, T
 
 // ------------------------------------------------------------------------------------------ generic (fp64) path
 template <typename scalar_t, typename param_t, typename sum_t, typename acc_t>
-void dan_forward_generic(const DanArgs& a, int64_t seed, Tensor& out, Tensor& sum, Tensor& mean, Tensor& rstd) {
+void dan_forward_generic(const DanArgs& a, const DropoutSeed& seed, Tensor& out, Tensor& sum, Tensor& mean,
+                         Tensor& rstd) {
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<const scalar_t>(a.x);
   const sum_t* res = a.residual.defined() ? data_as<const sum_t>(a.residual) : nullptr;
@@ -174,7 +173,7 @@ void dan_forward_generic(const DanArgs& a, int64_t seed, Tensor& out, Tensor& su
     for (int64_t r = begin; r < end; ++r) {
       const scalar_t* xr = x + r * N;
       sum_t* sr = s_out + r * N;
-      if (drop.active()) dropout_keep_row(seed, r * N, N, drop.threshold, keep.data());
+      if (drop.active()) dropout_keep_run(seed, r * N, N, drop.threshold, keep.data());
       for (int64_t j = 0; j < N; ++j) {
         const acc_t xv = static_cast<acc_t>(xr[j]);
         const acc_t d = drop.active() ? (keep[j] ? xv * scale : acc_t(0)) : xv;
@@ -206,8 +205,8 @@ void dan_forward_generic(const DanArgs& a, int64_t seed, Tensor& out, Tensor& su
 }
 
 template <typename scalar_t, typename param_t, typename sum_t, typename acc_t>
-void dan_backward_generic(const DanBackwardArgs& a, int64_t seed, Tensor& grad_x, Tensor& grad_res, Tensor& grad_w,
-                          Tensor& grad_b) {
+void dan_backward_generic(const DanBackwardArgs& a, const DropoutSeed& seed, Tensor& grad_x, Tensor& grad_res,
+                          Tensor& grad_w, Tensor& grad_b) {
   const int64_t M = a.M, N = a.N;
   const scalar_t* g = data_as<const scalar_t>(a.grad_out);
   const sum_t* gsum = a.grad_sum.defined() ? data_as<const sum_t>(a.grad_sum) : nullptr;
@@ -246,7 +245,7 @@ void dan_backward_generic(const DanBackwardArgs& a, int64_t seed, Tensor& grad_x
         }
         const acc_t c1 = sum4<acc_t>(N, [&](int64_t j) { return dxhat[j] * xhat[j]; }) * inv_n;
         const acc_t c2 = a.rms ? acc_t(0) : sum4<acc_t>(N, [&](int64_t j) { return dxhat[j]; }) * inv_n;
-        if (drop.active()) dropout_keep_row(seed, r * N, N, drop.threshold, keep.data());
+        if (drop.active()) dropout_keep_run(seed, r * N, N, drop.threshold, keep.data());
         for (int64_t j = 0; j < N; ++j) {
           acc_t ds = rs * (dxhat[j] - xhat[j] * c1 - c2);
           if (gsum) ds += static_cast<acc_t>(gsum[r * N + j]);
@@ -280,7 +279,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dan_forward_cpu(const Tensor& x, cons
   if (a.M == 0) return {out, sum, mean, rstd};
   cpu::advise_huge_pages(out);
   cpu::advise_huge_pages(sum);
-  const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
+  const DropoutSeed s =
+      a.dropout.active() ? read_dropout_seed(data_as<const int64_t>(seed), a.dropout.mapped) : DropoutSeed{};
   dispatch_dan(a, [&](auto st, auto pt, auto smt) {
     GPUOPT_UNPACK_DAN_TAGS
     if constexpr (std::is_same_v<acc_t, float>) {
@@ -308,7 +308,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dan_backward_cpu(const Tensor& grad_o
   if (a.M == 0) return {grad_x, grad_res, grad_w, grad_b};
   cpu::advise_huge_pages(grad_x);
   cpu::advise_huge_pages(grad_res);
-  const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
+  const DropoutSeed s =
+      a.dropout.active() ? read_dropout_seed(data_as<const int64_t>(seed), a.dropout.mapped) : DropoutSeed{};
   dispatch_dan(a, [&](auto st, auto pt, auto smt) {
     GPUOPT_UNPACK_DAN_TAGS
     if constexpr (std::is_same_v<acc_t, float>) {

@@ -1,5 +1,6 @@
 #include "cpu/dropout_mask.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -209,6 +210,28 @@ void dropout_keep_row(int64_t seed, int64_t idx0, int64_t n, uint32_t threshold,
   if (n <= 0) return;
   std::vector<uint16_t> buf(dropout_uniforms_capacity(n));
   const uint16_t* u = dropout_uniforms_row(seed, idx0, n, buf.data());
+  for (int64_t j = 0; j < n; ++j) keep[j] = dropout_keep(u[j], threshold) ? 1 : 0;
+}
+
+const uint16_t* dropout_uniforms_run(const DropoutSeed& s, int64_t i0, int64_t n, uint16_t* buf) {
+  const ShardMap& m = s.map;
+  if (n <= 0) return buf;
+  if (m.jump == 0 || i0 / m.period == (i0 + n - 1) / m.period) return dropout_uniforms_row(s.seed, m.index(i0), n, buf);
+  thread_local std::vector<uint16_t> piece;
+  for (int64_t a = i0, end = i0 + n; a < end;) {
+    const int64_t b = std::min(end, (a / m.period + 1) * m.period);
+    piece.resize(static_cast<size_t>(dropout_uniforms_capacity(b - a)));
+    const uint16_t* u = dropout_uniforms_row(s.seed, m.index(a), b - a, piece.data());
+    std::copy(u, u + (b - a), buf + (a - i0));
+    a = b;
+  }
+  return buf;
+}
+
+void dropout_keep_run(const DropoutSeed& s, int64_t i0, int64_t n, uint32_t threshold, uint8_t* keep) {
+  if (n <= 0) return;
+  std::vector<uint16_t> buf(dropout_uniforms_capacity(n));
+  const uint16_t* u = dropout_uniforms_run(s, i0, n, buf.data());
   for (int64_t j = 0; j < n; ++j) keep[j] = dropout_keep(u[j], threshold) ? 1 : 0;
 }
 

@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 
+#include "philox.h"
+
 namespace gpuopt {
 
 // Capacity (in uint16_t) that dropout_uniforms_row needs for a run of n elements.
@@ -17,5 +19,22 @@ const uint16_t* dropout_uniforms_row(int64_t seed, int64_t idx0, int64_t n, uint
 
 // keep[j] = 1 if element (idx0 + j) is kept under `seed` and `threshold` (u >= threshold), else 0.
 void dropout_keep_row(int64_t seed, int64_t idx0, int64_t n, uint32_t threshold, uint8_t* keep);
+
+// An op's source of dropout bits: the seed and the numbering of its output's elements (the identity, or the shard
+// map that a 4-element seed tensor carries: philox.h ShardMap).
+struct DropoutSeed {
+  int64_t seed = 0;
+  ShardMap map;
+};
+
+// The seed tensor's data as a DropoutSeed (`mapped`: it has 4 elements). Read only when the op drops.
+inline DropoutSeed read_dropout_seed(const int64_t* data, bool mapped) {
+  return DropoutSeed{data[0], read_shard_map(data, mapped)};
+}
+
+// dropout_uniforms_row and dropout_keep_row for the output's elements i0 .. i0 + n - 1, each numbered through the
+// map: a run that crosses the map's period boundaries is drawn piece by piece (one piece without a map).
+const uint16_t* dropout_uniforms_run(const DropoutSeed& s, int64_t i0, int64_t n, uint16_t* buf);
+void dropout_keep_run(const DropoutSeed& s, int64_t i0, int64_t n, uint32_t threshold, uint8_t* keep);
 
 }  // namespace gpuopt

@@ -45,7 +45,7 @@ void for_each_span(int64_t e0, int64_t e1, int64_t F, bool packed, const Body& b
 // for_each_span gives it and u its dropout uniforms (nullptr at p = 0). Each thread makes its fp32 buffers once
 // (`count` rows of kTile for 16-bit / fp32 data, none for fp64), before its first tile.
 template <typename scalar_t, typename Body>
-void gated_tiles(const GatedActArgs& a, int64_t seed, int count, const Body& body) {
+void gated_tiles(const GatedActArgs& a, const DropoutSeed& seed, int count, const Body& body) {
   constexpr bool kFp32 = std::is_same_v<acc_type_t<scalar_t>, float>;
   const int64_t total = a.M * a.F;
   const bool dropping = a.dropout.active();
@@ -54,7 +54,7 @@ void gated_tiles(const GatedActArgs& a, int64_t seed, int count, const Body& bod
     std::vector<uint16_t> rnd(dropping ? dropout_uniforms_capacity(kTile) : 0);
     for (int64_t t; (t = take()) * kTile < total;) {
       const int64_t e0 = t * kTile, e1 = std::min(total, e0 + kTile);
-      const uint16_t* u = dropping ? dropout_uniforms_row(seed, e0, e1 - e0, rnd.data()) : nullptr;
+      const uint16_t* u = dropping ? dropout_uniforms_run(seed, e0, e1 - e0, rnd.data()) : nullptr;
       for_each_span(e0, e1, a.F, a.packed(),
                     [&](int64_t e, int64_t len, int64_t o) { body(bufs, e, len, o, u ? u + (e - e0) : nullptr); });
     }
@@ -62,7 +62,7 @@ void gated_tiles(const GatedActArgs& a, int64_t seed, int count, const Body& bod
 }
 
 template <typename scalar_t>
-void gated_forward_kernel(const GatedActArgs& a, int64_t seed, Tensor& out_t) {
+void gated_forward_kernel(const GatedActArgs& a, const DropoutSeed& seed, Tensor& out_t) {
   using acc_t = acc_type_t<scalar_t>;
   const scalar_t* gate = data_as<const scalar_t>(a.gate);
   const scalar_t* up = a.packed() ? gate + a.F : data_as<const scalar_t>(a.up);  // up of gate offset o: up[o]
@@ -88,7 +88,7 @@ void gated_forward_kernel(const GatedActArgs& a, int64_t seed, Tensor& out_t) {
 }
 
 template <typename scalar_t>
-void gated_backward_kernel(const GatedActArgs& a, int64_t seed, Tensor& grad_gate_t, Tensor& grad_up_t) {
+void gated_backward_kernel(const GatedActArgs& a, const DropoutSeed& seed, Tensor& grad_gate_t, Tensor& grad_up_t) {
   using acc_t = acc_type_t<scalar_t>;
   const scalar_t* go = data_as<const scalar_t>(a.grad_out);
   const scalar_t* gate = data_as<const scalar_t>(a.gate);
@@ -128,7 +128,9 @@ Tensor gated_act_cpu(const Tensor& gate, const std::optional<Tensor>& up, const 
   Tensor out = empty_on(gate, shape, gate.scalar_type());
   if (a.M == 0) return out;
   cpu::advise_huge_pages(out);
-  const int64_t s = a.dropout.active() ? *data_as<const int64_t>(seed) : 0;  // p = 0: the seed is never read
+  // p = 0: the seed is never read
+  const DropoutSeed s =
+      a.dropout.active() ? read_dropout_seed(data_as<const int64_t>(seed), a.dropout.mapped) : DropoutSeed{};
   dispatch_floating(gate.scalar_type(), "gated_act_cpu",
                     [&](auto st) { gated_forward_kernel<typename decltype(st)::type>(a, s, out); });
   return out;
@@ -144,7 +146,8 @@ std::tuple<Tensor, Tensor> gated_act_backward_cpu(const Tensor& grad_out, const 
   if (a.M == 0) return {grad_gate, grad_up};
   cpu::advise_huge_pages(grad_gate);
   if (!a.packed()) cpu::advise_huge_pages(grad_up);
-  const int64_t s = a.dropout.active() ? *data_as<const int64_t>(seed) : 0;
+  const DropoutSeed s =
+      a.dropout.active() ? read_dropout_seed(data_as<const int64_t>(seed), a.dropout.mapped) : DropoutSeed{};
   dispatch_floating(gate.scalar_type(), "gated_act_backward_cpu",
                     [&](auto st) { gated_backward_kernel<typename decltype(st)::type>(a, s, grad_gate, grad_up); });
   return {grad_gate, grad_up};

@@ -53,7 +53,7 @@ void row_stats(const acc_t* v, int64_t n, double eps, acc_t& mean, acc_t& rstd) 
 // Rows are read as fp32 (cpu/row_io.h: fp32 rows in place, bf16/fp16 rows through a per-thread buffer).
 
 template <typename scalar_t, typename param_t>
-void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, Tensor& out, Tensor& mean, Tensor& rstd) {
+void ldr_forward_fp32(const LdrArgs& a, const DropoutSeed& seed, double eps, Tensor& out, Tensor& mean, Tensor& rstd) {
   constexpr bool kDirect = std::is_same_v<scalar_t, float>;
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
@@ -76,7 +76,7 @@ void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, Tensor& out, T
       const int64_t end = std::min(M, (t + 1) * tile);
       for (int64_t r0 = t * tile; r0 < end; r0 += R) {
         const int64_t r1 = std::min(end, r0 + R);
-        const uint16_t* u = dropping ? dropout_uniforms_row(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
+        const uint16_t* u = dropping ? dropout_uniforms_run(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
         for (int64_t r = r0; r < r1; ++r) {
           const float* xr = load_row(x + r * N, xbuf.data(), N);
           const float mu = a.rms ? 0.0f : cpu::row_sum(xr, N) * inv_n;  // RMSNorm: the mean square about 0
@@ -95,7 +95,8 @@ void ldr_forward_fp32(const LdrArgs& a, int64_t seed, double eps, Tensor& out, T
 }
 
 template <typename scalar_t, typename param_t>
-void ldr_backward_fp32(const LdrBackwardArgs& args, int64_t seed, Tensor& grad_x, Tensor& grad_w, Tensor& grad_b) {
+void ldr_backward_fp32(const LdrBackwardArgs& args, const DropoutSeed& seed, Tensor& grad_x, Tensor& grad_w,
+                       Tensor& grad_b) {
   constexpr bool kDirect = std::is_same_v<scalar_t, float>;
   const LdrArgs& a = args.fwd;
   const int64_t M = a.M, N = a.N;
@@ -130,7 +131,7 @@ void ldr_backward_fp32(const LdrBackwardArgs& args, int64_t seed, Tensor& grad_x
       const int64_t rend = rb.end(blk, M);
       for (int64_t r0 = rb.begin(blk); r0 < rend; r0 += R) {
         const int64_t r1 = std::min(rend, r0 + R);
-        const uint16_t* u = dropping ? dropout_uniforms_row(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
+        const uint16_t* u = dropping ? dropout_uniforms_run(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
         for (int64_t r = r0; r < r1; ++r) {
           const float* xr = load_row(x + r * N, xbuf.data(), N);
           const float* gr = load_row(g + r * N, gbuf.data(), N);
@@ -153,7 +154,8 @@ void ldr_backward_fp32(const LdrBackwardArgs& args, int64_t seed, Tensor& grad_x
 
 // ------------------------------------------------------------------------------------------ generic (fp64) path
 template <typename scalar_t, typename param_t, typename acc_t>
-void ldr_forward_kernel(const LdrArgs& a, int64_t seed, double eps, Tensor& out, Tensor& mean, Tensor& rstd) {
+void ldr_forward_kernel(const LdrArgs& a, const DropoutSeed& seed, double eps, Tensor& out, Tensor& mean,
+                        Tensor& rstd) {
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
   scalar_t* y_out = data_as<scalar_t>(out);
@@ -180,7 +182,7 @@ void ldr_forward_kernel(const LdrArgs& a, int64_t seed, double eps, Tensor& out,
         mean_out[r] = mu;
       }
       rstd_out[r] = rs;
-      if (drop.active()) dropout_keep_row(seed, r * N, N, drop.threshold, keep.data());
+      if (drop.active()) dropout_keep_run(seed, r * N, N, drop.threshold, keep.data());
       scalar_t* yr = y_out + r * N;
       for (int64_t j = 0; j < N; ++j) {
         const acc_t y = (row[j] - mu) * rs * w[j] + b[j];
@@ -191,7 +193,8 @@ void ldr_forward_kernel(const LdrArgs& a, int64_t seed, double eps, Tensor& out,
 }
 
 template <typename scalar_t, typename param_t, typename acc_t>
-void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, Tensor& grad_x, Tensor& grad_w, Tensor& grad_b) {
+void ldr_backward_kernel(const LdrBackwardArgs& args, const DropoutSeed& seed, Tensor& grad_x, Tensor& grad_w,
+                         Tensor& grad_b) {
   const LdrArgs& a = args.fwd;
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
@@ -220,7 +223,7 @@ void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, Tensor& grad
         const scalar_t* xr = x + r * N;
         const scalar_t* gr = g + r * N;
         const acc_t mu = a.rms ? acc_t(0) : mean[r], rs = rstd[r];
-        if (drop.active()) dropout_keep_row(seed, r * N, N, drop.threshold, keep.data());
+        if (drop.active()) dropout_keep_run(seed, r * N, N, drop.threshold, keep.data());
         for (int64_t j = 0; j < N; ++j) {
           const acc_t xh = (static_cast<acc_t>(xr[j]) - mu) * rs;
           const acc_t y = xh * w[j] + b[j];
@@ -248,16 +251,14 @@ void ldr_backward_kernel(const LdrBackwardArgs& args, int64_t seed, Tensor& grad
   using param_t = typename decltype(pt)::type;  \
   using acc_t = acc_type_t<scalar_t>;
 
-// seed has one element (checked); on the CPU it is read where it lies, whatever its shape or strides.
-int64_t read_seed(const Tensor& seed) { return *data_as<const int64_t>(seed); }
-
 // layer_norm_dropout_relu and norm_dropout (checked args: the norm and activation flags are in `a`).
 std::tuple<Tensor, Tensor, Tensor> norm_forward_cpu(const LdrArgs& a, const Tensor& x, const Tensor& seed, double eps) {
   Tensor out = empty_on(a.x, x.sizes(), x.scalar_type());
   Tensor mean = empty_on(a.x, {a.rms ? 0 : a.M}, a.acc_dtype);
   Tensor rstd = empty_on(a.x, {a.M}, a.acc_dtype);
   if (a.M == 0) return {out, mean, rstd};
-  const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
+  const DropoutSeed s =
+      a.dropout.active() ? read_dropout_seed(data_as<const int64_t>(seed), a.dropout.mapped) : DropoutSeed{};
   dispatch_ldr(a, [&](auto st, auto pt) {
     GPUOPT_UNPACK_TAGS
     if constexpr (std::is_same_v<acc_t, float>) {
@@ -275,7 +276,8 @@ std::tuple<Tensor, Tensor, Tensor> norm_backward_cpu(const LdrBackwardArgs& b, c
   Tensor grad_w = a.weight.defined() ? zeros_on(a.x, {a.N}, a.param_dtype) : empty_on(a.x, {0}, a.param_dtype);
   Tensor grad_b = a.bias.defined() ? zeros_on(a.x, {a.N}, a.param_dtype) : empty_on(a.x, {0}, a.param_dtype);
   if (a.M == 0) return {grad_x, grad_w, grad_b};
-  const int64_t s = a.dropout.active() ? read_seed(seed) : 0;
+  const DropoutSeed s =
+      a.dropout.active() ? read_dropout_seed(data_as<const int64_t>(seed), a.dropout.mapped) : DropoutSeed{};
   dispatch_ldr(a, [&](auto st, auto pt) {
     GPUOPT_UNPACK_TAGS
     if constexpr (std::is_same_v<acc_t, float>) {
