@@ -64,11 +64,13 @@ from .rows import (
     row_inv_n,
     row_keep_tile,
     row_load_chunk_param,
+    row_load_map,
     row_load_param,
     row_load_param_tile,
     row_load_raw_chunks,
     row_load_seed,
     row_load_stats,
+    row_map_index,
     row_raw_chunk,
     row_rsqrt,
     row_thread_sums,
@@ -76,6 +78,7 @@ from .rows import (
     row_tile_seed,
     row_zero_chunks,
     run_rows_backward,
+    seed_mapped,
 )
 
 
@@ -169,6 +172,7 @@ def dan_fwd_fused_kernel(
     HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr, DROPOUT: tl.constexpr,
     FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CHUNKS: tl.constexpr, HOIST_PARAMS: tl.constexpr, EVEN_N: tl.constexpr, RTNE_BF16: tl.constexpr,
+    MAPPED: tl.constexpr,
 ):  # fmt: skip
     """Single-block forward, persistent: program p takes row tiles p, p + G, ... of BLOCK_M whole rows, one chunk
     of BLOCK_N >= N columns or CHUNKS = 3 or 4 chunks of N / CHUNKS. Per tile: every chunk's x and residual are
@@ -183,6 +187,7 @@ def dan_fwd_fused_kernel(
     else:
         cmask = cols < N
     seed0 = row_load_seed(SEED, DROPOUT)
+    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     if HOIST_PARAMS:
         w0 = to_acc(row_load_param(W, 0, cols, cmask, HAS_W), IS_FP64)[None, :]
         b0 = to_acc(row_load_param(B, 0, cols, cmask, HAS_B), IS_FP64)[None, :]
@@ -201,23 +206,24 @@ def dan_fwd_fused_kernel(
         mask = row_mask[:, None] & cmask[None, :]
         base = rows * N
         seed = row_tile_seed(seed0, tile, threshold)
+        rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
         offs = base[:, None] + cols[None, :]
         s0 = _sum_chunk(
-            X, R, SUM, offs, mask, seed, base, 0, cols, threshold, scale,
+            X, R, SUM, offs, mask, seed, rng, 0, cols, threshold, scale,
             HAS_R, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
         )  # fmt: skip
         if CHUNKS > 1:
             s1 = _sum_chunk(
-                X, R, SUM, offs, mask, seed, base, BLOCK_N, cols, threshold, scale,
+                X, R, SUM, offs, mask, seed, rng, BLOCK_N, cols, threshold, scale,
                 HAS_R, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
             )  # fmt: skip
             s2 = _sum_chunk(
-                X, R, SUM, offs, mask, seed, base, 2 * BLOCK_N, cols, threshold, scale,
+                X, R, SUM, offs, mask, seed, rng, 2 * BLOCK_N, cols, threshold, scale,
                 HAS_R, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
             )  # fmt: skip
         if CHUNKS > 3:
             s3 = _sum_chunk(
-                X, R, SUM, offs, mask, seed, base, 3 * BLOCK_N, cols, threshold, scale,
+                X, R, SUM, offs, mask, seed, rng, 3 * BLOCK_N, cols, threshold, scale,
                 HAS_R, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
             )  # fmt: skip
         if RMS:
@@ -268,14 +274,17 @@ def dan_fwd_looped_kernel(
     X, R, W, B, SEED, OUT, SUM, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold,
     HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr, DROPOUT: tl.constexpr,
     FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr,
+    MAPPED: tl.constexpr,
 ):  # fmt: skip
     """Looped forward for long rows: one row per program in BLOCK_N-column chunks. Pass 1 stores the sum and
     merges the chunks' statistics (Chan's formula for LayerNorm, the sum of squares for RMSNorm); pass 2 re-reads
     the stored sum (the same threads' own stores) and writes the output."""
     scale = row_dropout_scale(threshold, IS_FP64)
     seed = row_load_seed(SEED, DROPOUT)
+    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)  # [1]: the helpers work on [rows, cols]
     base = rows * N
+    rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
     cols = tl.arange(0, BLOCK_N)
     mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
     m2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
@@ -284,7 +293,7 @@ def dan_fwd_looped_kernel(
         offs = base[:, None] + cols[None, :]
         mask = cmask[None, :]
         s = _sum_chunk(
-            X, R, SUM, offs, mask, seed, base, col0, cols, threshold, scale,
+            X, R, SUM, offs, mask, seed, rng, col0, cols, threshold, scale,
             HAS_R, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N, RTNE_BF16,
         )  # fmt: skip
         if RMS:
@@ -322,6 +331,7 @@ def dan_bwd_fused_kernel(
     HAS_GS: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
     DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, RTNE_BF16: tl.constexpr,
+    MAPPED: tl.constexpr,
 ):  # fmt: skip
     """Single-block backward, persistent over row tiles (1 chunk of BLOCK_N >= N columns or 3 chunks of N / 3):
     the sum and grad_out of every chunk are loaded before the reductions (c1, c2), xhat and dxhat computed once;
@@ -340,6 +350,7 @@ def dan_bwd_fused_kernel(
         dw2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
         db2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     seed0 = row_load_seed(SEED, DROPOUT)
+    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
@@ -347,6 +358,7 @@ def dan_bwd_fused_kernel(
         offs, mask = row_tile_offsets(rows, row_mask, 0, cols, cmask, N)
         base = rows * N
         seed = row_tile_seed(seed0, tile, threshold)
+        rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
         if RMS:
             mean = tl.zeros([BLOCK_M], dtype=dw0.dtype)
         else:
@@ -372,7 +384,7 @@ def dan_bwd_fused_kernel(
             c1 = tl.sum(dxhat0 * xhat0, axis=1) * inv_n
             c2 = tl.sum(dxhat0, axis=1) * inv_n
         _grad_chunk(
-            DX, DRES, GS, offs, mask, xhat0, dxhat0, rstd, c1, c2, seed, base, 0, cols, threshold, scale,
+            DX, DRES, GS, offs, mask, xhat0, dxhat0, rstd, c1, c2, seed, rng, 0, cols, threshold, scale,
             HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
         )  # fmt: skip
         if HAS_W:
@@ -381,11 +393,11 @@ def dan_bwd_fused_kernel(
             db0 += g0
         if CHUNKS == 3:
             _grad_chunk(
-                DX, DRES, GS, offs, mask, xhat1, dxhat1, rstd, c1, c2, seed, base, BLOCK_N, cols, threshold, scale,
+                DX, DRES, GS, offs, mask, xhat1, dxhat1, rstd, c1, c2, seed, rng, BLOCK_N, cols, threshold, scale,
                 HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
             )  # fmt: skip
             _grad_chunk(
-                DX, DRES, GS, offs, mask, xhat2, dxhat2, rstd, c1, c2, seed, base, 2 * BLOCK_N, cols, threshold,
+                DX, DRES, GS, offs, mask, xhat2, dxhat2, rstd, c1, c2, seed, rng, 2 * BLOCK_N, cols, threshold,
                 scale, HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
             )  # fmt: skip
             if HAS_W:
@@ -413,7 +425,7 @@ def dan_bwd_wide_kernel(
     HAS_GS: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
     DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, RTNE_BF16: tl.constexpr, VEC: tl.constexpr, OPAQUE: tl.constexpr,
-    HOLD: tl.constexpr,
+    HOLD: tl.constexpr, MAPPED: tl.constexpr,
 ):  # fmt: skip
     """Single-block backward of the widest rows (N = CHUNKS x BLOCK_N, 12288 and 16384; not fp64), persistent, one
     row a tile, as layer_norm_dropout_relu's ldr_bwd_wide_kernel: every chunk of the sum and grad_out is loaded
@@ -430,11 +442,13 @@ def dan_bwd_wide_kernel(
     dw = row_zero_chunks(CHUNKS, BLOCK_N)
     db = row_zero_chunks(CHUNKS, BLOCK_N)
     seed0 = row_load_seed(SEED, DROPOUT)
+    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     for row in range(pid, M, tl.num_programs(0)):
         rows = row + tl.zeros([1], dtype=tl.int64)  # int64: row * N may pass 2**31
         offs = rows[:, None] * N + cols[None, :]
         base = rows * N
         seed = row_tile_seed(seed0, row, threshold)
+        rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
         mean, rstd = row_load_stats(MEAN, RSTD, rows, RMS)
         sr, gr = row_load_raw_chunks(S, DY, offs, CHUNKS, BLOCK_N, UPFRONT)
         s1 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
@@ -469,7 +483,7 @@ def dan_bwd_wide_kernel(
             if HAS_R:
                 tl.store(DRES + offs + c * BLOCK_N, to_out(ds, DRES, RTNE_BF16))
             if DROPOUT:
-                keep = row_keep_tile(seed, base, c * BLOCK_N, cols, threshold, 1, BLOCK_N, FAST_RNG)
+                keep = row_keep_tile(seed, rng, c * BLOCK_N, cols, threshold, 1, BLOCK_N, FAST_RNG)
                 ds = tl.where(keep, ds, 0.0) * scale  # select first: a dropped inf gives 0, never 0 * inf
             tl.store(DX + offs + c * BLOCK_N, to_out(ds, DX, RTNE_BF16))
             ndw = ndw + (dw[c] + g * xhat,)
@@ -520,6 +534,7 @@ def dan_bwd_chunk_kernel(
     HAS_GS: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
     DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr,
+    MAPPED: tl.constexpr,
 ):  # fmt: skip
     """Looped backward, kernel B: grid (column chunks, row groups); grad_x, grad_residual and the dgamma / dbeta
     partials. A program keeps one column chunk, so its weight columns are loaded once."""
@@ -532,12 +547,14 @@ def dan_bwd_chunk_kernel(
     dw_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     db_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     seed0 = row_load_seed(SEED, DROPOUT)
+    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, tl.num_programs(1)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         row_mask = rows < M
         offs, mask = row_tile_offsets(rows, row_mask, 0, cols, cmask, N)
         seed = row_tile_seed(seed0, tile, threshold)
+        rng = row_map_index(rows * N, mbase, period, jump, MAPPED)  # each row's first dropout index
         s = to_acc(tl.load(S + offs + col0, mask=mask, other=0.0), IS_FP64)
         g = to_acc(tl.load(DY + offs + col0, mask=mask, other=0.0), IS_FP64)
         if RMS:
@@ -549,7 +566,7 @@ def dan_bwd_chunk_kernel(
         c2 = tl.load(C2 + rows, mask=row_mask, other=0.0)
         xhat, dxhat = _xhat_dxhat(s, g, mean, rstd, w, HAS_W, RMS)
         _grad_chunk(
-            DX, DRES, GS, offs, mask, xhat, dxhat, rstd, c1, c2, seed, rows * N, col0, cols, threshold, scale,
+            DX, DRES, GS, offs, mask, xhat, dxhat, rstd, c1, c2, seed, rng, col0, cols, threshold, scale,
             HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
         )  # fmt: skip
         if HAS_W:
@@ -596,6 +613,7 @@ def launch_forward(
     w = weight if weight is not None else x
     b = bias if bias is not None else x
     mu = mean if not rms else rstd  # never written for RMSNorm
+    mapped = seed_mapped(seed)
     args = (x, r, w, b, seed, out, sum_, mu, rstd, m, n, eps_hi, eps_lo, t)
 
     def make():
@@ -610,6 +628,7 @@ def launch_forward(
             IS_FP64=x.dtype == torch.float64,
             BLOCK_N=cfg.block_n,
             RTNE_BF16=INTERPRETED,
+            MAPPED=mapped,
             num_warps=cfg.num_warps,
         )
         return plan_rows_forward(
@@ -620,7 +639,7 @@ def launch_forward(
     if cacheable(m, facts):
         key = (
             "dan_fwd", m, n, x.dtype, r.dtype, w.dtype, b.dtype, out.dtype, sum_.dtype, rstd.dtype,
-            residual is None, weight is None, bias is None, t, bool(rms), x.device, sm_count, max_fused_n,
+            residual is None, weight is None, bias is None, t, bool(rms), mapped, x.device, sm_count, max_fused_n,
             _LDR.tunables(),
         )  # fmt: skip
         kernel, grid, kwargs = cached_plan(key, make)
@@ -669,6 +688,7 @@ def launch_backward(
     dres = grad_res if grad_res is not None else grad_x  # never written without a residual
     w = weight if has_w else sum_
     mu = mean if not rms else rstd  # never read for RMSNorm
+    mapped = seed_mapped(seed)
     head = (grad_out, gs, sum_, w, mu, rstd, seed)
 
     def plan(cfg):  # (cfg, the kernels' constexprs and num_warps, the row-coefficient launch of the looped path)
@@ -684,6 +704,7 @@ def launch_backward(
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
             RTNE_BF16=INTERPRETED,
+            MAPPED=mapped,
             num_warps=cfg.num_warps,
         )
         if _LDR.is_wide_backward(cfg, n):  # dan_bwd_wide_kernel
@@ -710,7 +731,7 @@ def launch_backward(
     if cacheable(m, facts):
         key = (
             "dan_bwd", m, n, grad_out.dtype, gs.dtype, sum_.dtype, w.dtype, rstd.dtype, grad_x.dtype, dres.dtype,
-            grad_sum is None, grad_res is None, has_w, has_b, t, bool(rms), sum_.device, sm_count, max_fused_n,
+            grad_sum is None, grad_res is None, has_w, has_b, t, bool(rms), mapped, sum_.device, sm_count, max_fused_n,
             _LDR.tunables(),
         )  # fmt: skip
         rows_plan = cached_plan(key, make)

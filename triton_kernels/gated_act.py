@@ -45,7 +45,7 @@ import triton.language as tl
 
 from .bias_relu import act_derivative, act_forward
 from .common import INTERPRETED, cacheable, cached_plan, device_guard, launch_directly, num_warps_for, to_acc, to_out
-from .rows import dropout_threshold, row_dropout_scale, row_keep_tile, row_load_seed
+from .rows import dropout_threshold, row_dropout_scale, row_keep_tile_mapped, row_load_map, row_load_seed, seed_mapped
 
 # Elements of one program's tile: forward, backward (halved for fp64), at 16 elements a thread.
 FORWARD_BLOCK = 4096
@@ -94,6 +94,7 @@ def gated_act_fwd_kernel(
     FAST_RNG: tl.constexpr,
     RTNE_BF16: tl.constexpr,
     ACT: tl.constexpr,
+    MAPPED: tl.constexpr,
 ):
     """out = keep ? (act(gate) * up) * scale : 0. PACKED: up is GATE's second half (UP is not read)."""
     offs, in_offs, mask, base, col0 = gated_tile_offsets(M, F, NUMEL, PACKED, BLOCK_M, BLOCK_N)
@@ -105,8 +106,11 @@ def gated_act_fwd_kernel(
     h = act_forward(g, ACT, IS_FP64) * u
     if DROPOUT:
         seed = row_load_seed(SEED, DROPOUT)
+        mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
         scale = row_dropout_scale(threshold, IS_FP64)
-        keep = row_keep_tile(seed, base, col0, tl.arange(0, BLOCK_N), threshold, BLOCK_M, BLOCK_N, FAST_RNG)
+        keep = row_keep_tile_mapped(
+            seed, base, col0, tl.arange(0, BLOCK_N), threshold, mbase, period, jump, BLOCK_M, BLOCK_N, FAST_RNG, MAPPED
+        )
         h = tl.where(keep, h * scale, 0.0)
     tl.store(OUT + offs, to_out(h, OUT, RTNE_BF16), mask=mask)
 
@@ -131,6 +135,7 @@ def gated_act_bwd_kernel(
     FAST_RNG: tl.constexpr,
     RTNE_BF16: tl.constexpr,
     ACT: tl.constexpr,
+    MAPPED: tl.constexpr,
 ):
     """grad_gate and grad_up in one pass from grad_out and the saved inputs (the activation and keep bits
     recomputed). PACKED: up is GATE's second half and grad_up DGATE's (UP and DUP are neither read nor written)."""
@@ -143,8 +148,11 @@ def gated_act_bwd_kernel(
         u = to_acc(tl.load(UP + in_offs, mask=mask, other=0.0), IS_FP64)
     if DROPOUT:
         seed = row_load_seed(SEED, DROPOUT)
+        mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
         scale = row_dropout_scale(threshold, IS_FP64)
-        keep = row_keep_tile(seed, base, col0, tl.arange(0, BLOCK_N), threshold, BLOCK_M, BLOCK_N, FAST_RNG)
+        keep = row_keep_tile_mapped(
+            seed, base, col0, tl.arange(0, BLOCK_N), threshold, mbase, period, jump, BLOCK_M, BLOCK_N, FAST_RNG, MAPPED
+        )
         gh = tl.where(keep, dy * scale, 0.0)
     else:
         gh = dy
@@ -181,8 +189,10 @@ def packed_tile(f: int, block: int) -> tuple[int, int]:
     return max(1, block // best), best
 
 
-def plan(m: int, f: int, dtype: torch.dtype, act: int, packed: bool, dropout: bool, backward: bool) -> tuple:
-    """(grid, constexprs and num_warps) of a launch on (M, F) outputs."""
+def plan(
+    m: int, f: int, dtype: torch.dtype, act: int, packed: bool, dropout: bool, backward: bool, mapped: bool = False
+) -> tuple:
+    """(grid, constexprs and num_warps) of a launch on (M, F) outputs (mapped: a 4-element seed, rows.seed_mapped)."""
     block = block_elements(dtype, backward)
     if packed:
         block_m, block_n = packed_tile(f, block)
@@ -201,15 +211,17 @@ def plan(m: int, f: int, dtype: torch.dtype, act: int, packed: bool, dropout: bo
         FAST_RNG=fast_rng,
         RTNE_BF16=INTERPRETED,
         ACT=act,
+        MAPPED=mapped,
         num_warps=num_warps_for(block),
     )
     return grid, kwargs
 
 
-def _plan(m, f, dtype, act: int, packed: bool, t: int, backward: bool, facts) -> tuple:
-    make = lambda: plan(m, f, dtype, act, packed, t != 0, backward)  # noqa: E731
+def _plan(m, f, dtype, act: int, packed: bool, t: int, backward: bool, facts, mapped: bool) -> tuple:
+    make = lambda: plan(m, f, dtype, act, packed, t != 0, backward, mapped)  # noqa: E731
     if cacheable(m, facts) and type(f) is int:
-        return cached_plan(("gated_act_bwd" if backward else "gated_act_fwd", m, f, dtype, act, packed, t != 0), make)
+        key = ("gated_act_bwd" if backward else "gated_act_fwd", m, f, dtype, act, packed, t != 0, mapped)
+        return cached_plan(key, make)
     return make()
 
 
@@ -228,7 +240,7 @@ def launch_forward(gate, up, seed, out, p: float, *, act: int, wrap=launch_direc
     if m == 0 or f == 0:
         return
     t = dropout_threshold(p)
-    grid, kwargs = _plan(m, f, gate.dtype, act, packed, t, False, facts)
+    grid, kwargs = _plan(m, f, gate.dtype, act, packed, t, False, facts, seed_mapped(seed))
     u = gate if packed else up  # never read when packed
     with device_guard(gate.device):
         wrap(gated_act_fwd_kernel)[grid](gate, u, seed, out, m, f, m * f, t, **kwargs)
@@ -245,7 +257,7 @@ def launch_backward(
     if m == 0 or f == 0:
         return
     t = dropout_threshold(p)
-    grid, kwargs = _plan(m, f, gate.dtype, act, packed, t, True, facts)
+    grid, kwargs = _plan(m, f, gate.dtype, act, packed, t, True, facts, seed_mapped(seed))
     u = gate if packed else up  # never read when packed
     du = grad_up if grad_up is not None else grad_gate  # never written when packed (grad_up is (0,) there)
     with device_guard(gate.device):

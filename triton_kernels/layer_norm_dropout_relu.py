@@ -123,11 +123,13 @@ from .rows import (  # noqa: F401  (LdrConfig, dropout_threshold, eps_pair, row_
     row_inv_n,
     row_keep_tile,
     row_load_chunk_param,
+    row_load_map,
     row_load_param,
     row_load_param_tile,
     row_load_raw_chunks,
     row_load_seed,
     row_load_stats,
+    row_map_index,
     row_raw_chunk,
     row_rsqrt,
     row_thread_sums,
@@ -135,6 +137,7 @@ from .rows import (  # noqa: F401  (LdrConfig, dropout_threshold, eps_pair, row_
     row_tile_seed,
     row_zero_chunks,
     run_rows_backward,
+    seed_mapped,
 )
 
 # Longest rows of the single-block kernels: 16 warps x 32 threads x (elements per thread, see _warps_for).
@@ -228,6 +231,7 @@ def ldr_fwd_fused_kernel(
     RTNE_BF16: tl.constexpr,
     RMS: tl.constexpr,
     RELU: tl.constexpr,
+    MAPPED: tl.constexpr,
 ):
     """Single-block forward, persistent: program p takes row tiles p, p + G, ... of BLOCK_M whole rows. A row is
     one chunk of BLOCK_N >= N columns, or CHUNKS = 3 or 4 chunks of BLOCK_N = N / CHUNKS (no padded lanes at
@@ -245,6 +249,7 @@ def ldr_fwd_fused_kernel(
     else:
         cmask = cols < N
     seed0 = row_load_seed(SEED, DROPOUT)
+    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     if HOIST_PARAMS:
         w0 = to_acc(row_load_param(W, 0, cols, cmask, HAS_W), IS_FP64)[None, :]
         b0 = to_acc(row_load_param(B, 0, cols, cmask, HAS_B), IS_FP64)[None, :]
@@ -263,6 +268,7 @@ def ldr_fwd_fused_kernel(
         mask = row_mask[:, None] & cmask[None, :]
         base = rows * N
         seed = row_tile_seed(seed0, tile, threshold)
+        rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
         offs = base[:, None] + cols[None, :]
         # every load of the tile before its first reduction
         x0 = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
@@ -317,21 +323,21 @@ def ldr_fwd_fused_kernel(
             tl.store(MEAN + rows, mean, mask=row_mask)
         tl.store(RSTD + rows, rstd, mask=row_mask)
         _fwd_store_chunk(
-            OUT, offs, mask, d0, rstd, w0, b0, seed, base, 0, cols, threshold, scale,
+            OUT, offs, mask, d0, rstd, w0, b0, seed, rng, 0, cols, threshold, scale,
             HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16, RELU,
         )  # fmt: skip
         if CHUNKS > 1:
             _fwd_store_chunk(
-                OUT, offs, mask, d1, rstd, w1, b1, seed, base, BLOCK_N, cols, threshold, scale,
+                OUT, offs, mask, d1, rstd, w1, b1, seed, rng, BLOCK_N, cols, threshold, scale,
                 HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16, RELU,
             )  # fmt: skip
             _fwd_store_chunk(
-                OUT, offs, mask, d2, rstd, w2, b2, seed, base, 2 * BLOCK_N, cols, threshold, scale,
+                OUT, offs, mask, d2, rstd, w2, b2, seed, rng, 2 * BLOCK_N, cols, threshold, scale,
                 HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16, RELU,
             )  # fmt: skip
         if CHUNKS > 3:
             _fwd_store_chunk(
-                OUT, offs, mask, d3, rstd, w3, b3, seed, base, 3 * BLOCK_N, cols, threshold, scale,
+                OUT, offs, mask, d3, rstd, w3, b3, seed, rng, 3 * BLOCK_N, cols, threshold, scale,
                 HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_M, BLOCK_N, RTNE_BF16, RELU,
             )  # fmt: skip
 
@@ -374,14 +380,17 @@ def ldr_fwd_looped_kernel(
     RTNE_BF16: tl.constexpr,
     RMS: tl.constexpr,
     RELU: tl.constexpr,
+    MAPPED: tl.constexpr,
 ):
     """Looped forward for long rows: one row per program, BLOCK_N-column chunks, two passes over x. Pass 1 merges
     the chunks' statistics (Chan's formula for LayerNorm, the running sum of squares for RMSNorm)."""
     scale = row_dropout_scale(threshold, IS_FP64)
     seed = row_load_seed(SEED, DROPOUT)
+    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     row = tl.program_id(0).to(tl.int64)
     rows = row + tl.arange(0, 1).to(tl.int64)  # [1]: the tile helpers work on [rows, cols]
     base = rows * N
+    rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
     cols = tl.arange(0, BLOCK_N)
     mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
     m2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
@@ -422,7 +431,7 @@ def ldr_fwd_looped_kernel(
             w,
             b,
             seed,
-            base,
+            rng,
             col0,
             cols,
             threshold,
@@ -523,6 +532,7 @@ def ldr_bwd_fused_kernel(
     RTNE_BF16: tl.constexpr,
     RMS: tl.constexpr,
     RELU: tl.constexpr,
+    MAPPED: tl.constexpr,
 ):
     """Single-block backward, persistent: program p handles row tiles p, p + G, ...; rows are 1 chunk of
     BLOCK_N >= N columns or 3 chunks of N / 3, as the forward. A tile's loads (x, grad_out, mean, rstd, weight
@@ -543,6 +553,7 @@ def ldr_bwd_fused_kernel(
         dw2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
         db2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     seed0 = row_load_seed(SEED, DROPOUT)
+    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, tl.num_programs(0)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
@@ -550,6 +561,7 @@ def ldr_bwd_fused_kernel(
         offs, mask = row_tile_offsets(rows, row_mask, 0, cols, cmask, N)
         base = rows * N
         seed = row_tile_seed(seed0, tile, threshold)
+        rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
         x0 = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
         g0 = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
         if CHUNKS == 3:
@@ -579,7 +591,7 @@ def ldr_bwd_fused_kernel(
             w0,
             b0,
             seed,
-            base,
+            rng,
             0,
             cols,
             mask,
@@ -607,7 +619,7 @@ def ldr_bwd_fused_kernel(
                 w1,
                 b1,
                 seed,
-                base,
+                rng,
                 BLOCK_N,
                 cols,
                 mask,
@@ -630,7 +642,7 @@ def ldr_bwd_fused_kernel(
                 w2,
                 b2,
                 seed,
-                base,
+                rng,
                 2 * BLOCK_N,
                 cols,
                 mask,
@@ -756,6 +768,7 @@ def ldr_bwd_wide_kernel(
     VEC: tl.constexpr,
     OPAQUE: tl.constexpr,
     HOLD: tl.constexpr,
+    MAPPED: tl.constexpr,
 ):
     """Single-block backward of the widest rows (N = CHUNKS x BLOCK_N, 12288 and 16384; not fp64), persistent, one
     row a tile. Per row: every chunk of x and grad_out is loaded first; pass 1 forms each chunk's keep and ReLU
@@ -776,11 +789,13 @@ def ldr_bwd_wide_kernel(
     dw = row_zero_chunks(CHUNKS, BLOCK_N)
     db = row_zero_chunks(CHUNKS, BLOCK_N)
     seed0 = row_load_seed(SEED, DROPOUT)
+    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     for row in range(pid, M, tl.num_programs(0)):
         rows = row + tl.zeros([1], dtype=tl.int64)  # int64: row * N may pass 2**31
         offs = rows[:, None] * N + cols[None, :]
         base = rows * N
         seed = row_tile_seed(seed0, row, threshold)
+        rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
         mean, rstd = row_load_stats(MEAN, RSTD, rows, RMS)
         xr, gr = row_load_raw_chunks(X, DY, offs, CHUNKS, BLOCK_N, UPFRONT)
         xs = ()
@@ -790,7 +805,7 @@ def ldr_bwd_wide_kernel(
         for c in tl.static_range(CHUNKS):
             x_c, g_c, t1, t2 = _wide_bwd_sums(
                 row_raw_chunk(X, offs, xr, c, BLOCK_N, UPFRONT), row_raw_chunk(DY, offs, gr, c, BLOCK_N, UPFRONT),
-                W, B, mean, rstd, seed, base, c * BLOCK_N, cols, threshold,
+                W, B, mean, rstd, seed, rng, c * BLOCK_N, cols, threshold,
                 HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_N, VEC, RMS, RELU, OPAQUE,
             )  # fmt: skip
             if c >= CHUNKS - HOLD:
@@ -856,14 +871,17 @@ def ldr_bwd_row_coef_kernel(
     RTNE_BF16: tl.constexpr,
     RMS: tl.constexpr,
     RELU: tl.constexpr,
+    MAPPED: tl.constexpr,
 ):
     """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program (RMS: c1 only,
     C2 is not written)."""
     scale = row_dropout_scale(threshold, IS_FP64)
     seed = row_load_seed(SEED, DROPOUT)
+    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)
     row_mask = rows < M
     base = rows * N
+    rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
     if RMS:
         mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)  # unused
     else:
@@ -887,7 +905,7 @@ def ldr_bwd_row_coef_kernel(
             w,
             b,
             seed,
-            base,
+            rng,
             col0,
             cols,
             mask,
@@ -938,6 +956,7 @@ def ldr_bwd_chunk_kernel(
     RTNE_BF16: tl.constexpr,
     RMS: tl.constexpr,
     RELU: tl.constexpr,
+    MAPPED: tl.constexpr,
 ):
     """Looped backward, kernel B: grid (column chunks, row groups); dx and the dgamma/dbeta partials. A program
     keeps one column chunk, so its weight and bias columns are loaded once. RMS: MEAN and C2 are not read."""
@@ -951,12 +970,14 @@ def ldr_bwd_chunk_kernel(
     dw_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     db_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     seed0 = row_load_seed(SEED, DROPOUT)
+    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, tl.num_programs(1)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         row_mask = rows < M
         offs, mask = row_tile_offsets(rows, row_mask, col0, cols, cmask, N)
         seed = row_tile_seed(seed0, tile, threshold)
+        rng = row_map_index(rows * N, mbase, period, jump, MAPPED)  # each row's first dropout index
         x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
         g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
         if RMS:
@@ -975,7 +996,7 @@ def ldr_bwd_chunk_kernel(
             w,
             b,
             seed,
-            rows * N,
+            rng,
             col0,
             cols,
             mask,
@@ -1141,6 +1162,7 @@ def launch_forward(
     w = weight if weight is not None else x  # never read when HAS_W is False
     b = bias if bias is not None else x
     mu = rstd if rms else mean  # never written for RMSNorm
+    mapped = seed_mapped(seed)
     args = (x, w, b, seed, out, mu, rstd, m, n, eps_hi, eps_lo, t)
 
     def make():
@@ -1155,6 +1177,7 @@ def launch_forward(
             RTNE_BF16=INTERPRETED,
             RMS=bool(rms),
             RELU=bool(relu),
+            MAPPED=mapped,
             num_warps=cfg.num_warps,
         )
         return plan_rows_forward(
@@ -1165,7 +1188,7 @@ def launch_forward(
     if cacheable(m, facts):
         key = (
             "ldr_fwd", m, n, x.dtype, w.dtype, b.dtype, out.dtype, rstd.dtype, weight is None, bias is None, t,
-            bool(rms), bool(relu), x.device, sm_count, max_fused_n, tunables(),
+            bool(rms), bool(relu), mapped, x.device, sm_count, max_fused_n, tunables(),
         )  # fmt: skip
         kernel, grid, kwargs = cached_plan(key, make)
     else:
@@ -1226,6 +1249,7 @@ def launch_backward(
     w = weight if has_w else x
     b = bias if has_b else x
     mu = rstd if rms else mean  # never read for RMSNorm
+    mapped = seed_mapped(seed)
     head = (grad_out, x, w, b, mu, rstd, seed)
 
     def plan(cfg):  # (cfg, the kernels' constexprs and num_warps, the row-coefficient launch of the looped path)
@@ -1240,6 +1264,7 @@ def launch_backward(
             RTNE_BF16=INTERPRETED,
             RMS=bool(rms),
             RELU=bool(relu),
+            MAPPED=mapped,
             num_warps=cfg.num_warps,
         )
         if is_wide_backward(cfg, n):  # ldr_bwd_wide_kernel
@@ -1263,7 +1288,7 @@ def launch_backward(
     if cacheable(m, facts):
         key = (
             "ldr_bwd", m, n, grad_out.dtype, x.dtype, w.dtype, b.dtype, rstd.dtype, grad_x.dtype, has_w, has_b, t,
-            bool(rms), bool(relu), x.device, sm_count, max_fused_n, tunables(),
+            bool(rms), bool(relu), mapped, x.device, sm_count, max_fused_n, tunables(),
         )  # fmt: skip
         rows_plan = cached_plan(key, make)
     else:

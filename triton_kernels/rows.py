@@ -138,6 +138,13 @@ def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
     GROUPS: tl.constexpr = BLOCK_N // 8
     gcols = tl.arange(0, GROUPS).to(tl.int64)
     g = ((base[:, None] + col0) >> 3) + gcols[None, :]  # [BLOCK_M, GROUPS]
+    return _lane_u16_groups(seed, g, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _lane_u16_groups(seed, g, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Lanes u of the [BLOCK_M, BLOCK_N] tile whose 8-element groups are g (int64 [BLOCK_M, BLOCK_N // 8]: group
+    g is the linear indices 8g .. 8g + 7): one Philox call per group, its lanes in element order."""
     c0 = g.to(tl.uint32)
     c1 = (g >> 32).to(tl.uint32)
     w0, w1, w2, w3 = _philox(seed, c0, c1)
@@ -169,6 +176,35 @@ def row_load_seed(SEED, DROPOUT: tl.constexpr):
 
 
 @triton.jit
+def row_load_map(SEED, DROPOUT: tl.constexpr, MAPPED: tl.constexpr):
+    """The shard map (base, period, jump) of a 4-element seed [seed, base, period, jump] as int64 scalars, read only
+    where the seed is (DROPOUT) and only for a mapped launch (MAPPED: seed.numel() == 4). Otherwise the identity
+    (0, 1, 0), which row_map_index never uses: a 1-element seed's kernels load and compute nothing more."""
+    if DROPOUT and MAPPED:
+        mbase = tl.load(SEED + 1)
+        period = tl.load(SEED + 2)
+        jump = tl.load(SEED + 3)
+    else:
+        mbase = tl.full([], 0, tl.int64)
+        period = tl.full([], 1, tl.int64)
+        jump = tl.full([], 0, tl.int64)
+    return mbase, period, jump
+
+
+@triton.jit
+def row_map_index(idx, mbase, period, jump, MAPPED: tl.constexpr):
+    """The dropout index of linear index idx (int64, >= 0) of the op's output: idx itself, or under a shard map
+    (row_load_map) idx + base + (idx // period) * jump, its linear index in the whole tensor (docs/DESIGN.md
+    section 2). The row ops map each row's first index (base, period and jump are multiples of N: a whole row
+    shifts together, and a row start stays a multiple of 8 when N is); gated_act maps each 8-element group's."""
+    if MAPPED:
+        r = idx + mbase + (idx // period) * jump
+    else:
+        r = idx
+    return r
+
+
+@triton.jit
 def row_tile_seed(seed, tile, threshold):
     """The seed for one tile of a persistent loop, from the seed loaded once per program: the seed itself, since
     0 <= threshold <= 65536 makes threshold >> 17 zero, but written as depending on the tile, so that ptxas neither
@@ -188,6 +224,39 @@ def row_keep_tile(
         idx = base[:, None] + col0 + cols[None, :].to(tl.int64)
         u = _lane_u16_generic(seed, idx)
     return u >= threshold
+
+
+@triton.jit
+def row_keep_tile_mapped(
+    seed,
+    base,
+    col0,
+    cols,
+    threshold,
+    mbase,
+    period,
+    jump,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FAST_RNG: tl.constexpr,
+    MAPPED: tl.constexpr,
+):
+    """row_keep_tile of a tile of the flat output numbering (gated_act) under a shard map whose base, period and
+    jump are multiples of 8 (row_load_map; MAPPED False: row_keep_tile itself): with FAST_RNG each 8-element group
+    (its first index a multiple of 8) maps to a whole group, one Philox call; else each element is mapped."""
+    if not MAPPED:
+        keep = row_keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
+    else:
+        if FAST_RNG:
+            GROUPS: tl.constexpr = BLOCK_N // 8
+            first = base[:, None] + col0 + tl.arange(0, GROUPS).to(tl.int64)[None, :] * 8
+            g = row_map_index(first, mbase, period, jump, MAPPED) >> 3
+            u = _lane_u16_groups(seed, g, BLOCK_M, BLOCK_N)
+        else:
+            idx = base[:, None] + col0 + cols[None, :].to(tl.int64)
+            u = _lane_u16_generic(seed, row_map_index(idx, mbase, period, jump, MAPPED))
+        keep = u >= threshold
+    return keep
 
 
 @triton.jit
@@ -318,6 +387,12 @@ def dropout_threshold(p: float) -> int:
     t = p * 65536.0 + 0.5
     t = min(max(t, 0.0), 65536.0)
     return int(math.floor(t))
+
+
+def seed_mapped(seed: torch.Tensor) -> bool:
+    """Whether the seed tensor carries a shard map ([seed, base, period, jump]: 4 elements; checks.check_seed_p
+    admits 1 or 4): the kernels' MAPPED constexpr. Fixed by the seed's shape, so fake and meta seeds give it too."""
+    return seed.numel() == 4
 
 
 def eps_pair(eps: float):
