@@ -18,11 +18,11 @@ one-tensor `[gate | up]` layout of gated_act sharded on its last dimension (the 
 placements (Partial, a sharded weight) are redistributed by DTensor to one of the strategies above.
 
 Dropout (p > 0). The masks of a shard must be those of the same elements of the whole tensor, whatever the world
-size. The public functions (and the modules) take care of it: `call_on_shards` runs the op on each rank's local
-tensor with a 4-element seed [seed, base, period, jump] that numbers each local element by its linear index in the
-whole tensor (DESIGN.md section 2, `shard_map`), and wraps the results back. Every rank must draw the same seed
-(seed them alike, as any SPMD program does). The raw ops refuse p > 0 on DTensors: their seed cannot know the
-placement.
+size. The public functions (and the modules) pass a shard seed (`shard_seed`): [seed, base, period, jump], which
+numbers each rank's local elements by their linear index in the whole tensor (DESIGN.md section 2, `shard_map`).
+The rules take a (4,) seed at p > 0 only with the rows left where they are (the seed numbers that box), and refuse
+p > 0 with a (1,) seed: it cannot know the placement. Every rank must draw the same seed (seed them alike, as any
+SPMD program does).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from .checks import shard_map_follows_the_rule
 
 try:  # torch.distributed is optional (some builds leave it out)
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
     from torch.distributed.tensor.experimental import register_sharding
     from torch.distributed.tensor.parallel import ColwiseParallel as _TorchColwiseParallel
@@ -50,10 +51,10 @@ except ImportError:  # pragma: no cover - exercised only on builds without torch
 AVAILABLE = DTensor is not None
 
 _DROPOUT_MESSAGE = (
-    "dropout (p > 0) on DTensor inputs goes through the public functions (gpuopt_ops.layer_norm_dropout_relu, "
-    "norm_dropout, dropout_add_norm, gated_act) or the modules, which give each shard the masks of the same "
-    "elements of the whole tensor; the raw op's seed cannot know the placement, so each mask would be keyed by the "
-    "element's index in the local shard"
+    "dropout (p > 0) on DTensor inputs takes a (4,) shard seed (gpuopt_ops.dtensor.shard_seed), which the public "
+    "functions (gpuopt_ops.layer_norm_dropout_relu, norm_dropout, dropout_add_norm, gated_act) and the modules "
+    "make: it numbers each shard's elements as in the whole tensor, so the masks do not depend on the world size. "
+    "A replicated seed cannot know the placement: each mask would be keyed by the element's index in the shard"
 )
 
 
@@ -69,11 +70,6 @@ def _last_dim_shards(spec) -> list:
     """The placements of spec that split its last dimension."""
     last = _ndim(spec) - 1
     return [pl for pl in spec.placements if isinstance(pl, Shard) and (pl.dim % max(_ndim(spec), 1)) == last]
-
-
-def _check_dropout(op: str, p: float) -> None:
-    if p > 0.0:
-        raise dropout_error(op)
 
 
 def _check_rows(op: str, name: str, spec, what: str = "the norm needs whole rows") -> None:
@@ -95,8 +91,10 @@ def _opt(spec, placement):
     return None if spec is None else placement
 
 
-def _rules() -> dict[str, tuple[Callable, int]]:
-    """op name -> (sharding function, index of its first non-tensor argument)."""
+def _rules() -> dict[str, tuple[Callable, int, Optional[int]]]:
+    """op name -> (sharding function, index of its first non-tensor argument, and for the dropout ops the index of
+    the argument whose rows the seed numbers: x, or in a backward the forward's x / sum / gate). A dropout op's
+    seed is the argument before its first non-tensor one (p)."""
     rep = Replicate()
 
     def _norm_fwd(x, params, n_stats, stats_empty, extra_rows=(), n_row_outputs=1):
@@ -124,37 +122,31 @@ def _rules() -> dict[str, tuple[Callable, int]]:
         return strategies
 
     def ldr_fwd(x, weight, bias, seed, p, eps):
-        _check_dropout("layer_norm_dropout_relu", p)
         _check_rows("layer_norm_dropout_relu", "x", x)
         return [(o, i + [None, None]) for o, i in _norm_fwd(x, [weight, bias], 2, lambda i: False)]
 
     def ldr_bwd(grad_out, x, weight, bias, mean, rstd, seed, p):
-        _check_dropout("layer_norm_dropout_relu_backward", p)
         _check_rows("layer_norm_dropout_relu_backward", "x", x)
         grads = [weight is not None, bias is not None]
         return [(o, i + [None]) for o, i in _norm_bwd(x, [weight, bias], [mean, rstd], [False, False], grads)]
 
     def nd_fwd(x, weight, bias, seed, p, eps, rms, relu):
-        _check_dropout("norm_dropout", p)
         _check_rows("norm_dropout", "x", x)
         return [(o, i + [None] * 4) for o, i in _norm_fwd(x, [weight, bias], 2, lambda i: rms and i == 0)]
 
     def nd_bwd(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu):
-        _check_dropout("norm_dropout_backward", p)
         _check_rows("norm_dropout_backward", "x", x)
         grads = [weight is not None, bias is not None]
         strategies = _norm_bwd(x, [weight, bias], [mean, rstd], [bool(rms), False], grads)
         return [(o, i + [None] * 3) for o, i in strategies]
 
     def dan_fwd(x, residual, weight, bias, seed, p, eps, rms, residual_in_fp32):
-        _check_dropout("dropout_add_norm", p)
         _check_rows("dropout_add_norm", "x", x)
         _check_rows("dropout_add_norm", "residual", residual)
         strategies = _norm_fwd(x, [weight, bias], 2, lambda i: rms and i == 0, [residual], n_row_outputs=2)
         return [(o, i + [None] * 4) for o, i in strategies]
 
     def dan_bwd(grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, p, rms, has_residual):
-        _check_dropout("dropout_add_norm_backward", p)
         _check_rows("dropout_add_norm_backward", "sum", sum)
         _check_rows("dropout_add_norm_backward", "grad_out", grad_out)
         grads = [weight is not None, bias is not None]
@@ -197,13 +189,11 @@ def _rules() -> dict[str, tuple[Callable, int]]:
         return [(o, [r, r, b, None]) for o, b, r in _elementwise(saved, 2, True, True)]
 
     def gated(gate, up, seed, p, act):
-        _check_dropout("gated_act", p)
         if up is None:
             _check_rows("gated_act", "gate", gate, "its last dimension holds [gate | up], whose halves a shard splits")
         return [(o, [r, _opt(up, r), rep, None, None]) for o, _, r in _elementwise(gate, 1, False, up is not None)]
 
     def gated_bwd(grad_out, gate, up, seed, p, act):
-        _check_dropout("gated_act_backward", p)
         if up is None:
             _check_rows("gated_act_backward", "gate", gate, "its last dimension holds [gate | up]")
         return [
@@ -212,18 +202,18 @@ def _rules() -> dict[str, tuple[Callable, int]]:
         ]
 
     return {
-        "layer_norm_dropout_relu": (ldr_fwd, 4),
-        "layer_norm_dropout_relu_backward": (ldr_bwd, 7),
-        "norm_dropout": (nd_fwd, 4),
-        "norm_dropout_backward": (nd_bwd, 7),
-        "dropout_add_norm": (dan_fwd, 5),
-        "dropout_add_norm_backward": (dan_bwd, 8),
-        "bias_relu": (bias_relu, 100),
-        "bias_relu_backward": (bias_relu_bwd, 100),
-        "bias_act": (bias_act, 2),
-        "bias_act_backward": (bias_act_bwd, 3),
-        "gated_act": (gated, 3),
-        "gated_act_backward": (gated_bwd, 4),
+        "layer_norm_dropout_relu": (ldr_fwd, 4, 0),
+        "layer_norm_dropout_relu_backward": (ldr_bwd, 7, 1),
+        "norm_dropout": (nd_fwd, 4, 0),
+        "norm_dropout_backward": (nd_bwd, 7, 1),
+        "dropout_add_norm": (dan_fwd, 5, 0),
+        "dropout_add_norm_backward": (dan_bwd, 8, 2),
+        "bias_relu": (bias_relu, 100, None),
+        "bias_relu_backward": (bias_relu_bwd, 100, None),
+        "bias_act": (bias_act, 2, None),
+        "bias_act_backward": (bias_act_bwd, 3, None),
+        "gated_act": (gated, 3, 0),
+        "gated_act_backward": (gated_bwd, 4, 1),
     }
 
 
@@ -233,9 +223,9 @@ def register(prefix: str = "") -> list[str]:
         return []
     propagator = DTensor._op_dispatcher.sharding_propagator
     done = []
-    for name, (fn, static_argnum) in _rules().items():
+    for name, (fn, static_argnum, rows) in _rules().items():
         overload = getattr(torch.ops.gpuopt, prefix + name).default
-        register_sharding(overload)(fn)
+        register_sharding(overload)(fn if rows is None else _with_dropout(name, fn, static_argnum - 1, rows))
         # p (and eps, act, the flags) decide the strategy or its error: they belong to the cache key, which
         # register_sharding would start at the first int argument only
         propagator.op_to_schema_info[overload] = RuntimeSchemaInfo(static_argnum, needs_pytree=True)
@@ -280,7 +270,9 @@ def _check_placements(op: str, x, last_ok: bool) -> None:
     nd = x.dim()
     for pl in x.placements:
         if isinstance(pl, Replicate) or (
-            type(pl) is Shard and (pl.dim % nd < nd - 1 or (last_ok and pl.dim % nd == nd - 1))
+            isinstance(pl, Shard)
+            and not isinstance(pl, _StridedShard)
+            and (pl.dim % nd < nd - 1 or (last_ok and pl.dim % nd == nd - 1))
         ):
             continue
         where = "its last dimension" if isinstance(pl, Shard) and pl.dim % nd == nd - 1 else f"{pl}"
@@ -290,55 +282,70 @@ def _check_placements(op: str, x, last_ok: bool) -> None:
         )
 
 
-def call_on_shards(op: str, fn, x, others, params, seed: torch.Tensor, unit: int, out_shape=None, last_ok=False):
-    """fn(x_local, *others_local, *params_local, shard_seed) on this rank's shard of the DTensor x, with the dropout
-    numbering of the whole tensor, for dropout (p > 0) on DTensors. others (x-shaped: residual, up) take x's
-    placements, params (weight, bias) are replicated and their gradients come back Partial on the mesh dimensions
-    where x is sharded. fn returns a tuple of tensors; those shaped like the local output (out_shape: the global
-    output shape, x's by default) come back as DTensors placed like x, the others as they are. unit: what the map's
-    terms must be multiples of (N for the row ops, 8 for gated_act)."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+def _with_dropout(op: str, fn: Callable, seed_at: int, rows_at: int) -> Callable:
+    """The rule of a dropout op: fn's strategies at p = 0; at p > 0 the seed must be a shard seed (`shard_seed`),
+    made for the rows argument's placement, which the op must then keep: only the strategy that leaves it in place
+    is offered (no redistribution, so each rank runs on the very box its seed numbers)."""
 
+    def rule(*args):
+        strategies = fn(*args)
+        if not args[seed_at + 1] > 0.0:
+            return strategies
+        seed, rows = args[seed_at], args[rows_at]
+        shard = isinstance(seed, DTensorSpec) and tuple(seed.tensor_meta.shape) == (4,)
+        if not (shard and all(isinstance(pl, Replicate) for pl in seed.placements)):
+            raise dropout_error(op)
+        here = set(rows.placements)
+        if len(here) != 1:
+            raise ShardingError(
+                f"gpuopt.{op}: dropout (p > 0) on a DTensor placed differently on each mesh dimension "
+                f"({list(rows.placements)}) is not supported: redistribute it to one placement on every mesh dimension"
+            )
+        (pl,) = here
+        keep = [(o, i) for o, i in strategies if i[rows_at] == pl]
+        if not keep:
+            raise ShardingError(f"gpuopt.{op}: dropout (p > 0) cannot run on {pl}")
+        return keep
+
+    return rule
+
+
+def shard_seed(op: str, x, drawn, unit: int, out_shape=None, last_ok: bool = False):
+    """The seed of a dropout op on the DTensor x: [seed, base, period, jump], this rank's numbering of its box of
+    the output (`shard_map`; out_shape: x's shape by default) after the drawn seed (a replicated (1,) DTensor, the
+    same on every rank). A (4,) DTensor placed Replicate(), though each rank holds its own numbering: the rules
+    take a (4,) seed at p > 0 as a shard seed and keep the rows where they are, so no operation ever moves it.
+    unit: what the map's terms must be multiples of (N for the row ops, 8 for gated_act)."""
     _check_placements(op, x, last_ok)
     mesh, placements = x.device_mesh, tuple(x.placements)
     out_shape = tuple(x.shape) if out_shape is None else tuple(out_shape)
-    local_shape, offset = compute_local_shape_and_global_offset(out_shape, mesh, placements)
+    local_shape, offset = _local_box(out_shape, mesh, placements)
     numbering = shard_map(out_shape, local_shape, offset)
     if numbering is None or not shard_map_follows_the_rule(*numbering, unit):
         raise ShardingError(
             f"gpuopt.{op}: dropout (p > 0) on a DTensor of shape {tuple(x.shape)} placed {list(placements)}: this "
-            f"rank's elements are not one numbering of the whole tensor's (box {local_shape} at {offset}; the "
-            f"map's base, period and jump must be multiples of {unit}). Redistribute x to Shard(0) or Replicate() first"
+            f"rank's elements are not one numbering of the whole tensor's (box {local_shape} at {offset}; the map's "
+            f"base, period and jump must be multiples of {unit}). Redistribute it to Shard(0) or Replicate() first"
         )
-    shard_seed = torch.cat([seed.reshape(1), torch.tensor(numbering, dtype=torch.int64, device=seed.device)])
-    grads = [Partial() if isinstance(pl, Shard) else Replicate() for pl in placements]
+    return torch.cat([drawn, replicated_like(x, torch.tensor(numbering, dtype=torch.int64, device=x.device))])
 
-    def local(t, grad_placements=None):
-        if t is None or not isinstance(t, DTensor):
-            return t
-        return t.to_local(grad_placements=grad_placements)
 
-    others_local = [
-        local(
-            t if not isinstance(t, DTensor) or tuple(t.placements) == placements else t.redistribute(mesh, placements)
-        )
-        for t in others
-    ]
-    replicated = [Replicate()] * mesh.ndim
-    params_local = [
-        local(t if list(t.placements) == replicated else t.redistribute(mesh, replicated), grads)
-        if isinstance(t, DTensor)
-        else t
-        for t in params
-    ]
-    outs = fn(local(x), *others_local, *params_local, shard_seed)
-    local_out = tuple(local_shape)
-    return tuple(
-        DTensor.from_local(o, mesh, placements, run_check=False, shape=torch.Size(out_shape), stride=_stride(out_shape))
-        if isinstance(o, torch.Tensor) and tuple(o.shape) == local_out
-        else o
-        for o in outs
-    )
+def _local_box(shape, mesh, placements) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(local shape, offset) of this rank's box of a tensor of `shape` placed as `placements` (Replicate / Shard):
+    DTensor's chunking (ceil-sized chunks, the last ones short or empty; mesh dimensions sharding the same
+    dimension nest in mesh order). Plain ints from the rank's mesh coordinate, so a compiled graph specialises on
+    its rank instead of guarding on a symbolic one."""
+    local, offset = list(shape), [0] * len(shape)
+    coordinate = mesh.get_coordinate()
+    for i, pl in enumerate(placements):
+        if isinstance(pl, Shard):
+            d = pl.dim % len(shape)
+            chunk = -(-local[d] // mesh.size(i))
+            start = min(coordinate[i] * chunk, local[d])
+            size = min(local[d], start + chunk) - start
+            offset[d] += start
+            local[d] = size
+    return tuple(local), tuple(offset)
 
 
 def _stride(shape) -> tuple[int, ...]:

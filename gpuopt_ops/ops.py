@@ -311,12 +311,15 @@ def _flatten_normalized(x: torch.Tensor, normalized_shape, weight, bias):
     return x2, w, b
 
 
+SEED_HIGH = 2**62  # seeds are drawn from [0, 2**62)
+
+
 def draw_seed(device: torch.device, generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """A dropout seed drawn from torch's generator on `device`, as a 1-element int64 tensor on that device.
 
     Drawn on the device itself: no host sync, and CUDA graphs replay a new draw each time.
     """
-    return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64, generator=generator)
+    return torch.randint(0, SEED_HIGH, (1,), device=device, dtype=torch.int64, generator=generator)
 
 
 def layer_norm_dropout_relu(
@@ -338,35 +341,26 @@ def layer_norm_dropout_relu(
     """
     backend = resolve_backend(backend, x.device, "layer_norm_dropout_relu")
     x2, w, b = _flatten_normalized(x, normalized_shape, weight, bias)
-    p_eff, seed = _dropout_seed(x, p, training, generator)
+    p_eff, seed = _dropout_seed(x2, p, training, generator, "layer_norm_dropout_relu", x2.shape[-1])
     op = _triton_ops().triton_layer_norm_dropout_relu if backend == "triton" else _ops.layer_norm_dropout_relu
-    if _sharded_dropout(x2, p_eff):
-        fn = _with_flags(op, p_eff, float(eps))
-        out, _, _ = dtensor.call_on_shards("layer_norm_dropout_relu", fn, x2, [], [w, b], seed, x2.shape[-1])
-    else:
-        out, _, _ = op(x2, w, b, seed, p_eff, float(eps))
+    out, _, _ = op(x2, w, b, seed, p_eff, float(eps))
     return out.view(x.shape) if out.shape != x.shape else out
 
 
-def _dropout_seed(x: torch.Tensor, p: float, training: bool, generator) -> tuple[float, torch.Tensor]:
+def _dropout_seed(
+    x: torch.Tensor, p: float, training: bool, generator, op: str, unit: int, out_shape=None, last_ok=False
+) -> tuple[float, torch.Tensor]:
     """(p in effect, the seed): a fresh seed when dropping (training and p > 0), else a zero tensor. For a DTensor
-    x the zero seed is a replicated DTensor on x's mesh; a fresh one stays a plain tensor, which
-    `dtensor.call_on_shards` extends by each shard's numbering (`_sharded_dropout`)."""
+    x the zero seed is a replicated DTensor on x's mesh, and a fresh one a shard seed (gpuopt_ops.dtensor:
+    each rank's seed and the numbering of its box, so each shard draws the whole tensor's masks)."""
     p_eff = float(p) if training else 0.0
-    if p_eff > 0.0:
-        return p_eff, draw_seed(x.device, generator)
     zero = torch.zeros(1, dtype=torch.int64, device=x.device)
-    return p_eff, dtensor.replicated_like(x, zero) if dtensor.is_dtensor(x) else zero
-
-
-def _with_flags(op, *flags):
-    """The op as dtensor.call_on_shards calls it: fn(*tensors, seed) = op(*tensors, seed, *flags)."""
-    return lambda *tensors: op(*tensors, *flags)
-
-
-def _sharded_dropout(x: torch.Tensor, p_eff: float) -> bool:
-    """Whether the op runs on x's shards through dtensor.call_on_shards: dropout (p > 0) on a DTensor."""
-    return p_eff > 0.0 and dtensor.is_dtensor(x)
+    if not dtensor.is_dtensor(x):
+        return p_eff, draw_seed(x.device, generator) if p_eff > 0.0 else zero
+    if p_eff == 0.0:
+        return p_eff, dtensor.replicated_like(x, zero)
+    drawn = dtensor.replicated_like(x, draw_seed(x.device, generator))
+    return p_eff, dtensor.shard_seed(op, x, drawn, unit, out_shape, last_ok)
 
 
 NORMS = ("layer", "rms")
@@ -398,14 +392,9 @@ def norm_dropout(
     if activation not in NORM_ACTIVATIONS:
         raise ValueError(f"gpuopt.norm_dropout: activation must be None or 'relu', got {activation!r}")
     backend = resolve_backend(backend, x.device, "norm_dropout")
-    p_eff, seed = _dropout_seed(x, p, training, generator)
+    p_eff, seed = _dropout_seed(x, p, training, generator, "norm_dropout", x.shape[-1])
     op = _triton_ops().triton_norm_dropout if backend == "triton" else _ops.norm_dropout
-    flags = (p_eff, float(eps), norm == "rms", activation == "relu")
-    if _sharded_dropout(x, p_eff):
-        fn = _with_flags(op, *flags)
-        out, _, _ = dtensor.call_on_shards("norm_dropout", fn, x, [], [weight, bias], seed, x.shape[-1])
-    else:
-        out, _, _ = op(x, weight, bias, seed, *flags)
+    out, _, _ = op(x, weight, bias, seed, p_eff, float(eps), norm == "rms", activation == "relu")
     return out
 
 
@@ -443,14 +432,9 @@ def dropout_add_norm(
     if norm not in NORMS:
         raise ValueError(f"gpuopt.dropout_add_norm: norm must be one of {NORMS}, got {norm!r}")
     backend = resolve_backend(backend, x.device, "dropout_add_norm")
-    p_eff, seed = _dropout_seed(x, p, training, generator)
+    p_eff, seed = _dropout_seed(x, p, training, generator, "dropout_add_norm", x.shape[-1])
     op = _triton_ops().triton_dropout_add_norm if backend == "triton" else _ops.dropout_add_norm
-    flags = (p_eff, float(eps), norm == "rms", bool(residual_in_fp32))
-    if _sharded_dropout(x, p_eff):
-        fn = _with_flags(op, *flags)
-        out, s, _, _ = dtensor.call_on_shards("dropout_add_norm", fn, x, [residual], [weight, bias], seed, x.shape[-1])
-    else:
-        out, s, _, _ = op(x, residual, weight, bias, seed, *flags)
+    out, s, _, _ = op(x, residual, weight, bias, seed, p_eff, float(eps), norm == "rms", bool(residual_in_fp32))
     return (out, s) if prenorm else out
 
 
@@ -490,11 +474,7 @@ def gated_act(
     same mask as every other gpuopt op at the same linear index of the output."""
     code = _act_code("gated_act", act)
     backend = resolve_backend(backend, gate.device, "gated_act")
-    p_eff, seed = _dropout_seed(gate, p, training, generator)
+    out_shape = (*gate.shape[:-1], gate.shape[-1] // 2) if up is None else tuple(gate.shape)
+    p_eff, seed = _dropout_seed(gate, p, training, generator, "gated_act", 8, out_shape, up is not None)
     op = _triton_ops().triton_gated_act if backend == "triton" else _ops.gated_act
-    if _sharded_dropout(gate, p_eff):
-        shape = (*gate.shape[:-1], gate.shape[-1] // 2) if up is None else tuple(gate.shape)
-        fn = _with_flags(lambda *a: (op(*a),), p_eff, code)
-        (out,) = dtensor.call_on_shards("gated_act", fn, gate, [up], [], seed, 8, shape, up is not None)
-        return out
     return op(gate, up, seed, p_eff, code)

@@ -78,14 +78,27 @@ def test_rules_are_registered_for_every_op():
             assert info[overload].static_argnum <= p_index, f"gpuopt.{n}: p is not in the sharding cache key"
 
 
+# torch 2.14's compiled autograd cannot save a random draw that a DTensor is made from under selective activation
+# checkpointing: any dropout on a DTensor inside such a block (torch.nn.functional.dropout too) stops with this
+# assertion; torch 2.11 runs it.
+TORCH_SAC_RANDOM_LIMIT = "expected all tensors_saved_with_vc_check to be Tensors"
+
+
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
-def test_tensor_and_sequence_parallel_training_step_matches_one_process(tmp_path):
+@pytest.mark.parametrize("p,sac", [(0.0, "sac"), (0.1, "sac"), (0.1, "none")])
+def test_tensor_and_sequence_parallel_training_step_matches_one_process(tmp_path, p, sac):
     """tests/tp_sp_runs.py: TP + SP on DTensors, FSDP2, per-block compile(fullgraph=True) and selective activation
-    checkpointing (matmuls saved). Loss and every gradient within 1e-5 of one process; the norm weights' gradients
-    sharded by FSDP2 and replicated over tp; every gpuopt forward op recomputed once in the backward."""
+    checkpointing (matmuls saved; "none": without it). Loss and every gradient within 1e-5 of one process, with
+    dropout too (each shard draws the whole tensor's masks, and the recomputation the forward's); the norm weights'
+    gradients sharded by FSDP2 and replicated over tp; every gpuopt forward op recomputed once in the backward."""
     out = tmp_path / "tp_sp.json"
-    proc = torchrun(TESTS / "tp_sp_runs.py", out)
+    proc = torchrun(TESTS / "tp_sp_runs.py", out, str(p), sac)
     _, stderr = proc.communicate(timeout=TIMEOUT)
+    if p > 0 and sac == "sac" and proc.returncode != 0 and TORCH_SAC_RANDOM_LIMIT in stderr:
+        assert tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 14), stderr[-4000:]
+        pytest.xfail(
+            f"torch {torch.__version__}: a random draw under compiled SAC on DTensors ({TORCH_SAC_RANDOM_LIMIT})"
+        )
     assert proc.returncode == 0 and out.exists(), stderr[-4000:]
     s = json.loads(out.read_text())
     assert abs(s["loss"] - s["ref_loss"]) <= 1e-5 * abs(s["ref_loss"]), (s["loss"], s["ref_loss"])
@@ -97,4 +110,5 @@ def test_tensor_and_sequence_parallel_training_step_matches_one_process(tmp_path
         if name.endswith("norm.weight"):
             assert g["placements"] == ["S(0)", "R"], (name, g)
     assert s["forward_ops"] == {"gpuopt::dropout_add_norm": 4, "gpuopt::bias_act": 2, "gpuopt::gated_act": 2}
-    assert s["backward_ops"] == s["forward_ops"], "SAC must recompute every gpuopt op once in the backward"
+    recomputed = s["forward_ops"] if sac == "sac" else dict.fromkeys(s["forward_ops"], 0)
+    assert s["backward_ops"] == recomputed, "SAC must recompute every gpuopt op once in the backward"

@@ -8,7 +8,10 @@ Mesh (dp = 1, tp = 2). Per block: the residual norms (FusedDropoutAddRMSNorm, pr
 matmul output with a Shard(0) bias, then a row-parallel linear back to Shard(1)); GatedMLP with column-parallel
 gate / up projections (gated_act on two Shard(2) tensors) and a row-parallel down projection. The SAC policy saves
 matmuls only, so every gpuopt op is recomputed in the backward: the profiler must see each forward op as many times
-in the backward as in the forward. Rank 0 writes a JSON summary to argv[1].
+in the backward as in the forward. With dropout (argv[2], p: 0.1 by default, in the norms and the gated MLP) each
+shard draws the whole tensor's masks (the public functions' shard seeds, gpuopt_ops.dtensor.shard_seed), so the step
+equals one process's with the same seeds, and a recomputation that drew another mask would show in the gradients.
+argv[3] "none" leaves out the checkpointing. Rank 0 writes a JSON summary to argv[1].
 """
 
 from __future__ import annotations
@@ -33,17 +36,20 @@ from gpuopt_ops.modules import FusedDropoutAddRMSNorm, GatedMLP, LinearBiasAct
 from helpers import exit_without_teardown
 
 D, F, B, S, LAYERS = 32, 64, 2, 8, 2
+P = float(sys.argv[2]) if len(sys.argv) > 2 else 0.1  # dropout in the norms and the gated MLP
+SAC = (sys.argv[3] if len(sys.argv) > 3 else "sac") == "sac"  # "sac": selective checkpointing; "none": without
+STEP_SEED = 7  # every rank, and the one-process reference, draw their dropout seeds from this state
 FORWARD_OPS = ("gpuopt::dropout_add_norm", "gpuopt::bias_act", "gpuopt::gated_act")
 
 
 class Block(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.attention_norm = FusedDropoutAddRMSNorm(D, p=0.0, prenorm=True)
+        self.attention_norm = FusedDropoutAddRMSNorm(D, p=P, prenorm=True)
         self.wq = LinearBiasAct(D, F, act="gelu")
         self.wo = nn.Linear(F, D, bias=False)
-        self.ffn_norm = FusedDropoutAddRMSNorm(D, p=0.0, prenorm=True)
-        self.mlp = GatedMLP(D, F)
+        self.ffn_norm = FusedDropoutAddRMSNorm(D, p=P, prenorm=True)
+        self.mlp = GatedMLP(D, F, p=P)
 
     def forward(self, h, residual):
         x, residual = self.attention_norm(h, residual)  # positional: the style prepares both
@@ -99,6 +105,7 @@ def main() -> int:
     h0, r0 = torch.randn(B, S, D), torch.randn(B, S, D)
 
     ref_blocks = build()
+    torch.manual_seed(STEP_SEED)
     ref_loss = run(ref_blocks, h0, r0).square().mean()
     ref_loss.backward()
 
@@ -115,13 +122,15 @@ def main() -> int:
     model = nn.ModuleList()
     for block in blocks:
         parallelize_module(block, mesh["tp"], plan)
-        compiled = torch.compile(Checkpointed(block), fullgraph=True)  # a graph break is an error
+        compiled = torch.compile(Checkpointed(block) if SAC else block, fullgraph=True)  # a graph break is an error
         fully_shard(compiled, mesh=mesh["dp"])
         model.append(compiled)
 
     h, r = (distribute_tensor(t, mesh["tp"], [Shard(1)]) for t in (h0, r0))
+    torch.manual_seed(STEP_SEED)
     run(model, h, r).full_tensor().square().mean().backward()  # compiles; the profiled step below is the second
     model.zero_grad(set_to_none=True)
+    torch.manual_seed(STEP_SEED)  # the same seeds as the reference's step
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as fwd_prof:
         out = run(model, h, r)
         loss = out.full_tensor().square().mean()
