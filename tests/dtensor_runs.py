@@ -267,7 +267,8 @@ def check_refusals(mesh, ops, prefix, label):
     _raises(
         f"{label} dropout on DTensors (raw op)",
         lambda: op(xd, wd, bd, sd, 0.25, 1e-5),
-        "shard seed", "cannot know the placement",
+        "shard seed",
+        "cannot know the placement",
     )
     ga = getattr(ops, prefix + "gated_act")
     packed = distribute_tensor(torch.randn(B, S, 2 * N), mesh, [Shard(2)])
