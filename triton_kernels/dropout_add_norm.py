@@ -7,7 +7,8 @@ gpuopt_ops/triton_ops.py). The contract is docs/DESIGN.md (`dropout_add_norm`):
   with residual_in_fp32 for 16-bit x, else x's dtype); the norm reads s as stored (rounded to S, converted back).
   The keep bit of element idx is the Philox lane of docs/DESIGN.md section 2, bit for bit the one
   layer_norm_dropout_relu uses at idx (the helpers of rows.py: the fast 8-lane Philox when N % 8 == 0, one call
-  per element otherwise, none when p = 0); dropped values are selected to exact zeros, kept ones multiplied by
+  per element otherwise, none when p = 0), under a 4-element seed's shard map as there (each row's first index
+  mapped: rows.row_map_index); dropped values are selected to exact zeros, kept ones multiplied by
   65536 / (65536 - t).
 - LayerNorm: mean, then the centred squares (two passes over registers, or Chan's merge of per-chunk statistics
   on the looped path); RMSNorm: rstd = 1 / sqrt(mean(s^2) + eps), xhat = s * rstd. 1/N correctly rounded, IEEE

@@ -14,7 +14,10 @@ ACT is a constexpr (0 relu, 1 gelu, 2 gelu_tanh, 3 silu). DROPOUT (t = round(p *
 without it the kernels do no RNG work and never read the seed. The keep bit of output element (r, c) is that of
 linear index r * F + c (docs/DESIGN.md section 2, rows.row_keep_tile: the 8-lane Philox, or one call per element
 where a tile's 8-element groups could straddle rows), in both layouts, so the one-tensor layout gives the
-two-tensor layout's bits.
+two-tensor layout's bits. Under a 4-element seed's shard map [seed, base, period, jump] (base, period and jump
+multiples of 8) linear index i draws the bit of i + base + (i // period) * jump: MAPPED (seed.numel() == 4) is a
+constexpr, the map is read with the seed, and each 8-element group maps to a whole group, still one Philox call
+(rows.row_keep_tile_mapped; each element where the generic path runs); a 1-element seed compiles without it.
 
 Layouts and launch plans (no autotune; fixed by (M, F, dtype, layout), kept per call key by common.cached_plan):
 

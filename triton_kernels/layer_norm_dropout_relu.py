@@ -15,6 +15,12 @@ gpuopt_ops/triton_ops.py). The math is that of csrc/fused_math.h, the dropout RN
   (even k: low half of word k >> 1, odd k: high half). keep <=> u >= t, t = round(p * 65536) computed on the
   host, kept values scaled by 65536 / (65536 - t) (computed in the kernel, in the accumulation dtype);
   t = 65536 gives exact zeros through a select.
+- Shard map: a 4-element seed [seed, base, period, jump] (a shard of a larger tensor; base, period and jump
+  multiples of N) numbers row r's element c from row_start(r) + c, row_start(r) = r*N + base + ((r*N) // period) *
+  jump, the element's index in the whole tensor (addressing stays r * N). MAPPED (seed.numel() == 4) is a
+  constexpr: a 1-element seed compiles the kernels without it; a mapped launch loads the map once per program where
+  it loads the seed (rows.row_load_map) and maps each row's start once per tile (rows.row_map_index). Row starts
+  stay multiples of 8 when N is, so the fast path below serves mapped launches too.
 - Fast RNG path (N % 8 == 0, so a tile's groups never straddle rows): one Philox call per 8 elements, lanes
   interleaved with tl.join + tl.reshape into element order. Its Philox is _philox: tl.philox's rounds and
   constants, bit for bit, with each 32 x 32 -> 64-bit product from one widening multiply. The persistent kernels
