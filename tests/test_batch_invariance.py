@@ -47,6 +47,7 @@ class RowOp:
     rms: bool = False
     relu: bool = False  # norm_dropout's flag
     residual: bool = False  # dropout_add_norm with a residual (and a grad_sum in the backward)
+    fp32_residual: bool = False  # dropout_add_norm's residual_in_fp32 (an fp32 residual and sum for 16-bit x)
 
     def __repr__(self) -> str:
         return self.name
@@ -60,6 +61,7 @@ ROW_OPS = {
     "dan-rms-res": RowOp("dropout_add_norm", rms=True, residual=True),
     "dan-layer": RowOp("dropout_add_norm"),
     "dan-rms": RowOp("dropout_add_norm", rms=True),
+    "dan-rms-res-f32": RowOp("dropout_add_norm", rms=True, residual=True, fp32_residual=True),
 }
 
 
@@ -102,9 +104,10 @@ def run_row_op(backend, op: RowOp, rows, params, p):
         gx, gw, gb = bwd(g, x, w, b, mean, rstd, seed, p, op.rms, op.relu)
         per_row = dict(out=out, rstd=rstd, grad_x=gx, **({} if op.rms else dict(mean=mean)))
     else:
-        r = rows["residual"].to(dev) if op.residual else None
-        gs = rows["grad_sum"].to(dev) if op.residual else None
-        out, s, mean, rstd = fwd(x, r, w, b, seed, p, EPS, op.rms, False)
+        wide = torch.float32 if op.fp32_residual and x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        r = rows["residual"].to(dev, wide) if op.residual else None
+        gs = rows["grad_sum"].to(dev, wide) if op.residual else None
+        out, s, mean, rstd = fwd(x, r, w, b, seed, p, EPS, op.rms, op.fp32_residual)
         gx, gr, gw, gb = bwd(g, gs, s, w, b, mean, rstd, seed, p, op.rms, op.residual)
         per_row = dict(out=out, sum=s, rstd=rstd, grad_x=gx, **({} if op.rms else dict(mean=mean)))
         if op.residual:
@@ -183,7 +186,8 @@ def assert_dropout_applied(op, rows, got, p):
     without one)."""
     r, dropped = first_dropped(*got["out"].shape, p)
     if op.name == "dropout_add_norm":
-        want = rows["residual"][:r][dropped] if op.residual else torch.zeros(int(dropped.sum()), dtype=got["sum"].dtype)
+        dt = got["sum"].dtype  # the residual's, exactly (an fp32 sum holds a bf16 residual's values)
+        want = rows["residual"][:r][dropped].to(dt) if op.residual else torch.zeros(int(dropped.sum()), dtype=dt)
         assert torch.equal(got["sum"][:r][dropped], want), "sum where dropped"
     else:
         assert (got["out"][:r][dropped] == 0).all(), "out where dropped"
