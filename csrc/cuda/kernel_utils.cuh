@@ -272,6 +272,46 @@ GPUOPT_DEV int64_t read_seed(const int64_t* __restrict__ seed, uint32_t threshol
   return (threshold != 0u && threshold < 65536u) ? seed[0] : int64_t(0);
 }
 
+// The kernels' `mapped` launch argument (host side): the seed tensor holds a shard map and the RNG runs, so the
+// map is read only where the seed is (read_seed).
+GPUOPT_HOST_DEV bool read_map(const DropoutParams& d) { return d.mapped && d.threshold != 0u && d.threshold < 65536u; }
+
+// n / d (d > 0) without the 64-bit division routine, which is a call whose frame gives the row kernels a stack
+// (the static resource gate allows none): a 32-bit division where both fit, else shift and subtract, a bit a step,
+// the quotient's bits shifted into n as its own leave (maps of tensors past 2^32 elements only).
+GPUOPT_DEV uint64_t div_u64(uint64_t n, uint64_t d) {
+  if (((n | d) >> 32) == 0) return static_cast<uint32_t>(n) / static_cast<uint32_t>(d);
+  uint64_t r = 0;  // r < d < 2^63: r << 1 does not overflow
+#pragma unroll 1
+  for (int b = 0; b < 64; ++b) {
+    r = (r << 1) | (n >> 63);
+    n <<= 1;
+    if (r >= d) {
+      r -= d;
+      n |= 1u;
+    }
+  }
+  return n;
+}
+
+// The dropout index of element i of an op's contiguous output (DESIGN.md "Dropout RNG", philox.h ShardMap): i
+// itself, or, when `mapped` (a launch argument: the seed tensor holds a shard map [seed, base, period, jump] and
+// the RNG runs), i + base + (i / period) * jump, its index in the whole tensor (ShardMap::index, with div_u64 for
+// the division, none when jump == 0). The map is read from the seed tensor at each call (once a row, or a group
+// for gated_act; an L1 hit), so no register holds it across a row, and a 1-element seed pays one uniform branch.
+GPUOPT_DEV int64_t dropout_index(const int64_t* __restrict__ seed, bool mapped, int64_t i) {
+  if (!mapped) return i;
+  const ShardMap m = read_shard_map(seed, true);
+  if (m.jump == 0) return i + m.base;  // i >= 0, period > 0 (checked with the map)
+  return i + m.base + static_cast<int64_t>(div_u64(static_cast<uint64_t>(i), static_cast<uint64_t>(m.period))) * m.jump;
+}
+
+// A read the compiler does not keep from an earlier one (nor hoist out of a loop into a register).
+template <typename T>
+GPUOPT_DEV T load_volatile(const T* p) {
+  return *static_cast<const volatile T*>(p);
+}
+
 GPUOPT_HOST_DEV bool is_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace dev

@@ -217,6 +217,7 @@ void run_ldr_forward(const LdrForwardBuffers& b, Launcher& launcher) {
     p.eps = static_cast<A>(b.eps);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
+    p.mapped = dev::read_map(b.dropout);
     p.rms = b.rms;
     p.relu = b.relu;
     p.x_vec = vector_access(b.N, {b.x, b.out});
@@ -292,6 +293,7 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
     p.ldp = partial_stride(b.N);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
+    p.mapped = dev::read_map(b.dropout);
     p.rms = b.rms;
     p.relu = b.relu;
     p.x_vec = vector_access(b.N, {b.x, b.grad_out, b.grad_x});
@@ -448,6 +450,7 @@ void run_dan_forward(const DanForwardBuffers& b, Launcher& launcher) {
     p.eps = static_cast<A>(b.eps);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
+    p.mapped = dev::read_map(b.dropout);
     p.rms = b.rms;
     p.relu = false;  // not read by dropout_add_norm's kernels
     p.x_vec = vector_access(b.N, {b.x, b.out, b.residual, b.sum});
@@ -497,6 +500,7 @@ void run_dan_backward(const DanBackwardBuffers& b, Launcher& launcher) {
     p.ldp = partial_stride(b.N);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
+    p.mapped = dev::read_map(b.dropout);
     p.rms = b.rms;
     p.x_vec = vector_access(b.N, {b.grad_out, b.sum, b.grad_sum, b.grad_x, b.grad_residual});
     p.p_vec = vector_access(b.N, {b.weight});  // the bias is not read

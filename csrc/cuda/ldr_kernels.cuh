@@ -32,6 +32,7 @@ struct LdrForwardParams {
   bool p_vec;          // N % 8 == 0 and weight, bias 16-byte aligned
   bool rms;            // RMSNorm (mean is nullptr): norm_dropout / dropout_add_norm; LayerNorm otherwise
   bool relu;           // ReLU after the dropout (layer_norm_dropout_relu: true; unused by dropout_add_norm)
+  bool mapped;         // the seed holds a shard map and the RNG runs: dropout indices by dropout_index
 };
 
 template <typename S, typename P, typename A>
@@ -53,8 +54,9 @@ struct LdrBackwardParams {
   uint32_t threshold;
   bool x_vec;  // N % 8 == 0, x, grad_out, grad_x 16-byte aligned
   bool p_vec;
-  bool rms;   // RMSNorm: mean is nullptr, c2 = 0 (norm_dropout)
-  bool relu;  // the ReLU bit enters dy (layer_norm_dropout_relu: true)
+  bool rms;     // RMSNorm: mean is nullptr, c2 = 0 (norm_dropout)
+  bool relu;    // the ReLU bit enters dy (layer_norm_dropout_relu: true)
+  bool mapped;  // as LdrForwardParams
 };
 
 // One element's pre-dropout value y = xhat * w + b.
@@ -81,7 +83,9 @@ struct RowConsts {
 
 // The keep bits of a group as booleans: the 16-byte vector path (kVec: N % 8 == 0) uses the precomputed key
 // schedule, the other path keep_bits (one Philox call a group when N % 8 == 0, else one an element).
-// idx0 = row * N + c0 is the group's first linear index, group0 + g = idx0 / 8 its Philox group when N % 8 == 0.
+// idx0 = dropout_index(row * N) + c0 is the group's first dropout index (its linear index, or its index in the whole
+// tensor under a shard map: a row ops' map moves whole rows), group0 + g = idx0 / 8 its Philox group when
+// N % 8 == 0 (then the row's first index is a multiple of 8 under a map too).
 template <bool kVec, bool kHoist, typename A>
 GPUOPT_DEV void group_keep(const GroupDropout<kHoist>& drop, const RowConsts<A>& rc, uint32_t threshold, int64_t group0,
                            int64_t g, int64_t idx0, int valid, bool (&keep)[kGroup]) {
@@ -178,6 +182,7 @@ struct DanBackwardParams {
   bool x_vec;  // N % 8 == 0, every row buffer 16-byte aligned
   bool p_vec;
   bool rms;
+  bool mapped;  // as LdrForwardParams
 };
 
 // DanKind's extra row buffers (nullptr for LdrKind, whose params have none).
@@ -274,11 +279,21 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
       if (row + (a + 1) * stride < p.M) load_row(row + (a + 1) * stride, ahead[a]);
   }
   int parity = 0;  // RMSNorm's one row sum a row alternates between the two halves of `red`
+  // LdrKind's block rows draw their keep bits where their registers are fullest (a 16-bit row of 4 groups a thread
+  // spills there if it holds one more value): thread 0 writes the row's first dropout index (base, or its index
+  // under a shard map) at the top of the row into one of two slots (a row's barriers lie between its write and the
+  // reads; the next row writes the other slot), and each group reads it back. Warp rows, whose registers have
+  // room, take it at each group.
+  GPUOPT_SHARED_ARRAY(int64_t, row_drop, 2);
+  int slot = 0;
   for (;;) {
     const int64_t base = row * N;
-    const int64_t group0 = base / kGroup;  // used when N % 8 == 0
     const int64_t next = row + stride;
     const bool more = next < p.M;
+    if constexpr (!kWarpRow && !K::kDropPre) {
+      slot ^= 1;
+      if (tx == 0) row_drop[slot] = dropout_index(p.seed, p.mapped, base);
+    }
     if constexpr (kAhead > 0) {
       if (row + kAhead * stride < p.M) load_row(row + kAhead * stride, ahead[kAhead - 1]);
     } else {
@@ -299,6 +314,8 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
       }
     } else {
       const bool res = p.residual != nullptr;
+      const int64_t drop0 = dropout_index(p.seed, p.mapped, base);  // the row's first dropout index
+      const int64_t group0 = drop0 / kGroup;                        // used when N % 8 == 0
       Group<U> rr[VPT];
       if (res) {
 #pragma unroll
@@ -317,7 +334,7 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
           const int c0 = g * kGroup;
           const int valid = kVec ? kGroup : group_size(N, c0);
           bool keep[kGroup];
-          group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
+          group_keep<kVec>(drop, rc, p.threshold, group0, g, drop0 + c0, valid, keep);
           A s[kGroup];
 #pragma unroll
           for (int j = 0; j < kGroup; ++j) {
@@ -404,7 +421,10 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
         A x[kGroup];
         bool keep[kGroup];
         if constexpr (!K::kDropPre) {
-          group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
+          // the row's first dropout index, taken at each group: no register holds it through the output loop
+          const int64_t drop0 =
+              kWarpRow ? dropout_index(p.seed, p.mapped, base) : load_volatile(row_drop + (kWarpRow ? 0 : slot));
+          group_keep<kVec>(drop, rc, p.threshold, drop0 / kGroup, g, drop0 + c0, valid, keep);
           opaque(raw[k]);
           unpack_group(raw[k], x);
         }
@@ -461,7 +481,8 @@ GPUOPT_DEV void norm_forward_looped(const Params& p) {
   int parity = 0;
 
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x) {
-    const U* xr;  // the norm's input row
+    const U* xr;                                                     // the norm's input row
+    const int64_t drop0 = dropout_index(p.seed, p.mapped, row * N);  // the row's first dropout index
     A sum = A(0);
     if constexpr (!K::kDropPre) {
       xr = p.x + row * N;
@@ -479,7 +500,7 @@ GPUOPT_DEV void norm_forward_looped(const Params& p) {
         A xv[kGroup], rv[kGroup], s[kGroup];
         load_group(p.x + row * N + c0, valid, p.x_vec, xv);
         if (p.residual != nullptr) load_group(p.residual + row * N + c0, valid, p.x_vec, rv);
-        const uint32_t keep = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
+        const uint32_t keep = keep_bits(rc.seed, drop0 + c0, valid, p.threshold, rc.one_call);
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) {
           const A d = dan_dropout<A>(xv[j], (keep >> j) & 1u, p.scale);
@@ -525,7 +546,7 @@ GPUOPT_DEV void norm_forward_looped(const Params& p) {
       load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
       load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
       if constexpr (!K::kDropPre) {
-        const uint32_t keep = keep_bits(rc.seed, row * N + c0, valid, p.threshold, rc.one_call);
+        const uint32_t keep = keep_bits(rc.seed, drop0 + c0, valid, p.threshold, rc.one_call);
 #pragma unroll
         for (int j = 0; j < kGroup; ++j)
           o[j] = nd_forward_element<A>(affine((v[j] - mu) * rs, w[j], b[j]), (keep >> j) & 1u, p.scale, p.relu);
@@ -695,7 +716,10 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
     // group's math, from L2, which frees the registers of the row's loads)
     constexpr bool kRawParams = kWide && (sizeof(P) == 2 || !kTight);
     [[maybe_unused]] Group<P> wr[kRawParams ? VPT : 1], br[kRawParams ? VPT : 1];
-    const int64_t group0 = base / kGroup;  // used when N % 8 == 0
+    // LdrKind's keep bits come with the row's loads: the row's first dropout index (DanKind takes its own after
+    // the row sum)
+    const int64_t drop0 = K::kDropPre ? 0 : dropout_index(p.seed, p.mapped, base);
+    const int64_t group0 = drop0 / kGroup;  // used when N % 8 == 0
     A xhat[VPT][kGroup], dxhat[VPT][kGroup];
     A c1 = A(0), c2 = A(0);
     // The wide kernel loads and takes in a row in parts where its 168 registers do not hold all of the row's raw
@@ -733,7 +757,7 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
           const int c0 = g * kGroup;
           const int valid = kVec ? kGroup : group_size(N, c0);
           bool keep[kGroup];
-          if constexpr (!K::kDropPre) group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
+          if constexpr (!K::kDropPre) group_keep<kVec>(drop, rc, p.threshold, group0, g, drop0 + c0, valid, keep);
           if constexpr (kWide) {  // the group's sums, added to below (one FMA an element, as in registers)
             wide_load(wide_acc, 4 * k, dw[0]);
             wide_load(wide_acc, 4 * k + 2, db[0]);
@@ -827,6 +851,9 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
       // in flight), except with fp16 x, whose 168 registers hold two groups at a time (3 or 6 spill)
       constexpr int kAgain = kReloadSum && std::is_same_v<S, half_t> ? 2 : VPT;
       static_assert(VPT % kAgain == 0);
+      // the row's first dropout index, taken here (DanKind draws its keep bits after the row sum): held from the
+      // row's top, the wide kernel at 6 groups a thread with an fp32 sum spills
+      const int64_t drop0 = dropout_index(p.seed, p.mapped, base);
 #pragma unroll
       for (int k0 = 0; k0 < VPT; k0 += kAgain) {
         if constexpr (kReloadSum) {
@@ -844,7 +871,7 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
             const int valid = kVec ? kGroup : group_size(N, c0);
             if constexpr (kPark) wide_load(wide_acc, 4 * VPT + 2 * k, dxhat[k]);
             bool keep[kGroup];
-            group_keep<kVec>(drop, rc, p.threshold, group0, g, base + c0, valid, keep);
+            group_keep<kVec>(drop, rc, p.threshold, drop0 / kGroup, g, drop0 + c0, valid, keep);
             A ds[kGroup], o[kGroup];
             [[maybe_unused]] A xu[kTight ? kGroup : 1];
             if constexpr (kTight) unpack_group(xs[k], xu);
@@ -941,6 +968,7 @@ GPUOPT_DEV void norm_backward_row_stats(const Params& p) {
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x) {
     parity ^= 1;
     const A mu = rms ? A(0) : p.mean[row], rs = p.rstd[row];
+    const int64_t drop0 = dropout_index(p.seed, p.mapped, row * N);  // the row's first dropout index
     A c1 = A(0), c2 = A(0);
     for (int64_t g0 = threadIdx.x; g0 < groups; g0 += U * T) {
       Group<NT> xs[U];
@@ -976,7 +1004,7 @@ GPUOPT_DEV void norm_backward_row_stats(const Params& p) {
           const int valid = kVec ? kGroup : group_size(N, c0);
           bool keep[kGroup];
           if constexpr (!K::kDropPre)
-            group_keep<kVec>(drop, rc, p.threshold, (row * N) / kGroup, g, row * N + c0, valid, keep);
+            group_keep<kVec>(drop, rc, p.threshold, drop0 / kGroup, g, drop0 + c0, valid, keep);
 #pragma unroll
           for (int j = 0; j < kGroup; ++j) {
             const bool in = j < valid;
@@ -1068,7 +1096,8 @@ GPUOPT_DEV void norm_backward_tiled(const Params& p) {
         const int64_t r = row + u * stride;
         if (r < M) {
           bool keep[kGroup];
-          group_keep<kVec>(drop, rc, p.threshold, (r * N) / kGroup, c0 / kGroup, r * N + c0, valid, keep);
+          const int64_t d0 = dropout_index(p.seed, p.mapped, r * N);  // row r's first dropout index
+          group_keep<kVec>(drop, rc, p.threshold, d0 / kGroup, c0 / kGroup, d0 + c0, valid, keep);
           A o[kGroup];
           [[maybe_unused]] A ds[kGroup];
 #pragma unroll
