@@ -1,6 +1,7 @@
 // CUDA kernels of gpuopt::gated_act and its backward (DESIGN.md sections 1 and 3): out = dropout(act(gate) * up),
 // element-wise. The work unit is a group of 8 consecutive elements of the OUTPUT's linear order (indices 8q ..
-// 8q + 7), which is exactly the Philox group q of the dropout contract: one Philox call a group, whatever F.
+// 8q + 7), which is exactly the Philox group q of the dropout contract: one Philox call a group, whatever F (under
+// a shard map, whose base, period and jump are multiples of 8, the whole Philox group dropout_index(8q) / 8).
 // Where a group's inputs live is a walk over the rows of the output:
 //   two tensors  gate, up, out (and grad_out, grad_gate, grad_up) all (M, F) contiguous: a flat problem of n = M F
 //                elements; the launcher sets row = n, so element i sits at offset i of every buffer.
@@ -15,7 +16,8 @@
 // two tensors, or packed with F % 8 == 0); the flat problem's last group, when n % 8 != 0, is then taken element
 // by element by one thread after the loop. Otherwise every group goes element by element, its walk wrapping at
 // each row end (F < 8: a group spans several rows).
-// kDrop: p > 0 (one Philox call a group, GatedDropout); p = 0 takes instances with no RNG code at all. Both call
+// kDrop: p > 0 (one Philox call a group, GatedDropout); p = 0 takes instances with no RNG code at all. kMapped
+// (with kDrop; the *_mapped_kernel instances): the seed holds a shard map (gated_keep). Both call
 // fused_math.h's gated_forward_element / gated_backward_element, the CPU backend's and the emulator's formulas.
 #pragma once
 #include <cstdint>
@@ -166,19 +168,22 @@ struct GatedDropout {
   }
 };
 
-// The keep bits of Philox group q (kDrop), or all set (p = 0: no RNG code in the kernel at all).
-template <bool kDrop>
-GPUOPT_DEV void gated_keep(const GatedDropout& drop, int64_t q, bool (&keep)[kGroup]) {
+// The keep bits of the output's group q (elements 8q .. 8q + 7; kDrop), or all set (p = 0: no RNG code in the
+// kernel at all). Its Philox group is q, or with kMapped (the instances the launcher takes where the seed holds a
+// shard map and the RNG runs; base, period and jump are multiples of 8, so the group stays whole)
+// dropout_index(8q) / 8: the map's code and registers only in those instances.
+template <bool kDrop, bool kMapped, class Params>
+GPUOPT_DEV void gated_keep(const Params& p, const GatedDropout& drop, int64_t q, bool (&keep)[kGroup]) {
   if (kDrop) {
-    drop.keep(q, keep);
+    drop.keep(kMapped ? dropout_index(p.seed, true, q * kGroup) / kGroup : q, keep);
   } else {
 #pragma unroll
     for (int j = 0; j < kGroup; ++j) keep[j] = true;
   }
 }
 
-// One group of the forward: keep bits of Philox group q, gated_forward_element per element, the output at 8q.
-template <int kAct, bool kVec, bool kDrop, typename S>
+// One group of the forward: keep bits of the output's group q, gated_forward_element per element, the output at 8q.
+template <int kAct, bool kVec, bool kDrop, bool kMapped, typename S>
 GPUOPT_DEV void gated_forward_group(const GatedForwardParams<S>& p, const GatedDropout& drop, int64_t q, int valid,
                                     const Group<S>& gv, const Group<S>& uv) {
   using A = acc_t_of<S>;
@@ -186,15 +191,15 @@ GPUOPT_DEV void gated_forward_group(const GatedForwardParams<S>& p, const GatedD
   unpack_group(gv, ga);
   unpack_group(uv, ua);
   bool keep[kGroup];
-  gated_keep<kDrop>(drop, q, keep);
+  gated_keep<kDrop, kMapped>(p, drop, q, keep);
   const A scale = kDrop ? p.scale : A(1);  // p = 0: the scale is 1 exactly
 #pragma unroll
   for (int j = 0; j < kGroup; ++j) o[j] = gated_forward_element<kAct, A>(ga[j], ua[j], keep[j], scale);
   store_group(p.out + q * kGroup, valid, kVec, o);
 }
 
-template <typename S, int kAct, bool kVec, bool kDrop>
-__global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_forward_kernel(GatedForwardParams<S> p) {
+template <typename S, int kAct, bool kVec, bool kDrop, bool kMapped>
+GPUOPT_DEV void gated_act_forward(const GatedForwardParams<S>& p) {
   constexpr int U = cuda::gated_unroll(sizeof(S), kVec);
   const GatedGeometry& geo = p.geo;
   const GatedDropout drop(p.seed, p.threshold);  // kDrop false: unused, no code
@@ -219,7 +224,7 @@ __global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_forward_kernel(
       const int64_t qu = q + u * T;
       if (qu < groups) {
         const int valid = kVec ? kGroup : static_cast<int>(min64(kGroup, geo.n - qu * kGroup));
-        gated_forward_group<kAct, kVec, kDrop>(p, drop, qu, valid, gv[u], uv[u]);
+        gated_forward_group<kAct, kVec, kDrop, kMapped>(p, drop, qu, valid, gv[u], uv[u]);
       }
     }
   }
@@ -230,12 +235,12 @@ __global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_forward_kernel(
     Group<S> gv, uv;
     gated_load<false>(p.gate, wt, valid, geo, gv);
     gated_load<false>(p.up, wt, valid, geo, uv);
-    gated_forward_group<kAct, false, kDrop>(p, drop, q, valid, gv, uv);
+    gated_forward_group<kAct, false, kDrop, kMapped>(p, drop, q, valid, gv, uv);
   }
 }
 
 // One group of the backward: gated_backward_element per element; grad_gate and grad_up at the walk's offsets.
-template <int kAct, bool kVec, bool kDrop, typename S>
+template <int kAct, bool kVec, bool kDrop, bool kMapped, typename S>
 GPUOPT_DEV void gated_backward_group(const GatedBackwardParams<S>& p, const GatedDropout& drop, int64_t q, GatedWalk w,
                                      int valid, const Group<S>& dv, const Group<S>& gv, const Group<S>& uv) {
   using A = acc_t_of<S>;
@@ -244,7 +249,7 @@ GPUOPT_DEV void gated_backward_group(const GatedBackwardParams<S>& p, const Gate
   unpack_group(gv, ga);
   unpack_group(uv, ua);
   bool keep[kGroup];
-  gated_keep<kDrop>(drop, q, keep);
+  gated_keep<kDrop, kMapped>(p, drop, q, keep);
   const A scale = kDrop ? p.scale : A(1);
 #pragma unroll
   for (int j = 0; j < kGroup; ++j) gated_backward_element<kAct, A>(da[j], ga[j], ua[j], keep[j], scale, dg[j], du[j]);
@@ -252,8 +257,8 @@ GPUOPT_DEV void gated_backward_group(const GatedBackwardParams<S>& p, const Gate
   gated_store<kVec>(p.grad_up, w, valid, p.geo, du);
 }
 
-template <typename S, int kAct, bool kVec, bool kDrop>
-__global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_backward_kernel(GatedBackwardParams<S> p) {
+template <typename S, int kAct, bool kVec, bool kDrop, bool kMapped>
+GPUOPT_DEV void gated_act_backward(const GatedBackwardParams<S>& p) {
   constexpr int U = cuda::gated_unroll(sizeof(S), kVec);
   const GatedGeometry& geo = p.geo;
   const GatedDropout drop(p.seed, p.threshold);
@@ -281,7 +286,7 @@ __global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_backward_kernel
       const int64_t qu = q + u * T;
       if (qu < groups) {
         const int valid = kVec ? kGroup : static_cast<int>(min64(kGroup, geo.n - qu * kGroup));
-        gated_backward_group<kAct, kVec, kDrop>(p, drop, qu, wu[u], valid, dv[u], gv[u], uv[u]);
+        gated_backward_group<kAct, kVec, kDrop, kMapped>(p, drop, qu, wu[u], valid, dv[u], gv[u], uv[u]);
       }
     }
   }
@@ -293,8 +298,31 @@ __global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_backward_kernel
     load_raw_group(p.grad_out + q * kGroup, valid, false, dv);
     gated_load<false>(p.gate, wt, valid, geo, gv);
     gated_load<false>(p.up, wt, valid, geo, uv);
-    gated_backward_group<kAct, false, kDrop>(p, drop, q, wt, valid, dv, gv, uv);
+    gated_backward_group<kAct, false, kDrop, kMapped>(p, drop, q, wt, valid, dv, gv, uv);
   }
+}
+
+template <typename S, int kAct, bool kVec, bool kDrop>
+__global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_forward_kernel(GatedForwardParams<S> p) {
+  gated_act_forward<S, kAct, kVec, kDrop, false>(p);
+}
+
+template <typename S, int kAct, bool kVec, bool kDrop>
+__global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_backward_kernel(GatedBackwardParams<S> p) {
+  gated_act_backward<S, kAct, kVec, kDrop, false>(p);
+}
+
+// The instances of a seed holding a shard map (with dropout whose RNG reads it): the same bodies, their groups'
+// Philox groups numbered by the map (gated_keep), in kernels of their own, so the 1-element seed's instances keep
+// their code and registers.
+template <typename S, int kAct, bool kVec>
+__global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_forward_mapped_kernel(GatedForwardParams<S> p) {
+  gated_act_forward<S, kAct, kVec, true, true>(p);
+}
+
+template <typename S, int kAct, bool kVec>
+__global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_backward_mapped_kernel(GatedBackwardParams<S> p) {
+  gated_act_backward<S, kAct, kVec, true, true>(p);
 }
 
 }  // namespace dev

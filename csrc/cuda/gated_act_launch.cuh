@@ -71,10 +71,14 @@ inline bool gated_vector_access(const GatedBuffers& b, std::initializer_list<con
 }
 
 // The kernel of an access path and a threshold: p = 0 (threshold 0) takes the instance without RNG code
-// (kDrop false), any other p the one that draws one Philox call a group (kDrop).
+// (kDrop false), any other p the one that draws one Philox call a group (kDrop), or under a shard map that the RNG
+// reads (dev::read_map) the one that numbers the groups by it (kMapped).
 template <class K>
-K gated_kernel(bool vec, bool dropout, K vec_no_drop, K vec_drop, K scalar_no_drop, K scalar_drop) {
-  return vec ? (dropout ? vec_drop : vec_no_drop) : (dropout ? scalar_drop : scalar_no_drop);
+K gated_kernel(bool vec, const DropoutParams& d, K vec_no_drop, K vec_drop, K vec_mapped, K scalar_no_drop,
+               K scalar_drop, K scalar_mapped) {
+  const bool dropout = d.threshold != 0u, mapped = dev::read_map(d);
+  return vec ? (mapped ? vec_mapped : (dropout ? vec_drop : vec_no_drop))
+             : (mapped ? scalar_mapped : (dropout ? scalar_drop : scalar_no_drop));
 }
 
 template <typename S>
@@ -96,16 +100,17 @@ void run_gated_act(const GatedBuffers& b, Launcher& launcher) {
       p.scale = static_cast<dev::acc_t_of<S>>(b.dropout.scale);
       p.threshold = b.dropout.threshold;
       const bool vec = gated_vector_access(b, {p.gate, p.up, p.out});
-      auto kernel = gated_kernel(vec, b.dropout.threshold != 0u, dev::gated_act_forward_kernel<S, kAct, true, false>,
-                                 dev::gated_act_forward_kernel<S, kAct, true, true>,
-                                 dev::gated_act_forward_kernel<S, kAct, false, false>,
-                                 dev::gated_act_forward_kernel<S, kAct, false, true>);
+      auto kernel = gated_kernel(
+          vec, b.dropout, dev::gated_act_forward_kernel<S, kAct, true, false>,
+          dev::gated_act_forward_kernel<S, kAct, true, true>, dev::gated_act_forward_mapped_kernel<S, kAct, true>,
+          dev::gated_act_forward_kernel<S, kAct, false, false>, dev::gated_act_forward_kernel<S, kAct, false, true>,
+          dev::gated_act_forward_mapped_kernel<S, kAct, false>);
       const int64_t n = b.M * b.F;
       const GatedPlan plan = plan_gated(n, b.packed ? b.F : n, b.packed ? 2 * b.F : n, gated_unroll(sizeof(S), vec),
                                         launcher.blocks_per_sm(kernel, kGatedThreads), launcher.sm_count());
       p.geo = plan.geo;
-      launcher.run("gated_act_forward_kernel", kernel, dim3(static_cast<unsigned>(plan.blocks)), dim3(kGatedThreads),
-                   kGatedThreads, p);
+      launcher.run(dev::read_map(b.dropout) ? "gated_act_forward_mapped_kernel" : "gated_act_forward_kernel", kernel,
+                   dim3(static_cast<unsigned>(plan.blocks)), dim3(kGatedThreads), kGatedThreads, p);
     });
   });
 }
@@ -125,16 +130,17 @@ void run_gated_act_backward(const GatedBuffers& b, Launcher& launcher) {
       p.scale = static_cast<dev::acc_t_of<S>>(b.dropout.scale);
       p.threshold = b.dropout.threshold;
       const bool vec = gated_vector_access(b, {p.grad_out, p.gate, p.up, p.grad_gate, p.grad_up});
-      auto kernel = gated_kernel(vec, b.dropout.threshold != 0u, dev::gated_act_backward_kernel<S, kAct, true, false>,
-                                 dev::gated_act_backward_kernel<S, kAct, true, true>,
-                                 dev::gated_act_backward_kernel<S, kAct, false, false>,
-                                 dev::gated_act_backward_kernel<S, kAct, false, true>);
+      auto kernel = gated_kernel(
+          vec, b.dropout, dev::gated_act_backward_kernel<S, kAct, true, false>,
+          dev::gated_act_backward_kernel<S, kAct, true, true>, dev::gated_act_backward_mapped_kernel<S, kAct, true>,
+          dev::gated_act_backward_kernel<S, kAct, false, false>, dev::gated_act_backward_kernel<S, kAct, false, true>,
+          dev::gated_act_backward_mapped_kernel<S, kAct, false>);
       const int64_t n = b.M * b.F;
       const GatedPlan plan = plan_gated(n, b.packed ? b.F : n, b.packed ? 2 * b.F : n, gated_unroll(sizeof(S), vec),
                                         launcher.blocks_per_sm(kernel, kGatedThreads), launcher.sm_count());
       p.geo = plan.geo;
-      launcher.run("gated_act_backward_kernel", kernel, dim3(static_cast<unsigned>(plan.blocks)), dim3(kGatedThreads),
-                   kGatedThreads, p);
+      launcher.run(dev::read_map(b.dropout) ? "gated_act_backward_mapped_kernel" : "gated_act_backward_kernel", kernel,
+                   dim3(static_cast<unsigned>(plan.blocks)), dim3(kGatedThreads), kGatedThreads, p);
     });
   });
 }
