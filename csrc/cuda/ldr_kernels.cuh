@@ -1095,9 +1095,15 @@ GPUOPT_DEV void norm_backward_tiled(const Params& p) {
       for (int u = 0; u < U; ++u) {
         const int64_t r = row + u * stride;
         if (r < M) {
+          // the keep bits of row r's group; dropout_add_norm with 16-bit x draws them after its math (under a shard map
+          // drawn first they cost its registers for two blocks a SM)
+          constexpr bool kDrawLate = K::kDropPre && sizeof(S) == 2;
           bool keep[kGroup];
-          const int64_t d0 = dropout_index(p.seed, p.mapped, r * N);  // row r's first dropout index
-          group_keep<kVec>(drop, rc, p.threshold, d0 / kGroup, c0 / kGroup, d0 + c0, valid, keep);
+          auto draw = [&] {
+            const int64_t d0 = dropout_index(p.seed, p.mapped, r * N);  // row r's first dropout index
+            group_keep<kVec>(drop, rc, p.threshold, d0 / kGroup, c0 / kGroup, d0 + c0, valid, keep);
+          };
+          if constexpr (!kDrawLate) draw();
           A o[kGroup];
           [[maybe_unused]] A ds[kGroup];
 #pragma unroll
@@ -1118,10 +1124,15 @@ GPUOPT_DEV void norm_backward_tiled(const Params& p) {
             if constexpr (K::kDropPre) {
               ds[j] = rs[u] * (dxhat - xhat * c1[u] - c2[u]);
               if (p.grad_sum != nullptr) ds[j] += static_cast<A>(to_acc(gsum[K::kDropPre ? u : 0].v[j]));
-              o[j] = dan_dropout<A>(ds[j], keep[j], p.scale);
+              if constexpr (!kDrawLate) o[j] = dan_dropout<A>(ds[j], keep[j], p.scale);
             } else {
               o[j] = rs[u] * (dxhat - xhat * c1[u] - c2[u]);
             }
+          }
+          if constexpr (kDrawLate) {
+            draw();
+#pragma unroll
+            for (int j = 0; j < kGroup; ++j) o[j] = dan_dropout<A>(ds[j], keep[j], p.scale);
           }
           if constexpr (K::kDropPre) {
             if (p.grad_residual != nullptr) store_group(p.grad_residual + r * N + c0, valid, kVec, ds);
