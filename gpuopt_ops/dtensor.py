@@ -295,7 +295,9 @@ def _with_dropout(op: str, fn: Callable, seed_at: int, rows_at: int) -> Callable
         shard = isinstance(seed, DTensorSpec) and tuple(seed.tensor_meta.shape) == (4,)
         if not (shard and all(isinstance(pl, Replicate) for pl in seed.placements)):
             raise dropout_error(op)
-        here = set(rows.placements)
+        # mesh dimensions of one rank hold the whole tensor whatever their placement: they do not count
+        sizes = rows.mesh.shape
+        here = {pl for pl, size in zip(rows.placements, sizes) if size > 1} or {rows.placements[0]}
         if len(here) != 1:
             raise ShardingError(
                 f"gpuopt.{op}: dropout (p > 0) on a DTensor placed differently on each mesh dimension "

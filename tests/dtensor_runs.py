@@ -381,6 +381,16 @@ def check_public_dropout(mesh, backend):
                 else:
                     torch.testing.assert_close(full, leaf.grad, rtol=1e-5, atol=1e-6, msg=f"{name} {row} {lname}")
                 CHECKS.append(f"{backend} public {name} p=0.3 {row} grad {lname} {dl.grad.placements}")
+    # a (1, 2) mesh with x Replicate on the one-rank dimension: that dimension holds the whole tensor either way
+    mesh2 = init_device_mesh("cpu", (1, dist.get_world_size()))
+    torch.manual_seed(11)
+    want = gpuopt_ops.dropout_add_norm(x, res, w, b, p=0.3, backend=backend)
+    xd, rd = (distribute_tensor(t, mesh2, [rep, Shard(1)]) for t in (x, res))
+    wd, bd = (distribute_tensor(t, mesh2, [rep, rep]) for t in (w, b))
+    torch.manual_seed(11)
+    got = gpuopt_ops.dropout_add_norm(xd, rd, wd, bd, p=0.3, backend=backend)
+    assert torch.equal(got.full_tensor(), want), f"{backend} (1, 2) mesh: differs from the whole tensor's"
+    CHECKS.append(f"{backend} public dropout_add_norm p=0.3 (1, 2) mesh {list(got.placements)}")
     half = DTensor.from_local(x / 2, mesh, [Partial()], run_check=False)
     _raises(
         f"{backend} public dropout on a Partial x",

@@ -36,7 +36,7 @@ def test_sharding_rules_under_torchrun(tmp_path):
     backends = ["cpu", "triton"] if _triton_ops() else ["cpu"]
     # the number of checks of one backend (outputs compared, refusals, public autograd), so one that stops
     # running shows
-    per_backend = 236
+    per_backend = 237
     assert len(checks) == per_backend * len(backends), len(checks)
     for be in backends:
         for needle in (
