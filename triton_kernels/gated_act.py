@@ -197,6 +197,11 @@ def plan(
 ) -> tuple:
     """(grid, constexprs and num_warps) of a launch on (M, F) outputs (mapped: a 4-element seed, rows.seed_mapped)."""
     block = block_elements(dtype, backward)
+    warps = num_warps_for(block)
+    if mapped and packed and f % 8 != 0:
+        # the generic RNG (a Philox call an element) with each element's index mapped: half the tile at the same
+        # warps, 8 elements a thread, where 16 spill registers (bf16 backward, unaligned up half); bits unchanged
+        block //= 2
     if packed:
         block_m, block_n = packed_tile(f, block)
         grid = (triton.cdiv(m, block_m), triton.cdiv(f, block_n))
@@ -215,7 +220,7 @@ def plan(
         RTNE_BF16=INTERPRETED,
         ACT=act,
         MAPPED=mapped,
-        num_warps=num_warps_for(block),
+        num_warps=warps,
     )
     return grid, kwargs
 

@@ -269,8 +269,18 @@ def row_keep_tile_mapped(
             g = row_map_index(first, mbase, period, jump, MAPPED) >> 3
             u = _lane_u16_groups(seed, g, BLOCK_M, BLOCK_N)
         else:
-            idx = base[:, None] + col0 + cols[None, :].to(tl.int64)
-            u = _lane_u16_generic(seed, row_map_index(idx, mbase, period, jump, MAPPED))
+            # idx // period: each row's quotient once (64-bit), its columns' in 32 bits (where period < 2^30, the
+            # rest of a row start and a column stay below 2^31; past that they cross at most one boundary):
+            # a 64-bit division per element runs the division routine and spills registers
+            start = base + col0
+            q = start // period
+            rest = (start - q * period)[:, None] + cols[None, :]  # < period + BLOCK_N
+            small = period < 2**30
+            rest32 = tl.where(small, rest, 0).to(tl.int32)
+            period32 = tl.where(small, period, 1).to(tl.int32)
+            step = tl.where(small, rest32 // period32, (rest >= period).to(tl.int32))
+            idx = start[:, None] + cols[None, :] + mbase + (q[:, None] + step.to(tl.int64)) * jump
+            u = _lane_u16_generic(seed, idx)
         keep = u >= threshold
     return keep
 
