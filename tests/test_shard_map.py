@@ -206,6 +206,13 @@ def test_triton_looped_kernels_on_a_box(backend, triton_plan, op, n):  # noqa: F
     check_row_op(backend, op, n, torch.float32, "seq")
 
 
+@pytest.mark.parametrize("op,n", [("ldr", 768), ("ldr", 12288), ("dan-rms", 12288)])
+@pytest.mark.parametrize("backend", backend_params("triton-interpret"))
+def test_triton_chunked_and_wide_kernels_on_a_box(backend, op, n):
+    """Rows of three chunks (N = 768) and the wide backward (N = 12288), which the N above do not reach."""
+    check_row_op(backend, op, n, torch.float32, "seq")
+
+
 @pytest.mark.parametrize("device", ["1x2", "99KiB"])
 @pytest.mark.parametrize("op,n", [("ldr", 1000), ("dan-layer-res", 1000), ("ldr", 12288), ("dan-rms", 12288)])
 @pytest.mark.parametrize("backend", backend_params("cuda-emulated"))
