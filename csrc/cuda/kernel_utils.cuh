@@ -295,10 +295,11 @@ GPUOPT_DEV uint64_t div_u64(uint64_t n, uint64_t d) {
 }
 
 // The dropout index of element i of an op's contiguous output (DESIGN.md "Dropout RNG", philox.h ShardMap): i
-// itself, or, when `mapped` (a launch argument: the seed tensor holds a shard map [seed, base, period, jump] and
+// itself, or, when `mapped` (the seed tensor holds a shard map [seed, base, period, jump] and
 // the RNG runs), i + base + (i / period) * jump, its index in the whole tensor (ShardMap::index, with div_u64 for
 // the division, none when jump == 0). The map is read from the seed tensor at each call (once a row, or a group
-// for gated_act; an L1 hit), so no register holds it across a row, and a 1-element seed pays one uniform branch.
+// for gated_act; an L1 hit), so no register holds it across a row. Only the kernels' *_mapped_kernel instances
+// call it (launched where `mapped` holds): a 1-element seed's kernels have no map code at all.
 GPUOPT_DEV int64_t dropout_index(const int64_t* __restrict__ seed, bool mapped, int64_t i) {
   if (!mapped) return i;
   const ShardMap m = read_shard_map(seed, true);

@@ -144,57 +144,66 @@ void dispatch_act(int act, F&& f) {
   throw std::runtime_error("gpuopt: internal error: unknown activation " + std::to_string(act));
 }
 
-// The kernel pointer of ldr_forward_rows_kernel / ldr_backward_rows_kernel for a plan and an access path.
-template <typename S, typename P, typename A, bool kVec>
+// A row op's kernel for a seed: under kMapped its *_mapped_kernel instance (the same template arguments), which
+// numbers the rows' dropout lanes through the seed's shard map and is launched only where the seed holds one and
+// the RNG runs (dev::read_map); else the 1-element seed's, with no map code (nor a flag in the params).
+#define GPUOPT_ROWS_KERNEL(name, ...) \
+  (kMapped ? dev::name##_mapped_kernel<__VA_ARGS__> : dev::name##_kernel<__VA_ARGS__>)
+
+// The kernel pointer of ldr_forward_rows_kernel / ldr_backward_rows_kernel for a plan, an access path and a seed.
+template <typename S, typename P, typename A, bool kVec, bool kMapped>
 auto ldr_forward_rows(const RowsPlan& plan) -> void (*)(dev::LdrForwardParams<S, P, A>) {
   static_assert(ldr_rows_max_vpt(false) == 4, "instantiate every VPT the plan can pick");
   if (!plan.warp_row) {  // a block a row: 4 groups a thread, or 3; 2 with fp32 x or parameters (plan_ldr_rows)
     if constexpr (sizeof(S) != 8 && (sizeof(S) == 4 || sizeof(P) == 4)) {
-      if (plan.vpt == 2) return dev::ldr_forward_rows_kernel<S, P, A, kVec, false, 2>;
+      if (plan.vpt == 2) return GPUOPT_ROWS_KERNEL(ldr_forward_rows, S, P, A, kVec, false, 2);
     }
-    return plan.vpt == 3 ? dev::ldr_forward_rows_kernel<S, P, A, kVec, false, 3>
-                         : dev::ldr_forward_rows_kernel<S, P, A, kVec, false, 4>;
+    return plan.vpt == 3 ? GPUOPT_ROWS_KERNEL(ldr_forward_rows, S, P, A, kVec, false, 3)
+                         : GPUOPT_ROWS_KERNEL(ldr_forward_rows, S, P, A, kVec, false, 4);
   }
   switch (plan.vpt) {
     case 1:
-      return dev::ldr_forward_rows_kernel<S, P, A, kVec, true, 1>;
+      return GPUOPT_ROWS_KERNEL(ldr_forward_rows, S, P, A, kVec, true, 1);
     case 2:
-      return dev::ldr_forward_rows_kernel<S, P, A, kVec, true, 2>;
+      return GPUOPT_ROWS_KERNEL(ldr_forward_rows, S, P, A, kVec, true, 2);
     case 3:
-      return dev::ldr_forward_rows_kernel<S, P, A, kVec, true, 3>;
+      return GPUOPT_ROWS_KERNEL(ldr_forward_rows, S, P, A, kVec, true, 3);
     default:
-      return dev::ldr_forward_rows_kernel<S, P, A, kVec, true, 4>;
+      return GPUOPT_ROWS_KERNEL(ldr_forward_rows, S, P, A, kVec, true, 4);
   }
 }
 
 template <typename S, typename P, typename A>
-auto ldr_forward_rows(const RowsPlan& plan, bool vec) -> void (*)(dev::LdrForwardParams<S, P, A>) {
-  return vec ? ldr_forward_rows<S, P, A, true>(plan) : ldr_forward_rows<S, P, A, false>(plan);
+auto ldr_forward_rows(const RowsPlan& plan, bool vec, bool mapped) -> void (*)(dev::LdrForwardParams<S, P, A>) {
+  if (mapped) return vec ? ldr_forward_rows<S, P, A, true, true>(plan) : ldr_forward_rows<S, P, A, false, true>(plan);
+  return vec ? ldr_forward_rows<S, P, A, true, false>(plan) : ldr_forward_rows<S, P, A, false, false>(plan);
 }
 
-template <typename S, typename P, typename A, bool kVec>
+template <typename S, typename P, typename A, bool kVec, bool kMapped>
 auto ldr_backward_rows(const RowsPlan& plan) -> void (*)(dev::LdrBackwardParams<S, P, A>) {
   static_assert(ldr_rows_max_vpt(true) == 2, "instantiate every VPT the plan can pick");
   if constexpr (kVec && sizeof(S) != 8) {
     if (plan.wide) {
-      if (plan.vpt == 6) return dev::ldr_backward_wide_kernel<S, P, A, 6>;
-      return plan.vpt == 4 ? dev::ldr_backward_wide_kernel<S, P, A, 4> : dev::ldr_backward_wide_kernel<S, P, A, 3>;
+      if (plan.vpt == 6) return GPUOPT_ROWS_KERNEL(ldr_backward_wide, S, P, A, 6);
+      return plan.vpt == 4 ? GPUOPT_ROWS_KERNEL(ldr_backward_wide, S, P, A, 4)
+                           : GPUOPT_ROWS_KERNEL(ldr_backward_wide, S, P, A, 3);
     }
   }
   if (!plan.warp_row) {  // a block a row: 4, 3 or 2 groups a thread (plan_ldr_rows; fp64 and the scalar path: 2)
     if constexpr (kVec && sizeof(S) != 8) {
-      if (plan.vpt == 4) return dev::ldr_backward_rows_kernel<S, P, A, kVec, false, 4>;
-      if (plan.vpt == 3) return dev::ldr_backward_rows_kernel<S, P, A, kVec, false, 3>;
+      if (plan.vpt == 4) return GPUOPT_ROWS_KERNEL(ldr_backward_rows, S, P, A, kVec, false, 4);
+      if (plan.vpt == 3) return GPUOPT_ROWS_KERNEL(ldr_backward_rows, S, P, A, kVec, false, 3);
     }
-    return dev::ldr_backward_rows_kernel<S, P, A, kVec, false, 2>;
+    return GPUOPT_ROWS_KERNEL(ldr_backward_rows, S, P, A, kVec, false, 2);
   }
-  return plan.vpt == 1 ? dev::ldr_backward_rows_kernel<S, P, A, kVec, true, 1>
-                       : dev::ldr_backward_rows_kernel<S, P, A, kVec, true, 2>;
+  return plan.vpt == 1 ? GPUOPT_ROWS_KERNEL(ldr_backward_rows, S, P, A, kVec, true, 1)
+                       : GPUOPT_ROWS_KERNEL(ldr_backward_rows, S, P, A, kVec, true, 2);
 }
 
 template <typename S, typename P, typename A>
-auto ldr_backward_rows(const RowsPlan& plan, bool vec) -> void (*)(dev::LdrBackwardParams<S, P, A>) {
-  return vec ? ldr_backward_rows<S, P, A, true>(plan) : ldr_backward_rows<S, P, A, false>(plan);
+auto ldr_backward_rows(const RowsPlan& plan, bool vec, bool mapped) -> void (*)(dev::LdrBackwardParams<S, P, A>) {
+  if (mapped) return vec ? ldr_backward_rows<S, P, A, true, true>(plan) : ldr_backward_rows<S, P, A, false, true>(plan);
+  return vec ? ldr_backward_rows<S, P, A, true, false>(plan) : ldr_backward_rows<S, P, A, false, false>(plan);
 }
 
 template <class Launcher>
@@ -217,7 +226,7 @@ void run_ldr_forward(const LdrForwardBuffers& b, Launcher& launcher) {
     p.eps = static_cast<A>(b.eps);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
-    p.mapped = dev::read_map(b.dropout);
+    const bool mapped = dev::read_map(b.dropout);  // the seed holds a shard map and the RNG runs
     p.rms = b.rms;
     p.relu = b.relu;
     p.x_vec = vector_access(b.N, {b.x, b.out});
@@ -225,13 +234,13 @@ void run_ldr_forward(const LdrForwardBuffers& b, Launcher& launcher) {
     const bool vec = p.x_vec && p.p_vec;
     const RowsPlan plan = plan_ldr_rows(b.M, b.N, sizeof(S), sizeof(P), /*backward=*/false, vec);
     if (plan.rows) {
-      auto kernel = ldr_forward_rows<S, P, A>(plan, vec);
+      auto kernel = ldr_forward_rows<S, P, A>(plan, vec, mapped);
       const dim3 block(plan.threads_x, plan.rows_per_block);
       const int per_sm = launcher.blocks_per_sm(kernel, plan.threads_x * plan.rows_per_block);
       const int64_t grid = persistent_grid(plan.blocks_needed, per_sm, launcher.sm_count());
       launcher.run("ldr_forward_rows_kernel", kernel, dim3(static_cast<unsigned>(grid)), block, plan.max_threads, p);
     } else {
-      auto kernel = dev::ldr_forward_looped_kernel<S, P, A>;
+      auto kernel = mapped ? dev::ldr_forward_looped_mapped_kernel<S, P, A> : dev::ldr_forward_looped_kernel<S, P, A>;
       const int per_sm = launcher.blocks_per_sm(kernel, kLoopedThreads);
       const int64_t grid = persistent_grid(b.M, per_sm, launcher.sm_count());
       launcher.run("ldr_forward_looped_kernel", kernel, dim3(static_cast<unsigned>(grid)), dim3(kLoopedThreads),
@@ -293,7 +302,7 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
     p.ldp = partial_stride(b.N);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
-    p.mapped = dev::read_map(b.dropout);
+    const bool mapped = dev::read_map(b.dropout);  // the seed holds a shard map and the RNG runs
     p.rms = b.rms;
     p.relu = b.relu;
     p.x_vec = vector_access(b.N, {b.x, b.grad_out, b.grad_x});
@@ -308,7 +317,7 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
       p.partial_b = b.grad_bias != nullptr ? launcher.template scratch<A>(G * p.ldp) : nullptr;
     };
     if (plan.rows) {
-      auto kernel = ldr_backward_rows<S, P, A>(plan, vec);
+      auto kernel = ldr_backward_rows<S, P, A>(plan, vec, mapped);
       const int per_sm = launcher.blocks_per_sm(kernel, plan.threads_x * plan.rows_per_block, plan.shared);
       G = persistent_grid(plan.blocks_needed, per_sm, sms);
       alloc_partials();
@@ -317,10 +326,15 @@ void run_ldr_backward(const LdrBackwardBuffers& b, Launcher& launcher) {
                    plan.shared);
     } else {
       p.row_stats = launcher.template scratch<A>(2 * b.M);
-      auto stats =
-          vec ? dev::ldr_backward_row_stats_kernel<S, P, A, true> : dev::ldr_backward_row_stats_kernel<S, P, A, false>;
+      auto stats = vec ? (mapped ? dev::ldr_backward_row_stats_mapped_kernel<S, P, A, true>
+                                 : dev::ldr_backward_row_stats_kernel<S, P, A, true>)
+                       : (mapped ? dev::ldr_backward_row_stats_mapped_kernel<S, P, A, false>
+                                 : dev::ldr_backward_row_stats_kernel<S, P, A, false>);
       const int64_t stats_grid = persistent_grid(b.M, launcher.blocks_per_sm(stats, kLoopedThreads), sms);
-      auto tiled = vec ? dev::ldr_backward_tiled_kernel<S, P, A, true> : dev::ldr_backward_tiled_kernel<S, P, A, false>;
+      auto tiled = vec ? (mapped ? dev::ldr_backward_tiled_mapped_kernel<S, P, A, true>
+                                 : dev::ldr_backward_tiled_kernel<S, P, A, true>)
+                       : (mapped ? dev::ldr_backward_tiled_mapped_kernel<S, P, A, false>
+                                 : dev::ldr_backward_tiled_kernel<S, P, A, false>);
       const TilePlan t = plan_tiled(b.M, b.N, int64_t(launcher.blocks_per_sm(tiled, kTiledThreads)) * sms);
       G = t.row_blocks;
       alloc_partials();
@@ -388,43 +402,44 @@ void dispatch_dan_dtypes(DType x, DType sum, DType param, F&& f) {
 // The rows kernels of dropout_add_norm: the 16-byte vector path of fp16 / bf16 / fp32 x only (the launcher
 // sends the scalar path and fp64 to the looped kernels), every VPT plan_ldr_rows can pick at element size
 // dan_elem (the x / sum pair) and the parameters' size.
-template <typename S, typename U, typename P, typename A>
+template <typename S, typename U, typename P, typename A, bool kMapped>
 auto dan_forward_rows(const RowsPlan& plan) -> void (*)(dev::DanForwardParams<S, U, P, A>) {
   constexpr int kElem = dan_elem(sizeof(S), sizeof(U));
   if (!plan.warp_row) {  // a block a row: 4 or 3 groups a thread; 2 too with fp32 x, sum or parameters
     if constexpr (kElem == 4 || sizeof(P) == 4) {
-      if (plan.vpt == 2) return dev::dan_forward_rows_kernel<S, U, P, A, false, 2>;
+      if (plan.vpt == 2) return GPUOPT_ROWS_KERNEL(dan_forward_rows, S, U, P, A, false, 2);
     }
-    return plan.vpt == 3 ? dev::dan_forward_rows_kernel<S, U, P, A, false, 3>
-                         : dev::dan_forward_rows_kernel<S, U, P, A, false, 4>;
+    return plan.vpt == 3 ? GPUOPT_ROWS_KERNEL(dan_forward_rows, S, U, P, A, false, 3)
+                         : GPUOPT_ROWS_KERNEL(dan_forward_rows, S, U, P, A, false, 4);
   }
   switch (plan.vpt) {
     case 1:
-      return dev::dan_forward_rows_kernel<S, U, P, A, true, 1>;
+      return GPUOPT_ROWS_KERNEL(dan_forward_rows, S, U, P, A, true, 1);
     case 2:
-      return dev::dan_forward_rows_kernel<S, U, P, A, true, 2>;
+      return GPUOPT_ROWS_KERNEL(dan_forward_rows, S, U, P, A, true, 2);
     case 3:
-      return dev::dan_forward_rows_kernel<S, U, P, A, true, 3>;
+      return GPUOPT_ROWS_KERNEL(dan_forward_rows, S, U, P, A, true, 3);
     default:
-      return dev::dan_forward_rows_kernel<S, U, P, A, true, 4>;
+      return GPUOPT_ROWS_KERNEL(dan_forward_rows, S, U, P, A, true, 4);
   }
 }
 
-template <typename S, typename U, typename P, typename A>
+template <typename S, typename U, typename P, typename A, bool kMapped>
 auto dan_backward_rows(const RowsPlan& plan) -> void (*)(dev::DanBackwardParams<S, U, P, A>) {
   if (plan.wide) {  // 6 (never planned where dan_wide_allowed is false: plan_dan_backward), 4 or 3 groups
     if constexpr (dan_wide_allowed(6, sizeof(S), sizeof(U), sizeof(P))) {
-      if (plan.vpt == 6) return dev::dan_backward_wide_kernel<S, U, P, A, 6>;
+      if (plan.vpt == 6) return GPUOPT_ROWS_KERNEL(dan_backward_wide, S, U, P, A, 6);
     }
-    return plan.vpt == 4 ? dev::dan_backward_wide_kernel<S, U, P, A, 4> : dev::dan_backward_wide_kernel<S, U, P, A, 3>;
+    return plan.vpt == 4 ? GPUOPT_ROWS_KERNEL(dan_backward_wide, S, U, P, A, 4)
+                         : GPUOPT_ROWS_KERNEL(dan_backward_wide, S, U, P, A, 3);
   }
   if (!plan.warp_row) {  // a block a row: 4, 3 or 2 groups a thread (plan_ldr_rows, the vector path)
-    if (plan.vpt == 4) return dev::dan_backward_rows_kernel<S, U, P, A, false, 4>;
-    if (plan.vpt == 3) return dev::dan_backward_rows_kernel<S, U, P, A, false, 3>;
-    return dev::dan_backward_rows_kernel<S, U, P, A, false, 2>;
+    if (plan.vpt == 4) return GPUOPT_ROWS_KERNEL(dan_backward_rows, S, U, P, A, false, 4);
+    if (plan.vpt == 3) return GPUOPT_ROWS_KERNEL(dan_backward_rows, S, U, P, A, false, 3);
+    return GPUOPT_ROWS_KERNEL(dan_backward_rows, S, U, P, A, false, 2);
   }
-  return plan.vpt == 1 ? dev::dan_backward_rows_kernel<S, U, P, A, true, 1>
-                       : dev::dan_backward_rows_kernel<S, U, P, A, true, 2>;
+  return plan.vpt == 1 ? GPUOPT_ROWS_KERNEL(dan_backward_rows, S, U, P, A, true, 1)
+                       : GPUOPT_ROWS_KERNEL(dan_backward_rows, S, U, P, A, true, 2);
 }
 
 template <class Launcher>
@@ -450,7 +465,7 @@ void run_dan_forward(const DanForwardBuffers& b, Launcher& launcher) {
     p.eps = static_cast<A>(b.eps);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
-    p.mapped = dev::read_map(b.dropout);
+    const bool mapped = dev::read_map(b.dropout);  // the seed holds a shard map and the RNG runs
     p.rms = b.rms;
     p.relu = false;  // not read by dropout_add_norm's kernels
     p.x_vec = vector_access(b.N, {b.x, b.out, b.residual, b.sum});
@@ -459,7 +474,7 @@ void run_dan_forward(const DanForwardBuffers& b, Launcher& launcher) {
     const RowsPlan plan = plan_ldr_rows(b.M, b.N, dan_elem(sizeof(S), sizeof(U)), sizeof(P), /*backward=*/false, true);
     if constexpr (sizeof(S) != 8) {
       if (vec && plan.rows) {
-        auto kernel = dan_forward_rows<S, U, P, A>(plan);
+        auto kernel = mapped ? dan_forward_rows<S, U, P, A, true>(plan) : dan_forward_rows<S, U, P, A, false>(plan);
         const dim3 block(plan.threads_x, plan.rows_per_block);
         const int per_sm = launcher.blocks_per_sm(kernel, plan.threads_x * plan.rows_per_block);
         const int64_t grid = persistent_grid(plan.blocks_needed, per_sm, launcher.sm_count());
@@ -467,7 +482,8 @@ void run_dan_forward(const DanForwardBuffers& b, Launcher& launcher) {
         return;
       }
     }
-    auto kernel = dev::dan_forward_looped_kernel<S, U, P, A>;
+    auto kernel =
+        mapped ? dev::dan_forward_looped_mapped_kernel<S, U, P, A> : dev::dan_forward_looped_kernel<S, U, P, A>;
     const int per_sm = launcher.blocks_per_sm(kernel, kLoopedThreads);
     const int64_t grid = persistent_grid(b.M, per_sm, launcher.sm_count());
     launcher.run("dan_forward_looped_kernel", kernel, dim3(static_cast<unsigned>(grid)), dim3(kLoopedThreads),
@@ -500,7 +516,7 @@ void run_dan_backward(const DanBackwardBuffers& b, Launcher& launcher) {
     p.ldp = partial_stride(b.N);
     p.scale = static_cast<A>(b.dropout.scale);
     p.threshold = b.dropout.threshold;
-    p.mapped = dev::read_map(b.dropout);
+    const bool mapped = dev::read_map(b.dropout);  // the seed holds a shard map and the RNG runs
     p.rms = b.rms;
     p.x_vec = vector_access(b.N, {b.grad_out, b.sum, b.grad_sum, b.grad_x, b.grad_residual});
     p.p_vec = vector_access(b.N, {b.weight});  // the bias is not read
@@ -516,7 +532,7 @@ void run_dan_backward(const DanBackwardBuffers& b, Launcher& launcher) {
     bool done = false;
     if constexpr (sizeof(S) != 8) {
       if (vec && plan.rows) {
-        auto kernel = dan_backward_rows<S, U, P, A>(plan);
+        auto kernel = mapped ? dan_backward_rows<S, U, P, A, true>(plan) : dan_backward_rows<S, U, P, A, false>(plan);
         const int per_sm = launcher.blocks_per_sm(kernel, plan.threads_x * plan.rows_per_block, plan.shared);
         G = persistent_grid(plan.blocks_needed, per_sm, sms);
         alloc_partials();
@@ -528,12 +544,18 @@ void run_dan_backward(const DanBackwardBuffers& b, Launcher& launcher) {
     }
     if (!done) {
       p.row_stats = launcher.template scratch<A>(2 * b.M);
-      void (*stats)(dev::DanBackwardParams<S, U, P, A>) = dev::dan_backward_row_stats_kernel<S, U, P, A, false>;
-      void (*tiled)(dev::DanBackwardParams<S, U, P, A>) = dev::dan_backward_tiled_kernel<S, U, P, A, false>;
+      void (*stats)(dev::DanBackwardParams<S, U, P, A>) =
+          mapped ? dev::dan_backward_row_stats_mapped_kernel<S, U, P, A, false>
+                 : dev::dan_backward_row_stats_kernel<S, U, P, A, false>;
+      void (*tiled)(dev::DanBackwardParams<S, U, P, A>) = mapped
+                                                              ? dev::dan_backward_tiled_mapped_kernel<S, U, P, A, false>
+                                                              : dev::dan_backward_tiled_kernel<S, U, P, A, false>;
       if constexpr (sizeof(S) != 8) {
         if (vec) {
-          stats = dev::dan_backward_row_stats_kernel<S, U, P, A, true>;
-          tiled = dev::dan_backward_tiled_kernel<S, U, P, A, true>;
+          stats = mapped ? dev::dan_backward_row_stats_mapped_kernel<S, U, P, A, true>
+                         : dev::dan_backward_row_stats_kernel<S, U, P, A, true>;
+          tiled = mapped ? dev::dan_backward_tiled_mapped_kernel<S, U, P, A, true>
+                         : dev::dan_backward_tiled_kernel<S, U, P, A, true>;
         }
       }
       const int64_t stats_grid = persistent_grid(b.M, launcher.blocks_per_sm(stats, kLoopedThreads), sms);
@@ -613,6 +635,8 @@ void run_bias_relu_backward(const BiasReluBackwardBuffers& b, Launcher& launcher
     }
   });
 }
+
+#undef GPUOPT_ROWS_KERNEL
 
 }  // namespace cuda
 }  // namespace gpuopt

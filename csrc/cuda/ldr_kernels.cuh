@@ -32,7 +32,6 @@ struct LdrForwardParams {
   bool p_vec;          // N % 8 == 0 and weight, bias 16-byte aligned
   bool rms;            // RMSNorm (mean is nullptr): norm_dropout / dropout_add_norm; LayerNorm otherwise
   bool relu;           // ReLU after the dropout (layer_norm_dropout_relu: true; unused by dropout_add_norm)
-  bool mapped;         // the seed holds a shard map and the RNG runs: dropout indices by dropout_index
 };
 
 template <typename S, typename P, typename A>
@@ -54,9 +53,8 @@ struct LdrBackwardParams {
   uint32_t threshold;
   bool x_vec;  // N % 8 == 0, x, grad_out, grad_x 16-byte aligned
   bool p_vec;
-  bool rms;     // RMSNorm: mean is nullptr, c2 = 0 (norm_dropout)
-  bool relu;    // the ReLU bit enters dy (layer_norm_dropout_relu: true)
-  bool mapped;  // as LdrForwardParams
+  bool rms;   // RMSNorm: mean is nullptr, c2 = 0 (norm_dropout)
+  bool relu;  // the ReLU bit enters dy (layer_norm_dropout_relu: true)
 };
 
 // One element's pre-dropout value y = xhat * w + b.
@@ -95,6 +93,19 @@ GPUOPT_DEV void group_keep(const GroupDropout<kHoist>& drop, const RowConsts<A>&
     const uint32_t bits = keep_bits(rc.seed, idx0, valid, threshold, rc.one_call);
 #pragma unroll
     for (int j = 0; j < kGroup; ++j) keep[j] = (bits >> j) & 1u;
+  }
+}
+
+// The dropout index of a row's first element i = row * N (dropout_index). kMapped is a kernel's template argument:
+// its true instances (launched only when the seed holds a shard map and the RNG runs, dev::read_map) read the map,
+// the others take i itself with no map code at all, so a 1-element seed's kernels keep the registers they had
+// before shard maps.
+template <bool kMapped, class Params>
+GPUOPT_DEV int64_t row_dropout_index(const Params& p, int64_t i) {
+  if constexpr (kMapped) {
+    return dropout_index(p.seed, true, i);
+  } else {
+    return i;
   }
 }
 
@@ -182,7 +193,6 @@ struct DanBackwardParams {
   bool x_vec;  // N % 8 == 0, every row buffer 16-byte aligned
   bool p_vec;
   bool rms;
-  bool mapped;  // as LdrForwardParams
 };
 
 // DanKind's extra row buffers (nullptr for LdrKind, whose params have none).
@@ -234,7 +244,7 @@ GPUOPT_DEV A dan_dropout(A v, bool keep, A scale) {
 // test; the rows ahead already keep the loads in flight through the row's math).
 // DanKind: each row issues its loads (x and the residual) at the top; the sum is formed, stored and read back as
 // rounded to U in the same pass, so the norm sees s as stored.
-template <class K, typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT, class Params>
+template <class K, typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT, bool kMapped, class Params>
 GPUOPT_DEV void norm_forward_rows(const Params& p) {
   using U = typename K::U;
   GPUOPT_SHARED_ARRAY(A, red, 2 * kWarpSize);
@@ -279,20 +289,21 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
       if (row + (a + 1) * stride < p.M) load_row(row + (a + 1) * stride, ahead[a]);
   }
   int parity = 0;  // RMSNorm's one row sum a row alternates between the two halves of `red`
-  // LdrKind's block rows draw their keep bits where their registers are fullest (a 16-bit row of 4 groups a thread
-  // spills there if it holds one more value): thread 0 writes the row's first dropout index (base, or its index
-  // under a shard map) at the top of the row into one of two slots (a row's barriers lie between its write and the
-  // reads; the next row writes the other slot), and each group reads it back. Warp rows, whose registers have
-  // room, take it at each group.
+  // LdrKind's block rows under a shard map (kMapped) draw their keep bits where their registers are fullest (a
+  // 16-bit row of 4 groups a thread spills there if it holds one more value): thread 0 writes the row's first
+  // dropout index at the top of the row into one of two slots (a row's barriers lie between its write and the
+  // reads; the next row writes the other slot), and each group reads it back. Mapped warp rows, whose registers
+  // have room, take it at each group; without a map it is the row's base.
   GPUOPT_SHARED_ARRAY(int64_t, row_drop, 2);
   int slot = 0;
   for (;;) {
     const int64_t base = row * N;
+    const int64_t group0 = base / kGroup;  // the row's first Philox group without a map (used when N % 8 == 0)
     const int64_t next = row + stride;
     const bool more = next < p.M;
-    if constexpr (!kWarpRow && !K::kDropPre) {
+    if constexpr (kMapped && !kWarpRow && !K::kDropPre) {
       slot ^= 1;
-      if (tx == 0) row_drop[slot] = dropout_index(p.seed, p.mapped, base);
+      if (tx == 0) row_drop[slot] = row_dropout_index<kMapped>(p, base);
     }
     if constexpr (kAhead > 0) {
       if (row + kAhead * stride < p.M) load_row(row + kAhead * stride, ahead[kAhead - 1]);
@@ -314,8 +325,8 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
       }
     } else {
       const bool res = p.residual != nullptr;
-      const int64_t drop0 = dropout_index(p.seed, p.mapped, base);  // the row's first dropout index
-      const int64_t group0 = drop0 / kGroup;                        // used when N % 8 == 0
+      const int64_t drop0 = row_dropout_index<kMapped>(p, base);  // the row's first dropout index
+      const int64_t dgroup0 = kMapped ? drop0 / kGroup : group0;  // its Philox group (used when N % 8 == 0)
       Group<U> rr[VPT];
       if (res) {
 #pragma unroll
@@ -334,7 +345,7 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
           const int c0 = g * kGroup;
           const int valid = kVec ? kGroup : group_size(N, c0);
           bool keep[kGroup];
-          group_keep<kVec>(drop, rc, p.threshold, group0, g, drop0 + c0, valid, keep);
+          group_keep<kVec>(drop, rc, p.threshold, dgroup0, g, drop0 + c0, valid, keep);
           A s[kGroup];
 #pragma unroll
           for (int j = 0; j < kGroup; ++j) {
@@ -422,9 +433,9 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
         bool keep[kGroup];
         if constexpr (!K::kDropPre) {
           // the row's first dropout index, taken at each group: no register holds it through the output loop
-          const int64_t drop0 =
-              kWarpRow ? dropout_index(p.seed, p.mapped, base) : load_volatile(row_drop + (kWarpRow ? 0 : slot));
-          group_keep<kVec>(drop, rc, p.threshold, drop0 / kGroup, g, drop0 + c0, valid, keep);
+          const int64_t drop0 = !kMapped || kWarpRow ? row_dropout_index<kMapped>(p, base)
+                                                     : load_volatile(row_drop + (kWarpRow ? 0 : slot));
+          group_keep<kVec>(drop, rc, p.threshold, kMapped ? drop0 / kGroup : group0, g, drop0 + c0, valid, keep);
           opaque(raw[k]);
           unpack_group(raw[k], x);
         }
@@ -456,7 +467,16 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
 template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
 __global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, sizeof(S)))
     ldr_forward_rows_kernel(LdrForwardParams<S, P, A> p) {
-  norm_forward_rows<LdrKind<S>, S, P, A, kVec, kWarpRow, VPT>(p);
+  norm_forward_rows<LdrKind<S>, S, P, A, kVec, kWarpRow, VPT, false>(p);
+}
+
+// Every row kernel has a *_mapped_kernel twin (kMapped: the row's dropout lanes numbered through the seed's shard
+// map, row_dropout_index), launched only where the seed holds a map and the RNG runs, so the 1-element seed's
+// instances keep the code and registers they had without maps.
+template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
+__global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, sizeof(S)))
+    ldr_forward_rows_mapped_kernel(LdrForwardParams<S, P, A> p) {
+  norm_forward_rows<LdrKind<S>, S, P, A, kVec, kWarpRow, VPT, true>(p);
 }
 
 // dropout_add_norm runs its rows kernels on the 16-byte vector path only (the launcher sends the rest to the
@@ -464,14 +484,20 @@ __global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, s
 template <typename S, typename U, typename P, typename A, bool kWarpRow, int VPT>
 __global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, cuda::dan_elem(sizeof(S), sizeof(U))))
     dan_forward_rows_kernel(DanForwardParams<S, U, P, A> p) {
-  norm_forward_rows<DanKind<U>, S, P, A, true, kWarpRow, VPT>(p);
+  norm_forward_rows<DanKind<U>, S, P, A, true, kWarpRow, VPT, false>(p);
+}
+
+template <typename S, typename U, typename P, typename A, bool kWarpRow, int VPT>
+__global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, cuda::dan_elem(sizeof(S), sizeof(U))))
+    dan_forward_rows_mapped_kernel(DanForwardParams<S, U, P, A> p) {
+  norm_forward_rows<DanKind<U>, S, P, A, true, kWarpRow, VPT, true>(p);
 }
 
 // ---------------------------------------------------------------------------------------------- forward, looped
 // One row a block of kLoopedThreads threads (grid stride over rows); thread t takes groups t, t + T, ...
 // DanKind: the first pass forms and stores the sum, the later passes read it back (each thread its own groups,
 // after the row sum's barrier); RMSNorm has no centred pass.
-template <class K, typename S, typename P, typename A, class Params>
+template <class K, typename S, typename P, typename A, bool kMapped, class Params>
 GPUOPT_DEV void norm_forward_looped(const Params& p) {
   using U = typename K::U;
   GPUOPT_SHARED_ARRAY(A, red, 2 * kWarpSize);
@@ -481,8 +507,8 @@ GPUOPT_DEV void norm_forward_looped(const Params& p) {
   int parity = 0;
 
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x) {
-    const U* xr;                                                     // the norm's input row
-    const int64_t drop0 = dropout_index(p.seed, p.mapped, row * N);  // the row's first dropout index
+    const U* xr;                                                   // the norm's input row
+    const int64_t drop0 = row_dropout_index<kMapped>(p, row * N);  // the row's first dropout index
     A sum = A(0);
     if constexpr (!K::kDropPre) {
       xr = p.x + row * N;
@@ -561,12 +587,23 @@ GPUOPT_DEV void norm_forward_looped(const Params& p) {
 
 template <typename S, typename P, typename A>
 __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_forward_looped_kernel(LdrForwardParams<S, P, A> p) {
-  norm_forward_looped<LdrKind<S>, S, P, A>(p);
+  norm_forward_looped<LdrKind<S>, S, P, A, false>(p);
+}
+
+template <typename S, typename P, typename A>
+__global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_forward_looped_mapped_kernel(LdrForwardParams<S, P, A> p) {
+  norm_forward_looped<LdrKind<S>, S, P, A, true>(p);
 }
 
 template <typename S, typename U, typename P, typename A>
 __global__ void __launch_bounds__(cuda::kLoopedThreads) dan_forward_looped_kernel(DanForwardParams<S, U, P, A> p) {
-  norm_forward_looped<DanKind<U>, S, P, A>(p);
+  norm_forward_looped<DanKind<U>, S, P, A, false>(p);
+}
+
+template <typename S, typename U, typename P, typename A>
+__global__ void __launch_bounds__(cuda::kLoopedThreads)
+    dan_forward_looped_mapped_kernel(DanForwardParams<S, U, P, A> p) {
+  norm_forward_looped<DanKind<U>, S, P, A, true>(p);
 }
 
 // Adds a block's per-thread column sums acc (R rows of threads, blockDim (T, R)) over threadIdx.y in order and
@@ -641,7 +678,7 @@ GPUOPT_DEV void wide_store(A* base, int slot, const A (&v)[kGroup]) {
 // registers hold the row's groups and their xhat / dxhat; dgamma / dbeta accumulate in dynamic shared memory
 // (wide_load / wide_store), the weight and bias are loaded raw with the row (fp32 ones at 6 groups a thread with
 // each group's math), and at 6 groups a thread the row's dxhat waits in shared memory too (kTight below).
-template <class K, typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT, bool kWide = false,
+template <class K, typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT, bool kWide, bool kMapped,
           class Params>
 GPUOPT_DEV void norm_backward_rows(const Params& p) {
   using U = typename K::U;
@@ -716,9 +753,9 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
     // group's math, from L2, which frees the registers of the row's loads)
     constexpr bool kRawParams = kWide && (sizeof(P) == 2 || !kTight);
     [[maybe_unused]] Group<P> wr[kRawParams ? VPT : 1], br[kRawParams ? VPT : 1];
-    // LdrKind's keep bits come with the row's loads: the row's first dropout index (DanKind takes its own after
-    // the row sum)
-    const int64_t drop0 = K::kDropPre ? 0 : dropout_index(p.seed, p.mapped, base);
+    // LdrKind's keep bits come with the row's loads: the row's first dropout index (DanKind under a map takes its
+    // own after the row sum)
+    const int64_t drop0 = K::kDropPre && kMapped ? 0 : row_dropout_index<kMapped>(p, base);
     const int64_t group0 = drop0 / kGroup;  // used when N % 8 == 0
     A xhat[VPT][kGroup], dxhat[VPT][kGroup];
     A c1 = A(0), c2 = A(0);
@@ -851,9 +888,9 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
       // in flight), except with fp16 x, whose 168 registers hold two groups at a time (3 or 6 spill)
       constexpr int kAgain = kReloadSum && std::is_same_v<S, half_t> ? 2 : VPT;
       static_assert(VPT % kAgain == 0);
-      // the row's first dropout index, taken here (DanKind draws its keep bits after the row sum): held from the
-      // row's top, the wide kernel at 6 groups a thread with an fp32 sum spills
-      const int64_t drop0 = dropout_index(p.seed, p.mapped, base);
+      // the row's first dropout index under a map, taken here (DanKind draws its keep bits after the row sum):
+      // held from the row's top, the wide kernel at 6 groups a thread with an fp32 sum spills
+      const int64_t late0 = kMapped ? row_dropout_index<kMapped>(p, base) : drop0;
 #pragma unroll
       for (int k0 = 0; k0 < VPT; k0 += kAgain) {
         if constexpr (kReloadSum) {
@@ -871,7 +908,7 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
             const int valid = kVec ? kGroup : group_size(N, c0);
             if constexpr (kPark) wide_load(wide_acc, 4 * VPT + 2 * k, dxhat[k]);
             bool keep[kGroup];
-            group_keep<kVec>(drop, rc, p.threshold, drop0 / kGroup, g, drop0 + c0, valid, keep);
+            group_keep<kVec>(drop, rc, p.threshold, kMapped ? late0 / kGroup : group0, g, late0 + c0, valid, keep);
             A ds[kGroup], o[kGroup];
             [[maybe_unused]] A xu[kTight ? kGroup : 1];
             if constexpr (kTight) unpack_group(xs[k], xu);
@@ -921,25 +958,47 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
 template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
 __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, sizeof(S)))
     ldr_backward_rows_kernel(LdrBackwardParams<S, P, A> p) {
-  norm_backward_rows<LdrKind<S>, S, P, A, kVec, kWarpRow, VPT>(p);
+  norm_backward_rows<LdrKind<S>, S, P, A, kVec, kWarpRow, VPT, false, false>(p);
+}
+
+template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
+__global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, sizeof(S)))
+    ldr_backward_rows_mapped_kernel(LdrBackwardParams<S, P, A> p) {
+  norm_backward_rows<LdrKind<S>, S, P, A, kVec, kWarpRow, VPT, false, true>(p);
 }
 
 template <typename S, typename U, typename P, typename A, bool kWarpRow, int VPT>
 __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, cuda::dan_elem(sizeof(S), sizeof(U))))
     dan_backward_rows_kernel(DanBackwardParams<S, U, P, A> p) {
-  norm_backward_rows<DanKind<U>, S, P, A, true, kWarpRow, VPT>(p);
+  norm_backward_rows<DanKind<U>, S, P, A, true, kWarpRow, VPT, false, false>(p);
+}
+
+template <typename S, typename U, typename P, typename A, bool kWarpRow, int VPT>
+__global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, cuda::dan_elem(sizeof(S), sizeof(U))))
+    dan_backward_rows_mapped_kernel(DanBackwardParams<S, U, P, A> p) {
+  norm_backward_rows<DanKind<U>, S, P, A, true, kWarpRow, VPT, false, true>(p);
 }
 
 // The wide backwards (8192 < N <= 16384): a block of up to 512 threads a row, dgamma / dbeta in dynamic shared
 // memory (cuda::wide_backward_shared bytes).
 template <typename S, typename P, typename A, int VPT>
 __global__ void __launch_bounds__(cuda::kWideThreads) ldr_backward_wide_kernel(LdrBackwardParams<S, P, A> p) {
-  norm_backward_rows<LdrKind<S>, S, P, A, true, false, VPT, true>(p);
+  norm_backward_rows<LdrKind<S>, S, P, A, true, false, VPT, true, false>(p);
+}
+
+template <typename S, typename P, typename A, int VPT>
+__global__ void __launch_bounds__(cuda::kWideThreads) ldr_backward_wide_mapped_kernel(LdrBackwardParams<S, P, A> p) {
+  norm_backward_rows<LdrKind<S>, S, P, A, true, false, VPT, true, true>(p);
 }
 
 template <typename S, typename U, typename P, typename A, int VPT>
 __global__ void __launch_bounds__(cuda::kWideThreads) dan_backward_wide_kernel(DanBackwardParams<S, U, P, A> p) {
-  norm_backward_rows<DanKind<U>, S, P, A, true, false, VPT, true>(p);
+  norm_backward_rows<DanKind<U>, S, P, A, true, false, VPT, true, false>(p);
+}
+
+template <typename S, typename U, typename P, typename A, int VPT>
+__global__ void __launch_bounds__(cuda::kWideThreads) dan_backward_wide_mapped_kernel(DanBackwardParams<S, U, P, A> p) {
+  norm_backward_rows<DanKind<U>, S, P, A, true, false, VPT, true, true>(p);
 }
 
 // ------------------------------------------------------------------------------------------ backward, looped
@@ -953,7 +1012,7 @@ constexpr int ldr_stats_groups() {
   return !kVec || sizeof(S) == 8 ? 1 : (sizeof(S) == 2 && sizeof(P) == 2 ? 4 : 2);
 }
 
-template <class K, typename S, typename P, typename A, bool kVec, class Params>
+template <class K, typename S, typename P, typename A, bool kVec, bool kMapped, class Params>
 GPUOPT_DEV void norm_backward_row_stats(const Params& p) {
   using NT = typename K::U;  // the norm's input
   constexpr int U = ldr_stats_groups<NT, P, kVec>();
@@ -968,7 +1027,7 @@ GPUOPT_DEV void norm_backward_row_stats(const Params& p) {
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x) {
     parity ^= 1;
     const A mu = rms ? A(0) : p.mean[row], rs = p.rstd[row];
-    const int64_t drop0 = dropout_index(p.seed, p.mapped, row * N);  // the row's first dropout index
+    const int64_t drop0 = row_dropout_index<kMapped>(p, row * N);  // the row's first dropout index
     A c1 = A(0), c2 = A(0);
     for (int64_t g0 = threadIdx.x; g0 < groups; g0 += U * T) {
       Group<NT> xs[U];
@@ -1004,7 +1063,8 @@ GPUOPT_DEV void norm_backward_row_stats(const Params& p) {
           const int valid = kVec ? kGroup : group_size(N, c0);
           bool keep[kGroup];
           if constexpr (!K::kDropPre)
-            group_keep<kVec>(drop, rc, p.threshold, drop0 / kGroup, g, drop0 + c0, valid, keep);
+            group_keep<kVec>(drop, rc, p.threshold, (kMapped ? drop0 : row * N) / kGroup, g,
+                             (kMapped ? drop0 : row * N) + c0, valid, keep);
 #pragma unroll
           for (int j = 0; j < kGroup; ++j) {
             const bool in = j < valid;
@@ -1035,12 +1095,24 @@ GPUOPT_DEV void norm_backward_row_stats(const Params& p) {
 
 template <typename S, typename P, typename A, bool kVec>
 __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_kernel(LdrBackwardParams<S, P, A> p) {
-  norm_backward_row_stats<LdrKind<S>, S, P, A, kVec>(p);
+  norm_backward_row_stats<LdrKind<S>, S, P, A, kVec, false>(p);
+}
+
+template <typename S, typename P, typename A, bool kVec>
+__global__ void __launch_bounds__(cuda::kLoopedThreads)
+    ldr_backward_row_stats_mapped_kernel(LdrBackwardParams<S, P, A> p) {
+  norm_backward_row_stats<LdrKind<S>, S, P, A, kVec, true>(p);
 }
 
 template <typename S, typename U, typename P, typename A, bool kVec>
 __global__ void __launch_bounds__(cuda::kLoopedThreads) dan_backward_row_stats_kernel(DanBackwardParams<S, U, P, A> p) {
-  norm_backward_row_stats<DanKind<U>, S, P, A, kVec>(p);
+  norm_backward_row_stats<DanKind<U>, S, P, A, kVec, false>(p);
+}
+
+template <typename S, typename U, typename P, typename A, bool kVec>
+__global__ void __launch_bounds__(cuda::kLoopedThreads)
+    dan_backward_row_stats_mapped_kernel(DanBackwardParams<S, U, P, A> p) {
+  norm_backward_row_stats<DanKind<U>, S, P, A, kVec, true>(p);
 }
 
 // Step 2, tiled: blockDim (TX, TY), gridDim (column tiles, row blocks). Thread (tx, ty) of block (bx, by) takes
@@ -1051,7 +1123,7 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads) dan_backward_row_stats_k
 // DanKind: grad_sum joins the rows' loads; dS is stored as grad_residual and, through the dropout, as grad_x.
 constexpr int kLdrTiledRows = 2;
 
-template <class K, typename S, typename P, typename A, bool kVec, class Params>
+template <class K, typename S, typename P, typename A, bool kVec, bool kMapped, class Params>
 GPUOPT_DEV void norm_backward_tiled(const Params& p) {
   using NT = typename K::U;  // the norm's input
   constexpr int U = kLdrTiledRows;
@@ -1095,12 +1167,12 @@ GPUOPT_DEV void norm_backward_tiled(const Params& p) {
       for (int u = 0; u < U; ++u) {
         const int64_t r = row + u * stride;
         if (r < M) {
-          // the keep bits of row r's group; dropout_add_norm with 16-bit x draws them after its math (under a shard map
-          // drawn first they cost its registers for two blocks a SM)
-          constexpr bool kDrawLate = K::kDropPre && sizeof(S) == 2;
+          // the keep bits of row r's group; dropout_add_norm with 16-bit x under a shard map draws them after its
+          // math (drawn first they cost its registers for two blocks a SM)
+          constexpr bool kDrawLate = kMapped && K::kDropPre && sizeof(S) == 2;
           bool keep[kGroup];
           auto draw = [&] {
-            const int64_t d0 = dropout_index(p.seed, p.mapped, r * N);  // row r's first dropout index
+            const int64_t d0 = row_dropout_index<kMapped>(p, r * N);  // row r's first dropout index
             group_keep<kVec>(drop, rc, p.threshold, d0 / kGroup, c0 / kGroup, d0 + c0, valid, keep);
           };
           if constexpr (!kDrawLate) draw();
@@ -1148,12 +1220,23 @@ GPUOPT_DEV void norm_backward_tiled(const Params& p) {
 
 template <typename S, typename P, typename A, bool kVec>
 __global__ void __launch_bounds__(cuda::kTiledThreads) ldr_backward_tiled_kernel(LdrBackwardParams<S, P, A> p) {
-  norm_backward_tiled<LdrKind<S>, S, P, A, kVec>(p);
+  norm_backward_tiled<LdrKind<S>, S, P, A, kVec, false>(p);
+}
+
+template <typename S, typename P, typename A, bool kVec>
+__global__ void __launch_bounds__(cuda::kTiledThreads) ldr_backward_tiled_mapped_kernel(LdrBackwardParams<S, P, A> p) {
+  norm_backward_tiled<LdrKind<S>, S, P, A, kVec, true>(p);
 }
 
 template <typename S, typename U, typename P, typename A, bool kVec>
 __global__ void __launch_bounds__(cuda::kTiledThreads) dan_backward_tiled_kernel(DanBackwardParams<S, U, P, A> p) {
-  norm_backward_tiled<DanKind<U>, S, P, A, kVec>(p);
+  norm_backward_tiled<DanKind<U>, S, P, A, kVec, false>(p);
+}
+
+template <typename S, typename U, typename P, typename A, bool kVec>
+__global__ void __launch_bounds__(cuda::kTiledThreads)
+    dan_backward_tiled_mapped_kernel(DanBackwardParams<S, U, P, A> p) {
+  norm_backward_tiled<DanKind<U>, S, P, A, kVec, true>(p);
 }
 
 }  // namespace dev
