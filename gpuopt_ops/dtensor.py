@@ -350,10 +350,6 @@ def _local_box(shape, mesh, placements) -> tuple[tuple[int, ...], tuple[int, ...
     return tuple(local), tuple(offset)
 
 
-def _stride(shape) -> tuple[int, ...]:
-    return tuple(math.prod(shape[j + 1 :]) for j in range(len(shape)))
-
-
 class SequenceParallel(_TorchSequenceParallel):
     """torch's `SequenceParallel` style for modules with several tensor inputs and outputs: the residual norms
     (`FusedDropoutAddLayerNorm` / `FusedDropoutAddRMSNorm`, `forward(x, residual)`, prenorm returning `(out, sum)`).

@@ -206,13 +206,6 @@ const uint16_t* dropout_uniforms_row(int64_t seed, int64_t idx0, int64_t n, uint
   return buf + (idx0 - first_group * 8);
 }
 
-void dropout_keep_row(int64_t seed, int64_t idx0, int64_t n, uint32_t threshold, uint8_t* keep) {
-  if (n <= 0) return;
-  std::vector<uint16_t> buf(dropout_uniforms_capacity(n));
-  const uint16_t* u = dropout_uniforms_row(seed, idx0, n, buf.data());
-  for (int64_t j = 0; j < n; ++j) keep[j] = dropout_keep(u[j], threshold) ? 1 : 0;
-}
-
 const uint16_t* dropout_uniforms_run(const DropoutSeed& s, int64_t i0, int64_t n, uint16_t* buf) {
   const ShardMap& m = s.map;
   if (n <= 0) return buf;

@@ -17,9 +17,6 @@ constexpr int64_t dropout_uniforms_capacity(int64_t n) { return ((n + 14) / 8 + 
 // ATEN_CPU_CAPABILITY does), e.g. where AVX-512 lowers the clock of the cores the model shares.
 const uint16_t* dropout_uniforms_row(int64_t seed, int64_t idx0, int64_t n, uint16_t* buf);
 
-// keep[j] = 1 if element (idx0 + j) is kept under `seed` and `threshold` (u >= threshold), else 0.
-void dropout_keep_row(int64_t seed, int64_t idx0, int64_t n, uint32_t threshold, uint8_t* keep);
-
 // An op's source of dropout bits: the seed and the numbering of its output's elements (the identity, or the shard
 // map that a 4-element seed tensor carries: philox.h ShardMap).
 struct DropoutSeed {
@@ -32,8 +29,8 @@ inline DropoutSeed read_dropout_seed(const int64_t* data, bool mapped) {
   return DropoutSeed{data[0], read_shard_map(data, mapped)};
 }
 
-// dropout_uniforms_row and dropout_keep_row for the output's elements i0 .. i0 + n - 1, each numbered through the
-// map: a run that crosses the map's period boundaries is drawn piece by piece (one piece without a map).
+// dropout_uniforms_row for the output's elements i0 .. i0 + n - 1, each numbered through the map, and its keep
+// bytes (keep[j] = 1 when u >= threshold): a run that crosses the map's period boundaries is drawn piece by piece.
 const uint16_t* dropout_uniforms_run(const DropoutSeed& s, int64_t i0, int64_t n, uint16_t* buf);
 void dropout_keep_run(const DropoutSeed& s, int64_t i0, int64_t n, uint32_t threshold, uint8_t* keep);
 
