@@ -88,6 +88,8 @@ def _extensions():
     # Hidden visibility: torch::stable's types are hidden, and only PyInit__C needs exporting.
     abi_flags = [f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}"]
     cxx_flags = ["-O3", "-fopenmp", "-DNDEBUG", "-Wno-unknown-pragmas", "-fvisibility=hidden"] + abi_flags
+    # the build's record (csrc/ops.cpp keeps it in the library; gpuopt_ops/build_info.py reads it)
+    cxx_flags.append(f'-DGPUOPT_BUILT_WITH_TORCH="{_torch_version()}"')
     link_flags = ["-fopenmp"]
     include_dirs = [str(CSRC)]
     if cuda_home is None:
@@ -112,6 +114,7 @@ def _extensions():
         f"TORCH_CUDA_ARCH_LIST={arch_list} ({arch_reason})"
     )
     sources += sorted(glob.glob(str(CSRC / "cuda" / "*.cu")))
+    cxx_flags.append(f'-DGPUOPT_CUDA_ARCH_LIST="{arch_list}"')
     nvcc_flags = [
         "-O3",
         "-DNDEBUG",
@@ -133,23 +136,15 @@ def _extensions():
     ], cpp_extension
 
 
-def _build_info(ext_modules):
+def _torch_version() -> str:
     import torch
 
-    cuda = any(str(src).endswith(".cu") for ext in ext_modules for src in ext.sources)
-    arch = os.environ.get("TORCH_CUDA_ARCH_LIST") if cuda else None
-    return (
-        f'TORCH_VERSION = "{torch.__version__}"  # built with; it loads in any torch >= 2.11 (stable ABI)\n'
-        f"CUDA_ARCH_LIST = {arch!r}  # None: a CPU-only build\n"
-    )
+    return torch.__version__
 
 
 # Run by pip / setuptools (both execute this file as __main__); tests import it for _arch_list.
 if __name__ == "__main__":
     ext_modules, cpp_extension = _extensions()
-    (ROOT / "gpuopt_ops" / "build_info.py").write_text(
-        "# Written by setup.py: how gpuopt_ops._C was built.\n" + _build_info(ext_modules)
-    )
 
     setup(
         # The Triton kernels live in triton_kernels/ at the repository root but install as gpuopt_ops.triton_kernels:

@@ -13,13 +13,9 @@ __version__ = "0.2.0"  # = pyproject.toml's (tests/test_packaging.py checks)
 try:
     from . import _C  # noqa: F401  (registers the schemas and the CPU/CUDA kernels)
 except ImportError as err:  # no build here (a source tree on sys.path), or a torch older than 2.11
-    try:
-        from .build_info import TORCH_VERSION as _BUILT_WITH
-    except ImportError:
-        _BUILT_WITH = "unknown (no build found)"
     raise ImportError(
         f"gpuopt_ops: cannot load the compiled extension gpuopt_ops._C ({err}). It is built on the LibTorch "
-        f"stable ABI for torch >= 2.11 (built with torch {_BUILT_WITH}); this is torch {torch.__version__}, "
+        f"stable ABI for torch >= 2.11; this is torch {torch.__version__}, "
         f"imported from {__file__}. Install the wheel (`pip install dist/gpuopt-*.whl`) or build in place "
         "(`pip install --no-build-isolation -e .`), and import gpuopt_ops from outside a source tree that has "
         "no build."

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Places the installed wheel's compiled extension (gpuopt_ops/_C*.so) and its build_info.py into this checkout's
-# gpuopt_ops/ folder (both gitignored), so that `import gpuopt_ops` from the repository root, where Python finds
+# Places the installed wheel's compiled extension (gpuopt_ops/_C*.so) into this checkout's gpuopt_ops/ folder
+# (gitignored), so that `import gpuopt_ops` from the repository root, where Python finds
 # the source folder before the venv's copy (`python -m benchmarks.run`, `python -m tools.roofline`), loads the same
 # build as the installed wheel. Run by setup_env.sh after each install; usage: place_build.sh VENV_PYTHON.
 # Copies, not links: `pip install -e .` later writes gpuopt_ops/_C*.so in place, which must not write through a
@@ -35,7 +35,7 @@ for old in "$SRC_PKG"/_C*.so; do
 done
 TMP="$SRC_PKG/.placing.$$"
 trap 'rm -f "$TMP"' EXIT
-for f in "${libs[@]}" "$INSTALLED/build_info.py"; do
+for f in "${libs[@]}"; do
   dst="$SRC_PKG/$(basename "$f")"
   if [ ! -L "$dst" ] && cmp -s "$f" "$dst"; then continue; fi
   cp "$f" "$TMP"

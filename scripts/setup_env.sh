@@ -59,7 +59,7 @@ else
   # The wheel holds the compiled _C and the Python packages: rebuild it when any of them or the build settings
   # change (not when torch does: the stable ABI).
   stamp=$( { cd "$ROOT" && find csrc gpuopt_ops triton_kernels setup.py pyproject.toml README.md LICENSE -type f \
-               ! -name '*.so' ! -name 'build_info.py' ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum;
+               ! -name '*.so' ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum;
              echo "${GPUOPT_CPU_ONLY:-} ${TORCH_CUDA_ARCH_LIST:-} ${CUDA_HOME:-}"; } | sha256sum | cut -d' ' -f1)
   WHEEL_STAMP="$DIST/.gpuopt_wheel_stamp"
   WHEEL=$(ls "$DIST"/gpuopt-*-cp310-abi3-*.whl 2>/dev/null | head -n1 || true)
@@ -102,5 +102,5 @@ else
 fi
 # The README's commands (`python -m benchmarks.run`, `python -m tools.roofline`, ...) run from the repository root,
 # where Python imports gpuopt_ops from the source folder, not the venv's: that folder gets the installed build's
-# compiled _C and build_info.py (gitignored), so it imports the same build.
+# compiled _C (gitignored), so it imports the same build.
 bash "$ROOT/scripts/place_build.sh" "$VPY"

@@ -83,7 +83,7 @@ def test_readme_commands_are_known():
 
 def newcomer_checkout(dest: Path) -> Path:
     """A repository root as a newcomer's clone has it, for what the README's commands import."""
-    ignore = shutil.ignore_patterns("__pycache__", "_C*.so", "build_info.py", ".build", "triton_kernels")
+    ignore = shutil.ignore_patterns("__pycache__", "_C*.so", ".build", "triton_kernels")
     shutil.copytree(PKG, dest / "gpuopt_ops", ignore=ignore)
     kernels = PKG / "triton_kernels" if (PKG / "triton_kernels").is_dir() else ROOT / "triton_kernels"
     shutil.copytree(kernels, dest / "triton_kernels", ignore=shutil.ignore_patterns("__pycache__"))
@@ -126,7 +126,7 @@ def test_readme_commands_run_as_written(tmp_path):
     res = subprocess.run(["bash", "scripts/place_build.sh", ".venv/bin/python"], cwd=root, capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
-    for name in [p.name for p in PKG.glob("_C*.so")] + ["build_info.py"]:
+    for name in [p.name for p in PKG.glob("_C*.so")]:
         placed, installed = root / "gpuopt_ops" / name, PKG / name
         assert placed.is_file() and not placed.is_symlink(), placed
         assert placed.read_bytes() == installed.read_bytes(), f"{placed} is not the installed build"
@@ -162,7 +162,6 @@ def test_place_build_copies_over_links_and_stale_builds(tmp_path):
     elsewhere.write_bytes(b"not a build")
     (src / "_C.abi3.so").symlink_to(elsewhere)
     (src / "_C.cpython-311-x86_64-linux-gnu.so").write_bytes(b"stale")
-    (src / "build_info.py").write_text("CUDA_ARCH_LIST = 'stale'\n")
 
     def place():
         res = subprocess.run(["bash", "scripts/place_build.sh", sys.executable], cwd=root, env=newcomer_env(),
@@ -173,9 +172,9 @@ def test_place_build_copies_over_links_and_stale_builds(tmp_path):
     assert elsewhere.read_bytes() == b"not a build"
     installed = sorted(p.name for p in PKG.glob("_C*.so"))
     assert sorted(p.name for p in src.glob("_C*.so")) == installed
-    for name in [*installed, "build_info.py"]:
+    for name in installed:
         assert not (src / name).is_symlink() and (src / name).read_bytes() == (PKG / name).read_bytes(), name
-    assert sorted(p.name for p in src.iterdir()) == sorted([*installed, "build_info.py"])  # no temporary left
+    assert sorted(p.name for p in src.iterdir()) == installed  # no temporary left
     stamps = {p.name: p.stat().st_mtime_ns for p in src.iterdir()}
     place()
     assert {p.name: p.stat().st_mtime_ns for p in src.iterdir()} == stamps
