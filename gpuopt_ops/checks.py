@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}  # bias_act's act codes (DESIGN.md)
 
 
 def _shape(t: torch.Tensor) -> str:

@@ -376,15 +376,19 @@ class SequenceParallel(_TorchSequenceParallel):
         return outputs.to_local()
 
 
+class ShardsAsLinear:
+    """Marks a module that `ColwiseParallel` shards as nn.Linear: `weight` (out, in) and `bias` (out,), then only
+    element-wise work on the matmul's output (gpuopt_ops.modules' LinearBiasReLU and LinearBiasAct)."""
+
+
 class ColwiseParallel(_TorchColwiseParallel):
     """torch's `ColwiseParallel` style, which takes nn.Linear and nn.Embedding only, also for `LinearBiasReLU` and
-    `LinearBiasAct`: weight and bias `Shard(0)` as nn.Linear's, the output `Shard(-1)`. The activation is
-    element-wise, so it runs on each rank's columns (bias_act's last-dimension strategy) with no communication."""
+    `LinearBiasAct` (a `ShardsAsLinear`): weight and bias `Shard(0)` as nn.Linear's, the output `Shard(-1)`. The
+    activation is element-wise, so it runs on each rank's columns (bias_act's last-dimension strategy) with no
+    communication."""
 
     def _apply(self, module, device_mesh):
-        from .modules import LinearBiasAct, LinearBiasReLU
-
-        if not isinstance(module, (LinearBiasReLU, LinearBiasAct)):
+        if not isinstance(module, ShardsAsLinear):
             return super()._apply(module, device_mesh)
         return distribute_module(
             module,

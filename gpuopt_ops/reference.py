@@ -13,6 +13,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .checks import ACTIVATIONS
+
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -214,7 +216,7 @@ def bias_act(
 
 
 def activation(z: torch.Tensor, act: int) -> torch.Tensor:
-    """torch's own activation of an act code (0 relu, 1 gelu, 2 gelu_tanh, 3 silu: `ops.ACTIVATIONS`)."""
+    """torch's own activation of an act code (0 relu, 1 gelu, 2 gelu_tanh, 3 silu: `ACTIVATIONS`)."""
     if act == 0:
         return torch.relu(z)
     if act == 1:
@@ -252,8 +254,6 @@ def eager_gated_act(gate, up, act: str = "silu", p: float = 0.0, training: bool 
     torch's own dropout RNG."""
     if up is None:
         gate, up = gate.chunk(2, dim=-1)
-    from .ops import ACTIVATIONS
-
     h = activation(gate, ACTIVATIONS[act]) * up
     return torch.nn.functional.dropout(h, p, training) if p > 0 and training else h
 
