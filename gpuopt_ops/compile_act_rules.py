@@ -72,7 +72,7 @@ def _gated(gate, up, act):
 
 
 # ---------------------------------------------------------------------------------------------- linear → relu
-def _rewrite_linear_relu_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
+def rewrite_linear_relu_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
     """linear (with bias, an fp32 / fp64 result) → relu: a bias-free linear and one bias_relu call."""
     if node.op != "call_function" or node.target not in _LINEAR:
         return False
@@ -180,7 +180,7 @@ def _match_bloom_gelu(node: torch.fx.Node, users: list):
     return "gelu_tanh", last
 
 
-def _rewrite_bias_act_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
+def rewrite_bias_act_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
     if _calls(node, _LINEAR):
         x, weight, bias = node.args[0], _arg(node, 1, "weight", None), _arg(node, 2, "bias", None)
         if bias is None or not isinstance(weight, torch.fx.Node) or not _tensor_ok(x, [weight, bias]):
@@ -323,7 +323,7 @@ def _halves(gate: torch.fx.Node, up: torch.fx.Node):
     return None
 
 
-def _rewrite_gated_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
+def rewrite_gated_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
     """act(gate) * up (either order) → one gated_act call; [gate | up] halves of one tensor → its packed layout."""
     ops = _operands(node, _MUL, "mul")
     if ops is None or not all(isinstance(o, torch.fx.Node) for o in ops):

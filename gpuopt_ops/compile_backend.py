@@ -42,8 +42,8 @@ from typing import Any, Optional
 
 import torch.fx
 
-from .compile_act_rules import _rewrite_bias_act_site, _rewrite_gated_site, _rewrite_linear_relu_site
-from .compile_norm_rules import _rewrite_ldr_site, _rewrite_norm_dropout_site, _rewrite_norm_site
+from .compile_act_rules import rewrite_bias_act_site, rewrite_gated_site, rewrite_linear_relu_site
+from .compile_norm_rules import rewrite_ldr_site, rewrite_norm_dropout_site, rewrite_norm_site
 
 
 def _rewrite_pass(gm: torch.fx.GraphModule, log: list[str], sites) -> int:
@@ -67,9 +67,9 @@ def rewrite_graph(gm: torch.fx.GraphModule, verbose: bool = False) -> list[str]:
     log: list[str] = []
     # the gated-MLP rule first: a gate projection with a bias keeps its linear (the matmul's bias add) and its
     # activation goes into gated_act rather than bias_act / bias_relu
-    _rewrite_pass(gm, log, (_rewrite_gated_site,))
-    _rewrite_pass(gm, log, (_rewrite_ldr_site, _rewrite_linear_relu_site))
-    _rewrite_pass(gm, log, (_rewrite_norm_site, _rewrite_norm_dropout_site, _rewrite_bias_act_site))
+    _rewrite_pass(gm, log, (rewrite_gated_site,))
+    _rewrite_pass(gm, log, (rewrite_ldr_site, rewrite_linear_relu_site))
+    _rewrite_pass(gm, log, (rewrite_norm_site, rewrite_norm_dropout_site, rewrite_bias_act_site))
     if verbose:
         for line in log:
             print(f"gpuopt backend: {line}")

@@ -74,7 +74,7 @@ def _layer_norm_args(node: torch.fx.Node):
     return x, tuple(shape), weight, bias, float(eps)
 
 
-def _rewrite_ldr_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
+def rewrite_ldr_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
     """layer_norm → dropout → relu, layer_norm → relu → dropout and layer_norm → relu: one layer_norm_dropout_relu
     call."""
     ln = _layer_norm_args(node)
@@ -369,7 +369,7 @@ def _insert_dropout_add_norm(graph, s, norm, head, residual, promote, views, dro
     return out, total
 
 
-def _rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
+def rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
     """A norm of dropout(h) + residual, h + residual or dropout(h), through row views: one dropout_add_norm call
     (prenorm, the sum an output too, when something else reads the sum)."""
     norm = _match_norm(node)
@@ -424,7 +424,7 @@ def _rewrite_norm_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str
     return True
 
 
-def _rewrite_norm_dropout_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
+def rewrite_norm_dropout_site(graph: torch.fx.Graph, node: torch.fx.Node, log: list[str]) -> bool:
     """norm → dropout (→ relu), and for RMSNorm also norm → relu (→ dropout): one norm_dropout call."""
     norm = _match_norm(node)
     if norm is None or not isinstance(norm.source, torch.fx.Node):

@@ -8,16 +8,9 @@ from typing import Optional, Union
 
 import torch
 
+from . import autograd as A
 from . import checks as V
 from . import dtensor
-from .autograd import (
-    register_bias_act_autograd,
-    register_bias_relu_autograd,
-    register_dropout_add_norm_autograd,
-    register_gated_act_autograd,
-    register_ldr_autograd,
-    register_norm_dropout_autograd,
-)
 from .backends import resolve_backend
 from .checks import ACTIVATIONS
 
@@ -135,12 +128,12 @@ def _gated_act_backward_fake(grad_out, gate, up, seed, p, act):
 
 
 # ---------------------------------------------------------------------------------------------- autograd
-register_ldr_autograd("gpuopt::layer_norm_dropout_relu", _ops.layer_norm_dropout_relu_backward)
-register_norm_dropout_autograd("gpuopt::norm_dropout", _ops.norm_dropout_backward)
-register_dropout_add_norm_autograd("gpuopt::dropout_add_norm", _ops.dropout_add_norm_backward)
-register_bias_relu_autograd("gpuopt::bias_relu", _ops.bias_relu_backward)
-register_bias_act_autograd("gpuopt::bias_act", _ops.bias_act_backward)
-register_gated_act_autograd("gpuopt::gated_act", _ops.gated_act_backward)
+A.register_ldr_autograd("gpuopt::layer_norm_dropout_relu", _ops.layer_norm_dropout_relu_backward)
+A.register_norm_dropout_autograd("gpuopt::norm_dropout", _ops.norm_dropout_backward)
+A.register_dropout_add_norm_autograd("gpuopt::dropout_add_norm", _ops.dropout_add_norm_backward)
+A.register_bias_relu_autograd("gpuopt::bias_relu", _ops.bias_relu_backward)
+A.register_bias_act_autograd("gpuopt::bias_act", _ops.bias_act_backward)
+A.register_gated_act_autograd("gpuopt::gated_act", _ops.gated_act_backward)
 
 
 # ---------------------------------------------------------------------------------------------- public API
