@@ -120,16 +120,23 @@ def _vit(timm, width: int, depth: int, dropout: float, batch: int, seq: int):
     return model, {"x": torch.randn(batch, 3, side, side)}
 
 
-def _decoder(transformers, name: str, width: int, depth: int, dropout: float, seq: int):
-    prefix, extra = _DECODERS[name]
-    config = getattr(transformers, f"{prefix}Config")(
+def _hf_sizes(width: int, depth: int, seq: int) -> dict:
+    """The sizes every HF configuration here names the same way (BERT, OPT and the LLaMA-style decoders)."""
+    return dict(
         vocab_size=_VOCAB,
         hidden_size=width,
         num_hidden_layers=depth,
         num_attention_heads=_HEADS,
+        max_position_embeddings=max(32, seq),
+    )
+
+
+def _decoder(transformers, name: str, width: int, depth: int, dropout: float, seq: int):
+    prefix, extra = _DECODERS[name]
+    config = getattr(transformers, f"{prefix}Config")(
+        **_hf_sizes(width, depth, seq),
         num_key_value_heads=2,
         intermediate_size=2 * width,
-        max_position_embeddings=max(32, seq),
         **extra(width=width, heads=_HEADS, seq=seq, dropout=dropout),
     )
     return getattr(transformers, f"{prefix}Model")(config)
@@ -139,12 +146,8 @@ def _hf_model(transformers, name: str, width: int, depth: int, dropout: float, s
     """BERT, GPT-2, the T5 encoder or OPT in a small random-weight configuration."""
     if name == "bert":
         config = transformers.BertConfig(
-            vocab_size=_VOCAB,
-            hidden_size=width,
-            num_hidden_layers=depth,
-            num_attention_heads=_HEADS,
+            **_hf_sizes(width, depth, seq),
             intermediate_size=4 * width,
-            max_position_embeddings=max(32, seq),
             hidden_dropout_prob=dropout,
             attention_probs_dropout_prob=0.0,
         )
@@ -176,12 +179,8 @@ def _hf_model(transformers, name: str, width: int, depth: int, dropout: float, s
         return transformers.T5EncoderModel(config)
     elif name == "opt":
         config = transformers.OPTConfig(
-            vocab_size=_VOCAB,
-            hidden_size=width,
-            num_hidden_layers=depth,
-            num_attention_heads=_HEADS,
+            **_hf_sizes(width, depth, seq),
             ffn_dim=2 * width,
-            max_position_embeddings=max(32, seq),
             word_embed_proj_dim=width,
             dropout=dropout,
             attention_dropout=0.0,
