@@ -606,9 +606,9 @@ def make_call(row: Row, t: dict, device: str) -> Callable[[], object]:
 
     backend = row.backend
     if row.backend == "quack":
-        from benchmarks import run as BR
+        from benchmarks.providers import _quack_runner
 
-        return BR._quack_runner("ldr", row.direction, device, t["x"], t["w"], t["b"], t["g"])
+        return _quack_runner("ldr", row.direction, device, t["x"], t["w"], t["b"], t["g"])
     fwd, inputs, grads = _forward(row, t, backend)
     if row.direction == "fwd" or row.op == "copy":
 

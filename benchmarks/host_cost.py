@@ -149,91 +149,116 @@ class _CountAllocs:
             setattr(torch, k, fn)
 
 
+class _MetaCase:
+    """The shapes of a host-cost case: M rows of N (M from --mbytes of x), meta tensors of them, and the op's seed,
+    p and eps."""
+
+    def __init__(self, dtype: torch.dtype, n: int, mbytes: float):
+        self.dtype, self.n = dtype, n
+        self.m = max(1, int(mbytes * 2**20) // (n * dtype.itemsize))
+        self.seed = self.t(1, dt=torch.int64)
+        self.p, self.eps = 0.1, 1e-5
+
+    def t(self, *shape, dt=None, grad=False):
+        return torch.empty(*shape, device="meta", dtype=dt or self.dtype, requires_grad=grad)
+
+
+def _ldr_case(c: _MetaCase, name, fwd_op, bwd_op, check, flags, flag_kw):
+    """layer_norm_dropout_relu, or norm_dropout with its flags: layer_norm_dropout_relu's kernels."""
+    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as LDR
+
+    m, n, t, seed, p, eps = c.m, c.n, c.t, c.seed, c.p, c.eps
+
+    def make(grad):
+        return dict(x=t(m, n, grad=grad), w=t(n, grad=grad), b=t(n, grad=grad))
+
+    def fwd(a):
+        return fwd_op(a["x"], a["w"], a["b"], seed, p, eps, *flags)
+
+    def saved(a):
+        out, mean, rstd = fwd_op(a["x"], a["w"], a["b"], seed, p, eps, *flags)
+        return (t(m, n), a["x"], a["w"], a["b"], mean, rstd, seed, p, *flags)
+
+    return dict(
+        op=name, make=make, fwd=fwd, inputs=lambda a: [a["x"], a["w"], a["b"]], saved=saved, bwd=bwd_op,
+        check=lambda s: check(*s),
+        launcher=lambda s: LDR.launch_backward(
+            s[0], s[1], s[2], s[3], s[4], s[5], s[6], t(m, n), t(n), t(n), p, wrap=_WRAP_HOLDER[0], **flag_kw),
+    )  # fmt: skip
+
+
+def _bias_case(c: _MetaCase, name, act):
+    """bias_relu (act None) or bias_act with act code `act`: bias_relu's kernels."""
+    from gpuopt_ops import checks as V
+    from gpuopt_ops import triton_ops as T
+    from gpuopt_ops.triton_kernels import bias_relu as BR
+
+    m, n, t, f32 = c.m, c.n, c.t, torch.float32
+
+    def make(grad):
+        return dict(x=t(m, n, grad=grad), b=t(n, grad=grad))
+
+    if act is None:
+        fwd = lambda a: T.triton_bias_relu(a["x"], a["b"])  # noqa: E731
+        saved = lambda a: (t(m, n), T.triton_bias_relu(a["x"], a["b"]))  # noqa: E731
+        return dict(
+            op=name, make=make, fwd=fwd, inputs=lambda a: [a["x"], a["b"]], saved=saved,
+            bwd=T.triton_bias_relu_backward, check=lambda s: V.check_bias_relu_backward(*s),
+            launcher=lambda s: BR.launch_backward(s[0], s[1], t(m, n), t(n, dt=f32), wrap=_WRAP_HOLDER[0]),
+        )  # fmt: skip
+    fwd = lambda a: T.triton_bias_act(a["x"], a["b"], act)  # noqa: E731
+    saved = lambda a: (t(m, n), a["x"], a["b"], act)  # noqa: E731
+    return dict(
+        op=name, make=make, fwd=fwd, inputs=lambda a: [a["x"], a["b"]], saved=saved,
+        bwd=T.triton_bias_act_backward, check=lambda s: V.check_bias_act_backward(*s),
+        launcher=lambda s: BR.launch_backward(
+            s[0], s[1], t(m, n), t(n, dt=f32), bias=s[2], act=act, wrap=_WRAP_HOLDER[0]),
+    )  # fmt: skip
+
+
+def _dan_case(c: _MetaCase):
+    """dropout_add_norm (LayerNorm) with a residual."""
+    from gpuopt_ops import checks as V
+    from gpuopt_ops import triton_ops as T
+    from gpuopt_ops.triton_kernels import dropout_add_norm as DAN
+
+    m, n, t, seed, p, eps = c.m, c.n, c.t, c.seed, c.p, c.eps
+
+    def make(grad):
+        return dict(x=t(m, n, grad=grad), r=t(m, n, grad=grad), w=t(n, grad=grad), b=t(n, grad=grad))
+
+    fwd = lambda a: T.triton_dropout_add_norm(a["x"], a["r"], a["w"], a["b"], seed, p, eps, False, False)  # noqa: E731
+
+    def saved(a):
+        _, s, mean, rstd = fwd(a)
+        return (t(m, n), None, s, a["w"], a["b"], mean, rstd, seed, p, False, True)
+
+    return dict(
+        op="dropout_add_norm", make=make, fwd=fwd, inputs=lambda a: [a["x"], a["r"], a["w"], a["b"]],
+        saved=saved, bwd=T.triton_dropout_add_norm_backward,
+        check=lambda s: V.check_dropout_add_norm_backward(*s),
+        launcher=lambda s: DAN.launch_backward(
+            s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], t(m, n), t(m, n), t(n), t(n), p, False,
+            wrap=_WRAP_HOLDER[0]),
+    )  # fmt: skip
+
+
 def _op_cases(dtype: torch.dtype, n: int, mbytes: float):
     """(op, inputs maker, forward op call, backward op call, checks call of the backward, launcher of the
     backward) for the Triton ops, on meta tensors of the benchmark's shapes (weight and bias, p = 0.1; dropout_add_norm
     with a residual)."""
     from gpuopt_ops import checks as V
     from gpuopt_ops import triton_ops as T
-    from gpuopt_ops.triton_kernels import bias_relu as BR
-    from gpuopt_ops.triton_kernels import dropout_add_norm as DAN
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as LDR
 
-    m = max(1, int(mbytes * 2**20) // (n * dtype.itemsize))
-    f32 = torch.float32
-
-    def t(*shape, dt=dtype, grad=False):
-        return torch.empty(*shape, device="meta", dtype=dt, requires_grad=grad)
-
-    seed = t(1, dt=torch.int64)
-    p, eps = 0.1, 1e-5
-
-    def ldr_like(name, fwd_op, bwd_op, check, flags, flag_kw):
-        def make(grad):
-            return dict(x=t(m, n, grad=grad), w=t(n, grad=grad), b=t(n, grad=grad))
-
-        def fwd(a):
-            return fwd_op(a["x"], a["w"], a["b"], seed, p, eps, *flags)
-
-        def saved(a):
-            out, mean, rstd = fwd_op(a["x"], a["w"], a["b"], seed, p, eps, *flags)
-            return (t(m, n), a["x"], a["w"], a["b"], mean, rstd, seed, p, *flags)
-
-        return dict(
-            op=name, make=make, fwd=fwd, inputs=lambda a: [a["x"], a["w"], a["b"]], saved=saved, bwd=bwd_op,
-            check=lambda s: check(*s),
-            launcher=lambda s: LDR.launch_backward(
-                s[0], s[1], s[2], s[3], s[4], s[5], s[6], t(m, n), t(n), t(n), p, wrap=_WRAP_HOLDER[0], **flag_kw),
-        )  # fmt: skip
-
-    def bias_like(name, act):
-        def make(grad):
-            return dict(x=t(m, n, grad=grad), b=t(n, grad=grad))
-
-        if act is None:
-            fwd = lambda a: T.triton_bias_relu(a["x"], a["b"])  # noqa: E731
-            saved = lambda a: (t(m, n), T.triton_bias_relu(a["x"], a["b"]))  # noqa: E731
-            return dict(
-                op=name, make=make, fwd=fwd, inputs=lambda a: [a["x"], a["b"]], saved=saved,
-                bwd=T.triton_bias_relu_backward, check=lambda s: V.check_bias_relu_backward(*s),
-                launcher=lambda s: BR.launch_backward(s[0], s[1], t(m, n), t(n, dt=f32), wrap=_WRAP_HOLDER[0]),
-            )  # fmt: skip
-        fwd = lambda a: T.triton_bias_act(a["x"], a["b"], act)  # noqa: E731
-        saved = lambda a: (t(m, n), a["x"], a["b"], act)  # noqa: E731
-        return dict(
-            op=name, make=make, fwd=fwd, inputs=lambda a: [a["x"], a["b"]], saved=saved,
-            bwd=T.triton_bias_act_backward, check=lambda s: V.check_bias_act_backward(*s),
-            launcher=lambda s: BR.launch_backward(
-                s[0], s[1], t(m, n), t(n, dt=f32), bias=s[2], act=act, wrap=_WRAP_HOLDER[0]),
-        )  # fmt: skip
-
-    def dan():
-        def make(grad):
-            return dict(x=t(m, n, grad=grad), r=t(m, n, grad=grad), w=t(n, grad=grad), b=t(n, grad=grad))
-
-        fwd = lambda a: T.triton_dropout_add_norm(a["x"], a["r"], a["w"], a["b"], seed, p, eps, False, False)  # noqa: E731
-
-        def saved(a):
-            _, s, mean, rstd = fwd(a)
-            return (t(m, n), None, s, a["w"], a["b"], mean, rstd, seed, p, False, True)
-
-        return dict(
-            op="dropout_add_norm", make=make, fwd=fwd, inputs=lambda a: [a["x"], a["r"], a["w"], a["b"]],
-            saved=saved, bwd=T.triton_dropout_add_norm_backward,
-            check=lambda s: V.check_dropout_add_norm_backward(*s),
-            launcher=lambda s: DAN.launch_backward(
-                s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], t(m, n), t(m, n), t(n), t(n), p, False,
-                wrap=_WRAP_HOLDER[0]),
-        )  # fmt: skip
-
+    c = _MetaCase(dtype, n, mbytes)
     return [
-        bias_like("bias_relu", None),
-        bias_like("bias_act_gelu", 1),
-        ldr_like("layer_norm_dropout_relu", T.triton_layer_norm_dropout_relu,
-                 T.triton_layer_norm_dropout_relu_backward, V.check_ldr_backward, (), {}),
-        ldr_like("norm_dropout_rms", T.triton_norm_dropout, T.triton_norm_dropout_backward,
-                 V.check_norm_dropout_backward, (True, False), dict(rms=True, relu=False)),
-        dan(),
+        _bias_case(c, "bias_relu", None),
+        _bias_case(c, "bias_act_gelu", 1),
+        _ldr_case(c, "layer_norm_dropout_relu", T.triton_layer_norm_dropout_relu,
+                  T.triton_layer_norm_dropout_relu_backward, V.check_ldr_backward, (), {}),
+        _ldr_case(c, "norm_dropout_rms", T.triton_norm_dropout, T.triton_norm_dropout_backward,
+                  V.check_norm_dropout_backward, (True, False), dict(rms=True, relu=False)),
+        _dan_case(c),
     ]  # fmt: skip
 
 

@@ -90,39 +90,74 @@ def transformer_model(name: str, width: int = 64, depth: int = 2, dropout: float
 
     torch.manual_seed(0)
     if name == "vit":
-        side = max(1, round(seq**0.5)) * 16
-        model = timm.create_model(
-            "vit_tiny_patch16_224",
-            pretrained=False,
-            depth=depth,
-            img_size=side,
-            embed_dim=width,
-            num_heads=4,
-            drop_rate=dropout,
-            proj_drop_rate=dropout,
-            attn_drop_rate=0.0,
-            drop_path_rate=0.0,
-        )
-        return model, {"x": torch.randn(batch, 3, side, side)}
-    vocab, heads = 101, 4
+        return _vit(timm, width, depth, dropout, batch, seq)
+    if name in _DECODERS:
+        model = _decoder(transformers, name, width, depth, dropout, seq)
+    else:
+        model = _hf_model(transformers, name, width, depth, dropout, seq)
+    model.config._attn_implementation = "sdpa"
+    return model, {"input_ids": torch.randint(0, _VOCAB, (batch, seq))}
+
+
+_VOCAB, _HEADS = 101, 4  # the HF models' vocabulary and attention heads
+
+
+def _vit(timm, width: int, depth: int, dropout: float, batch: int, seq: int):
+    """timm's ViT-Tiny layout with an image of about `seq` 16-pixel patches, and its input batch."""
+    side = max(1, round(seq**0.5)) * 16
+    model = timm.create_model(
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        depth=depth,
+        img_size=side,
+        embed_dim=width,
+        num_heads=4,
+        drop_rate=dropout,
+        proj_drop_rate=dropout,
+        attn_drop_rate=0.0,
+        drop_path_rate=0.0,
+    )
+    return model, {"x": torch.randn(batch, 3, side, side)}
+
+
+def _hf_sizes(width: int, depth: int, seq: int) -> dict:
+    """The sizes every HF configuration here names the same way (BERT, OPT and the LLaMA-style decoders)."""
+    return dict(
+        vocab_size=_VOCAB,
+        hidden_size=width,
+        num_hidden_layers=depth,
+        num_attention_heads=_HEADS,
+        max_position_embeddings=max(32, seq),
+    )
+
+
+def _decoder(transformers, name: str, width: int, depth: int, dropout: float, seq: int):
+    prefix, extra = _DECODERS[name]
+    config = getattr(transformers, f"{prefix}Config")(
+        **_hf_sizes(width, depth, seq),
+        num_key_value_heads=2,
+        intermediate_size=2 * width,
+        **extra(width=width, heads=_HEADS, seq=seq, dropout=dropout),
+    )
+    return getattr(transformers, f"{prefix}Model")(config)
+
+
+def _hf_model(transformers, name: str, width: int, depth: int, dropout: float, seq: int):
+    """BERT, GPT-2, the T5 encoder or OPT in a small random-weight configuration."""
     if name == "bert":
         config = transformers.BertConfig(
-            vocab_size=vocab,
-            hidden_size=width,
-            num_hidden_layers=depth,
-            num_attention_heads=heads,
+            **_hf_sizes(width, depth, seq),
             intermediate_size=4 * width,
-            max_position_embeddings=max(32, seq),
             hidden_dropout_prob=dropout,
             attention_probs_dropout_prob=0.0,
         )
-        model = transformers.BertModel(config, add_pooling_layer=False)
+        return transformers.BertModel(config, add_pooling_layer=False)
     elif name == "gpt2":
         config = transformers.GPT2Config(
-            vocab_size=vocab,
+            vocab_size=_VOCAB,
             n_embd=width,
             n_layer=depth,
-            n_head=heads,
+            n_head=_HEADS,
             n_positions=max(32, seq),
             resid_pdrop=dropout,
             embd_pdrop=dropout,
@@ -130,49 +165,44 @@ def transformer_model(name: str, width: int = 64, depth: int = 2, dropout: float
             bos_token_id=0,
             eos_token_id=0,
         )
-        model = transformers.GPT2Model(config)
-    elif name in _DECODERS:
-        prefix, extra = _DECODERS[name]
-        config = getattr(transformers, f"{prefix}Config")(
-            vocab_size=vocab,
-            hidden_size=width,
-            num_hidden_layers=depth,
-            num_attention_heads=heads,
-            num_key_value_heads=2,
-            intermediate_size=2 * width,
-            max_position_embeddings=max(32, seq),
-            **extra(width=width, heads=heads, seq=seq, dropout=dropout),
-        )
-        model = getattr(transformers, f"{prefix}Model")(config)
+        return transformers.GPT2Model(config)
     elif name == "t5":
         config = transformers.T5Config(
-            vocab_size=vocab,
+            vocab_size=_VOCAB,
             d_model=width,
-            d_kv=width // heads,
+            d_kv=width // _HEADS,
             d_ff=2 * width,
             num_layers=depth,
-            num_heads=heads,
+            num_heads=_HEADS,
             dropout_rate=dropout,
         )
-        model = transformers.T5EncoderModel(config)
+        return transformers.T5EncoderModel(config)
     elif name == "opt":
         config = transformers.OPTConfig(
-            vocab_size=vocab,
-            hidden_size=width,
-            num_hidden_layers=depth,
-            num_attention_heads=heads,
+            **_hf_sizes(width, depth, seq),
             ffn_dim=2 * width,
-            max_position_embeddings=max(32, seq),
             word_embed_proj_dim=width,
             dropout=dropout,
             attention_dropout=0.0,
             pad_token_id=1,
         )
-        model = transformers.OPTModel(config)
+        return transformers.OPTModel(config)
+    raise ValueError(f"unknown model {name!r}: choose from {', '.join(TRANSFORMER_MODELS)}")
+
+
+def _time_steps(steps: dict, args) -> dict[str, list[float]]:
+    """name -> time samples (ms) of each step function: on a GPU do_bench's [p20, median, p80] of each; on the CPU
+    every per-run time of --rounds interleaved rounds of --min-run-time seconds a step."""
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    if args.device == "cuda":
+        for name, fn in steps.items():
+            med, p20, p80 = time_gpu(fn, warmup_ms=25, rep_ms=200)
+            samples[name] = [p20[0], med[0], p80[0]]
     else:
-        raise ValueError(f"unknown model {name!r}: choose from {', '.join(TRANSFORMER_MODELS)}")
-    model.config._attn_implementation = "sdpa"
-    return model, {"input_ids": torch.randint(0, vocab, (batch, seq))}
+        for _ in range(args.rounds):
+            for name, fn in steps.items():
+                samples[name] += time_cpu(fn, args.min_run_time)
+    return samples
 
 
 def _first(result) -> torch.Tensor:
@@ -238,15 +268,7 @@ def run_transformers(args) -> dict[str, dict[str, float]]:
             fn()
             fn()
         _sync(args.device)
-        samples: dict[str, list[float]] = {k: [] for k in steps}
-        if args.device == "cuda":
-            for k, fn in steps.items():
-                med, p20, p80 = time_gpu(fn, warmup_ms=25, rep_ms=200)
-                samples[k] = [p20[0], med[0], p80[0]]
-        else:
-            for _ in range(args.rounds):
-                for k, fn in steps.items():
-                    samples[k] += time_cpu(fn, args.min_run_time)
+        samples = _time_steps(steps, args)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if args.device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -318,15 +340,7 @@ def run(args) -> dict[str, object]:
     for fn in steps.values():  # warm-up (allocator, thread pools)
         fn()
     _sync(args.device)
-    samples: dict[str, list[float]] = {name: [] for name in steps}
-    if args.device == "cuda":
-        for name, fn in steps.items():
-            med, p20, p80 = time_gpu(fn, warmup_ms=25, rep_ms=200)
-            samples[name] = [p20[0], med[0], p80[0]]
-    else:
-        for _ in range(args.rounds):
-            for name, fn in steps.items():
-                samples[name] += time_cpu(fn, args.min_run_time)
+    samples = _time_steps(steps, args)
     meta = metadata(args.device)
     result: dict[str, object] = {"device": meta["device"], "torch": meta["torch"], "date": meta["date"]}
     print(

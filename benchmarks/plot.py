@@ -18,6 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from benchmarks.csv_columns import NUMBER_COLUMNS  # noqa: E402
+
 STYLE = {
     "cuda": ("C0", "o"),
     "cpu": ("C0", "o"),
@@ -44,18 +46,7 @@ def read_csv(path: str) -> tuple[dict[str, str], list[dict]]:
             lines.append(line)
     rows = []
     for r in csv.DictReader(lines):
-        for k in (
-            "M",
-            "N",
-            "p",
-            "ms_median",
-            "ms_p20",
-            "ms_p80",
-            "gbps",
-            "ratio_copy",
-            "speedup_vs_eager",
-            "speedup_vs_compile",
-        ):
+        for k in NUMBER_COLUMNS:
             v = r.get(k, "")
             r[k] = float(v) if v not in ("", None) else None
         rows.append(r)

@@ -79,13 +79,11 @@ import traceback
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
+
+from benchmarks.csv_columns import COLUMNS
+from benchmarks.providers import GATED_OPS, Skip, _import_gpuopt, make_runner
 
 OPS = ("ldr", "bias_relu", "dan_ln", "add_rms", "ln_drop", "bias_gelu", "gated", "gated_packed")
-# the transformer blocks: gpuopt's own op, eager and compile only
-BLOCK_OPS = ("dan_ln", "add_rms", "ln_drop", "bias_gelu")
-# the gated MLP activation (gpuopt_ops.gated_act): two tensors, or one [gate | up] tensor
-GATED_OPS = ("gated", "gated_packed")
 GATED_ACTS = ("silu", "gelu", "gelu_tanh", "relu")
 MODES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -93,25 +91,6 @@ GPU_NS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 CPU_NS = (256, 1024, 4096, 16384)
 GPU_PROVIDERS = ("cuda", "triton", "eager", "compile", "liger", "quack", "copy")
 CPU_PROVIDERS = ("cpu", "eager", "compile", "copy")
-EPS = 1e-5
-
-COLUMNS = [
-    "provider",
-    "op",
-    "mode",
-    "dtype",
-    "M",
-    "N",
-    "p",
-    "ms_median",
-    "ms_p20",
-    "ms_p80",
-    "gbps",
-    "ratio_copy",
-    "speedup_vs_eager",
-    "speedup_vs_compile",
-    "device",
-]
 
 
 # ------------------------------------------------------------------------------------------------ bytes model
@@ -146,313 +125,6 @@ def rows_for(n: int, dtype: torch.dtype, mbytes: float) -> int:
     """Smallest M whose forward (read x + write out) moves at least `mbytes` MB."""
     e = torch.empty((), dtype=dtype).element_size()
     return max(1, math.ceil(mbytes * 2**20 / (2 * n * e)))
-
-
-# ------------------------------------------------------------------------------------------------ providers
-class Skip(Exception):
-    """A provider that cannot run here (the reason goes into the notes)."""
-
-
-def _import_gpuopt():
-    import gpuopt_ops  # noqa: F401
-
-    return gpuopt_ops
-
-
-_TRITON_STATE: dict[str, object] = {}
-
-
-def _triton_available() -> None:
-    if "err" not in _TRITON_STATE:
-        try:
-            from gpuopt_ops import triton_ops  # noqa: F401
-
-            _TRITON_STATE["err"] = None
-        except Exception as err:  # noqa: BLE001
-            _TRITON_STATE["err"] = f"gpuopt_ops.triton_ops unavailable ({type(err).__name__}: {err})"
-    if _TRITON_STATE["err"]:
-        raise Skip(_TRITON_STATE["err"])
-
-
-def _eager(op: str) -> Callable:
-    """The unfused PyTorch code a user writes without gpuopt (gpuopt_ops.reference, shared with the tests)."""
-    _import_gpuopt()
-    from gpuopt_ops import reference as R
-
-    if op == "ldr":
-        return lambda x, w, b, p: R.eager_layer_norm_dropout_relu(x, w, b, p, True, EPS)
-    return R.eager_bias_relu
-
-
-_COMPILED: dict[tuple, Callable] = {}
-
-
-def _compiled(op: str, device: str) -> Callable:
-    key = (op, device)
-    if key not in _COMPILED:
-        import torch._dynamo
-
-        # one code object serves every shape/dtype/mode: lift the recompile limits so nothing falls back to eager
-        for name in ("cache_size_limit", "recompile_limit"):
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, 1024)
-        if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
-            torch._dynamo.config.accumulated_cache_size_limit = 4096
-        if hasattr(torch._dynamo.config, "accumulated_recompile_limit"):
-            torch._dynamo.config.accumulated_recompile_limit = 4096
-        fn = _eager(op)
-        kwargs = {"mode": "max-autotune"} if device == "cuda" else {}
-        _COMPILED[key] = torch.compile(fn, dynamic=False, **kwargs)
-    return _COMPILED[key]
-
-
-def forward_fn(provider: str, op: str, device: str, p: float) -> Callable:
-    """The callable (x, w, b) -> out of a provider for op (bias_relu ignores w)."""
-    if provider in ("cuda", "cpu"):
-        if (provider == "cuda") != (device == "cuda"):
-            raise Skip(f"provider {provider} does not run on device {device}")
-        g = _import_gpuopt()
-        if op == "ldr":
-            return lambda x, w, b: g.layer_norm_dropout_relu(x, x.shape[-1], w, b, p=p, backend=provider)
-        return lambda x, w, b: g.bias_relu(x, b, backend=provider)
-    if provider == "triton":
-        if device != "cuda":
-            raise Skip("provider triton is benchmarked on GPU only (the CPU interpreter is not a benchmark)")
-        g = _import_gpuopt()
-        _triton_available()
-        if op == "ldr":
-            return lambda x, w, b: g.layer_norm_dropout_relu(x, x.shape[-1], w, b, p=p, backend="triton")
-        return lambda x, w, b: g.bias_relu(x, b, backend="triton")
-    if provider == "eager":
-        fn = _eager(op)
-        if op == "ldr":
-            return lambda x, w, b: fn(x, w, b, p)
-        return lambda x, w, b: fn(x, b)
-    if provider == "compile":
-        cf = _compiled(op, device)
-        if device == "cuda":
-
-            def run(x, w, b):
-                torch.compiler.cudagraph_mark_step_begin()
-                return cf(x, w, b, p) if op == "ldr" else cf(x, b)
-
-            return run
-        return (lambda x, w, b: cf(x, w, b, p)) if op == "ldr" else (lambda x, w, b: cf(x, b))
-    if provider == "liger":
-        if device != "cuda":
-            raise Skip("liger runs on GPU only")
-        if op != "ldr":
-            raise Skip(f"liger has no {op}")
-        try:
-            from liger_kernel.ops.layer_norm import LigerLayerNormFunction
-        except Exception as err:  # noqa: BLE001
-            raise Skip(f"liger_kernel not importable ({type(err).__name__}: {err})") from None
-        return lambda x, w, b: F.relu(F.dropout(LigerLayerNormFunction.apply(x, w, b, EPS), p, True))
-    raise ValueError(f"unknown provider {provider!r}")
-
-
-def _quack_runner(op: str, mode: str, device: str, x, w, b, g) -> Callable[[], object]:
-    """The norm-only anchor: the quack-kernels LayerNorm (fp32 weight and bias) without dropout or ReLU, forward
-    and/or its backward kernel, on the same x and grad_out (the speed a plain normalisation reaches)."""
-    if device != "cuda":
-        raise Skip("quack runs on GPU only")
-    if op != "ldr":
-        raise Skip(f"quack has no {op}")
-    try:
-        from quack.rmsnorm import layernorm_bwd, layernorm_fwd
-    except Exception as err:  # noqa: BLE001
-        raise Skip(f"quack not importable ({type(err).__name__}: {err})") from None
-    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-    w32, b32 = w.float(), b.float()
-    _, rstd, mean = layernorm_fwd(x2, w32, b32, EPS, return_rstd=True, return_mean=True)
-    if mode == "fwd":
-        return lambda: layernorm_fwd(x2, w32, b32, EPS)
-    if mode == "bwd":
-        return lambda: layernorm_bwd(x2, w32, g2, rstd, mean, has_bias=True)
-
-    def run():
-        _, r, mu = layernorm_fwd(x2, w32, b32, EPS, return_rstd=True, return_mean=True)
-        return layernorm_bwd(x2, w32, g2, r, mu, has_bias=True)
-
-    return run
-
-
-def _block_eager(op: str, p: float) -> Callable:
-    """The unfused PyTorch code of a transformer block op, (x, w, b, r) -> output(s)."""
-    if op == "dan_ln":
-
-        def dan_ln(x, w, b, r):
-            s = F.dropout(x, p, True) + r
-            return F.layer_norm(s, (x.shape[-1],), w, b, EPS), s
-
-        return dan_ln
-    if op == "add_rms":
-
-        def add_rms(x, w, b, r):
-            s = x + r
-            return F.rms_norm(s, (x.shape[-1],), w, EPS), s
-
-        return add_rms
-    if op == "ln_drop":
-        return lambda x, w, b, r: F.dropout(F.layer_norm(x, (x.shape[-1],), w, b, EPS), p, True)
-    return lambda x, w, b, r: F.gelu(x + b)
-
-
-def block_forward_fn(provider: str, op: str, device: str, p: float) -> Callable:
-    """The callable (x, w, b, r) -> output(s) of a provider for a transformer block op."""
-    if provider in ("cuda", "cpu", "triton"):
-        if (provider == "cpu") == (device == "cuda"):
-            raise Skip(f"provider {provider} does not run on device {device}")
-        g = _import_gpuopt()
-        if provider == "triton":
-            _triton_available()
-        if op == "dan_ln":
-            return lambda x, w, b, r: g.dropout_add_norm(x, r, w, b, p=p, prenorm=True, backend=provider)
-        if op == "add_rms":
-            return lambda x, w, b, r: g.dropout_add_norm(
-                x, r, w, None, norm="rms", eps=EPS, prenorm=True, backend=provider
-            )
-        if op == "ln_drop":
-            return lambda x, w, b, r: g.norm_dropout(x, w, b, p=p, backend=provider)
-        return lambda x, w, b, r: g.bias_act(x, b, act="gelu", backend=provider)
-    if provider == "eager":
-        return _block_eager(op, p)
-    if provider == "compile":
-        key = ("block", op, device)
-        if key not in _COMPILED:
-            _compiled("ldr", device)  # lifts the recompile limits once
-            kwargs = {"mode": "max-autotune"} if device == "cuda" else {}
-            _COMPILED[key] = torch.compile(_block_eager(op, p), dynamic=False, **kwargs)
-        return _COMPILED[key]
-    raise Skip(f"{provider} has no {op}")
-
-
-def gated_forward_fn(provider: str, op: str, device: str, p: float, act: str) -> Callable:
-    """The callable (gate, up) -> out of a provider for a gated op (up None: gate holds [gate | up])."""
-    if provider in ("cuda", "cpu", "triton"):
-        if (provider == "cpu") == (device == "cuda"):
-            raise Skip(f"provider {provider} does not run on device {device}")
-        g = _import_gpuopt()
-        if provider == "triton":
-            _triton_available()
-        return lambda gate, up: g.gated_act(gate, up, act=act, p=p, backend=provider)
-    if provider == "eager":
-        _import_gpuopt()
-        from gpuopt_ops import reference as R
-
-        return lambda gate, up: R.eager_gated_act(gate, up, act, p, True)
-    if provider == "compile":
-        key = ("gated", act, p, device)
-        if key not in _COMPILED:
-            _compiled("ldr", device)  # lifts the recompile limits once
-            _import_gpuopt()
-            from gpuopt_ops import reference as R
-
-            def composition(gate, up):
-                return R.eager_gated_act(gate, up, act, p, True)
-
-            kwargs = {"mode": "max-autotune"} if device == "cuda" else {}
-            _COMPILED[key] = torch.compile(composition, dynamic=False, **kwargs)
-        cf = _COMPILED[key]
-        if device == "cuda":
-
-            def run(gate, up):
-                torch.compiler.cudagraph_mark_step_begin()
-                return cf(gate, up)
-
-            return run
-        return cf
-    if provider == "liger":
-        if device != "cuda":
-            raise Skip("liger runs on GPU only")
-        if op != "gated" or act != "silu" or p > 0:
-            raise Skip("liger's SwiGLU is silu on two tensors without dropout (gated with --act silu, --gated-p 0)")
-        try:
-            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-        except Exception as err:  # noqa: BLE001
-            raise Skip(f"liger_kernel's SwiGLU not importable ({type(err).__name__}: {err})") from None
-        return LigerSiLUMulFunction.apply
-    raise Skip(f"{provider} has no {op}")
-
-
-def _gated_runner(provider: str, op: str, mode: str, device: str, p: float, act: str, x, r, g) -> Callable[[], object]:
-    """gate = x, up = r (op gated), or one (M, 2N) tensor [x | r] (gated_packed); g is the output's gradient. liger
-    runs on copies of x and r: its backward overwrites the tensors it saved with the gradients."""
-    f = gated_forward_fn(provider, op, device, p, act)
-    if op == "gated_packed":
-        gate = torch.cat([x.detach(), r.detach()], dim=-1).requires_grad_(True)
-        inputs, up = (gate,), None
-    elif provider == "liger":
-        gate, up = x.detach().clone().requires_grad_(True), r.detach().clone().requires_grad_(True)
-        inputs = (gate, up)
-    else:
-        gate, up = x, r
-        inputs = (x, r)
-    if mode == "fwd":
-
-        def run():
-            with torch.no_grad():
-                return f(gate, up)
-
-        return run
-    if mode == "bwd":
-        with torch.enable_grad():
-            y = f(gate, up)
-        return lambda: torch.autograd.grad(y, inputs, g, retain_graph=True)
-    if mode == "fwd+bwd":
-
-        def run():
-            with torch.enable_grad():
-                y = f(gate, up)
-            return torch.autograd.grad(y, inputs, g)
-
-        return run
-    raise ValueError(mode)
-
-
-def make_runner(
-    provider: str, op: str, mode: str, device: str, p: float, x, w, b, g, r=None, act: str = "silu"
-) -> Callable[[], object]:
-    """A no-argument callable that runs one timed iteration of (provider, op, mode) on the given inputs (gated ops:
-    p is their dropout probability, act their activation)."""
-    if provider == "copy":
-        y = torch.empty_like(x)
-        return lambda: y.copy_(x)
-    if provider == "quack":
-        return _quack_runner(op, mode, device, x, w, b, g)
-    if op in GATED_OPS:
-        return _gated_runner(provider, op, mode, device, p, act, x, r, g)
-    if op in BLOCK_OPS:
-        fb = block_forward_fn(provider, op, device, p)
-        inputs = {"dan_ln": (x, r, w, b), "add_rms": (x, r, w), "ln_drop": (x, w, b), "bias_gelu": (x, b)}[op]
-
-        def f(x, w, b):
-            y = fb(x, w, b, r)
-            return y[0] if isinstance(y, tuple) else y  # the sum's gradient: none (as a last block)
-
-    else:
-        f = forward_fn(provider, op, device, p)
-        inputs = (x, w, b) if op == "ldr" else (x, b)
-    if mode == "fwd":
-
-        def run():
-            with torch.no_grad():
-                return f(x, w, b)
-
-        return run
-    if mode == "bwd":
-        with torch.enable_grad():
-            y = f(x, w, b)
-        return lambda: torch.autograd.grad(y, inputs, g, retain_graph=True)
-    if mode == "fwd+bwd":
-
-        def run():
-            with torch.enable_grad():
-                y = f(x, w, b)
-            return torch.autograd.grad(y, inputs, g)
-
-        return run
-    raise ValueError(mode)
 
 
 # ------------------------------------------------------------------------------------------------ timing
@@ -528,7 +200,7 @@ def metadata(device: str) -> dict[str, str]:
     return meta
 
 
-def parse_args(argv=None):
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -544,6 +216,13 @@ def parse_args(argv=None):
     ap.add_argument("--gated-p", type=float, default=0.0, help="dropout probability of the gated ops (default 0)")
     ap.add_argument("--act", default="silu", choices=GATED_ACTS, help="activation of the gated ops (default silu)")
     ap.add_argument("--out", default="bench_out", help="output folder (CSV: bench_<device>.csv)")
+    _add_timing_flags(ap)
+    ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def _add_timing_flags(ap: argparse.ArgumentParser) -> None:
+    """How long and how the cases are timed: budget, --quick, rounds, per-device timing knobs, threads."""
     ap.add_argument(
         "--time-budget",
         type=float,
@@ -564,7 +243,19 @@ def parse_args(argv=None):
         help="GPU: time CUDA-graph replays of each runner (the kernels without the host's launch cost)",
     )
     ap.add_argument("--threads", type=int, default=None, help="CPU: torch.set_num_threads (default: torch's)")
-    ap.add_argument("--seed", type=int, default=0)
+
+
+def _comma_list(ap: argparse.ArgumentParser, text: str, what: str, known, shown) -> list[str]:
+    """The entries of a comma list, each one of `known` (else the parser's error, listing `shown`)."""
+    items = [s for s in text.split(",") if s]
+    for item in items:
+        if item not in known:
+            ap.error(f"unknown {what} {item!r}; choose from {shown}")
+    return items
+
+
+def parse_args(argv=None):
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -573,20 +264,11 @@ def parse_args(argv=None):
         ap.error("--device cuda but torch.cuda.is_available() is False")
     if args.graphs and not gpu:
         ap.error("--graphs times CUDA graphs: it needs --device cuda")
-    args.ops = [s for s in args.ops.split(",") if s]
-    args.modes = [s for s in args.modes.split(",") if s]
-    for o in args.ops:
-        if o not in OPS:
-            ap.error(f"unknown op {o!r}; choose from {OPS}")
-    for m in args.modes:
-        if m not in MODES:
-            ap.error(f"unknown mode {m!r}; choose from {MODES}")
+    args.ops = _comma_list(ap, args.ops, "op", OPS, OPS)
+    args.modes = _comma_list(ap, args.modes, "mode", MODES, MODES)
     if args.dtypes is None:
         args.dtypes = "fp32" if (args.quick or not gpu) else "bf16,fp16,fp32"
-    args.dtypes = [s for s in args.dtypes.split(",") if s]
-    for d in args.dtypes:
-        if d not in DTYPES:
-            ap.error(f"unknown dtype {d!r}; choose from {tuple(DTYPES)}")
+    args.dtypes = _comma_list(ap, args.dtypes, "dtype", DTYPES, tuple(DTYPES))
     if args.ns is None:
         args.ns = "256,512" if args.quick else ",".join(map(str, GPU_NS if gpu else CPU_NS))
     args.ns = [int(s) for s in args.ns.split(",") if s]
@@ -595,11 +277,14 @@ def parse_args(argv=None):
         if args.quick:
             prov = tuple(x for x in prov if x not in ("compile",))
         args.providers = ",".join(prov)
-    args.providers = [s for s in args.providers.split(",") if s]
     known = set(GPU_PROVIDERS) | set(CPU_PROVIDERS)
-    for pr in args.providers:
-        if pr not in known:
-            ap.error(f"unknown provider {pr!r}; choose from {sorted(known)}")
+    args.providers = _comma_list(ap, args.providers, "provider", known, sorted(known))
+    _timing_defaults(args, gpu)
+    return args
+
+
+def _timing_defaults(args, gpu: bool) -> None:
+    """The defaults of the sizing and timing flags, which depend on the device and --quick."""
     if args.mbytes is None:
         args.mbytes = 1.0 if args.quick else (256.0 if gpu else 16.0)
     if args.time_budget is None and not gpu:
@@ -610,7 +295,6 @@ def parse_args(argv=None):
         args.min_run_time = 0.01 if args.quick else 0.25
     if args.rep_ms is None:
         args.rep_ms = 20.0 if args.quick else 100.0
-    return args
 
 
 def run(args) -> str:
@@ -631,13 +315,7 @@ def run(args) -> str:
     skipped: dict[str, str] = {}
     done = 0
     with open(path, "w", newline="") as fh:
-        for k, v in meta.items():
-            fh.write(f"# {k}: {v}\n")
-        fh.write(f"# command: {' '.join(sys.argv)}\n")
-        fh.write("# bytes model and column meanings: benchmarks/run.py docstring\n")
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        writer.writeheader()
-        fh.flush()
+        writer = _csv_writer(fh, meta)
         inputs_key, inputs = None, None
         for dt_name, n, op, mode in cases:
             if args.time_budget is not None and time.monotonic() - t_start > args.time_budget:
@@ -649,84 +327,13 @@ def run(args) -> str:
             m = args.m if args.m else rows_for(n, dtype, args.mbytes)
             if inputs_key != (dt_name, n, m):
                 inputs = None
-                if gpu:
-                    torch.cuda.empty_cache()
-                gen = torch.Generator(device=device).manual_seed(args.seed)
-                x = torch.randn(m, n, device=device, dtype=dtype, generator=gen).requires_grad_(True)
-                w = (1 + 0.1 * torch.randn(n, device=device, generator=gen)).to(dtype).requires_grad_(True)
-                b = (0.1 * torch.randn(n, device=device, generator=gen)).to(dtype).requires_grad_(True)
-                g = torch.randn(m, n, device=device, dtype=dtype, generator=gen)
-                r = torch.randn(m, n, device=device, dtype=dtype, generator=gen).requires_grad_(True)
-                inputs_key, inputs = (dt_name, n, m), (x, w, b, g, r)
-            x, w, b, g, r = inputs
-            runners: dict[str, Callable] = {}
-            for prov in args.providers:
-                try:
-                    p_op = args.gated_p if op in GATED_OPS else args.p
-                    runners[prov] = make_runner(prov, op, mode, device, p_op, x, w, b, g, r, args.act)
-                    runners[prov]()  # warm-up (and compilation)
-                    runners[prov]()
-                    _sync(device)
-                except Skip as s:
-                    runners.pop(prov, None)
-                    skipped.setdefault(f"{prov} ({s})", "")
-                except Exception as err:  # noqa: BLE001
-                    runners.pop(prov, None)
-                    msg = (
-                        f"{prov} failed on {op} {mode} {dt_name} M={m} N={n}: {type(err).__name__}: "
-                        f"{str(err).splitlines()[0] if str(err) else ''}"
-                    )
-                    notes.append(msg)
-                    print("  " + msg, file=sys.stderr)
-                    if os.environ.get("GPUOPT_BENCH_DEBUG"):
-                        traceback.print_exc()
-            samples: dict[str, list[list[float]]] = {pr: [[], [], []] for pr in runners}
-            for _ in range(args.rounds):
-                for prov, fn in runners.items():
-                    try:
-                        if gpu:
-                            med, lo, hi = time_gpu(fn, 10.0 if args.quick else 25.0, args.rep_ms, args.graphs)
-                            samples[prov][0] += med
-                            samples[prov][1] += lo
-                            samples[prov][2] += hi
-                        else:
-                            samples[prov][0] += time_cpu(fn, args.min_run_time)
-                    except Exception as err:  # noqa: BLE001
-                        notes.append(
-                            f"{prov} failed timing {op} {mode} {dt_name} M={m} N={n}: {type(err).__name__}: {err}"
-                        )
-                        samples[prov] = [[], [], []]
+                inputs_key, inputs = (dt_name, n, m), _case_inputs(device, dtype, m, n, args.seed)
+            case = f"{op} {mode} {dt_name} M={m} N={n}"
+            runners = _runners(args, op, mode, inputs, case, notes, skipped)
+            samples = _time_runners(args, runners, case, notes)
             runners.clear()
-            case_rows = {}
-            for prov, (med, lo, hi) in samples.items():
-                if not med:
-                    continue
-                if gpu:  # medians of the per-round quantiles
-                    ms, p20, p80 = _percentile(med, 0.5), _percentile(lo, 0.5), _percentile(hi, 0.5)
-                else:
-                    ms, p20, p80 = _percentile(med, 0.5), _percentile(med, 0.2), _percentile(med, 0.8)
-                nbytes = bytes_moved("copy" if prov == "copy" else op, mode, m, n, dtype)
-                case_rows[prov] = {
-                    "provider": prov,
-                    "op": op,
-                    "mode": mode,
-                    "dtype": dt_name,
-                    "M": m,
-                    "N": n,
-                    "p": args.gated_p if op in GATED_OPS else args.p,
-                    "ms_median": ms,
-                    "ms_p20": p20,
-                    "ms_p80": p80,
-                    "gbps": nbytes / (ms * 1e6),
-                    "device": device,
-                }
-            copy_gbps = case_rows.get("copy", {}).get("gbps")
-            eager_ms = case_rows.get("eager", {}).get("ms_median")
-            compile_ms = case_rows.get("compile", {}).get("ms_median")
+            case_rows = _case_rows(args, samples, (op, mode, dt_name, m, n))
             for r in case_rows.values():
-                r["ratio_copy"] = r["gbps"] / copy_gbps if copy_gbps else ""
-                r["speedup_vs_eager"] = eager_ms / r["ms_median"] if eager_ms and r["provider"] != "copy" else ""
-                r["speedup_vs_compile"] = compile_ms / r["ms_median"] if compile_ms and r["provider"] != "copy" else ""
                 writer.writerow({k: _fmt(v) for k, v in r.items()})
                 rows.append(r)
             fh.flush()
@@ -741,6 +348,115 @@ def run(args) -> str:
         print(f"note: {note}")
     print_summary(rows)
     return path
+
+
+def _csv_writer(fh, meta: dict[str, str]) -> csv.DictWriter:
+    """The CSV's '# key: value' header lines (metadata, command, where the columns are explained), then its
+    column row; returns the writer of the rows."""
+    for k, v in meta.items():
+        fh.write(f"# {k}: {v}\n")
+    fh.write(f"# command: {' '.join(sys.argv)}\n")
+    fh.write("# bytes model and column meanings: benchmarks/run.py docstring\n")
+    writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+    writer.writeheader()
+    fh.flush()
+    return writer
+
+
+def _case_inputs(device: str, dtype: torch.dtype, m: int, n: int, seed: int) -> tuple:
+    """(x, w, b, g, r) of an (M, N) case, drawn from a generator seeded with `seed`: x, the parameters and the
+    residual require grad; g is the output's gradient."""
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(m, n, device=device, dtype=dtype, generator=gen).requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(n, device=device, generator=gen)).to(dtype).requires_grad_(True)
+    b = (0.1 * torch.randn(n, device=device, generator=gen)).to(dtype).requires_grad_(True)
+    g = torch.randn(m, n, device=device, dtype=dtype, generator=gen)
+    r = torch.randn(m, n, device=device, dtype=dtype, generator=gen).requires_grad_(True)
+    return x, w, b, g, r
+
+
+def _runners(args, op: str, mode: str, inputs: tuple, case: str, notes: list, skipped: dict) -> dict[str, Callable]:
+    """Each provider's runner of the case, run twice (warm-up, compilation); a provider that cannot run here goes
+    into `skipped`, one that fails into `notes`."""
+    x, w, b, g, r = inputs
+    runners: dict[str, Callable] = {}
+    for prov in args.providers:
+        try:
+            p_op = args.gated_p if op in GATED_OPS else args.p
+            runners[prov] = make_runner(prov, op, mode, args.device, p_op, x, w, b, g, r, args.act)
+            runners[prov]()  # warm-up (and compilation)
+            runners[prov]()
+            _sync(args.device)
+        except Skip as s:
+            runners.pop(prov, None)
+            skipped.setdefault(f"{prov} ({s})", "")
+        except Exception as err:  # noqa: BLE001
+            runners.pop(prov, None)
+            msg = f"{prov} failed on {case}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            notes.append(msg)
+            print("  " + msg, file=sys.stderr)
+            if os.environ.get("GPUOPT_BENCH_DEBUG"):
+                traceback.print_exc()
+    return runners
+
+
+def _time_runners(args, runners: dict[str, Callable], case: str, notes: list) -> dict[str, list[list[float]]]:
+    """provider -> [medians, p20s, p80s] pooled over --rounds interleaved rounds (on the CPU, every sample in the
+    first list); a provider whose timing fails is noted and left with no samples."""
+    samples: dict[str, list[list[float]]] = {pr: [[], [], []] for pr in runners}
+    for _ in range(args.rounds):
+        for prov, fn in runners.items():
+            try:
+                if args.device == "cuda":
+                    med, lo, hi = time_gpu(fn, 10.0 if args.quick else 25.0, args.rep_ms, args.graphs)
+                    samples[prov][0] += med
+                    samples[prov][1] += lo
+                    samples[prov][2] += hi
+                else:
+                    samples[prov][0] += time_cpu(fn, args.min_run_time)
+            except Exception as err:  # noqa: BLE001
+                notes.append(f"{prov} failed timing {case}: {type(err).__name__}: {err}")
+                samples[prov] = [[], [], []]
+    return samples
+
+
+def _case_rows(args, samples: dict, case: tuple) -> dict[str, dict]:
+    """provider -> the CSV row of the case (op, mode, dtype name, M, N): times, GB/s, and the ratios to the copy,
+    eager and compile rows of the same case."""
+    op, mode, dt_name, m, n = case
+    case_rows = {}
+    for prov, (med, lo, hi) in samples.items():
+        if not med:
+            continue
+        if args.device == "cuda":  # medians of the per-round quantiles
+            ms, p20, p80 = _percentile(med, 0.5), _percentile(lo, 0.5), _percentile(hi, 0.5)
+        else:
+            ms, p20, p80 = _percentile(med, 0.5), _percentile(med, 0.2), _percentile(med, 0.8)
+        nbytes = bytes_moved("copy" if prov == "copy" else op, mode, m, n, DTYPES[dt_name])
+        case_rows[prov] = {
+            "provider": prov,
+            "op": op,
+            "mode": mode,
+            "dtype": dt_name,
+            "M": m,
+            "N": n,
+            "p": args.gated_p if op in GATED_OPS else args.p,
+            "ms_median": ms,
+            "ms_p20": p20,
+            "ms_p80": p80,
+            "gbps": nbytes / (ms * 1e6),
+            "device": args.device,
+        }
+    copy_gbps = case_rows.get("copy", {}).get("gbps")
+    eager_ms = case_rows.get("eager", {}).get("ms_median")
+    compile_ms = case_rows.get("compile", {}).get("ms_median")
+    for r in case_rows.values():
+        r["ratio_copy"] = r["gbps"] / copy_gbps if copy_gbps else ""
+        r["speedup_vs_eager"] = eager_ms / r["ms_median"] if eager_ms and r["provider"] != "copy" else ""
+        r["speedup_vs_compile"] = compile_ms / r["ms_median"] if compile_ms and r["provider"] != "copy" else ""
+    return case_rows
 
 
 def _fmt(v):

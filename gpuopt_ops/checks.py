@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}  # bias_act's act codes (DESIGN.md)
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -187,39 +188,34 @@ def check_act(op: str, act: int) -> None:
         _fail(op, f"act must be 0 (relu), 1 (gelu), 2 (gelu_tanh) or 3 (silu), got {act}")
 
 
+def _check_bias_op(op: str, name: str, t, grad_out=None, bias=None):
+    """(M, N) of a bias op's row tensor `t` (x, out or saved), after checking it, then grad_out (like t) and the
+    bias ((N,), like x), each where given, in the C++ checks' order."""
+    check_input(op, name, t)
+    if grad_out is not None:
+        check_same(op, "grad_out", grad_out, name, t)
+    n = t.shape[-1]
+    if bias is not None:
+        check_param(op, "bias", bias, t, n)
+    return t.numel() // n, n
+
+
 def check_bias_act(x, bias, act: int):
-    op = "bias_act"
-    check_act(op, act)
-    check_input(op, "x", x)
-    n = x.shape[-1]
-    check_param(op, "bias", bias, x, n)
-    return x.numel() // n, n
+    check_act("bias_act", act)
+    return _check_bias_op("bias_act", "x", x, bias=bias)
 
 
 def check_bias_act_backward(grad_out, saved, bias, act: int):
-    op = "bias_act_backward"
-    check_act(op, act)
-    check_input(op, "saved", saved)
-    check_same(op, "grad_out", grad_out, "saved", saved)
-    n = saved.shape[-1]
-    check_param(op, "bias", bias, saved, n)
-    return saved.numel() // n, n
+    check_act("bias_act_backward", act)
+    return _check_bias_op("bias_act_backward", "saved", saved, grad_out, bias)
 
 
 def check_bias_relu(x, bias):
-    op = "bias_relu"
-    check_input(op, "x", x)
-    n = x.shape[-1]
-    check_param(op, "bias", bias, x, n)
-    return x.numel() // n, n
+    return _check_bias_op("bias_relu", "x", x, bias=bias)
 
 
 def check_bias_relu_backward(grad_out, out):
-    op = "bias_relu_backward"
-    check_input(op, "out", out)
-    check_same(op, "grad_out", grad_out, "out", out)
-    n = out.shape[-1]
-    return out.numel() // n, n
+    return _check_bias_op("bias_relu_backward", "out", out, grad_out)
 
 
 def _check_gated_inputs(op: str, gate, up, seed, p: float, act: int):

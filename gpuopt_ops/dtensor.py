@@ -91,129 +91,153 @@ def _opt(spec, placement):
     return None if spec is None else placement
 
 
+def _norm_forward_strategies(x, params, n_stats, stats_empty, extra_rows=(), n_row_outputs=1):
+    """x, *extra_rows (row-shaped or None), params, seed -> row outputs, statistics: one strategy with every input
+    replicated and one for each dimension of x but the last that its rows may be sharded on."""
+    rep = Replicate()
+    shape = tuple(x.tensor_meta.shape)
+    strategies = []
+    for row in [rep, *[Shard(d) for d in range(len(shape) - 1)]]:
+        stat = rep if row is rep else _rows_placement(shape, row.dim)
+        outs = [row] * n_row_outputs + [rep if stats_empty(i) else stat for i in range(n_stats)]
+        ins = [row, *[_opt(s, row) for s in extra_rows], *[_opt(s, rep) for s in params], rep]
+        strategies.append((outs, ins))
+    return strategies
+
+
+def _norm_backward_strategies(x, params, stats, stats_empty, grad_params, front=(), row_grads=1, row_grad_empty=()):
+    """grad_out, *front (row-shaped or None), x-like, params, stats, seed -> row grads, param grads."""
+    rep = Replicate()
+    shape = tuple(x.tensor_meta.shape)
+    strategies = []
+    for row in [rep, *[Shard(d) for d in range(len(shape) - 1)]]:
+        stat = rep if row is rep else _rows_placement(shape, row.dim)
+        outs = [rep if (row_grad_empty and row_grad_empty[i]) else row for i in range(row_grads)]
+        outs += [rep if (row is rep or not present) else Partial() for present in grad_params]
+        ins = [row, *[_opt(s, row) for s in front], row, *[_opt(s, rep) for s in params]]
+        ins += [rep if stats_empty[i] else stat for i in range(len(stats))]
+        ins += [rep]
+        strategies.append((outs, ins))
+    return strategies
+
+
+def _ldr_rule(x, weight, bias, seed, p, eps):
+    _check_rows("layer_norm_dropout_relu", "x", x)
+    return [(o, i + [None, None]) for o, i in _norm_forward_strategies(x, [weight, bias], 2, lambda i: False)]
+
+
+def _ldr_backward_rule(grad_out, x, weight, bias, mean, rstd, seed, p):
+    _check_rows("layer_norm_dropout_relu_backward", "x", x)
+    grads = [weight is not None, bias is not None]
+    return [
+        (o, i + [None]) for o, i in _norm_backward_strategies(x, [weight, bias], [mean, rstd], [False, False], grads)
+    ]
+
+
+def _nd_rule(x, weight, bias, seed, p, eps, rms, relu):
+    _check_rows("norm_dropout", "x", x)
+    return [(o, i + [None] * 4) for o, i in _norm_forward_strategies(x, [weight, bias], 2, lambda i: rms and i == 0)]
+
+
+def _nd_backward_rule(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu):
+    _check_rows("norm_dropout_backward", "x", x)
+    grads = [weight is not None, bias is not None]
+    strategies = _norm_backward_strategies(x, [weight, bias], [mean, rstd], [bool(rms), False], grads)
+    return [(o, i + [None] * 3) for o, i in strategies]
+
+
+def _dan_rule(x, residual, weight, bias, seed, p, eps, rms, residual_in_fp32):
+    _check_rows("dropout_add_norm", "x", x)
+    _check_rows("dropout_add_norm", "residual", residual)
+    strategies = _norm_forward_strategies(x, [weight, bias], 2, lambda i: rms and i == 0, [residual], n_row_outputs=2)
+    return [(o, i + [None] * 4) for o, i in strategies]
+
+
+def _dan_backward_rule(grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, p, rms, has_residual):
+    _check_rows("dropout_add_norm_backward", "sum", sum)
+    _check_rows("dropout_add_norm_backward", "grad_out", grad_out)
+    grads = [weight is not None, bias is not None]
+    strategies = _norm_backward_strategies(
+        sum,
+        [weight, bias],
+        [mean, rstd],
+        [bool(rms), False],
+        grads,
+        front=[grad_sum],
+        row_grads=2,
+        row_grad_empty=(False, not has_residual),
+    )
+    return [(o, i + [None] * 3) for o, i in strategies]
+
+
+def _elementwise_strategies(x, n_out: int, grad_bias: bool, last_ok: bool):
+    """(outputs, the bias's placement, x's placement) for an element-wise op on x: x-shaped outputs, and
+    with grad_bias a last output that is the bias's gradient (Partial for row shards, Shard(0) for last-dim
+    shards, where the bias is Shard(0) too)."""
+    rep = Replicate()
+    nd = _ndim(x)
+    strategies = []
+    for row in [rep, *[Shard(d) for d in range(nd if last_ok else nd - 1)]]:
+        last = row is not rep and row.dim == nd - 1
+        outs = [row] * (n_out - 1 if grad_bias else n_out)
+        if grad_bias:
+            outs.append(rep if row is rep else (Shard(0) if last else Partial()))
+        strategies.append((outs, Shard(0) if last else rep, row))
+    return strategies
+
+
+def _bias_relu_rule(x, bias):
+    return [(o, [r, b]) for o, b, r in _elementwise_strategies(x, 1, False, True)]
+
+
+def _bias_relu_backward_rule(grad_out, out):
+    return [(o, [r, r]) for o, _, r in _elementwise_strategies(out, 2, True, True)]
+
+
+def _bias_act_rule(x, bias, act):
+    return [(o, [r, b, None]) for o, b, r in _elementwise_strategies(x, 1, False, True)]
+
+
+def _bias_act_backward_rule(grad_out, saved, bias, act):
+    return [(o, [r, r, b, None]) for o, b, r in _elementwise_strategies(saved, 2, True, True)]
+
+
+def _gated_rule(gate, up, seed, p, act):
+    rep = Replicate()
+    if up is None:
+        _check_rows("gated_act", "gate", gate, "its last dimension holds [gate | up], whose halves a shard splits")
+    return [
+        (o, [r, _opt(up, r), rep, None, None]) for o, _, r in _elementwise_strategies(gate, 1, False, up is not None)
+    ]
+
+
+def _gated_backward_rule(grad_out, gate, up, seed, p, act):
+    rep = Replicate()
+    if up is None:
+        _check_rows("gated_act_backward", "gate", gate, "its last dimension holds [gate | up]")
+    return [
+        ([r, rep if up is None else r], [r, r, _opt(up, r), rep, None, None])
+        for _, _, r in _elementwise_strategies(gate, 1, False, up is not None)
+    ]
+
+
 def _rules() -> dict[str, tuple[Callable, int, Optional[int]]]:
     """op name -> (sharding function, index of its first non-tensor argument, and for the dropout ops the index of
     the argument whose rows the seed numbers: x, or in a backward the forward's x / sum / gate). A dropout op's
     seed is the argument before its first non-tensor one (p)."""
-    rep = Replicate()
-
-    def _norm_fwd(x, params, n_stats, stats_empty, extra_rows=(), n_row_outputs=1):
-        shape = tuple(x.tensor_meta.shape)
-        strategies = []
-        for row in [rep, *[Shard(d) for d in range(len(shape) - 1)]]:
-            stat = rep if row is rep else _rows_placement(shape, row.dim)
-            outs = [row] * n_row_outputs + [rep if stats_empty(i) else stat for i in range(n_stats)]
-            ins = [row, *[_opt(s, row) for s in extra_rows], *[_opt(s, rep) for s in params], rep]
-            strategies.append((outs, ins))
-        return strategies
-
-    def _norm_bwd(x, params, stats, stats_empty, grad_params, front=(), row_grads=1, row_grad_empty=()):
-        """grad_out, *front (row-shaped or None), x-like, params, stats, seed -> row grads, param grads."""
-        shape = tuple(x.tensor_meta.shape)
-        strategies = []
-        for row in [rep, *[Shard(d) for d in range(len(shape) - 1)]]:
-            stat = rep if row is rep else _rows_placement(shape, row.dim)
-            outs = [rep if (row_grad_empty and row_grad_empty[i]) else row for i in range(row_grads)]
-            outs += [rep if (row is rep or not present) else Partial() for present in grad_params]
-            ins = [row, *[_opt(s, row) for s in front], row, *[_opt(s, rep) for s in params]]
-            ins += [rep if stats_empty[i] else stat for i in range(len(stats))]
-            ins += [rep]
-            strategies.append((outs, ins))
-        return strategies
-
-    def ldr_fwd(x, weight, bias, seed, p, eps):
-        _check_rows("layer_norm_dropout_relu", "x", x)
-        return [(o, i + [None, None]) for o, i in _norm_fwd(x, [weight, bias], 2, lambda i: False)]
-
-    def ldr_bwd(grad_out, x, weight, bias, mean, rstd, seed, p):
-        _check_rows("layer_norm_dropout_relu_backward", "x", x)
-        grads = [weight is not None, bias is not None]
-        return [(o, i + [None]) for o, i in _norm_bwd(x, [weight, bias], [mean, rstd], [False, False], grads)]
-
-    def nd_fwd(x, weight, bias, seed, p, eps, rms, relu):
-        _check_rows("norm_dropout", "x", x)
-        return [(o, i + [None] * 4) for o, i in _norm_fwd(x, [weight, bias], 2, lambda i: rms and i == 0)]
-
-    def nd_bwd(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu):
-        _check_rows("norm_dropout_backward", "x", x)
-        grads = [weight is not None, bias is not None]
-        strategies = _norm_bwd(x, [weight, bias], [mean, rstd], [bool(rms), False], grads)
-        return [(o, i + [None] * 3) for o, i in strategies]
-
-    def dan_fwd(x, residual, weight, bias, seed, p, eps, rms, residual_in_fp32):
-        _check_rows("dropout_add_norm", "x", x)
-        _check_rows("dropout_add_norm", "residual", residual)
-        strategies = _norm_fwd(x, [weight, bias], 2, lambda i: rms and i == 0, [residual], n_row_outputs=2)
-        return [(o, i + [None] * 4) for o, i in strategies]
-
-    def dan_bwd(grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, p, rms, has_residual):
-        _check_rows("dropout_add_norm_backward", "sum", sum)
-        _check_rows("dropout_add_norm_backward", "grad_out", grad_out)
-        grads = [weight is not None, bias is not None]
-        strategies = _norm_bwd(
-            sum,
-            [weight, bias],
-            [mean, rstd],
-            [bool(rms), False],
-            grads,
-            front=[grad_sum],
-            row_grads=2,
-            row_grad_empty=(False, not has_residual),
-        )
-        return [(o, i + [None] * 3) for o, i in strategies]
-
-    def _elementwise(x, n_out: int, grad_bias: bool, last_ok: bool):
-        """(outputs, the bias's placement, x's placement) for an element-wise op on x: x-shaped outputs, and
-        with grad_bias a last output that is the bias's gradient (Partial for row shards, Shard(0) for last-dim
-        shards, where the bias is Shard(0) too)."""
-        nd = _ndim(x)
-        strategies = []
-        for row in [rep, *[Shard(d) for d in range(nd if last_ok else nd - 1)]]:
-            last = row is not rep and row.dim == nd - 1
-            outs = [row] * (n_out - 1 if grad_bias else n_out)
-            if grad_bias:
-                outs.append(rep if row is rep else (Shard(0) if last else Partial()))
-            strategies.append((outs, Shard(0) if last else rep, row))
-        return strategies
-
-    def bias_relu(x, bias):
-        return [(o, [r, b]) for o, b, r in _elementwise(x, 1, False, True)]
-
-    def bias_relu_bwd(grad_out, out):
-        return [(o, [r, r]) for o, _, r in _elementwise(out, 2, True, True)]
-
-    def bias_act(x, bias, act):
-        return [(o, [r, b, None]) for o, b, r in _elementwise(x, 1, False, True)]
-
-    def bias_act_bwd(grad_out, saved, bias, act):
-        return [(o, [r, r, b, None]) for o, b, r in _elementwise(saved, 2, True, True)]
-
-    def gated(gate, up, seed, p, act):
-        if up is None:
-            _check_rows("gated_act", "gate", gate, "its last dimension holds [gate | up], whose halves a shard splits")
-        return [(o, [r, _opt(up, r), rep, None, None]) for o, _, r in _elementwise(gate, 1, False, up is not None)]
-
-    def gated_bwd(grad_out, gate, up, seed, p, act):
-        if up is None:
-            _check_rows("gated_act_backward", "gate", gate, "its last dimension holds [gate | up]")
-        return [
-            ([r, rep if up is None else r], [r, r, _opt(up, r), rep, None, None])
-            for _, _, r in _elementwise(gate, 1, False, up is not None)
-        ]
-
     return {
-        "layer_norm_dropout_relu": (ldr_fwd, 4, 0),
-        "layer_norm_dropout_relu_backward": (ldr_bwd, 7, 1),
-        "norm_dropout": (nd_fwd, 4, 0),
-        "norm_dropout_backward": (nd_bwd, 7, 1),
-        "dropout_add_norm": (dan_fwd, 5, 0),
-        "dropout_add_norm_backward": (dan_bwd, 8, 2),
-        "bias_relu": (bias_relu, 100, None),
-        "bias_relu_backward": (bias_relu_bwd, 100, None),
-        "bias_act": (bias_act, 2, None),
-        "bias_act_backward": (bias_act_bwd, 3, None),
-        "gated_act": (gated, 3, 0),
-        "gated_act_backward": (gated_bwd, 4, 1),
+        "layer_norm_dropout_relu": (_ldr_rule, 4, 0),
+        "layer_norm_dropout_relu_backward": (_ldr_backward_rule, 7, 1),
+        "norm_dropout": (_nd_rule, 4, 0),
+        "norm_dropout_backward": (_nd_backward_rule, 7, 1),
+        "dropout_add_norm": (_dan_rule, 5, 0),
+        "dropout_add_norm_backward": (_dan_backward_rule, 8, 2),
+        "bias_relu": (_bias_relu_rule, 100, None),
+        "bias_relu_backward": (_bias_relu_backward_rule, 100, None),
+        "bias_act": (_bias_act_rule, 2, None),
+        "bias_act_backward": (_bias_act_backward_rule, 3, None),
+        "gated_act": (_gated_rule, 3, 0),
+        "gated_act_backward": (_gated_backward_rule, 4, 1),
     }
 
 
@@ -376,15 +400,19 @@ class SequenceParallel(_TorchSequenceParallel):
         return outputs.to_local()
 
 
+class ShardsAsLinear:
+    """Marks a module that `ColwiseParallel` shards as nn.Linear: `weight` (out, in) and `bias` (out,), then only
+    element-wise work on the matmul's output (gpuopt_ops.modules' LinearBiasReLU and LinearBiasAct)."""
+
+
 class ColwiseParallel(_TorchColwiseParallel):
     """torch's `ColwiseParallel` style, which takes nn.Linear and nn.Embedding only, also for `LinearBiasReLU` and
-    `LinearBiasAct`: weight and bias `Shard(0)` as nn.Linear's, the output `Shard(-1)`. The activation is
-    element-wise, so it runs on each rank's columns (bias_act's last-dimension strategy) with no communication."""
+    `LinearBiasAct` (a `ShardsAsLinear`): weight and bias `Shard(0)` as nn.Linear's, the output `Shard(-1)`. The
+    activation is element-wise, so it runs on each rank's columns (bias_act's last-dimension strategy) with no
+    communication."""
 
     def _apply(self, module, device_mesh):
-        from .modules import LinearBiasAct, LinearBiasReLU
-
-        if not isinstance(module, (LinearBiasReLU, LinearBiasAct)):
+        if not isinstance(module, ShardsAsLinear):
             return super()._apply(module, device_mesh)
         return distribute_module(
             module,

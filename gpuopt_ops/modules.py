@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .backends import resolve_backend
+from .dtensor import ShardsAsLinear
 from .ops import (
     ACTIVATIONS,
     NORM_ACTIVATIONS,
@@ -50,25 +51,60 @@ def default_rms_eps(dtype: torch.dtype) -> float:
     return torch.finfo(compute).eps
 
 
-def _norm_parameters(module: nn.Module, elementwise_affine: bool, bias: Optional[bool], factory: dict) -> None:
-    """`weight` and `bias` of module.normalized_shape as nn.LayerNorm registers them (None when not affine or
-    bias=False); bias=None: no bias at all (nn.RMSNorm's parameters: `weight` alone)."""
-    shape = module.normalized_shape
-    names = ("weight",) if bias is None else ("weight", "bias")
-    for name in names:
-        wanted = elementwise_affine and (name == "weight" or bias)
-        module.register_parameter(name, nn.Parameter(torch.empty(shape, **factory)) if wanted else None)
+class _FusedNorm(nn.Module):
+    """What the fused norm modules share: normalized_shape (one dimension, but for FusedLayerNormDropoutReLU's), p,
+    eps (None: nn.RMSNorm's default, `default_rms_eps(x.dtype)`), backend, nn.LayerNorm's / nn.RMSNorm's parameters
+    and initialisation, the op's keyword arguments."""
+
+    _norm = "layer"
+
+    def _setup(self, normalized_shape, p, eps, backend, one_dimension: bool = True) -> None:
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (int(normalized_shape),)
+        self.normalized_shape = tuple(int(s) for s in normalized_shape)
+        if one_dimension and len(self.normalized_shape) != 1:
+            raise ValueError(
+                f"{type(self).__name__}: normalized_shape must be one dimension (the last of x), "
+                f"got {self.normalized_shape}"
+            )
+        if not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = float(p)
+        self.eps = None if eps is None else float(eps)
+        self.backend = resolve_backend(backend)
+
+    def _add_parameters(self, elementwise_affine: bool, bias: Optional[bool], device, dtype) -> None:
+        """`weight` and `bias` of normalized_shape as nn.LayerNorm registers them (None when not affine or
+        bias=False; bias=None: no bias at all, nn.RMSNorm's parameters: `weight` alone), initialised."""
+        names = ("weight",) if bias is None else ("weight", "bias")
+        for name in names:
+            wanted = elementwise_affine and (name == "weight" or bias)
+            empty = torch.empty(self.normalized_shape, device=device, dtype=dtype)
+            self.register_parameter(name, nn.Parameter(empty) if wanted else None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """nn.LayerNorm's / nn.RMSNorm's initialisation: weight ones, bias zeros."""
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if getattr(self, "bias", None) is not None:
+            nn.init.zeros_(self.bias)
+
+    def _op_kwargs(self, x: torch.Tensor) -> dict:
+        eps = default_rms_eps(x.dtype) if self.eps is None else self.eps
+        return dict(norm=self._norm, p=self.p, training=self.training, eps=eps, backend=self.backend)
+
+    def _params(self) -> tuple:
+        return self.weight, getattr(self, "bias", None)
+
+    def _repr(self, extra: str) -> str:
+        return (
+            f"{self.normalized_shape}, p={self.p}, eps={self.eps}, elementwise_affine={self.weight is not None}, "
+            f"{extra}, backend={self.backend!r}"
+        )
 
 
-def _reset_norm_parameters(module: nn.Module) -> None:
-    """nn.LayerNorm's / nn.RMSNorm's initialisation: weight ones, bias zeros."""
-    if module.weight is not None:
-        nn.init.ones_(module.weight)
-    if getattr(module, "bias", None) is not None:
-        nn.init.zeros_(module.bias)
-
-
-class FusedLayerNormDropoutReLU(nn.Module):
+class FusedLayerNormDropoutReLU(_FusedNorm):
     """relu(dropout(layer_norm(x))) in one kernel; a drop-in for LayerNorm → Dropout(p) → ReLU.
 
     The dropout seed is drawn from torch's generator on x's device at each training forward, so
@@ -88,20 +124,9 @@ class FusedLayerNormDropoutReLU(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        if isinstance(normalized_shape, numbers.Integral):
-            normalized_shape = (int(normalized_shape),)
-        self.normalized_shape = tuple(int(s) for s in normalized_shape)
-        if not 0.0 <= float(p) <= 1.0:
-            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-        self.p = float(p)
-        self.eps = float(eps)
+        self._setup(normalized_shape, p, float(eps), backend, one_dimension=False)
         self.elementwise_affine = elementwise_affine
-        self.backend = resolve_backend(backend)
-        _norm_parameters(self, elementwise_affine, bias, {"device": device, "dtype": dtype})
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        _reset_norm_parameters(self)
+        self._add_parameters(elementwise_affine, bias, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return layer_norm_dropout_relu(
@@ -151,17 +176,11 @@ def matmul_rounds_to_16_bit(x: torch.Tensor) -> bool:
     return x.dtype in (torch.bfloat16, torch.float16)
 
 
-class LinearBiasReLU(nn.Module):
-    """relu(x @ weight.T + bias): a bias-free matmul, then the fused bias-add + ReLU.
+class _LinearBias(ShardsAsLinear, nn.Module):
+    """What LinearBiasReLU and LinearBiasAct share: nn.Linear(in_features, out_features)'s parameters and
+    initialisation, so nn.Linear state dicts load unchanged, and the backend."""
 
-    In bf16 / fp16 (the dtype of x, or autocast's) it is nn.Linear then ReLU: the bias is added inside the matmul's
-    fp32 accumulation, before its one rounding, as nn.Linear does (see `matmul_rounds_to_16_bit`).
-
-    Same parameters and initialisation as nn.Linear(in_features, out_features), so a state dict of
-    nn.Linear (or of nn.Sequential(nn.Linear, nn.ReLU)'s first entry) loads unchanged.
-    """
-
-    def __init__(self, in_features: int, out_features: int, backend: str = "auto", device=None, dtype=None) -> None:
+    def __init__(self, in_features: int, out_features: int, backend: str, device, dtype) -> None:
         super().__init__()
         self.in_features = int(in_features)
         self.out_features = int(out_features)
@@ -178,6 +197,20 @@ class LinearBiasReLU(nn.Module):
         bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
         nn.init.uniform_(self.bias, -bound, bound)
 
+
+class LinearBiasReLU(_LinearBias):
+    """relu(x @ weight.T + bias): a bias-free matmul, then the fused bias-add + ReLU.
+
+    In bf16 / fp16 (the dtype of x, or autocast's) it is nn.Linear then ReLU: the bias is added inside the matmul's
+    fp32 accumulation, before its one rounding, as nn.Linear does (see `matmul_rounds_to_16_bit`).
+
+    Same parameters and initialisation as nn.Linear(in_features, out_features), so a state dict of
+    nn.Linear (or of nn.Sequential(nn.Linear, nn.ReLU)'s first entry) loads unchanged.
+    """
+
+    def __init__(self, in_features: int, out_features: int, backend: str = "auto", device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, backend, device, dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if matmul_rounds_to_16_bit(x):
             return torch.relu(F.linear(x, self.weight, self.bias))
@@ -187,7 +220,7 @@ class LinearBiasReLU(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, backend={self.backend!r}"
 
 
-class LinearBiasAct(nn.Module):
+class LinearBiasAct(_LinearBias):
     """act(x @ weight.T + bias): a bias-free matmul, then the fused bias-add + activation (gpuopt_ops.bias_act).
     In bf16 / fp16 it is nn.Linear then the activation, as LinearBiasReLU is.
 
@@ -198,19 +231,10 @@ class LinearBiasAct(nn.Module):
     def __init__(
         self, in_features: int, out_features: int, act: str = "gelu", backend: str = "auto", device=None, dtype=None
     ) -> None:
-        super().__init__()
         if act not in ACTIVATIONS:
             raise ValueError(f"LinearBiasAct: act must be one of {', '.join(map(repr, ACTIVATIONS))}, got {act!r}")
-        self.in_features = int(in_features)
-        self.out_features = int(out_features)
+        super().__init__(in_features, out_features, backend, device, dtype)
         self.act = act
-        self.backend = resolve_backend(backend)
-        factory = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(self.out_features, self.in_features, **factory))
-        self.bias = nn.Parameter(torch.empty(self.out_features, **factory))
-        self.reset_parameters()
-
-    reset_parameters = LinearBiasReLU.reset_parameters
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if matmul_rounds_to_16_bit(x):
@@ -221,44 +245,6 @@ class LinearBiasAct(nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, act={self.act!r}, "
             f"backend={self.backend!r}"
-        )
-
-
-class _FusedNorm(nn.Module):
-    """What the one-dimensional fused norm modules share: normalized_shape, p, eps (None: nn.RMSNorm's default,
-    `default_rms_eps(x.dtype)`), backend, nn.LayerNorm's / nn.RMSNorm's initialisation, the op's keyword arguments."""
-
-    _norm = "layer"
-
-    def _setup(self, normalized_shape, p, eps, backend) -> None:
-        if isinstance(normalized_shape, numbers.Integral):
-            normalized_shape = (int(normalized_shape),)
-        self.normalized_shape = tuple(int(s) for s in normalized_shape)
-        if len(self.normalized_shape) != 1:
-            raise ValueError(
-                f"{type(self).__name__}: normalized_shape must be one dimension (the last of x), "
-                f"got {self.normalized_shape}"
-            )
-        if not 0.0 <= float(p) <= 1.0:
-            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-        self.p = float(p)
-        self.eps = None if eps is None else float(eps)
-        self.backend = resolve_backend(backend)
-
-    def reset_parameters(self) -> None:
-        _reset_norm_parameters(self)
-
-    def _op_kwargs(self, x: torch.Tensor) -> dict:
-        eps = default_rms_eps(x.dtype) if self.eps is None else self.eps
-        return dict(norm=self._norm, p=self.p, training=self.training, eps=eps, backend=self.backend)
-
-    def _params(self) -> tuple:
-        return self.weight, getattr(self, "bias", None)
-
-    def _repr(self, extra: str) -> str:
-        return (
-            f"{self.normalized_shape}, p={self.p}, eps={self.eps}, elementwise_affine={self.weight is not None}, "
-            f"{extra}, backend={self.backend!r}"
         )
 
 
@@ -307,8 +293,7 @@ class FusedDropoutAddLayerNorm(_FusedDropoutAddNorm):
     ) -> None:
         super().__init__()
         self._setup_dan(normalized_shape, p, float(eps), prenorm, residual_in_fp32, backend)
-        _norm_parameters(self, elementwise_affine, bias, {"device": device, "dtype": dtype})
-        self.reset_parameters()
+        self._add_parameters(elementwise_affine, bias, device, dtype)
 
 
 class FusedDropoutAddRMSNorm(_FusedDropoutAddNorm):
@@ -331,8 +316,7 @@ class FusedDropoutAddRMSNorm(_FusedDropoutAddNorm):
     ) -> None:
         super().__init__()
         self._setup_dan(normalized_shape, p, eps, prenorm, residual_in_fp32, backend)
-        _norm_parameters(self, elementwise_affine, None, {"device": device, "dtype": dtype})
-        self.reset_parameters()
+        self._add_parameters(elementwise_affine, None, device, dtype)
 
 
 class _FusedNormDropout(_FusedNorm):
@@ -370,8 +354,7 @@ class FusedLayerNormDropout(_FusedNormDropout):
     ) -> None:
         super().__init__()
         self._setup_nd(normalized_shape, p, float(eps), activation, backend)
-        _norm_parameters(self, elementwise_affine, bias, {"device": device, "dtype": dtype})
-        self.reset_parameters()
+        self._add_parameters(elementwise_affine, bias, device, dtype)
 
 
 class FusedRMSNormDropout(_FusedNormDropout):
@@ -393,8 +376,7 @@ class FusedRMSNormDropout(_FusedNormDropout):
     ) -> None:
         super().__init__()
         self._setup_nd(normalized_shape, p, eps, activation, backend)
-        _norm_parameters(self, elementwise_affine, None, {"device": device, "dtype": dtype})
-        self.reset_parameters()
+        self._add_parameters(elementwise_affine, None, device, dtype)
 
 
 class GatedMLP(nn.Module):

@@ -13,6 +13,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .checks import ACTIVATIONS
+
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -77,6 +79,14 @@ def dropout_keep_mask(seed, m: int, n: int, p: float, device=None) -> torch.Tens
     return torch.from_numpy(u >= t).reshape(m, n).to(device)
 
 
+def _dropped(v: torch.Tensor, seed, p: float, dtype: torch.dtype) -> torch.Tensor:
+    """v with DESIGN.md's dropout applied at each element's linear index (rows of v.shape[-1]): a kept element times
+    the op's scale for inputs of `dtype` (fp32 unless fp64, whatever v's dtype), a dropped one zero."""
+    n = v.shape[-1]
+    keep = dropout_keep_mask(seed, v.numel() // n, n, p, device=v.device).reshape(v.shape)
+    return torch.where(keep, v * dropout_scale(p, dtype), torch.zeros((), dtype=v.dtype, device=v.device))
+
+
 def seed_value(seed: torch.Tensor | int) -> int:
     return int(seed.reshape(-1)[0].item()) if isinstance(seed, torch.Tensor) else int(seed)
 
@@ -124,13 +134,8 @@ def norm_dropout(
     """act(dropout(norm(x) * weight + bias)) over the last dim from unfused PyTorch ops: norm is LayerNorm or
     RMSNorm (rms), act ReLU (relu) or the identity. As layer_norm_dropout_relu's reference otherwise; mean is
     empty for rms."""
-    dt = compute_dtype or x.dtype
-    n = x.shape[-1]
-    m = x.numel() // n
-    y, mean, rstd = _affine_norm(x.to(dt), weight, bias, eps, rms)
-    keep = dropout_keep_mask(seed, m, n, p, device=x.device).reshape(x.shape)
-    scale = dropout_scale(p, x.dtype)  # the op's constant: fp32 unless x is fp64, whatever compute_dtype is
-    y = torch.where(keep, y * scale, torch.zeros((), dtype=dt, device=x.device))
+    y, mean, rstd = _affine_norm(x.to(compute_dtype or x.dtype), weight, bias, eps, rms)
+    y = _dropped(y, seed, p, x.dtype)
     return (torch.relu(y) if relu else y), mean, rstd
 
 
@@ -173,13 +178,9 @@ def dropout_add_norm(
     gradient through). Returns (out, sum, mean, rstd): out in compute_dtype, sum in S, mean empty for rms.
     """
     dt = compute_dtype or x.dtype
-    n = x.shape[-1]
-    m = x.numel() // n
     s_dtype = torch.float32 if residual_in_fp32 and x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    keep = dropout_keep_mask(seed, m, n, p, device=x.device).reshape(x.shape)
-    scale = dropout_scale(p, x.dtype)  # the op's constant: fp32 unless x is fp64, whatever compute_dtype is
     xc = x.to(dt)
-    d = xc if dropout_threshold(p) == 0 else torch.where(keep, xc * scale, torch.zeros((), dtype=dt, device=x.device))
+    d = xc if dropout_threshold(p) == 0 else _dropped(xc, seed, p, x.dtype)
     s = d + residual.to(dt) if residual is not None else d
     stored = s.to(s_dtype)
     y, mean, rstd = _affine_norm(stored.to(dt), weight, bias, eps, rms)
@@ -214,7 +215,7 @@ def bias_act(
 
 
 def activation(z: torch.Tensor, act: int) -> torch.Tensor:
-    """torch's own activation of an act code (0 relu, 1 gelu, 2 gelu_tanh, 3 silu: `ops.ACTIVATIONS`)."""
+    """torch's own activation of an act code (0 relu, 1 gelu, 2 gelu_tanh, 3 silu: `ACTIVATIONS`)."""
     if act == 0:
         return torch.relu(z)
     if act == 1:
@@ -242,9 +243,7 @@ def gated_act(
     h = activation(gate.to(dt), act) * up.to(dt)
     if dropout_threshold(p) == 0:
         return h
-    f = h.shape[-1]
-    keep = dropout_keep_mask(seed, h.numel() // f, f, p, device=h.device).reshape(h.shape)
-    return torch.where(keep, h * dropout_scale(p, gate.dtype), torch.zeros((), dtype=dt, device=h.device))
+    return _dropped(h, seed, p, gate.dtype)
 
 
 def eager_gated_act(gate, up, act: str = "silu", p: float = 0.0, training: bool = True):
@@ -252,8 +251,6 @@ def eager_gated_act(gate, up, act: str = "silu", p: float = 0.0, training: bool 
     torch's own dropout RNG."""
     if up is None:
         gate, up = gate.chunk(2, dim=-1)
-    from .ops import ACTIVATIONS
-
     h = activation(gate, ACTIVATIONS[act]) * up
     return torch.nn.functional.dropout(h, p, training) if p > 0 and training else h
 

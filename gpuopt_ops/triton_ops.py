@@ -85,7 +85,7 @@ from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as _LDR  # noqa: E
 
 from . import checks as V  # noqa: E402
 from . import dtensor  # noqa: E402
-from .ops import (  # noqa: E402
+from .autograd import (  # noqa: E402
     register_bias_act_autograd,
     register_bias_relu_autograd,
     register_dropout_add_norm_autograd,

@@ -45,6 +45,13 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=_HelpFormatter)
+    for add_flags in (_add_data_flags, _add_schedule_flags, _add_model_flags, _add_run_flags, _add_report_flags):
+        add_flags(ap)  # in this order: the order of --help
+    return ap
+
+
+def _add_data_flags(ap: argparse.ArgumentParser) -> None:
+    """--data, --data-dir, --out: what to train on and where the run writes."""
     ap.add_argument(
         "--data",
         choices=("digits", "mnist"),
@@ -53,10 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--data-dir", type=Path, default=None, help="folder with the MNIST IDX files (raw or .gz)")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default runs/<data>)")
+
+
+def _add_schedule_flags(ap: argparse.ArgumentParser) -> None:
+    """--epochs, --batch-size, --lr, --weight-decay: the optimisation schedule."""
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--weight-decay", type=float, default=0.01)
+
+
+def _add_model_flags(ap: argparse.ArgumentParser) -> None:
+    """The model and how it runs: size, dropout, linear kind, backend, device, amp, fuse, compile, activation
+    checkpointing."""
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--depth", type=int, default=2, help="number of [linear → LN-dropout-ReLU] blocks")
     ap.add_argument("--dropout", type=float, default=0.1)
@@ -87,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="recompute each block in backward (torch.utils.checkpoint, non-reentrant)",
     )
+
+
+def _add_run_flags(ap: argparse.ArgumentParser) -> None:
+    """How the run goes: clipping, seed, resume / stop, FSDP, data workers, how often the loss is read."""
     ap.add_argument("--clip", type=float, default=1.0, help="max gradient norm (0: no clipping)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -115,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
         "each epoch) for the progress bar and the check that the loss is finite; the steps in "
         "between make no host sync",
     )
+
+
+def _add_report_flags(ap: argparse.ArgumentParser) -> None:
+    """What the run reports: profile, memory report, progress bar, curves."""
     ap.add_argument(
         "--profile",
         action="store_true",
@@ -127,7 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
-    return ap
 
 
 def resolve_device(args) -> torch.device:

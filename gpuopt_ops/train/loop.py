@@ -256,29 +256,8 @@ def train(ctx: RunContext) -> dict:
     model = build_model(cfg, args, ctx.backend, device)
     if ctx.ckpt is not None:
         load_model_state(model, ctx.ckpt)
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
-    wrapped = model
-    if args.fsdp:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        mp = (
-            MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
-            if amp_dtype
-            else MixedPrecisionPolicy()
-        )
-        for block in model.blocks:
-            fully_shard(block, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
-        amp_dtype = None  # FSDP2 casts the parameters itself; no autocast on top
-    elif dist.active:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=args.lr
-    )
+    wrapped, amp_dtype = _distribute(model, args, dist, device)
+    optimizer = _optimizer(model, args)
     pin = device.type == "cuda"
     train_set, test_set = TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
     local_batch = args.batch_size // dist.world
@@ -295,24 +274,7 @@ def train(ctx: RunContext) -> dict:
     torch.manual_seed(rank_seed(args.seed, dist.rank))  # dropout: a different, reproducible stream per rank
     if device.type == "cuda":
         torch.cuda.manual_seed(rank_seed(args.seed, dist.rank))
-    start_epoch, step, history = 0, 0, []
-    if ctx.ckpt is not None:
-        ckpt = ctx.ckpt
-        load_optimizer_state(model, optimizer, ckpt)
-        scheduler.load_state_dict(ckpt["scheduler"])
-        if ckpt.get("scaler") and scaler.is_enabled():
-            scaler.load_state_dict(ckpt["scaler"])
-        start_epoch, step, history = ckpt["epoch"], ckpt["step"], list(ckpt["history"])
-        states = ckpt.get("rng_per_rank") or [ckpt["rng"]]
-        if len(states) == dist.world:
-            set_rng_state(states[dist.rank], device)
-        else:
-            ctx.log(
-                f"{PROG}: the checkpoint was written by {len(states)} process(es), this run has {dist.world}: "
-                "weights, optimizer and schedule resume exactly; the data split and dropout streams start anew"
-            )
-            torch.manual_seed(rank_seed(args.seed + start_epoch, dist.rank))
-        ctx.log(f"{PROG}: resumed {ctx.resume_path} at epoch {start_epoch}, step {step}")
+    start_epoch, step, history = _resume(ctx, model, optimizer, scheduler, scaler)
     if dist.main:
         ctx.out_dir.mkdir(parents=True, exist_ok=True)
     dist.barrier()
@@ -328,17 +290,7 @@ def train(ctx: RunContext) -> dict:
         xb, yb = next(iter(DataLoader(train_set, batch_size=args.batch_size)))
         memory_report(model, cfg, args, xb.to(device), yb.to(device), device, autocast, ctx.out_dir)
 
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    mode = f", {'FSDP2' if args.fsdp else 'DDP'} over {dist.world} processes" if dist.active else ""
-    ctx.log(
-        f"{PROG}: {args.data} ({len(train_set)} train / {len(test_set)} test), MLP {cfg['in_features']}→"
-        f"{args.hidden}×{args.depth}→{cfg['num_classes']}, backend {ctx.backend}, device {device}, amp {args.amp}"
-        f"{', compiled' if args.compile else ''}"
-        f"{', activation checkpointing' if args.checkpoint_activations else ''}{mode}"
-    )
+    _log_start(ctx, len(train_set), len(test_set))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     # with fp16 the GradScaler skips the steps whose loss or gradients are not finite: nothing to report then
@@ -348,91 +300,189 @@ def train(ctx: RunContext) -> dict:
     model.train()
     for epoch in range(start_epoch, end_epoch):
         sampler.set_epoch(epoch)
-        prof_ctx = contextlib.nullcontext()
-        if args.profile and epoch == start_epoch and dist.main:
-            prof_ctx = profiler(ctx.out_dir, device)
-        bar = (
-            tqdm(
-                total=steps_per_epoch,
-                desc=f"epoch {epoch + 1}/{args.epochs}",
-                leave=False,
-                disable=args.no_progress or not dist.main,
-                file=sys.stderr,
-            )
-            if tqdm
-            else None
-        )
-        t0 = time.perf_counter()
-        sums = EpochSums(device)
-        read_at = t.step  # the loss was finite up to this step
-        with prof_ctx as prof:
-            for xb, yb in train_loader:
-                xb = xb.to(device, non_blocking=True)
-                yb = yb.to(device, non_blocking=True)
-                loss, logits = train_step(t, xb, yb)
-                t.step += 1
-                sums.add(loss, logits, yb)
-                if prof is not None:
-                    prof.step()
-                if t.step % args.log_every == 0:
-                    loss_sum, _ = read_sums(sums, read_at + 1, t.step, check_finite, args.log_every)
-                    read_at = t.step
-                    if bar is not None:
-                        bar.set_postfix(
-                            loss=f"{loss_sum / sums.seen:.4f}",
-                            samples_s=f"{dist.world * sums.seen / (time.perf_counter() - t0):.0f}",
-                            refresh=False,
-                        )
-                if bar is not None:
-                    bar.update(1)
-        if bar is not None:
-            bar.close()
-        train_time = time.perf_counter() - t0
+        profile = args.profile and epoch == start_epoch and dist.main
+        sums, read_at, train_time = _train_epoch(ctx, t, train_loader, epoch, steps_per_epoch, profile)
         loss_sum, correct = read_sums(sums, read_at + 1, t.step, check_finite, args.log_every)
         loss_sum, correct, seen = dist.sum([loss_sum, correct, sums.seen], device)
-        test_loss, test_acc = evaluate(step_model, test_loader, device, autocast)  # every rank: FSDP gathers
-        rec = {
-            "epoch": epoch + 1,
-            "step": t.step,
-            "train_loss": loss_sum / seen,
-            "train_acc": correct / seen,
-            "test_loss": test_loss,
-            "test_acc": test_acc,
-            "lr": scheduler.get_last_lr()[0],
-            "epoch_seconds": round(train_time, 4),
-            "samples_per_s": round(seen / train_time, 1),
-            "data": args.data,
-            "backend": ctx.backend,
-            "amp": args.amp,
-        }
-        history.append(rec)
-        ctx.log(
-            f"epoch {epoch + 1:3d}/{args.epochs}  train loss {rec['train_loss']:.4f} acc "
-            f"{100 * rec['train_acc']:.2f}%  test loss {test_loss:.4f} acc {100 * test_acc:.2f}%  "
-            f"{rec['samples_per_s']:.0f} samples/s"
-        )
-        model_sd, optim_sd = full_state(model, optimizer, cpu_offload=dist.active)  # every rank: FSDP gathers
-        rngs = dist.gather_object(rng_state(device))
-        if dist.main:
-            state = {
-                "format": CHECKPOINT_FORMAT,
-                "config": cfg,
-                "model": model_sd,
-                "optimizer": optim_sd,
-                "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict() if scaler.is_enabled() else None,
-                "epoch": epoch + 1,
-                "step": t.step,
-                "rng": rngs[0],
-                "rng_per_rank": rngs,
-                "world_size": dist.world,
-                "history": history,
-                "torch": str(torch.__version__),
-            }
-            save_checkpoint(ctx.ckpt_path, state)
-            write_metrics(ctx.out_dir, history)
+        test = evaluate(step_model, test_loader, device, autocast)  # every rank: FSDP gathers
+        lr = scheduler.get_last_lr()[0]
+        history.append(_epoch_record(ctx, epoch, t.step, (loss_sum, correct, seen), test, lr, train_time))
+        _save_epoch(ctx, t, history)
         dist.barrier()
     return _summary(ctx, history, start_epoch, time.perf_counter() - t_run)
+
+
+def _distribute(model: nn.Module, args, dist: Dist, device) -> tuple[nn.Module, Optional[torch.dtype]]:
+    """(what the step calls, the autocast dtype): the model sharded by FSDP2 (which casts the parameters itself, so
+    no autocast on top) with --fsdp, wrapped in DDP under torchrun, else the model itself."""
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+    if args.fsdp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = (
+            MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
+            if amp_dtype
+            else MixedPrecisionPolicy()
+        )
+        for block in model.blocks:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        return model, None
+    if dist.active:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None), amp_dtype
+    return model, amp_dtype
+
+
+def _optimizer(model: nn.Module, args) -> torch.optim.Optimizer:
+    """AdamW with weight decay on the matrices only (not on biases and norm parameters)."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=args.lr
+    )
+
+
+def _resume(ctx: RunContext, model, optimizer, scheduler, scaler) -> tuple[int, int, list]:
+    """(start epoch, step, history) of the run: the checkpoint's, with the optimizer, schedule, scaler and RNG
+    states it holds restored, or a fresh start."""
+    if ctx.ckpt is None:
+        return 0, 0, []
+    args, dist, ckpt = ctx.args, ctx.dist, ctx.ckpt
+    load_optimizer_state(model, optimizer, ckpt)
+    scheduler.load_state_dict(ckpt["scheduler"])
+    if ckpt.get("scaler") and scaler.is_enabled():
+        scaler.load_state_dict(ckpt["scaler"])
+    start_epoch, step, history = ckpt["epoch"], ckpt["step"], list(ckpt["history"])
+    states = ckpt.get("rng_per_rank") or [ckpt["rng"]]
+    if len(states) == dist.world:
+        set_rng_state(states[dist.rank], ctx.device)
+    else:
+        ctx.log(
+            f"{PROG}: the checkpoint was written by {len(states)} process(es), this run has {dist.world}: "
+            "weights, optimizer and schedule resume exactly; the data split and dropout streams start anew"
+        )
+        torch.manual_seed(rank_seed(args.seed + start_epoch, dist.rank))
+    ctx.log(f"{PROG}: resumed {ctx.resume_path} at epoch {start_epoch}, step {step}")
+    return start_epoch, step, history
+
+
+def _log_start(ctx: RunContext, n_train: int, n_test: int) -> None:
+    args, dist, cfg = ctx.args, ctx.dist, ctx.cfg
+    mode = f", {'FSDP2' if args.fsdp else 'DDP'} over {dist.world} processes" if dist.active else ""
+    ctx.log(
+        f"{PROG}: {args.data} ({n_train} train / {n_test} test), MLP {cfg['in_features']}→"
+        f"{args.hidden}×{args.depth}→{cfg['num_classes']}, backend {ctx.backend}, device {ctx.device}, amp {args.amp}"
+        f"{', compiled' if args.compile else ''}"
+        f"{', activation checkpointing' if args.checkpoint_activations else ''}{mode}"
+    )
+
+
+def _progress_bar(ctx: RunContext, epoch: int, steps_per_epoch: int):
+    """The epoch's tqdm bar on stderr (disabled by --no-progress and on every rank but the first), None without
+    tqdm."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(
+        total=steps_per_epoch,
+        desc=f"epoch {epoch + 1}/{ctx.args.epochs}",
+        leave=False,
+        disable=ctx.args.no_progress or not ctx.dist.main,
+        file=sys.stderr,
+    )
+
+
+def _train_epoch(ctx: RunContext, t: Trainer, loader: DataLoader, epoch: int, steps_per_epoch: int, profile: bool):
+    """One epoch of train_step over `loader`: (its EpochSums, the step up to which the loss was read finite, the
+    seconds it took). Reads the sums every --log-every steps (the finite check, the bar's loss); with `profile`,
+    runs under the profiler."""
+    args, device = ctx.args, ctx.device
+    check_finite = not t.scaler.is_enabled()
+    prof_ctx = profiler(ctx.out_dir, device) if profile else contextlib.nullcontext()
+    bar = _progress_bar(ctx, epoch, steps_per_epoch)
+    t0 = time.perf_counter()
+    sums = EpochSums(device)
+    read_at = t.step  # the loss was finite up to this step
+    with prof_ctx as prof:
+        for xb, yb in loader:
+            xb = xb.to(device, non_blocking=True)
+            yb = yb.to(device, non_blocking=True)
+            loss, logits = train_step(t, xb, yb)
+            t.step += 1
+            sums.add(loss, logits, yb)
+            if prof is not None:
+                prof.step()
+            if t.step % args.log_every == 0:
+                loss_sum, _ = read_sums(sums, read_at + 1, t.step, check_finite, args.log_every)
+                read_at = t.step
+                if bar is not None:
+                    bar.set_postfix(
+                        loss=f"{loss_sum / sums.seen:.4f}",
+                        samples_s=f"{ctx.dist.world * sums.seen / (time.perf_counter() - t0):.0f}",
+                        refresh=False,
+                    )
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    return sums, read_at, time.perf_counter() - t0
+
+
+def _epoch_record(ctx: RunContext, epoch: int, step: int, train_totals, test, lr: float, train_time: float) -> dict:
+    """An epoch's metrics (train_totals: the loss sum, correct count and samples over all ranks; test: (loss,
+    accuracy)), logged in one line."""
+    args = ctx.args
+    loss_sum, correct, seen = train_totals
+    test_loss, test_acc = test
+    rec = {
+        "epoch": epoch + 1,
+        "step": step,
+        "train_loss": loss_sum / seen,
+        "train_acc": correct / seen,
+        "test_loss": test_loss,
+        "test_acc": test_acc,
+        "lr": lr,
+        "epoch_seconds": round(train_time, 4),
+        "samples_per_s": round(seen / train_time, 1),
+        "data": args.data,
+        "backend": ctx.backend,
+        "amp": args.amp,
+    }
+    ctx.log(
+        f"epoch {epoch + 1:3d}/{args.epochs}  train loss {rec['train_loss']:.4f} acc "
+        f"{100 * rec['train_acc']:.2f}%  test loss {test_loss:.4f} acc {100 * test_acc:.2f}%  "
+        f"{rec['samples_per_s']:.0f} samples/s"
+    )
+    return rec
+
+
+def _save_epoch(ctx: RunContext, t: Trainer, history: list[dict]) -> None:
+    """The checkpoint (model, optimizer, schedule, scaler, every rank's RNG state) and the metrics after an epoch,
+    written by the first rank; every rank takes part in gathering the state."""
+    dist = ctx.dist
+    model_sd, optim_sd = full_state(t.model, t.optimizer, cpu_offload=dist.active)  # every rank: FSDP gathers
+    rngs = dist.gather_object(rng_state(ctx.device))
+    if dist.main:
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "config": ctx.cfg,
+            "model": model_sd,
+            "optimizer": optim_sd,
+            "scheduler": t.scheduler.state_dict(),
+            "scaler": t.scaler.state_dict() if t.scaler.is_enabled() else None,
+            "epoch": history[-1]["epoch"],
+            "step": t.step,
+            "rng": rngs[0],
+            "rng_per_rank": rngs,
+            "world_size": dist.world,
+            "history": history,
+            "torch": str(torch.__version__),
+        }
+        save_checkpoint(ctx.ckpt_path, state)
+        write_metrics(ctx.out_dir, history)
 
 
 def _summary(ctx: RunContext, history: list[dict], start_epoch: int, wall: float) -> dict:
