@@ -12,7 +12,7 @@ import torch
 def register_ldr_autograd(forward_op, backward_op) -> None:
     """Autograd of a layer_norm_dropout_relu op (C++ or Triton): backward is the `_backward` op.
 
-    Saved for backward: x, weight, bias, mean, rstd, seed (DESIGN.md); the mask is recomputed from the seed.
+    Saved for backward: x, weight, bias, mean, rstd, seed (DESIGN 1.8); the mask is recomputed from the seed.
     The mean/rstd outputs are statistics, not differentiable results: gradients flowing into them are ignored.
     """
     register_norm_dropout_autograd(forward_op, backward_op)
@@ -84,7 +84,7 @@ def register_bias_relu_autograd(forward_op, backward_op) -> None:
 def register_dropout_add_norm_autograd(forward_op, backward_op) -> None:
     """Autograd of a dropout_add_norm op (C++ or Triton): backward is the `_backward` op.
 
-    Saved for backward: sum, weight, bias, mean, rstd, seed (DESIGN.md); never a mask (recomputed from the seed).
+    Saved for backward: sum, weight, bias, mean, rstd, seed (DESIGN 1.8); never a mask (recomputed from the seed).
     The gradient reaching the `sum` output (the prenorm output's other users) is passed as grad_sum, None when
     nothing flows there; a missing grad of `out` (only `sum` used) is zeros. mean/rstd are not differentiable.
     """

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}  # bias_act's act codes (DESIGN.md)
+ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}  # bias_act's act codes (DESIGN 1.5)
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -114,7 +114,7 @@ def check_seed_p(op: str, seed: torch.Tensor, x: torch.Tensor, x_name: str, p: f
 
 
 def shard_map_follows_the_rule(base: int, period: int, jump: int, unit: int) -> bool:
-    """DESIGN.md section 2: a map keeps each row (unit N) or group of 8 (unit 8) in consecutive elements."""
+    """DESIGN 2.4: a map keeps each row (unit N) or group of 8 (unit 8) in consecutive elements."""
     if base < 0 or period < 1 or jump < 0 or base % unit:
         return False
     return jump == 0 or (period % unit == 0 and jump % unit == 0)

@@ -19,7 +19,7 @@ placements (Partial, a sharded weight) are redistributed by DTensor to one of th
 
 Dropout (p > 0). The masks of a shard must be those of the same elements of the whole tensor, whatever the world
 size. The public functions (and the modules) pass a shard seed (`shard_seed`): [seed, base, period, jump], which
-numbers each rank's local elements by their linear index in the whole tensor (DESIGN.md section 2, `shard_map`).
+numbers each rank's local elements by their linear index in the whole tensor (DESIGN 2.4, `shard_map`).
 The rules take a (4,) seed at p > 0 only with the rows left where they are (the seed numbers that box), and refuse
 p > 0 with a (1,) seed: it cannot know the placement. Every rank must draw the same seed (seed them alike, as any
 SPMD program does).
@@ -274,7 +274,7 @@ def dropout_error(op: str) -> ShardingError:
 
 def shard_map(global_shape, local_shape, offset) -> Optional[tuple[int, int, int]]:
     """(base, period, jump) of a local box of a row-major tensor: local element i is element
-    i + base + (i // period) * jump of the whole tensor (DESIGN.md section 2). None when the box's elements are not
+    i + base + (i // period) * jump of the whole tensor (DESIGN 2.4). None when the box's elements are not
     numbered so: two sharded dimensions with a dimension of more than one local element before the outer one."""
     g, loc, off = list(global_shape), list(local_shape), list(offset)
     strides = [math.prod(g[j + 1 :]) for j in range(len(g))]

@@ -184,7 +184,7 @@ def layer_norm_dropout_relu(
 ) -> torch.Tensor:
     """relu(dropout(layer_norm(x, normalized_shape, weight, bias, eps), p)) in one fused kernel.
 
-    Dropout keeps an element with probability 1 - p quantized to a multiple of 2**-16 (see DESIGN.md) and is
+    Dropout keeps an element with probability 1 - p quantized to a multiple of 2**-16 (DESIGN 2.3) and is
     off when training=False. The dropout seed is drawn from `generator` (default: torch's default generator
     on x's device), so torch.manual_seed reproduces a run.
     """
@@ -233,7 +233,7 @@ def norm_dropout(
     (LayerNorm) or "rms" (RMSNorm), activation None (identity) or "relu"; weight and bias of shape
     (x.shape[-1],), each optional. norm="layer", activation="relu" is layer_norm_dropout_relu, bit for bit.
 
-    Dropout keeps an element with probability 1 - p quantized to a multiple of 2**-16 (DESIGN.md) and is off
+    Dropout keeps an element with probability 1 - p quantized to a multiple of 2**-16 (DESIGN 2.3) and is off
     when training=False; the seed is drawn from `generator` as in layer_norm_dropout_relu (same seed, same mask).
     """
     if norm not in NORMS:
@@ -274,7 +274,7 @@ def dropout_add_norm(
 
     Returns out, or (out, sum) when prenorm: sum = dropout(x) + residual (the next block's residual), in fp32 when
     residual_in_fp32 and x is fp16/bf16 (the residual must then be fp32 too), else in x's dtype. Dropout keeps an
-    element with probability 1 - p quantized to a multiple of 2**-16 (DESIGN.md) and is off when training=False;
+    element with probability 1 - p quantized to a multiple of 2**-16 (DESIGN 2.3) and is off when training=False;
     the seed is drawn from `generator` (default: torch's default generator on x's device), as in
     layer_norm_dropout_relu, so the same seed gives the same mask as that op.
     """
@@ -316,7 +316,7 @@ def gated_act(
     """dropout(act(gate) * up, p) in one fused kernel: SwiGLU (act "silu"), GeGLU ("gelu" erf form, "gelu_tanh"),
     ReGLU ("relu"). gate and up have the same shape; with up=None, gate's last dimension holds [gate | up] (a fused
     gate_up projection's output, 2F wide) and the result's is F. The backward saves only the inputs and recomputes
-    the activation. Dropout (off by default) uses the project's definition (DESIGN.md): the same seed gives the
+    the activation. Dropout (off by default) uses the project's definition (DESIGN 2): the same seed gives the
     same mask as every other gpuopt op at the same linear index of the output."""
     code = _act_code("gated_act", act)
     backend = resolve_backend(backend, gate.device, "gated_act")

@@ -1,6 +1,6 @@
 """Pure-PyTorch references of the gpuopt ops, shared by the tests and the benchmarks.
 
-The Philox4x32-10 here is a second, independent implementation of DESIGN.md's dropout RNG (numpy uint64
+The Philox4x32-10 here is a second, independent implementation of the dropout RNG of DESIGN 2 (numpy uint64
 arithmetic instead of the C++ header), checked against the Random123 known-answer vectors.
 """
 
@@ -70,7 +70,7 @@ def dropout_uniform16(seed: int, idx: np.ndarray) -> np.ndarray:
 
 
 def dropout_keep_mask(seed, m: int, n: int, p: float, device=None) -> torch.Tensor:
-    """Boolean (m, n) keep mask of DESIGN.md's dropout for the contiguous (m, n) view. seed: an int, or a seed
+    """Boolean (m, n) keep mask of the dropout of DESIGN 2.2-2.4 for the contiguous (m, n) view. seed: an int, or a seed
     tensor (1 element, or 4: a shard map, see `shard_index`)."""
     t = dropout_threshold(p)
     if t == 0:
@@ -80,7 +80,7 @@ def dropout_keep_mask(seed, m: int, n: int, p: float, device=None) -> torch.Tens
 
 
 def _dropped(v: torch.Tensor, seed, p: float, dtype: torch.dtype) -> torch.Tensor:
-    """v with DESIGN.md's dropout applied at each element's linear index (rows of v.shape[-1]): a kept element times
+    """v with the dropout of DESIGN 2 applied at each element's linear index (rows of v.shape[-1]): a kept element times
     the op's scale for inputs of `dtype` (fp32 unless fp64, whatever v's dtype), a dropped one zero."""
     n = v.shape[-1]
     keep = dropout_keep_mask(seed, v.numel() // n, n, p, device=v.device).reshape(v.shape)
@@ -170,7 +170,7 @@ def dropout_add_norm(
     residual_in_fp32: bool = False,
     compute_dtype: Optional[torch.dtype] = None,
 ):
-    """norm(dropout(x) + residual) over the last dim from unfused PyTorch ops (the op's contract, DESIGN.md).
+    """norm(dropout(x) + residual) over the last dim from unfused PyTorch ops (the op's contract, DESIGN 1.6).
 
     s = dropout(x) + residual is computed in compute_dtype (None: x's dtype, what plain PyTorch does;
     torch.float64: the high-precision reference) and rounded to S (fp32 when residual_in_fp32 and x is fp16/bf16,
@@ -236,7 +236,7 @@ def gated_act(
     compute_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
     """dropout(act(gate) * up) from unfused PyTorch ops (act codes of bias_act); up None: gate holds [gate | up] in
-    its last dimension. The mask is DESIGN.md's at the output's linear index. Differentiable."""
+    its last dimension. The mask is DESIGN 2.2's at the output's linear index. Differentiable."""
     dt = compute_dtype or gate.dtype
     if up is None:
         gate, up = gate.chunk(2, dim=-1)

@@ -228,7 +228,7 @@ def bias_relu_check(s: Sample, ours, ref64, low):
     dtype = x.dtype
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     assert ours["out"].dtype == dtype and ours["out"].shape == x.shape and ours["grad_x"].dtype == dtype
-    # grad_bias comes back unrounded, in the accumulation dtype (fp32 for bf16/fp16): DESIGN.md
+    # grad_bias comes back unrounded, in the accumulation dtype (fp32 for bf16/fp16): DESIGN 1.5
     assert ours["grad_bias"].dtype == acc, "grad_bias: the accumulation dtype"
     fl = FLOORS[dtype]
     assert_close_to_reference("out", ours["out"].cpu(), ref64["out"].cpu(), low["out"].cpu(), fl)

@@ -173,7 +173,7 @@ def assert_rows_equal(name, got, want, where):
 
 
 def first_dropped(m, n, p):
-    """DESIGN.md's dropped elements of the first rows of an (m, n) batch (2048 elements and more; the Python
+    """DESIGN 2's dropped elements of the first rows of an (m, n) batch (2048 elements and more; the Python
     reference's Philox is slow on a whole batch)."""
     r = min(m, 2048 // n + 1)
     dropped = ~R.dropout_keep_mask(SEED, r, n, p)

@@ -350,7 +350,7 @@ def test_autocast_fp32_bias_gets_the_unrounded_fp32_grad(backend):
 @pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16])
 def test_autocast_has_no_rule_the_op_keeps_its_input_dtype(backend, amp_dtype):
-    """No autocast rule (a decision, DESIGN.md): the op runs in the dtype it is given (under autocast, the matmul's
+    """No autocast rule (a decision, DESIGN 1.2): the op runs in the dtype it is given (under autocast, the matmul's
     low-precision output) and takes the fp32 parameters as they are; parameter gradients stay fp32."""
     dev = backend.device
     ldr = backend.op("layer_norm_dropout_relu")

@@ -719,8 +719,8 @@ def test_gated_act_packed_equals_two_tensors(one_block_device, f, dtype):
 @pytest.mark.parametrize("f", [5, 24, 100])
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_gated_act_keep_bits_are_the_reference_mask(one_block_device, packed, f, p):
-    """relu(1) * 1 = 1 before the dropout: out is the scale exactly where the reference mask (DESIGN.md section
-    2, at the output's linear index r F + c) keeps, an exact 0 elsewhere; grad_up (= g * scale * relu(1)) and
+    """relu(1) * 1 = 1 before the dropout: out is the scale exactly where the reference mask (DESIGN
+    2.2, at the output's linear index r F + c) keeps, an exact 0 elsewhere; grad_up (= g * scale * relu(1)) and
     grad_gate are 0 exactly where dropped, nonzero where kept."""
     ops = one_block_device
     m = 41

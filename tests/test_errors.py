@@ -1,4 +1,4 @@
-"""Errors (DESIGN.md's error rules): every bad input raises a RuntimeError naming the argument, the expected and the
+"""Errors (DESIGN 4): every bad input raises a RuntimeError naming the argument, the expected and the
 actual value, with the same first line on every backend and in the fake kernel (torch.compile / export); bad
 backend choices say what to do instead.
 """

@@ -128,7 +128,7 @@ def check_ldr(be, case):
     ones = torch.ones(n, dtype=pd, device=dev)
     probe, _, _ = be.op("layer_norm_dropout_relu")(x, torch.zeros_like(ones), ones, seed, p, eps)
     keep = R.dropout_keep_mask(case["seed"], m, n, p).reshape(x.shape)
-    assert torch.equal(probe.cpu() != 0, keep), "dropout keep mask differs from DESIGN.md's Philox"
+    assert torch.equal(probe.cpu() != 0, keep), "dropout keep mask differs from DESIGN 2's Philox"
 
 
 def check_bias_relu(be, case):
@@ -280,7 +280,7 @@ def check_dan(be, case):
         case["residual"],
     )[0]
     keep = R.dropout_keep_mask(case["seed"], m, n, case["p"]).reshape(x.shape)
-    assert torch.equal(gx.cpu() != 0, keep), "dropout keep mask differs from DESIGN.md's Philox"
+    assert torch.equal(gx.cpu() != 0, keep), "dropout keep mask differs from DESIGN 2's Philox"
 
 
 def _fuzz_with_emulator(op: str, check, backend, strategy):
@@ -335,7 +335,7 @@ def check_nd(be, case):
     ones = torch.ones(n, dtype=torch.float32 if case["param_fp32"] else dt, device=dev)
     probe = be.op("norm_dropout")(x, torch.zeros_like(ones), ones, seed, case["p"], 1e-5, case["rms"], False)[0]
     keep = R.dropout_keep_mask(case["seed"], m, n, case["p"]).reshape(x.shape)
-    assert torch.equal(probe.cpu() != 0, keep), "dropout keep mask differs from DESIGN.md's Philox"
+    assert torch.equal(probe.cpu() != 0, keep), "dropout keep mask differs from DESIGN 2's Philox"
 
 
 @pytest.mark.parametrize("backend", backend_params(*DEFAULT, "cuda-emulated"))

@@ -82,8 +82,9 @@ def _rows(reason: str, backend: str, op: str, direction: str, cells) -> dict[tup
 
 
 _TRITON_FWD = (
-    "Triton forward: the run's kernels came from triton 3.6, the model's from the triton installed here (3.8), which "
-    "differ by up to 0.24 a row (DESIGN.md); the measured wall fraction swings with N where the kernel code does "
+    "Triton forward: the run's kernels came from triton 3.6, the model's from the triton installed here (3.8), "
+    "which differ by up to 0.24 a row (docs/internals/performance_model.md); the measured wall fraction swings with "
+    "N where the kernel code does "
     "not (bias-ReLU bf16 0.97 at N = 1024, 0.41 at 65536; LayerNorm-dropout-ReLU bf16 0.16 at 1024, 0.42 at 4096), "
     "which neither the kernel terms nor one host term a call follow; kernel time unmeasured"
 )

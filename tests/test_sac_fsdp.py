@@ -5,7 +5,7 @@ seeds and the mask check) trains one step of two models; this process runs the o
 
 Why the reference is two one-process runs and not one on the whole batch: a dropout mask is keyed by the seed and
 by the element's index in the tensor the op is given (Philox key = the seed, counter = the index's group of eight,
-DESIGN.md section 2), and rank 1 gives its ops its own rows, indices from 0. No seed makes those masks the whole
+DESIGN 2.2), and rank 1 gives its ops its own rows, indices from 0. No seed makes those masks the whole
 batch's masks of the same rows (a seed changes the key, never the counter). So each rank r draws its seeds from
 torch.manual_seed(STEP_SEED + r), and the reference runs the same model, without FSDP2, compile or checkpointing,
 on each rank's rows with that rank's seed: each rank's loss against its rows' loss, and the gradients (FSDP2's mean

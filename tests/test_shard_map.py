@@ -1,4 +1,4 @@
-"""Dropout on a shard draws the masks of the same elements of the whole tensor (DESIGN.md section 2, sharded
+"""Dropout on a shard draws the masks of the same elements of the whole tensor (DESIGN 2.4, sharded
 tensors): a 4-element seed [seed, base, period, jump] numbers element i of the op's output
 i + base + (i // period) * jump.
 

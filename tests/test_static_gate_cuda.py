@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (the recorded cuobjdump output and mangled names below keep the lines the tool prints)
-"""Static resource budget of the CUDA kernels (DESIGN.md, Build): the gate `tools/cuda_resources.py`.
+"""Static resource budget of the CUDA kernels (DESIGN 6.7): the gate `tools/cuda_resources.py`.
 
 - Unit tests of the cuobjdump parsers, the name handling and the occupancy arithmetic on recorded real cuobjdump
   output: they run everywhere (no CUDA build, no cuobjdump needed).
@@ -594,7 +594,7 @@ def _installed_cuda_extension():
 
 @pytest.mark.slow  # fresh interpreters or external tools: CI runs it, the fast lane between edits does not
 def test_static_resource_budget_of_installed_extension():
-    """DESIGN.md: no fp16/bf16/fp32 kernel variant uses stack (spills or local arrays); each fits its max block."""
+    """DESIGN 6.7: no fp16/bf16/fp32 kernel variant uses stack (spills or local arrays); each fits its max block."""
     ext, tool = _installed_cuda_extension()
     arch, rows = CR.analyze(ext, cuobjdump=tool)
     kernels = [r for r in rows if r.kind == "kernel"]
