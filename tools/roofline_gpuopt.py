@@ -1,8 +1,8 @@
 """The launches gpuopt's ops make, for the performance model (tools.roofline).
 
-CUDA: the planners of csrc/cuda/launch_config.h and the kernel choice of csrc/cuda/launch.cuh, mirrored here
-(tests/test_roofline.py checks the mirror against the launches the CUDA source itself makes under the
-emulator), with each kernel's occupancy from the registers and shared memory of the built extension.
+CUDA: the launches the backend's own host code plans (csrc/cuda/launch.cuh, launch_config.h), read through the
+emulated extension's plan-only mode (tools.cuda_plan), with each kernel's occupancy from the registers and shared
+memory of the built extension; the model adds each kernel's bytes and loop trips (CUDA_TERMS).
 Triton: the real launchers of gpuopt_ops.triton_kernels run on meta tensors (tools.triton_resources records
 their launches) and each launch is compiled for sm_90.
 
