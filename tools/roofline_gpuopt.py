@@ -56,7 +56,6 @@ GATED_NS = (2048, 4096, 11008, 14336, 28672)
 GATED_DTYPES = ("bf16", "fp32")
 ELEMENTS = 64 * 1024 * 1024  # M * N of every case
 ELEM = {"bf16": 2, "fp16": 2, "fp32": 4}
-CUDA_TYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 ACC = 4  # fp32 accumulation for the 16- and 32-bit dtypes
 
 
