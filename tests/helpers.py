@@ -173,18 +173,10 @@ class BiasReluLdrBlock(torch.nn.Module):
 
 def load_emulated_ops():
     """The CUDA backend's source compiled for the CPU emulator (tools/cuda_emu), as torch.ops.gpuopt_emu; built once
-    and cached. Hidden visibility, as setup.py builds _C: torch::stable's types are hidden."""
-    from pathlib import Path
+    and cached."""
+    from tools.cuda_emu.build import load_emulated_ops as load
 
-    from tools.cuda_emu.build import load_extension
-
-    root = Path(__file__).resolve().parent.parent
-    load_extension(
-        "gpuopt_cuda_emulated",
-        [root / "tools" / "cuda_emu" / "emulated_ops.cpp", root / "csrc" / "checks.cpp"],
-        extra_cflags=["-fvisibility=hidden"],
-    )
-    return torch.ops.gpuopt_emu
+    return load()[0]
 
 
 class GuardRecorder:

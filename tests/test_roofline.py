@@ -47,38 +47,6 @@ def test_wave_efficiency():
     assert eff == pytest.approx((1000 / 198) / 6)
 
 
-def test_tiled_plan_fills_its_waves():
-    """The tiled CUDA kernels' grid (csrc/cuda/launch_config.h plan_tiled, mirrored here): one wave of row blocks,
-    or two where one leaves more than 3 % of the slots idle and the rows allow it."""
-    t = G.plan_tiled(5461, 12288, 264)  # 48 column tiles: 5 row blocks would fill 240 of 264 slots
-    assert (t.tx, t.ty, t.col_tiles, t.row_blocks) == (32, 8, 48, 11)
-    assert G.plan_tiled(8192, 8192, 264).row_blocks == 8  # 32 x 8 = 256 of 264: one wave
-    assert G.plan_tiled(16, 12288, 264).row_blocks == 2  # held by the rows (2 steps of 8): no second wave
-    assert G.plan_tiled(24, 1024, 6).row_blocks == 3  # 4 tiles on 6 slots: 4 x 3 = 12, two full waves
-
-
-def test_wide_backward_plan():
-    """The backward past 8192 (csrc/cuda/launch_config.h plan_ldr_rows, mirrored here): the wide kernel, a block of
-    up to 384 threads a row with 3, 4 or 6 groups a thread, where the device's shared memory a block holds its
-    sums; else (or fp64, the scalar path, past 6 x 384 groups) the looped kernels."""
-    h100 = G.SHARED_PER_BLOCK - G.WIDE_STATIC_SHARED
-
-    def plan(n, elem=2, vec=True, max_shared=h100):
-        p = G.plan_ldr_rows(64, n, elem, elem, backward=True, vec=vec, max_shared=max_shared)
-        return (p.wide, p.vpt, p.threads_x, p.shared) if p.rows else "looped"
-
-    assert G.plan_ldr_rows(64, 8192, 2, 2, backward=True, vec=True, max_shared=h100).wide is False  # 256 threads
-    assert plan(8200) == (True, 3, 352, 352 * 19 * 16)  # 3 groups leave 31 slots idle, 4 would leave 127
-    assert plan(12288) == (True, 4, 384, 384 * 25 * 16)  # ties with 6 x 256: the more threads
-    assert plan(16384) == (True, 6, 352, 352 * 37 * 16)  # 203.5 KiB
-    assert plan(18432)[:3] == (True, 6, 384) and plan(18440) == "looped"
-    assert plan(16384, elem=4)[:3] == (True, 6, 352)  # fp32 x, or an fp32 sum
-    assert plan(16384, elem=8) == plan(16384, vec=False) == "looped"
-    # a GPU with 163 KiB a block (A100: 164 KiB opt-in): 12288 fits, 16384 does not
-    assert plan(12288, max_shared=163 * 1024)[0] is True and plan(16384, max_shared=163 * 1024) == "looped"
-    assert plan(16384, max_shared=0) == "looped"
-
-
 def test_copy_kernel_reaches_copy_speed():
     """A full grid of 16-byte copies keeps 32 KB in flight per SM: DRAM-bound, only the launch cost lost."""
     est = R.estimate([copy_launch(132 * 8, 256)], 2 * M * 4, M)

@@ -552,6 +552,33 @@ def normalize_arch(arch: str) -> str:
     return a.replace("compute_", "sm_")
 
 
+def _function_info(u, block_ids: list, elf_blocks: list, ptx_infos: list) -> tuple:
+    """(KernelInfo, launch bound, its source, is a kernel) of one function of the resource usage: its ELF symbol
+    block's facts (the block of the same index, else any that has it), the bound and min blocks from PTX where the
+    ELF has none."""
+    info: Optional[KernelInfo] = None
+    pos = block_ids.index(u.elf_index)
+    if len(elf_blocks) == len(block_ids) and u.name in elf_blocks[pos]:
+        info = elf_blocks[pos][u.name]
+    else:
+        info = next((b[u.name] for b in elf_blocks if u.name in b), None)
+    has_elf = info is not None
+    info = info or KernelInfo()
+    bound, source = info.req_threads or info.max_threads, info.source
+    if bound is None:
+        for p in ptx_infos:
+            if u.name in p and (p[u.name].req_threads or p[u.name].max_threads):
+                bound = p[u.name].req_threads or p[u.name].max_threads
+                source = "ptx"
+                info.min_blocks = info.min_blocks or p[u.name].min_blocks
+                break
+    if info.min_blocks is None:
+        info.min_blocks = next((p[u.name].min_blocks for p in ptx_infos if u.name in p), None)
+    # a function is a kernel when its symbol says ENTRY, or (no symbol table parsed) when PTX has its .entry
+    in_ptx = any(u.name in p for p in ptx_infos)
+    return info, bound, source, info.entry if has_elf else (in_ptx or not elf_blocks)
+
+
 def build_rows(
     res_text: str,
     elf_text: str = "",
@@ -583,27 +610,7 @@ def build_rows(
 
     rows: list[Row] = []
     for u in usage:
-        info: Optional[KernelInfo] = None
-        pos = block_ids.index(u.elf_index)
-        if len(elf_blocks) == len(block_ids) and u.name in elf_blocks[pos]:
-            info = elf_blocks[pos][u.name]
-        else:
-            info = next((b[u.name] for b in elf_blocks if u.name in b), None)
-        has_elf = info is not None
-        info = info or KernelInfo()
-        bound, source = info.req_threads or info.max_threads, info.source
-        if bound is None:
-            for p in ptx_infos:
-                if u.name in p and (p[u.name].req_threads or p[u.name].max_threads):
-                    bound = p[u.name].req_threads or p[u.name].max_threads
-                    source = "ptx"
-                    info.min_blocks = info.min_blocks or p[u.name].min_blocks
-                    break
-        if info.min_blocks is None:
-            info.min_blocks = next((p[u.name].min_blocks for p in ptx_infos if u.name in p), None)
-        # a function is a kernel when its symbol says ENTRY, or (no symbol table parsed) when PTX has its .entry
-        in_ptx = any(u.name in p for p in ptx_infos)
-        entry = info.entry if has_elf else (in_ptx or not elf_blocks)
+        info, bound, source, entry = _function_info(u, block_ids, elf_blocks, ptx_infos)
         dem = names.get(u.name, u.name)
         r = u.resources
         row = Row(

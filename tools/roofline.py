@@ -546,6 +546,15 @@ def _function_facts(fn: S.Function) -> tuple[list, list[tuple[int, int, int, int
     return got[1], got[2]
 
 
+def _part_totals(parts, lps, executions) -> list[float]:
+    """(waits, load bytes, local bytes, atomic bytes, dependent chain) a thread: the load batches of each loop's own
+    body in steady state times its executions, and the code outside loops once."""
+    totals = [0.0] * 5
+    for part, times in zip(parts, [executions[lp.index] for lp in lps] + [1.0]):
+        totals = [t + v * times for t, v in zip(totals, part)]
+    return totals
+
+
 def estimate_launch(launch: KernelLaunch, gpu: GPU = H200) -> LaunchEstimate:
     fns = functions_of(launch.code)
     if launch.function not in fns:
@@ -570,19 +579,7 @@ def estimate_launch(launch: KernelLaunch, gpu: GPU = H200) -> LaunchEstimate:
     lps, parts = _function_facts(fn)
     trips = _resolve_trips(launch, lps)
     dyn = S.dynamic_count(fn, trips, lps)
-    ex = _executions(lps, trips)
-    # load batches: each loop's own body in steady state, x its executions; the code outside loops once
-    waits = 0.0
-    load_bytes = 0.0
-    local = 0.0
-    atomic = 0.0
-    chain = 0.0
-    for (b_waits, b_bytes, p_local, p_atomic, p_chain), times in zip(parts, [ex[lp.index] for lp in lps] + [1.0]):
-        waits += b_waits * times
-        load_bytes += b_bytes * times
-        local += p_local * times
-        atomic += p_atomic * times
-        chain += p_chain * times
+    waits, load_bytes, local, atomic, chain = _part_totals(parts, lps, _executions(lps, trips))
     warps = total_blocks * math.ceil(threads / gpu.warp)
     lane_instr = dyn * warps * gpu.warp
     batch = load_bytes / waits if waits else 0.0
@@ -1144,7 +1141,7 @@ def calibration_markdown(cal: Sequence[dict], gpu: GPU = H100) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m tools.roofline", description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "so",
@@ -1171,7 +1168,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "gate only the rows these confirm (floor_gated)",
     )
     ap.add_argument("--only-measured", action="store_true", help="with --measured: print only that comparison")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    a = _parser().parse_args(argv)
     a.so = a.so or None
     got: dict[str, list[dict]] = {}
     try:

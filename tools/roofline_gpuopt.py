@@ -1,8 +1,8 @@
 """The launches gpuopt's ops make, for the performance model (tools.roofline).
 
-CUDA: the planners of csrc/cuda/launch_config.h and the kernel choice of csrc/cuda/launch.cuh, mirrored here
-(tests/test_roofline.py checks the mirror against the launches the CUDA source itself makes under the
-emulator), with each kernel's occupancy from the registers and shared memory of the built extension.
+CUDA: the launches the backend's own host code plans (csrc/cuda/launch.cuh, launch_config.h), read through the
+emulated extension's plan-only mode (tools.cuda_plan), with each kernel's occupancy from the registers and shared
+memory of the built extension; the model adds each kernel's bytes and loop trips (CUDA_TERMS).
 Triton: the real launchers of gpuopt_ops.triton_kernels run on meta tensors (tools.triton_resources records
 their launches) and each launch is compiled for sm_90.
 
@@ -56,7 +56,6 @@ GATED_NS = (2048, 4096, 11008, 14336, 28672)
 GATED_DTYPES = ("bf16", "fp32")
 ELEMENTS = 64 * 1024 * 1024  # M * N of every case
 ELEM = {"bf16": 2, "fp16": 2, "fp32": 4}
-CUDA_TYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 ACC = 4  # fp32 accumulation for the 16- and 32-bit dtypes
 
 
@@ -114,18 +113,21 @@ def ideal_bytes(op: str, direction: str, dtype: str, n: int, m: Optional[int] = 
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# CUDA: the planners of launch_config.h
+# CUDA: the real host planner (tools.cuda_plan) on the sm_90 kernels of the built extension
 GROUP = 8
-WARP = 32
-MAX_GRID_Y = 65535
-LOOPED_THREADS = 512
-TILED_THREADS = 256
-COLUMN_SUM_TILE = 32
-# rows (or groups) a thread takes per trip of its loop, all loads first (the kernels' constants)
+# rows (or groups) a thread takes per trip of its loop, all loads first (the kernels' constants; the model's trip
+# counts use them, tests/test_roofline.py reads them from the kernel source)
 BIAS_RELU_ROWS = 4  # kBiasReluRows, bias_relu_kernels.cuh
 TILED_LDR_ROWS = 2  # kLdrTiledRows, ldr_kernels.cuh
-STATS_GROUPS = {2: 4, 4: 2}  # ldr_stats_groups: groups per trip by element size (16-bit: 4, 32-bit: 2)
-GATED_THREADS = 256  # kGatedThreads, gated_act_kernels.cuh
+TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+P = 0.1  # p of the rows with a dropout
+EPS = 1e-5
+
+
+def stats_groups(e: int, u: int) -> int:
+    """Groups of 8 a thread of the row-statistics kernels takes per trip (ldr_stats_groups, ldr_kernels.cuh): 4 when
+    the row and the parameters are 16-bit, else 2."""
+    return 4 if e == 2 and u == 2 else 2
 
 
 def gated_unroll(elem: int, vec: bool) -> int:
@@ -137,129 +139,6 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def ldr_rows_forward_max_threads(warp_row: bool, elem: int) -> int:
-    return 128 if warp_row or elem > 4 else 512
-
-
-def ldr_rows_backward_max_threads(warp_row: bool, elem: int) -> int:
-    return 128 if warp_row or elem == 8 else 256
-
-
-WIDE_THREADS = 384  # kWideThreads
-WIDE_STATIC_SHARED = 1024  # kWideStaticShared
-SHARED_PER_BLOCK = 227 * 1024  # an H100 / H200 block's shared memory (cudaDevAttrMaxSharedMemoryPerBlockOptin)
-
-
-def wide_backward_shared(vpt: int, threads: int) -> int:
-    return threads * (6 * vpt + 1) * 16  # wide_slots(vpt) 16-byte slots a thread
-
-
-@dataclass
-class RowsPlan:
-    rows: bool = False
-    warp_row: bool = False
-    wide: bool = False
-    shared: int = 0
-    vpt: int = 0
-    threads_x: int = 0
-    rows_per_block: int = 1
-    max_threads: int = 0
-    blocks_needed: int = 0
-
-
-def plan_ldr_rows(
-    m: int, n: int, elem: int, param_elem: int, backward: bool, vec: bool, max_shared: int = 0
-) -> RowsPlan:
-    groups = _cdiv(n, GROUP)
-    max_vpt = 2 if backward else 4
-    p = RowsPlan()
-    if groups <= WARP * max_vpt:
-        p.vpt = _cdiv(groups, WARP)
-        p.threads_x = WARP
-        p.rows_per_block = 4
-        p.warp_row = True
-    else:
-        bound = ldr_rows_backward_max_threads(False, elem) if backward else ldr_rows_forward_max_threads(False, elem)
-        vpts = (4, 3)
-        if not backward and elem != 8 and (elem == 4 or param_elem == 4):
-            vpts = (2, 4, 3)
-        if backward:
-            vpts = (2,) if elem == 8 or not vec else (4, 3, 2)
-        idle = 0
-
-        def consider(v: int, max_t: int, fewest_idle: bool, fits=lambda v, t: True) -> None:
-            nonlocal idle
-            t = _cdiv(_cdiv(groups, v), WARP) * WARP
-            if (
-                t <= max_t
-                and (v - 1) * t <= groups
-                and fits(v, t)
-                and (p.vpt == 0 or (fewest_idle and t * v - groups < idle))
-            ):
-                p.vpt, p.threads_x, idle = v, t, t * v - groups
-
-        for v in vpts:
-            consider(v, bound, backward)
-        if p.vpt == 0 and backward and vec and elem != 8:  # the wide backward
-            for v in (3, 4, 6):
-                consider(v, WIDE_THREADS, True, lambda v, t: wide_backward_shared(v, t) <= max_shared)
-            if p.vpt:
-                p.wide, p.shared, p.rows = True, wide_backward_shared(p.vpt, p.threads_x), True
-                p.max_threads, p.blocks_needed = WIDE_THREADS, m
-                return p
-        if p.vpt == 0:
-            return RowsPlan()
-    p.rows = True
-    p.max_threads = (
-        ldr_rows_backward_max_threads(p.warp_row, elem) if backward else ldr_rows_forward_max_threads(p.warp_row, elem)
-    )
-    p.blocks_needed = _cdiv(m, p.rows_per_block)
-    return p
-
-
-def balanced_grid(steps: int, max_blocks: int) -> int:
-    steps, max_blocks = max(steps, 1), max(max_blocks, 1)
-    return steps if steps <= max_blocks else _cdiv(steps, _cdiv(steps, max_blocks))
-
-
-def persistent_grid(blocks_needed: int, blocks_per_sm: int, sm_count: int) -> int:
-    return balanced_grid(blocks_needed, max(blocks_per_sm, 1) * max(sm_count, 1))
-
-
-@dataclass
-class TilePlan:
-    tx: int
-    ty: int
-    col_tiles: int
-    row_blocks: int
-
-
-def plan_tiled(m: int, n: int, resident: int) -> TilePlan:
-    groups = _cdiv(n, GROUP)
-    tx = 1
-    while tx < WARP and tx < groups:
-        tx *= 2
-    ty = TILED_THREADS // tx
-    col_tiles = _cdiv(groups, tx)
-    steps = max(1, _cdiv(m, ty))
-    resident = max(resident, 1)
-    per_wave = max(1, min(resident // col_tiles, MAX_GRID_Y))
-    row_blocks = balanced_grid(steps, per_wave)
-    if row_blocks == per_wave and col_tiles * per_wave * 100 < resident * 97:  # csrc/cuda/launch_config.h
-        for rb in range(per_wave + 1, min(2 * resident // col_tiles, MAX_GRID_Y) + 1):
-            rows = balanced_grid(steps, rb)
-            if col_tiles * rows * 100 >= _cdiv(col_tiles * rows, resident) * resident * 97:
-                row_blocks = rows
-                break
-    return TilePlan(tx, ty, col_tiles, row_blocks)
-
-
-def partial_stride(n: int) -> int:
-    return _cdiv(n, GROUP) * GROUP
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# CUDA: kernels of the built extension
 class CudaCode:
     """The sm_90 kernels of one built extension: symbol and resources per kernel name. so_path: the extension, or
     several ELF files (the extension and, say, an `nvcc -c` object of a kernel file built since), each kernel read
@@ -271,6 +150,7 @@ class CudaCode:
         self.paths = paths
         self.rows: dict[str, CR.Row] = {}
         self.where: dict[str, object] = {}  # kernel -> the file it is read from
+        self.planners: dict[int, object] = {}  # SM count -> tools.cuda_plan.Planner on this code's occupancy
         for path in paths:
             _, rows = CR.analyze(path, arch="sm_90")
             for r in rows:
@@ -289,6 +169,14 @@ class CudaCode:
         r = self.kernel(short)
         return CR.occupancy(r.regs, threads, static_shared=r.shared, dynamic_shared=dynamic_shared).blocks_per_sm
 
+    def planner(self, sms: int):
+        """The CUDA backend's host planner on an `sms`-SM device with this code's occupancy."""
+        if sms not in self.planners:
+            from tools.cuda_plan import Planner
+
+            self.planners[sms] = Planner(sms, occupancy=self.blocks_per_sm)
+        return self.planners[sms]
+
     def launch(self, short: str, grid, block, **kw) -> KernelLaunch:
         r = self.kernel(short)
         grid = tuple(grid) + (1,) * (3 - len(grid))
@@ -296,309 +184,242 @@ class CudaCode:
         return KernelLaunch(self.where[short], r.mangled, grid, block, regs=r.regs, shared=r.shared, label=short, **kw)
 
 
+def plan_call(op: str, direction: str, dtype: str, n: int, m: int, new=None):
+    """The op call of a model row, for tools.cuda_plan.Planner.plan: a contiguous (M, N) input (gated_act: N is F),
+    weight and bias of x's dtype, a one-element seed, p > 0 (gated_act: GATED_OPS), tensors made by
+    `new(shape, dtype)` (default torch.empty: a plan never touches them)."""
+    import torch
+
+    def empty(shape, dtype):
+        return torch.empty(shape, dtype=dtype)
+
+    new = new or empty
+    dt = getattr(torch, TORCH_DTYPE[dtype])
+    seed = torch.zeros(1, dtype=torch.int64)
+    rows = new((m, n), dt)
+    vec = new((n,), dt)
+    fwd = direction == "forward"
+    if op in GATED_OPS:
+        act, packed, dropout = GATED_OPS[op]
+        gate, up = (new((m, 2 * n), dt), None) if packed else (rows, new((m, n), dt))
+        p = GATED_P if dropout else 0.0
+        return lambda ops: (
+            ops.gated_act(gate, up, seed, p, act) if fwd else ops.gated_act_backward(rows, gate, up, seed, p, act)
+        )
+    if op in ACT_CODE:
+        act = ACT_CODE[op]
+        if fwd:
+            return lambda ops: ops.bias_act(rows, vec, act) if act else ops.bias_relu(rows, vec)
+        return lambda ops: ops.bias_act_backward(rows, rows, vec, act) if act else ops.bias_relu_backward(rows, rows)
+    rms = op in ND_OPS or (op in DAN_OPS and DAN_OPS[op][0])
+    mean = new((0 if rms else m,), torch.float32)
+    rstd = new((m,), torch.float32)
+    bias = None if rms else vec
+    if op in DAN_OPS:
+        sums = new((m, n), torch.float32 if DAN_OPS[op][1] else dt)
+        if fwd:
+            return lambda ops: ops.dropout_add_norm(rows, sums, vec, bias, seed, P, EPS, rms, DAN_OPS[op][1])
+        return lambda ops: ops.dropout_add_norm_backward(rows, sums, sums, vec, bias, mean, rstd, seed, P, rms, True)
+    if op in ND_OPS:  # RMSNorm, no ReLU
+        if fwd:
+            return lambda ops: ops.norm_dropout(rows, vec, None, seed, P, EPS, True, False)
+        return lambda ops: ops.norm_dropout_backward(rows, rows, vec, None, mean, rstd, seed, P, True, False)
+    if fwd:
+        return lambda ops: ops.layer_norm_dropout_relu(rows, vec, vec, seed, P, EPS)
+    return lambda ops: ops.layer_norm_dropout_relu_backward(rows, rows, vec, vec, mean, rstd, seed, P)
+
+
+@dataclass
+class CudaCase:
+    """A model row's sizes: x's element size e, the sum's u (dropout_add_norm; else e), k row statistics (rstd, and
+    mean for LayerNorm) and parameters (weight, and bias), the partial rows' stride ldp."""
+
+    m: int
+    n: int
+    e: int
+    u: int
+    k: int
+
+    @property
+    def mn(self) -> int:
+        return self.m * self.n
+
+    @property
+    def ldp(self) -> int:
+        return _cdiv(self.n, GROUP) * GROUP
+
+    @property
+    def st(self) -> int:
+        return self.k * self.m * ACC
+
+    @property
+    def pb(self) -> int:
+        return self.k * self.n * self.e
+
+    @classmethod
+    def of(cls, op: str, dtype: str, n: int, m: int) -> CudaCase:
+        if op in DAN_OPS:
+            e, u, rms = dan_sizes(op, dtype)
+            return cls(m, n, e, u, 1 if rms else 2)
+        return cls(m, n, ELEM[dtype], ELEM[dtype], 1 if op in ND_OPS else 2)
+
+
+def _terms(elements, nbytes, read, units, trips, axis=0, reread=0, reuse=0, partials=0) -> dict:
+    return dict(
+        elements=elements,
+        bytes=nbytes,
+        read_bytes=read,
+        stride_units=units,
+        trips=trips,
+        stride_axis=axis,
+        reread_bytes=reread,
+        reuse_unit_bytes=reuse,
+        partials=partials,
+    )
+
+
+# The model's terms of each kernel the planner launches: (case, launch, partial rows of the launch before) -> the
+# bytes it moves by design, its loads, re-reads, work split and loop trips (KernelLaunch), and the partial rows (of
+# dgamma, dbeta, dbias) it writes for the column sums after it.
+def _rows(c: CudaCase, p, nbytes: int, read: int, partials: int = 0, reread: int = 0, reuse: int = 0) -> dict:
+    """A rows kernel's persistent launch: a block of block.y rows per step; `partials` partial-row buffers of G
+    rows."""
+    needed, g = _cdiv(c.m, p.block[1]), p.grid[0]
+    return _terms(
+        c.mn,
+        nbytes + partials * g * c.ldp * ACC,
+        read,
+        needed,
+        structural_trips(needed / g),
+        reread=reread,
+        reuse=reuse,
+        partials=g if partials else 0,
+    )
+
+
+def _looped(c: CudaCase, p, nbytes: int, read: int, reread: int, groups_a_trip: int = 1) -> dict:
+    """A block a row, a grid stride over the rows, the row's groups `groups_a_trip` a thread per trip."""
+    g = p.grid[0]
+    loops = structural_trips(c.m / g, _cdiv(_cdiv(c.n, GROUP), groups_a_trip * p.block[0]))
+    return _terms(c.mn, nbytes, read, c.m, loops, reread=reread, reuse=c.n * c.u if reread else 0)
+
+
+def _tiled(c: CudaCase, p, nbytes: int, read: int, rows_a_trip: int, partials: int = 0) -> dict:
+    """A tiled launch: column tiles along x, row blocks along y striding over the rows block.y at a time."""
+    steps, rb = max(1, _cdiv(c.m, p.block[1])), p.grid[1]
+    trips = structural_trips(math.ceil(steps / rb / rows_a_trip))
+    return _terms(
+        c.mn, nbytes + partials * rb * c.ldp * ACC, read, steps, trips, axis=1, partials=rb if partials else 0
+    )
+
+
+def _dan_rows(c: CudaCase, p, forward: bool) -> dict:
+    mn, e, u = c.mn, c.e, c.u
+    if forward:  # reads x, residual, params; writes sum, out, stats
+        return _rows(c, p, 2 * mn * (e + u) + c.pb + c.st, mn * (e + u) + c.pb)
+    # reads grad_out, sum, grad_sum, stats, weight; writes grad_x, grad_residual, the partials (the wide kernel at
+    # 6 groups a thread with an fp32 sum reads the sum again after the row sum)
+    reread = mn * u if p.base == "dan_backward_wide_kernel" and int(p.args[-1]) > 4 and u == 4 else 0
+    read = mn * (e + 2 * u) + c.st + c.n * e + reread
+    return _rows(c, p, read + mn * (e + u), read, c.k, reread, c.n * u if reread else 0)
+
+
+def _ldr_backward_rows(c: CudaCase, p, _) -> dict:
+    return _rows(c, p, 3 * c.mn * c.e + c.st + c.pb, 2 * c.mn * c.e + c.st + c.pb, c.k)
+
+
+def _column_sum(c: CudaCase, p, g: int) -> dict:
+    out_elem = ACC if p.args[1] == "float" else c.e
+    sums = p.grid[1]
+    loads = sums * g * c.ldp * ACC
+    return _terms(0, loads + sums * c.n * out_elem, loads, None, structural_trips(g / p.block[1]))
+
+
+def _gated(c: CudaCase, p, _) -> dict:
+    vec, backward = p.args[2] == "true", "backward" in p.base
+    threads, g, u = p.block[0], p.grid[0], gated_unroll(c.e, vec)
+    needed = _cdiv(_cdiv(c.mn, GROUP), threads * u)
+    groups = c.mn // GROUP if vec else _cdiv(c.mn, GROUP)  # the vector path's partial last group: after the loop
+    reads, writes = (3, 2) if backward else (2, 1)  # grad_out, gate, up / grad_gate, grad_up
+    trips = structural_trips(groups / (u * g * threads))
+    return _terms(c.mn, (reads + writes) * c.mn * c.e, reads * c.mn * c.e, needed, trips)
+
+
+def _bias_act_backward(c: CudaCase, p, _) -> dict:
+    bias = c.n * c.e if int(p.args[-1]) else 0  # bias_act's backward reads the bias (acts 1-3; bias_relu: act 0)
+    return _tiled(c, p, 3 * c.mn * c.e + bias, 2 * c.mn * c.e + bias, BIAS_RELU_ROWS, partials=1)
+
+
+# stats: the row statistics (mean and) rstd; pb: the parameters weight (and bias); c1, c2: the row coefficients
+CUDA_TERMS = {
+    "ldr_forward_rows_kernel": lambda c, p, _: _rows(c, p, 2 * c.mn * c.e + c.st + c.pb, c.mn * c.e + c.pb),
+    # x read three times (RMSNorm: twice): the later passes over a block's row
+    "ldr_forward_looped_kernel": lambda c, p, _: _looped(
+        c, p, (c.k + 2) * c.mn * c.e + c.st + c.pb, (c.k + 1) * c.mn * c.e + c.pb, c.k * c.mn * c.e
+    ),
+    "ldr_backward_rows_kernel": _ldr_backward_rows,
+    "ldr_backward_wide_kernel": _ldr_backward_rows,
+    "ldr_backward_row_stats_kernel": lambda c, p, _: _looped(  # + c1, c2 out
+        c, p, 2 * c.mn * c.e + c.st + 2 * c.m * ACC + c.pb, 2 * c.mn * c.e + c.st + c.pb, 0, stats_groups(c.e, c.e)
+    ),
+    "ldr_backward_tiled_kernel": lambda c, p, _: _tiled(
+        c,
+        p,
+        3 * c.mn * c.e + c.st + 2 * c.m * ACC + c.pb,
+        2 * c.mn * c.e + c.st + 2 * c.m * ACC + c.pb,
+        TILED_LDR_ROWS,
+        c.k,
+    ),
+    "dan_forward_rows_kernel": lambda c, p, _: _dan_rows(c, p, True),
+    "dan_backward_rows_kernel": lambda c, p, _: _dan_rows(c, p, False),
+    "dan_backward_wide_kernel": lambda c, p, _: _dan_rows(c, p, False),
+    # the sum read back: the output pass (and LayerNorm's centred pass)
+    "dan_forward_looped_kernel": lambda c, p, _: _looped(
+        c,
+        p,
+        c.mn * (2 * c.e + 2 * c.u) + c.k * c.mn * c.u + c.st + c.pb,
+        c.mn * (c.e + c.u) + c.k * c.mn * c.u + c.pb,
+        c.k * c.mn * c.u,
+    ),
+    "dan_backward_row_stats_kernel": lambda c, p, _: _looped(
+        c,
+        p,
+        c.mn * (c.e + c.u) + c.st + 2 * c.m * ACC + c.n * c.e,
+        c.mn * (c.e + c.u) + c.st + c.n * c.e,
+        0,
+        stats_groups(c.e, c.u),
+    ),
+    "dan_backward_tiled_kernel": lambda c, p, _: _tiled(
+        c,
+        p,
+        c.mn * (2 * c.e + 3 * c.u) + c.st + 2 * c.m * ACC + c.n * c.e,
+        c.mn * (c.e + 2 * c.u) + c.st + 2 * c.m * ACC + c.n * c.e,
+        TILED_LDR_ROWS,
+        c.k,
+    ),
+    "bias_act_forward_kernel": lambda c, p, _: _tiled(
+        c, p, 2 * c.mn * c.e + c.n * c.e, c.mn * c.e + c.n * c.e, BIAS_RELU_ROWS
+    ),
+    "bias_act_backward_kernel": _bias_act_backward,
+    "gated_act_forward_kernel": _gated,
+    "gated_act_backward_kernel": _gated,
+    "column_sum_kernel": _column_sum,
+}
+
+
 def cuda_launches(
     code: CudaCode, op: str, direction: str, dtype: str, n: int, sms: int = 132, m: Optional[int] = None
 ) -> list[KernelLaunch]:
-    """The launches of csrc/cuda/launch.cuh for a contiguous (M, N) input (M = 64M / N by default), weight and
-    bias of x's dtype, p > 0. `code` gives each kernel's blocks per SM and builds the launch (CudaCode)."""
+    """The launches the CUDA backend's host code plans for a model row (plan_call; M = 64M / N by default) on an
+    `sms`-SM device with `code`'s occupancy, each with the model's terms (CUDA_TERMS) and `code`'s kernel."""
     m = rows_of(n) if m is None else m
-    e = ELEM[dtype]
-    s = CUDA_TYPE[dtype]
-    mn = m * n
-    ldp = partial_stride(n)
-    out: list[KernelLaunch] = []
-
-    def column_sums(g: int, sums: int, out_elem: int) -> None:
-        # column_sum_cols: a 16-byte vector of columns a thread where that still gives every SM a block
-        cols = 16 // ACC if _cdiv(n, COLUMN_SUM_TILE * 16 // ACC) * sums >= sms else 1
-        name = f"column_sum_kernel<float, {s if out_elem == e else 'float'}, {cols}>"
-        tiles = _cdiv(n, COLUMN_SUM_TILE * cols)
-        out.append(
-            code.launch(
-                name,
-                (tiles, sums),
-                (COLUMN_SUM_TILE, max(1, min(g, COLUMN_SUM_TILE))),
-                elements=0,
-                bytes=sums * (g * ldp * ACC + n * out_elem),
-                read_bytes=sums * g * ldp * ACC,
-                trips=structural_trips(g / max(1, min(g, COLUMN_SUM_TILE))),
-            )
-        )
-
-    if op in DAN_OPS:
-        dan_launches(code, op, direction, dtype, n, sms, m, out, column_sums)
-        return out
-
-    if op in GATED_OPS:
-        out.append(gated_launch(code, op, direction, dtype, n, sms, m))
-        return out
-
-    if op == "layer_norm_dropout_relu" or op in ND_OPS:
-        k = 1 if op in ND_OPS else 2  # RMSNorm without bias: rstd alone, the weight alone
-        plan = plan_ldr_rows(
-            m, n, e, e, backward=direction == "backward", vec=True, max_shared=SHARED_PER_BLOCK - WIDE_STATIC_SHARED
-        )
-        flags = f"true, {'true' if plan.warp_row else 'false'}"  # the 16-byte path; one warp a row
-
-        def rows_kernel(which: str, nbytes: int, read: int, partials: int = 0) -> int:
-            """The rows kernel's persistent launch (`partials` partial-row buffers of G rows); returns G."""
-            name = f"ldr_{which}_rows_kernel<{s}, {s}, float, {flags}, {plan.vpt}>"
-            if plan.wide:
-                name = f"ldr_backward_wide_kernel<{s}, {s}, float, {plan.vpt}>"
-            threads = plan.threads_x * plan.rows_per_block
-            g = persistent_grid(plan.blocks_needed, code.blocks_per_sm(name, threads, plan.shared), sms)
-            out.append(
-                code.launch(
-                    name,
-                    (g,),
-                    (plan.threads_x, plan.rows_per_block),
-                    elements=mn,
-                    bytes=nbytes + partials * g * ldp * ACC,
-                    read_bytes=read,
-                    stride_units=plan.blocks_needed,
-                    trips=structural_trips(plan.blocks_needed / g),
-                    dynamic_shared=plan.shared,
-                )
-            )
-            return g
-
-        if direction == "forward":
-            if plan.rows:
-                rows_kernel("forward", 2 * mn * e + k * m * ACC + k * n * e, mn * e + k * n * e)
-            else:
-                name = f"ldr_forward_looped_kernel<{s}, {s}, float>"
-                g = persistent_grid(m, code.blocks_per_sm(name, LOOPED_THREADS), sms)
-                out.append(
-                    code.launch(
-                        name,
-                        (g,),
-                        (LOOPED_THREADS,),
-                        elements=mn,
-                        bytes=(k + 2) * mn * e + k * m * ACC + k * n * e,  # x read three times (RMSNorm: twice)
-                        read_bytes=(k + 1) * mn * e + k * n * e,
-                        reread_bytes=k * mn * e,  # the later passes over a block's row
-                        reuse_unit_bytes=n * e,
-                        stride_units=m,
-                        trips=structural_trips(m / g, _cdiv(_cdiv(n, GROUP), LOOPED_THREADS)),
-                    )
-                )
-            return out
-        st, pb = k * m * ACC, k * n * e  # the row statistics (mean and) rstd, the parameters weight (and bias)
-        if plan.rows:  # + the dgamma / dbeta partial rows, G of each
-            g = rows_kernel("backward", 3 * mn * e + st + pb, 2 * mn * e + st + pb, k)
-        else:
-            stats = f"ldr_backward_row_stats_kernel<{s}, {s}, float, true>"
-            sg = persistent_grid(m, code.blocks_per_sm(stats, LOOPED_THREADS), sms)
-            tiled = f"ldr_backward_tiled_kernel<{s}, {s}, float, true>"
-            t = plan_tiled(m, n, code.blocks_per_sm(tiled, TILED_THREADS) * sms)
-            g = t.row_blocks
-            out.append(
-                code.launch(
-                    stats,
-                    (sg,),
-                    (LOOPED_THREADS,),
-                    elements=mn,
-                    bytes=2 * mn * e + st + 2 * m * ACC + pb,  # + c1, c2 out
-                    read_bytes=2 * mn * e + st + pb,
-                    stride_units=m,
-                    trips=structural_trips(m / sg, _cdiv(_cdiv(n, GROUP), STATS_GROUPS[e] * LOOPED_THREADS)),
-                )
-            )
-            steps = max(1, _cdiv(m, t.ty))
-            out.append(
-                code.launch(
-                    tiled,
-                    (t.col_tiles, t.row_blocks),
-                    (t.tx, t.ty),
-                    elements=mn,
-                    bytes=3 * mn * e + st + 2 * m * ACC + pb + k * g * ldp * ACC,
-                    read_bytes=2 * mn * e + st + 2 * m * ACC + pb,
-                    stride_units=steps,
-                    stride_axis=1,
-                    trips=structural_trips(math.ceil(steps / t.row_blocks / TILED_LDR_ROWS)),
-                )
-            )
-        column_sums(g, k, e)
-        return out
-
-    # bias_relu = bias_act with act 0; bias_act's backward reads the bias (acts 1-3)
-    act = ACT_CODE[op]
-    bias_bytes = n * e if act else 0
-    if direction == "forward":
-        name = f"bias_act_forward_kernel<{s}, {s}, true, {act}>"
-        t = plan_tiled(m, n, code.blocks_per_sm(name, TILED_THREADS) * sms)
-        steps = max(1, _cdiv(m, t.ty))
-        out.append(
-            code.launch(
-                name,
-                (t.col_tiles, t.row_blocks),
-                (t.tx, t.ty),
-                elements=mn,
-                bytes=2 * mn * e + n * e,
-                read_bytes=mn * e + n * e,
-                stride_units=steps,
-                stride_axis=1,
-                trips=structural_trips(math.ceil(steps / t.row_blocks / BIAS_RELU_ROWS)),
-            )
-        )
-        return out
-    name = f"bias_act_backward_kernel<{s}, {s}, true, {act}>"
-    t = plan_tiled(m, n, code.blocks_per_sm(name, TILED_THREADS) * sms)
-    steps = max(1, _cdiv(m, t.ty))
-    out.append(
-        code.launch(
-            name,
-            (t.col_tiles, t.row_blocks),
-            (t.tx, t.ty),
-            elements=mn,
-            bytes=3 * mn * e + bias_bytes + t.row_blocks * ldp * ACC,
-            read_bytes=2 * mn * e + bias_bytes,
-            stride_units=steps,
-            stride_axis=1,
-            trips=structural_trips(math.ceil(steps / t.row_blocks / BIAS_RELU_ROWS)),
-        )
-    )
-    column_sums(t.row_blocks, 1, ACC)
+    case = CudaCase.of(op, dtype, n, m)
+    out, partials = [], 0
+    for p in code.planner(sms).plan(plan_call(op, direction, dtype, n, m)):
+        terms = CUDA_TERMS[p.base](case, p, partials)
+        partials = terms.pop("partials")
+        out.append(code.launch(p.kernel, p.grid, p.block, dynamic_shared=p.dynamic_shared, **terms))
     return out
-
-
-def gated_launch(code, op: str, direction: str, dtype: str, n: int, sms: int, m: int) -> KernelLaunch:
-    """gated_act's one launch (run_gated_act / run_gated_act_backward of gated_act_launch.cuh) for contiguous,
-    16-byte aligned buffers (fresh tensors): the vector path (two tensors, or packed with F % 8 == 0) with the
-    RNG code only where p > 0 (kDrop), else the element-by-element path (keep bits at run time); a persistent
-    one-wave grid of 256-thread blocks over the groups of 8 output elements, U groups a thread a grid stride
-    (plan_gated). n is F; the output has m x F elements."""
-    act, packed, dropout = GATED_OPS[op]
-    e = ELEM[dtype]
-    mn = m * n
-    vec = not packed or n % GROUP == 0
-    drop = dropout or not vec
-
-    def flag(b: bool) -> str:
-        return "true" if b else "false"
-
-    name = f"gated_act_{direction}_kernel<{CUDA_TYPE[dtype]}, {act}, {flag(vec)}, {flag(drop)}>"
-    u = gated_unroll(e, vec)
-    needed = _cdiv(_cdiv(mn, GROUP), GATED_THREADS * u)
-    g = persistent_grid(needed, code.blocks_per_sm(name, GATED_THREADS), sms)
-    groups = mn // GROUP if vec else _cdiv(mn, GROUP)  # the vector path's partial last group: after the loop
-    reads, writes = (3, 2) if direction == "backward" else (2, 1)  # grad_out, gate, up / grad_gate, grad_up
-    return code.launch(
-        name,
-        (g,),
-        (GATED_THREADS,),
-        elements=mn,
-        bytes=(reads + writes) * mn * e,
-        read_bytes=reads * mn * e,
-        stride_units=needed,
-        trips=structural_trips(groups / (u * g * GATED_THREADS)),
-    )
-
-
-def dan_launches(code, op: str, direction: str, dtype: str, n: int, sms: int, m: int, out: list, column_sums) -> None:
-    """dropout_add_norm's launches (run_dan_forward / run_dan_backward of launch.cuh) for the 16-byte vector
-    path: the rows kernels at plan_ldr_rows(elem = the wider of x and the sum), else the looped kernels."""
-    e, u, rms = dan_sizes(op, dtype)
-    s = CUDA_TYPE[dtype]
-    us = "float" if u == 4 else s
-    mn = m * n
-    ldp = partial_stride(n)
-    stats = (1 if rms else 2) * m * ACC
-    params = (1 if rms else 2) * n * e
-    sums = 1 if rms else 2  # dweight (and dbias) partial rows
-    backward = direction == "backward"
-    plan = plan_ldr_rows(
-        m, n, max(e, u), e, backward=backward, vec=True, max_shared=SHARED_PER_BLOCK - WIDE_STATIC_SHARED
-    )
-    # (dan_wide_allowed sends 16-bit x with an fp32 sum and fp32 parameters at 6 groups a thread to the looped
-    # kernels; the model's rows take the parameters in x's dtype, so their wide plans all stand)
-    types = f"{s}, {us}, {s}, float"
-    if plan.rows:
-        name = f"dan_{direction}_rows_kernel<{types}, {'true' if plan.warp_row else 'false'}, {plan.vpt}>"
-        if plan.wide:
-            name = f"dan_backward_wide_kernel<{types}, {plan.vpt}>"
-        threads = plan.threads_x * plan.rows_per_block
-        g = persistent_grid(plan.blocks_needed, code.blocks_per_sm(name, threads, plan.shared), sms)
-        reread = 0
-        if backward:  # reads grad_out, sum, grad_sum, stats, weight; writes grad_x, grad_residual, the partials
-            # (the wide kernel at 6 groups a thread with an fp32 sum reads the sum again after the row sum)
-            reread = mn * u if plan.wide and plan.vpt > 4 and u == 4 else 0
-            read = mn * (e + 2 * u) + stats + n * e + reread
-            nbytes = read + mn * (e + u) + sums * g * ldp * ACC
-        else:  # reads x, residual, params; writes sum, out, stats
-            read = mn * (e + u) + params
-            nbytes = read + mn * (e + u) + stats
-        out.append(
-            code.launch(
-                name,
-                (g,),
-                (plan.threads_x, plan.rows_per_block),
-                elements=mn,
-                bytes=nbytes,
-                read_bytes=read,
-                reread_bytes=reread,
-                reuse_unit_bytes=n * u if reread else 0,
-                stride_units=plan.blocks_needed,
-                trips=structural_trips(plan.blocks_needed / g),
-                dynamic_shared=plan.shared,
-            )
-        )
-        if backward:
-            column_sums(g, sums, e)
-        return
-    if not backward:
-        name = f"dan_forward_looped_kernel<{types}>"
-        g = persistent_grid(m, code.blocks_per_sm(name, LOOPED_THREADS), sms)
-        rereads = 1 if rms else 2  # the sum read back: the output pass (and LayerNorm's centred pass)
-        out.append(
-            code.launch(
-                name,
-                (g,),
-                (LOOPED_THREADS,),
-                elements=mn,
-                bytes=mn * (2 * e + 2 * u) + rereads * mn * u + stats + params,
-                read_bytes=mn * (e + u) + rereads * mn * u + params,
-                reread_bytes=rereads * mn * u,
-                reuse_unit_bytes=n * u,
-                stride_units=m,
-                trips=structural_trips(m / g, _cdiv(_cdiv(n, GROUP), LOOPED_THREADS)),
-            )
-        )
-        return
-    stats_name = f"dan_backward_row_stats_kernel<{types}, true>"
-    sg = persistent_grid(m, code.blocks_per_sm(stats_name, LOOPED_THREADS), sms)
-    tiled = f"dan_backward_tiled_kernel<{types}, true>"
-    t = plan_tiled(m, n, code.blocks_per_sm(tiled, TILED_THREADS) * sms)
-    g = t.row_blocks
-    stats_groups = STATS_GROUPS[2] if u == 2 and e == 2 else STATS_GROUPS[4]  # ldr_stats_groups<U, P, true>
-    out.append(
-        code.launch(
-            stats_name,
-            (sg,),
-            (LOOPED_THREADS,),
-            elements=mn,
-            bytes=mn * (e + u) + stats + 2 * m * ACC + n * e,
-            read_bytes=mn * (e + u) + stats + n * e,
-            stride_units=m,
-            trips=structural_trips(m / sg, _cdiv(_cdiv(n, GROUP), stats_groups * LOOPED_THREADS)),
-        )
-    )
-    steps = max(1, _cdiv(m, t.ty))
-    read = mn * (e + 2 * u) + stats + 2 * m * ACC + n * e
-    out.append(
-        code.launch(
-            tiled,
-            (t.col_tiles, t.row_blocks),
-            (t.tx, t.ty),
-            elements=mn,
-            bytes=read + mn * (e + u) + sums * g * ldp * ACC,
-            read_bytes=read,
-            stride_units=steps,
-            stride_axis=1,
-            trips=structural_trips(math.ceil(steps / t.row_blocks / TILED_LDR_ROWS)),
-        )
-    )
-    column_sums(g, sums, e)
 
 
 # ----------------------------------------------------------------------------------------------------------------

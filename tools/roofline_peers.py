@@ -371,63 +371,74 @@ def torch_layer_norm(
     (the vectorized dX kernel) and the aligned GammaBeta grid (M % rows == 0, N % 32 == 0)."""
     if dtype != torch.float32:
         raise ToolError(f"torch_layer_norm models fp32 only (got {dtype})")
-    e = _elem(dtype)
-    t = _MANGLED_T[dtype]
-    code = torch_cubin()
+    e, t, code = _elem(dtype), _MANGLED_T[dtype], torch_cubin()
+    if direction == "forward":
+        return _torch_layer_norm_forward(code, t, N, M, e, l2_rereads)
+    if direction != "backward":
+        raise ValueError(direction)
+    return _torch_layer_norm_backward(code, t, N, M, e, l2_rereads, harness)
+
+
+def _torch_layer_norm_forward(code, t: str, N: int, M: int, e: int, l2_rereads: bool) -> list[Launch]:
+    """nn.LayerNorm's forward: the vectorized kernel (N % 4 == 0), else row moments, then the output."""
     mn = M * N
     vectorized = N % 4 == 0 and N <= 1 << 24
     out: list[Launch] = []
-    if direction == "forward":
-        if vectorized:
-            block = (32, 4)  # (warp size, num_threads() / warp size), num_threads() = 128
-            params = 2 * N * e * (M if l2_rereads else 1)
-            out.append(
-                _torch_kernel(
-                    code,
-                    "vectorized_layer_norm_kernel",
-                    f"{t}fLb0",
-                    (M,),
-                    block,
-                    elements=mn,
-                    bytes=3 * mn * e + params + 2 * M * ACC,  # x read twice (statistics, output), y written
-                    read_bytes=2 * mn * e + params,
-                    reread_bytes=mn * e,  # the output pass re-reads the row the statistics pass read
-                    reuse_unit_bytes=N * e,
-                    dynamic_shared=block[1] * 3 // 2 * ACC,
-                    trips=_trips_vectorized_forward(N, block[0] * block[1], block[1]),
-                )
-            )
-            return out
-        out.append(
-            _torch_kernel(
-                code,
-                "RowwiseMomentsCUDAKernel",
-                f"{t}fLb0",
-                (M,),
-                (512,),  # cuda_utils::kCUDABlockReduceNumThreads
-                elements=mn,
-                bytes=mn * e + 2 * M * ACC,
-                read_bytes=mn * e,
-                trips=_trips_strided("RowwiseMomentsCUDAKernel", N, 512, 1),
-            )
-        )
+    if vectorized:
+        block = (32, 4)  # (warp size, num_threads() / warp size), num_threads() = 128
         params = 2 * N * e * (M if l2_rereads else 1)
         out.append(
             _torch_kernel(
                 code,
-                "LayerNormForwardCUDAKernel",
+                "vectorized_layer_norm_kernel",
                 f"{t}fLb0",
                 (M,),
-                (256,),  # kCUDANumThreads
+                block,
                 elements=mn,
-                bytes=2 * mn * e + params + 2 * M * ACC,
-                read_bytes=mn * e + params + 2 * M * ACC,
-                trips=_trips_strided("LayerNormForwardCUDAKernel", N, 256, 5),  # x, mean, rstd, gamma, beta
+                bytes=3 * mn * e + params + 2 * M * ACC,  # x read twice (statistics, output), y written
+                read_bytes=2 * mn * e + params,
+                reread_bytes=mn * e,  # the output pass re-reads the row the statistics pass read
+                reuse_unit_bytes=N * e,
+                dynamic_shared=block[1] * 3 // 2 * ACC,
+                trips=_trips_vectorized_forward(N, block[0] * block[1], block[1]),
             )
         )
         return out
-    if direction != "backward":
-        raise ValueError(direction)
+    out.append(
+        _torch_kernel(
+            code,
+            "RowwiseMomentsCUDAKernel",
+            f"{t}fLb0",
+            (M,),
+            (512,),  # cuda_utils::kCUDABlockReduceNumThreads
+            elements=mn,
+            bytes=mn * e + 2 * M * ACC,
+            read_bytes=mn * e,
+            trips=_trips_strided("RowwiseMomentsCUDAKernel", N, 512, 1),
+        )
+    )
+    params = 2 * N * e * (M if l2_rereads else 1)
+    out.append(
+        _torch_kernel(
+            code,
+            "LayerNormForwardCUDAKernel",
+            f"{t}fLb0",
+            (M,),
+            (256,),  # kCUDANumThreads
+            elements=mn,
+            bytes=2 * mn * e + params + 2 * M * ACC,
+            read_bytes=mn * e + params + 2 * M * ACC,
+            trips=_trips_strided("LayerNormForwardCUDAKernel", N, 256, 5),  # x, mean, rstd, gamma, beta
+        )
+    )
+    return out
+
+
+def _torch_layer_norm_backward(code, t: str, N: int, M: int, e: int, l2_rereads: bool, harness: bool) -> list[Launch]:
+    """nn.LayerNorm's backward: the vectorized dX kernel, then GammaBeta (aligned grid), then the harness's
+    gradient accumulation where asked."""
+    mn = M * N
+    out: list[Launch] = []
     by, rows = (1, 8) if M < 64 else (8, 64) if M < 128 else (16, 128) if M < 256 else (32, 256)
     aligned = M % rows == 0 and N % 32 == 0
     if N % 4 or not aligned:

@@ -183,3 +183,17 @@ def check_cxx17(
     if result.returncode != 0:
         raise AssertionError(f"C++17 check failed:\n$ {' '.join(cmd)}\n{unit}{result.stdout}{result.stderr}")
     return result
+
+
+def load_emulated_ops():
+    """The CUDA backend's ops (csrc/cuda/ops_glue.h, launch.cuh and the kernels) compiled for the emulator, with
+    their real schemas as torch.ops.gpuopt_emu, and the path of the library that holds them. Hidden visibility,
+    as setup.py builds _C: torch::stable's types are hidden."""
+    import torch
+
+    path = load_extension(
+        "gpuopt_cuda_emulated",
+        [EMU_DIR / "emulated_ops.cpp", CSRC_DIR / "checks.cpp"],
+        extra_cflags=["-fvisibility=hidden"],
+    )
+    return torch.ops.gpuopt_emu, path

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -973,14 +974,16 @@ void launch(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_
 
 void launch(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_block, size_t dynamic_shared_bytes,
             const std::function<void()>& body) {
-  std::string name = kernel_name ? kernel_name : "<unnamed>";
-  if (name.size() > 2 && name.front() == '(' && name.back() == ')') name = name.substr(1, name.size() - 2);
-  if (detail::current_fiber()) {
-    fail("launch of kernel " + name + " from inside a kernel (dynamic parallelism) is not supported");
-  }
-  LaunchRecord rec{name, grid, block, false, ""};
+  launch(kernel_name, grid, block, max_threads_per_block, dynamic_shared_bytes, nullptr, body);
+}
+
+namespace {
+std::atomic<bool> g_plan_only{false};
+
+// What makes a launch fail before any thread runs ("" if nothing); `reverse`: the blocks run last to first.
+std::string launch_error(dim3 grid, dim3 block, int max_threads_per_block, size_t dynamic_shared_bytes,
+                         const std::function<void()>& body, bool& reverse) {
   std::string err = detail::check_config(grid, block, max_threads_per_block);
-  bool reverse = false;
   if (err.empty()) {
     const char* order = std::getenv("GPUOPT_EMU_BLOCK_ORDER");
     if (order && *order && std::strcmp(order, "forward") != 0) {
@@ -992,10 +995,33 @@ void launch(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_
     err = std::to_string(dynamic_shared_bytes) + " bytes of dynamic shared memory > 227 KiB (232448 bytes) a block";
   }
   if (err.empty() && !body) err = "empty kernel body";
+  return err;
+}
+}  // namespace
+
+void set_plan_only(bool on) { g_plan_only = on; }
+
+bool plan_only() { return g_plan_only; }
+
+void launch(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_block, size_t dynamic_shared_bytes,
+            const void* entry, const std::function<void()>& body) {
+  std::string name = kernel_name ? kernel_name : "<unnamed>";
+  if (name.size() > 2 && name.front() == '(' && name.back() == ')') name = name.substr(1, name.size() - 2);
+  if (detail::current_fiber()) {
+    fail("launch of kernel " + name + " from inside a kernel (dynamic parallelism) is not supported");
+  }
+  LaunchRecord rec{name, grid, block, false, "", dynamic_shared_bytes, entry};
+  bool reverse = false;
+  const std::string err = launch_error(grid, block, max_threads_per_block, dynamic_shared_bytes, body, reverse);
   if (!err.empty()) {
     rec.error = "gpuopt_emu: launch of kernel " + name + ": " + err;
     detail::append_log(rec);
     throw std::runtime_error(rec.error);
+  }
+  if (plan_only()) {
+    rec.ok = true;
+    detail::append_log(rec);
+    return;
   }
 
   LaunchState& ls = detail::t_state;

@@ -361,6 +361,15 @@ void launch(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_
 // The same with `dynamic_shared_bytes` of dynamic shared memory a block (the third <<<>>> parameter).
 void launch(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_block, size_t dynamic_shared_bytes,
             const std::function<void()>& body);
+// The same with the kernel's entry point recorded in the log (LaunchRecord::entry).
+void launch(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_block, size_t dynamic_shared_bytes,
+            const void* entry, const std::function<void()>& body);
+
+// Plan-only mode (off by default; process-wide): launch() checks the configuration and records the launch in the
+// log as always, and runs no thread. The host code that plans a launch runs unchanged, so its launches can be read
+// for shapes no emulated run could afford (the performance model's 64M-element cases).
+void set_plan_only(bool on);
+bool plan_only();
 
 // Copies args once (CUDA passes kernel arguments by value) and calls kernel(args...) in every thread.
 template <typename Kernel, typename... Args>
@@ -373,7 +382,9 @@ void launch_kernel(const char* kernel_name, dim3 grid, dim3 block, int max_threa
 template <typename Kernel, typename... Args>
 void launch_kernel_shared(const char* kernel_name, dim3 grid, dim3 block, int max_threads_per_block,
                           size_t dynamic_shared_bytes, Kernel&& kernel, Args... args) {
-  launch(kernel_name, grid, block, max_threads_per_block, dynamic_shared_bytes, [&]() { kernel(args...); });
+  const void* entry = nullptr;
+  if constexpr (std::is_pointer_v<std::decay_t<Kernel>>) entry = reinterpret_cast<const void*>(kernel);
+  launch(kernel_name, grid, block, max_threads_per_block, dynamic_shared_bytes, entry, [&]() { kernel(args...); });
 }
 
 // GPUOPT_EMU_LAUNCH(kernel, grid, block, max_threads_per_block, args...): launch_kernel named after the kernel
@@ -385,8 +396,10 @@ struct LaunchRecord {
   std::string kernel;
   dim3 grid;
   dim3 block;
-  bool ok;            // false: rejected or failed
-  std::string error;  // the exception message when !ok
+  bool ok;                      // false: rejected or failed
+  std::string error;            // the exception message when !ok
+  size_t dynamic_shared = 0;    // dynamic shared memory a block, bytes
+  const void* entry = nullptr;  // the kernel function launched (launch_kernel_shared of a function pointer)
 };
 std::vector<LaunchRecord> launch_log();  // every launch() call since the last clear, oldest first
 uint64_t launch_count();                 // launch_log().size() without the copy

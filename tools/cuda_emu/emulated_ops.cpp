@@ -1,8 +1,12 @@
 // The gpuopt ops of the CUDA backend, with their real schemas under the namespace gpuopt_emu, running the CUDA backend's own
 // glue (csrc/cuda/ops_glue.h), launch sequence (launch.cuh) and kernel headers on the CPU under the
 // emulation of the CUDA execution model. Outputs and scratch start poisoned (0xFF: NaN), and the guards of every
-// buffer are checked after every launch. Built only by the emulator tests.
+// buffer are checked after every launch. Built by the emulator tests and by the performance model, which plans the
+// launches of its cases without running them (configure_plan).
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,6 +36,29 @@ EmulatedDevice& device() {
   return d;
 }
 
+// Plan-only mode (gpuopt_emu::configure_plan): the ops run their host code on the caller's tensors, touch no
+// element, and record their launches without running them. The blocks a kernel keeps resident on an SM come from
+// the emulator's rule, or from a table the caller fills (the performance model: the sm_90 occupancy of the built
+// extension's kernels); a launch plan that asks the table for a kernel it lacks gets 1 and leaves the question in
+// `queries` for the caller to answer before planning again.
+struct PlanState {
+  bool on = false;
+  bool table = false;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> occupancy;  // (entry, threads, dynamic shared) -> blocks
+  std::vector<int64_t> queries;                                        // (entry, threads, dynamic shared) triples
+};
+PlanState& plan() {
+  static PlanState s;
+  return s;
+}
+
+// A kernel's entry point as an offset into the library that holds it (what its symbol table gives), -1 if unknown.
+int64_t entry_offset(const void* entry) {
+  Dl_info info{};
+  if (entry == nullptr || dladdr(entry, &info) == 0 || info.dli_fbase == nullptr) return -1;
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(entry) - reinterpret_cast<uintptr_t>(info.dli_fbase));
+}
+
 // The Launcher of launch.cuh on the emulator.
 struct EmuLauncher {
   std::vector<std::unique_ptr<gpuopt_emu::DeviceBuffer>> scratch_buffers;
@@ -43,7 +70,9 @@ struct EmuLauncher {
   // Occupancy model: the 2048 threads of an SM, at most 32 blocks, the 228 KiB of shared memory an SM (dynamic
   // memory plus 1 KiB a block), capped by the emulated device.
   template <class P>
-  int blocks_per_sm(void (*)(P), int threads, int64_t dynamic_shared = 0) const {
+  int blocks_per_sm(void (*kernel)(P), int threads, int64_t dynamic_shared = 0) const {
+    if (plan().on && plan().table)
+      return planned_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, dynamic_shared);
     const int by_shared = dynamic_shared > 0 ? static_cast<int>(228 * 1024 / (dynamic_shared + 1024)) : 32;
     return std::max(1, std::min({device().max_blocks_per_sm, 2048 / std::max(threads, 1), 32, by_shared}));
   }
@@ -55,8 +84,20 @@ struct EmuLauncher {
                                      params);
   }
 
+  static int planned_blocks_per_sm(const void* kernel, int threads, int64_t dynamic_shared) {
+    const auto key = std::make_tuple(entry_offset(kernel), int64_t(threads), dynamic_shared);
+    const auto it = plan().occupancy.find(key);
+    if (it != plan().occupancy.end()) return static_cast<int>(it->second);
+    plan().queries.insert(plan().queries.end(), {std::get<0>(key), std::get<1>(key), std::get<2>(key)});
+    return 1;
+  }
+
   template <class T>
   T* scratch(int64_t count) {
+    if (plan().on) {  // never written: the launches do not run
+      alignas(256) static unsigned char nowhere[256];
+      return reinterpret_cast<T*>(nowhere);
+    }
     scratch_buffers.push_back(std::make_unique<gpuopt_emu::DeviceBuffer>(
         "scratch" + std::to_string(scratch_buffers.size()), static_cast<size_t>(count) * sizeof(T)));
     return scratch_buffers.back()->data_as<T>();
@@ -73,10 +114,12 @@ struct EmuBackend {
   explicit EmuBackend(const Tensor&) {}
   const void* in(const char* name, const Tensor& t) {
     if (!t.defined()) return nullptr;
+    if (plan().on) return t.data_ptr();
     buffers.push_back(std::make_unique<gpuopt_emu::DeviceBuffer>(name, t.data_ptr(), nbytes(t)));
     return buffers.back()->data();
   }
   void* out(const char* name, const Tensor& t) {
+    if (plan().on) return t.data_ptr();
     buffers.push_back(std::make_unique<gpuopt_emu::DeviceBuffer>(name, nbytes(t)));
     outputs.emplace_back(buffers.back().get(), t);
     return buffers.back()->data();
@@ -99,6 +142,43 @@ std::vector<int64_t> configure(int64_t sm_count, int64_t max_blocks_per_sm, int6
   device().max_blocks_per_sm = static_cast<int>(max_blocks_per_sm);
   device().shared_per_block = shared_per_block;
   return old;
+}
+
+// Plan-only mode on or off (above PlanState); `table`: the blocks per SM from `occupancy`, (entry, threads, dynamic
+// shared, blocks) quadruples (replacing the table), else the emulator's rule. Returns the previous mode: 0 off, 1
+// planning on the emulator's rule, 2 on a table.
+int64_t configure_plan(bool on, bool table, std::vector<int64_t> occupancy) {
+  GPUOPT_CHECK(occupancy.size() % 4 == 0, "gpuopt_emu.configure_plan: occupancy holds quadruples");
+  const int64_t old = plan().on ? (plan().table ? 2 : 1) : 0;
+  plan().on = on;
+  plan().table = table;
+  plan().occupancy.clear();
+  plan().queries.clear();
+  for (size_t i = 0; i < occupancy.size(); i += 4)
+    plan().occupancy[std::make_tuple(occupancy[i], occupancy[i + 1], occupancy[i + 2])] = occupancy[i + 3];
+  gpuopt_emu::set_plan_only(on);
+  return old;
+}
+
+// The occupancy questions of plan-only launches since the last call, (entry, threads, dynamic shared) triples.
+std::vector<int64_t> take_occupancy_queries() {
+  std::vector<int64_t> out;
+  out.swap(plan().queries);
+  return out;
+}
+
+// The launches since the last call, 9 numbers each: the kernel's entry (entry_offset), grid x y z, block x y z,
+// dynamic shared bytes, 1 if it ran (or was planned) without error; clears the log.
+std::vector<int64_t> take_launch_records() {
+  std::vector<int64_t> out;
+  for (const auto& r : gpuopt_emu::launch_log()) {
+    for (const int64_t v :
+         {entry_offset(r.entry), int64_t(r.grid.x), int64_t(r.grid.y), int64_t(r.grid.z), int64_t(r.block.x),
+          int64_t(r.block.y), int64_t(r.block.z), int64_t(r.dynamic_shared), int64_t(r.ok)})
+      out.push_back(v);
+  }
+  gpuopt_emu::clear_launch_log();
+  return out;
 }
 
 // The launches since the last call, "kernel grid=(x,y,z) block=(x,y,z)", and clears the log.
@@ -143,6 +223,9 @@ STABLE_TORCH_LIBRARY(gpuopt_emu, m) {
   gpuopt::define_schemas(m);
   m.def("configure(int sm_count, int max_blocks_per_sm, int shared_per_block=232448) -> int[]");
   m.def("take_launches() -> str[]");
+  m.def("configure_plan(bool on, bool table=False, int[] occupancy=[]) -> int");
+  m.def("take_occupancy_queries() -> int[]");
+  m.def("take_launch_records() -> int[]");
   m.def("missing_arch_message(int major, int minor, int device, str name, str built_for) -> str");
   m.def("gated_walk_offsets(int n, int row, int ld, int step, int first, int count) -> int[]");
 }
@@ -166,6 +249,9 @@ STABLE_TORCH_LIBRARY_IMPL(gpuopt_emu, CPU, m) {
 STABLE_TORCH_LIBRARY_IMPL(gpuopt_emu, CompositeExplicitAutograd, m) {
   m.impl("configure", TORCH_BOX(&gpuopt::configure));
   m.impl("take_launches", TORCH_BOX(&gpuopt::take_launches));
+  m.impl("configure_plan", TORCH_BOX(&gpuopt::configure_plan));
+  m.impl("take_occupancy_queries", TORCH_BOX(&gpuopt::take_occupancy_queries));
+  m.impl("take_launch_records", TORCH_BOX(&gpuopt::take_launch_records));
   m.impl("missing_arch_message", TORCH_BOX(&gpuopt::missing_arch_message));
   m.impl("gated_walk_offsets", TORCH_BOX(&gpuopt::gated_walk_offsets));
 }
