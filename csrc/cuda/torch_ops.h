@@ -267,13 +267,16 @@ std::tuple<Tensor, Tensor> bias_act_backward(const BiasActSpec& s) {
   Tensor grad_b = empty_on(s.saved, {s.N}, s.acc_dtype);
   dispatch_act(s.act, [&](auto ac) {
     constexpr int kAct = decltype(ac)::value;
-    // relu reads no bias: one instantiation a dtype
-    dispatch_dtypes<cuda::DeviceStorage>(s.x_dtype, kAct == kActRelu ? s.x_dtype : s.bias_dtype, [&](auto st, auto bt) {
+    auto launch = [&](auto st, auto bt) {
       using S = typename decltype(st)::type;
-      using B = typename decltype(bt)::type;
-      const auto params = backward_params<S, B>(s, be, grad_x);
+      const auto params = backward_params<S, typename decltype(bt)::type>(s, be, grad_x);
       cuda::run_bias_act_backward<kAct>(params, device_out<acc_type_t<S>>(be, "grad_bias", grad_b), be.launcher());
-    });
+    };
+    if constexpr (kAct == kActRelu) {  // no bias read: one instantiation a dtype
+      dispatch_dtype<cuda::DeviceStorage>(s.x_dtype, [&](auto st) { launch(st, st); });
+    } else {
+      dispatch_dtypes<cuda::DeviceStorage>(s.x_dtype, s.bias_dtype, launch);
+    }
   });
   be.finish();
   return {grad_x, grad_b};
