@@ -3,41 +3,30 @@
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <utility>
 
 namespace gpuopt {
 namespace {
 
 // Python spelling of dtypes, so C++ and Python errors read the same.
 std::string dtype_name(ScalarType t) {
-  switch (t) {
-    case kFloat:
-      return "torch.float32";
-    case kDouble:
-      return "torch.float64";
-    case kHalf:
-      return "torch.float16";
-    case kBFloat16:
-      return "torch.bfloat16";
-    case kLong:
-      return "torch.int64";
-    case ScalarType::Int:
-      return "torch.int32";
-    case ScalarType::Short:
-      return "torch.int16";
-    case ScalarType::Char:
-      return "torch.int8";
-    case ScalarType::Byte:
-      return "torch.uint8";
-    case ScalarType::Bool:
-      return "torch.bool";
-    case ScalarType::ComplexFloat:
-      return "torch.complex64";
-    case ScalarType::ComplexDouble:
-      return "torch.complex128";
-    default:
-      return std::string("torch.") + torch::headeronly::toString(t);
-  }
+  static const std::pair<ScalarType, const char*> kNames[] = {{kFloat, "float32"},
+                                                              {kDouble, "float64"},
+                                                              {kHalf, "float16"},
+                                                              {kBFloat16, "bfloat16"},
+                                                              {kLong, "int64"},
+                                                              {ScalarType::Int, "int32"},
+                                                              {ScalarType::Short, "int16"},
+                                                              {ScalarType::Char, "int8"},
+                                                              {ScalarType::Byte, "uint8"},
+                                                              {ScalarType::Bool, "bool"},
+                                                              {ScalarType::ComplexFloat, "complex64"},
+                                                              {ScalarType::ComplexDouble, "complex128"}};
+  for (const auto& [dtype, name] : kNames)
+    if (dtype == t) return std::string("torch.") + name;
+  return std::string("torch.") + torch::headeronly::toString(t);
 }
+std::string dtype_name(DType t) { return dtype_name(scalar_type_of(t)); }
 
 std::string shape_str(IntArrayRef sizes) {
   std::ostringstream s;
@@ -113,6 +102,22 @@ ScalarType check_params(const char* op, const Tensor& x, const char* x_name, con
   return param_dtype;
 }
 
+// mean ((M,), or (0,) when rms) and rstd ((M,)) of the row tensor x (named x_name), in the accumulation dtype.
+void check_stats(const char* op, const Tensor& mean, const Tensor& rstd, const Tensor& x, const char* x_name, int64_t M,
+                 DType acc, bool rms) {
+  const ScalarType acc_t = scalar_type_of(acc);
+  if (rms) {
+    check_device(op, "mean", mean, x, x_name);
+    GPUOPT_CHECK(mean.scalar_type() == acc_t, "gpuopt.", op, ": mean must have dtype ", dtype_name(acc_t), ", got ",
+                 dtype_name(mean.scalar_type()));
+    GPUOPT_CHECK(mean.dim() == 1 && mean.size(0) == 0, "gpuopt.", op,
+                 ": mean must have shape (0,) when rms is true, got ", shape_str(mean.sizes()));
+  } else {
+    check_vector(op, "mean", mean, x, M, acc_t, x_name);
+  }
+  check_vector(op, "rstd", rstd, x, M, acc_t, x_name);
+}
+
 // seed (int64 on x's device: one element, or a shard map [seed, base, period, jump]) and p in [0, 1]: the
 // quantized dropout parameters. `unit`: what a map's base (and, unless jump is 0, period and jump) must be
 // multiples of (N for the row ops, 8 for gated_act). A CPU map is checked here; a GPU one is read on the device only (checking it would wait for the
@@ -140,25 +145,38 @@ DropoutParams check_seed_p(const char* op, const Tensor& seed, const Tensor& x, 
   return d;
 }
 
-bool is_half_dtype(ScalarType t) { return t == kHalf || t == kBFloat16; }
-
 Tensor defined_or_empty(const std::optional<Tensor>& t) {
   return t.has_value() && t->defined() ? as_contiguous(*t) : Tensor();
 }
 
-LdrArgs check_ldr_common(const char* op, const Tensor& x, const std::optional<Tensor>& weight,
-                         const std::optional<Tensor>& bias, const Tensor& seed, double p) {
-  check_input(op, "x", x);
-  LdrArgs a;
-  a.N = last_dim(x);
-  a.M = rows_of(x, a.N);
-  a.acc_dtype = acc_dtype_of(x.scalar_type());
-  a.param_dtype = check_params(op, x, "x", weight, bias, a.N);
-  a.dropout = check_seed_p(op, seed, x, "x", p, last_dim(x));
-  a.x = as_contiguous(x);
-  a.weight = defined_or_empty(weight);
-  a.bias = defined_or_empty(bias);
-  return a;
+// The row tensor t (named name) of a row op's spec: M rows of N, t's dtype and its accumulation dtype.
+template <class Spec>
+Spec rows_spec(const char* op, const char* name, const Tensor& t) {
+  check_input(op, name, t);
+  Spec s;
+  s.N = last_dim(t);
+  s.M = rows_of(t, s.N);
+  s.x_dtype = dtype_of(t.scalar_type());
+  s.acc_dtype = acc_dtype_of(s.x_dtype);
+  return s;
+}
+
+NormSpec check_norm_common(const char* op, const Tensor& x, const std::optional<Tensor>& weight,
+                           const std::optional<Tensor>& bias, const Tensor& seed, double p, bool rms, bool relu) {
+  NormSpec s = rows_spec<NormSpec>(op, "x", x);
+  s.param_dtype = dtype_of(check_params(op, x, "x", weight, bias, s.N));
+  s.dropout = check_seed_p(op, seed, x, "x", p, last_dim(x));
+  s.rms = rms;
+  s.relu = relu;
+  s.x = as_contiguous(x);
+  s.weight = defined_or_empty(weight);
+  s.bias = defined_or_empty(bias);
+  s.seed = as_contiguous(seed);
+  return s;
+}
+
+void check_eps(const char* op, double eps) {
+  GPUOPT_CHECK(eps > 0.0 && std::isfinite(eps), "gpuopt.", op, ": eps must be a finite number > 0, got ", eps);
 }
 
 void check_act(const char* op, int64_t act) {
@@ -169,170 +187,147 @@ void check_act(const char* op, int64_t act) {
 
 namespace {
 
-LdrArgs check_norm_forward(const char* op, const Tensor& x, const std::optional<Tensor>& weight,
-                           const std::optional<Tensor>& bias, const Tensor& seed, double p, double eps, bool rms,
-                           bool relu) {
-  LdrArgs a = check_ldr_common(op, x, weight, bias, seed, p);
-  GPUOPT_CHECK(eps > 0.0 && std::isfinite(eps), "gpuopt.", op, ": eps must be a finite number > 0, got ", eps);
-  a.rms = rms;
-  a.relu = relu;
-  return a;
+NormSpec check_norm_forward(const char* op, const Tensor& x, const std::optional<Tensor>& weight,
+                            const std::optional<Tensor>& bias, const Tensor& seed, double p, double eps, bool rms,
+                            bool relu) {
+  NormSpec s = check_norm_common(op, x, weight, bias, seed, p, rms, relu);
+  check_eps(op, eps);
+  s.eps = eps;
+  return s;
 }
 
-LdrBackwardArgs check_norm_backward(const char* op, const Tensor& grad_out, const Tensor& x,
-                                    const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
-                                    const Tensor& mean, const Tensor& rstd, const Tensor& seed, double p, bool rms,
-                                    bool relu) {
-  LdrBackwardArgs b;
-  b.fwd = check_ldr_common(op, x, weight, bias, seed, p);
-  b.fwd.rms = rms;
-  b.fwd.relu = relu;
+NormSpec check_norm_backward(const char* op, const Tensor& grad_out, const Tensor& x,
+                             const std::optional<Tensor>& weight, const std::optional<Tensor>& bias, const Tensor& mean,
+                             const Tensor& rstd, const Tensor& seed, double p, bool rms, bool relu) {
+  NormSpec s = check_norm_common(op, x, weight, bias, seed, p, rms, relu);
   check_same(op, "grad_out", grad_out, "x", x);
-  if (rms) {
-    check_device(op, "mean", mean, x);
-    GPUOPT_CHECK(mean.scalar_type() == b.fwd.acc_dtype, "gpuopt.", op, ": mean must have dtype ",
-                 dtype_name(b.fwd.acc_dtype), ", got ", dtype_name(mean.scalar_type()));
-    GPUOPT_CHECK(mean.dim() == 1 && mean.size(0) == 0, "gpuopt.", op,
-                 ": mean must have shape (0,) when rms is true, got ", shape_str(mean.sizes()));
-  } else {
-    check_vector(op, "mean", mean, x, b.fwd.M, b.fwd.acc_dtype);
-  }
-  check_vector(op, "rstd", rstd, x, b.fwd.M, b.fwd.acc_dtype);
-  b.grad_out = as_contiguous(grad_out);
-  b.mean = as_contiguous(mean);
-  b.rstd = as_contiguous(rstd);
-  return b;
+  check_stats(op, mean, rstd, x, "x", s.M, s.acc_dtype, rms);
+  s.grad_out = as_contiguous(grad_out);
+  s.mean = as_contiguous(mean);
+  s.rstd = as_contiguous(rstd);
+  return s;
 }
 
 }  // namespace
 
-LdrArgs check_ldr_forward(const Tensor& x, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
-                          const Tensor& seed, double p, double eps) {
+NormSpec check_ldr_forward(const Tensor& x, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                           const Tensor& seed, double p, double eps) {
   return check_norm_forward("layer_norm_dropout_relu", x, weight, bias, seed, p, eps, false, true);
 }
 
-LdrBackwardArgs check_ldr_backward(const Tensor& grad_out, const Tensor& x, const std::optional<Tensor>& weight,
-                                   const std::optional<Tensor>& bias, const Tensor& mean, const Tensor& rstd,
-                                   const Tensor& seed, double p) {
+NormSpec check_ldr_backward(const Tensor& grad_out, const Tensor& x, const std::optional<Tensor>& weight,
+                            const std::optional<Tensor>& bias, const Tensor& mean, const Tensor& rstd,
+                            const Tensor& seed, double p) {
   return check_norm_backward("layer_norm_dropout_relu_backward", grad_out, x, weight, bias, mean, rstd, seed, p, false,
                              true);
 }
 
-LdrArgs check_norm_dropout(const Tensor& x, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
-                           const Tensor& seed, double p, double eps, bool rms, bool relu) {
+NormSpec check_norm_dropout(const Tensor& x, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                            const Tensor& seed, double p, double eps, bool rms, bool relu) {
   return check_norm_forward("norm_dropout", x, weight, bias, seed, p, eps, rms, relu);
 }
 
-LdrBackwardArgs check_norm_dropout_backward(const Tensor& grad_out, const Tensor& x,
-                                            const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
-                                            const Tensor& mean, const Tensor& rstd, const Tensor& seed, double p,
-                                            bool rms, bool relu) {
+NormSpec check_norm_dropout_backward(const Tensor& grad_out, const Tensor& x, const std::optional<Tensor>& weight,
+                                     const std::optional<Tensor>& bias, const Tensor& mean, const Tensor& rstd,
+                                     const Tensor& seed, double p, bool rms, bool relu) {
   return check_norm_backward("norm_dropout_backward", grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu);
 }
 
-BiasReluArgs check_bias_relu(const Tensor& x, const Tensor& bias) {
+namespace {
+
+// bias of the bias-act ops: (N,) of x's dtype or fp32, on x's device (x named x_name).
+void check_bias(const char* op, BiasActSpec& s, const Tensor& bias, const Tensor& x, const char* x_name) {
+  check_param(op, "bias", bias, x, s.N, x_name);
+  s.bias = as_contiguous(bias);
+  s.bias_dtype = dtype_of(bias.scalar_type());
+}
+
+// The row tensor t (x, out or saved) of the bias-act ops: M, N and the dtypes.
+BiasActSpec bias_act_rows(const char* op, const char* name, const Tensor& t, int64_t act) {
+  BiasActSpec s = rows_spec<BiasActSpec>(op, name, t);
+  s.act = static_cast<int>(act);
+  s.bias_dtype = s.x_dtype;
+  return s;
+}
+
+}  // namespace
+
+BiasActSpec check_bias_relu(const Tensor& x, const Tensor& bias) {
   const char* op = "bias_relu";
-  check_input(op, "x", x);
-  BiasReluArgs a;
-  a.N = last_dim(x);
-  a.M = rows_of(x, a.N);
-  check_param(op, "bias", bias, x, a.N);
-  a.x = as_contiguous(x);
-  a.bias = as_contiguous(bias);
-  return a;
+  BiasActSpec s = bias_act_rows(op, "x", x, kActRelu);
+  check_bias(op, s, bias, x, "x");
+  s.x = as_contiguous(x);
+  return s;
 }
 
-BiasReluBackwardArgs check_bias_relu_backward(const Tensor& grad_out, const Tensor& out) {
+BiasActSpec check_bias_relu_backward(const Tensor& grad_out, const Tensor& out) {
   const char* op = "bias_relu_backward";
-  check_input(op, "out", out);
+  BiasActSpec s = bias_act_rows(op, "out", out, kActRelu);
   check_same(op, "grad_out", grad_out, "out", out);
-  BiasReluBackwardArgs a;
-  a.N = last_dim(out);
-  a.M = rows_of(out, a.N);
-  a.acc_dtype = acc_dtype_of(out.scalar_type());
-  a.grad_out = as_contiguous(grad_out);
-  a.out = as_contiguous(out);
-  return a;
+  s.grad_out = as_contiguous(grad_out);
+  s.saved = as_contiguous(out);
+  return s;
 }
 
-DanArgs check_dropout_add_norm(const Tensor& x, const std::optional<Tensor>& residual,
-                               const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
-                               const Tensor& seed, double p, double eps, bool rms, bool residual_in_fp32) {
+AddNormSpec check_dropout_add_norm(const Tensor& x, const std::optional<Tensor>& residual,
+                                   const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                                   const Tensor& seed, double p, double eps, bool rms, bool residual_in_fp32) {
   const char* op = "dropout_add_norm";
-  check_input(op, "x", x);
-  DanArgs a;
-  a.N = last_dim(x);
-  a.M = rows_of(x, a.N);
+  AddNormSpec a = rows_spec<AddNormSpec>(op, "x", x);
   a.rms = rms;
   a.eps = eps;
-  a.x_dtype = x.scalar_type();
-  a.acc_dtype = acc_dtype_of(a.x_dtype);
-  a.sum_dtype = residual_in_fp32 && is_half_dtype(a.x_dtype) ? kFloat : a.x_dtype;
-  a.param_dtype = check_params(op, x, "x", weight, bias, a.N);
+  a.sum_dtype = residual_in_fp32 && is_16bit(a.x_dtype) ? DType::kFloat32 : a.x_dtype;
+  a.param_dtype = dtype_of(check_params(op, x, "x", weight, bias, a.N));
   if (residual.has_value() && residual->defined()) {
     const Tensor& r = *residual;
     check_device(op, "residual", r, x);
     const ScalarType rt = r.scalar_type();
     if (a.sum_dtype != a.x_dtype) {
-      GPUOPT_CHECK(rt == a.sum_dtype, "gpuopt.", op, ": residual must have dtype torch.float32 (residual_in_fp32=True",
+      GPUOPT_CHECK(rt == kFloat, "gpuopt.", op, ": residual must have dtype torch.float32 (residual_in_fp32=True",
                    " with x of dtype ", dtype_name(a.x_dtype), "), got ", dtype_name(rt));
-    } else if (rt == kFloat && is_half_dtype(a.x_dtype)) {
+    } else if (rt == kFloat && is_16bit(a.x_dtype)) {
       fail(str_cat("gpuopt.", op, ": residual must have dtype ", dtype_name(a.x_dtype),
                    " like x, got torch.float32 (an fp32 residual needs residual_in_fp32=True)"));
     } else {
-      GPUOPT_CHECK(rt == a.x_dtype, "gpuopt.", op, ": residual must have dtype ", dtype_name(a.x_dtype),
+      GPUOPT_CHECK(rt == x.scalar_type(), "gpuopt.", op, ": residual must have dtype ", dtype_name(a.x_dtype),
                    " like x, got ", dtype_name(rt));
     }
     GPUOPT_CHECK(same_sizes(r.sizes(), x.sizes()), "gpuopt.", op, ": residual must have shape ", shape_str(x.sizes()),
                  " like x, got ", shape_str(r.sizes()));
   }
   a.dropout = check_seed_p(op, seed, x, "x", p, last_dim(x));
-  GPUOPT_CHECK(eps > 0.0 && std::isfinite(eps), "gpuopt.", op, ": eps must be a finite number > 0, got ", eps);
+  check_eps(op, eps);
   a.x = as_contiguous(x);
   a.residual = defined_or_empty(residual);
   a.weight = defined_or_empty(weight);
   a.bias = defined_or_empty(bias);
+  a.seed = as_contiguous(seed);
   return a;
 }
 
-DanBackwardArgs check_dropout_add_norm_backward(const Tensor& grad_out, const std::optional<Tensor>& grad_sum,
-                                                const Tensor& sum, const std::optional<Tensor>& weight,
-                                                const std::optional<Tensor>& bias, const Tensor& mean,
-                                                const Tensor& rstd, const Tensor& seed, double p, bool rms,
-                                                bool has_residual) {
+AddNormSpec check_dropout_add_norm_backward(const Tensor& grad_out, const std::optional<Tensor>& grad_sum,
+                                            const Tensor& sum, const std::optional<Tensor>& weight,
+                                            const std::optional<Tensor>& bias, const Tensor& mean, const Tensor& rstd,
+                                            const Tensor& seed, double p, bool rms, bool has_residual) {
   const char* op = "dropout_add_norm_backward";
-  check_input(op, "grad_out", grad_out);
-  DanBackwardArgs b;
-  b.N = last_dim(grad_out);
-  b.M = rows_of(grad_out, b.N);
+  AddNormSpec b = rows_spec<AddNormSpec>(op, "grad_out", grad_out);
   b.rms = rms;
   b.has_residual = has_residual;
-  b.x_dtype = grad_out.scalar_type();
-  b.acc_dtype = acc_dtype_of(b.x_dtype);
   check_device(op, "sum", sum, grad_out, "grad_out");
   const ScalarType st = sum.scalar_type();
-  if (is_half_dtype(b.x_dtype)) {
-    GPUOPT_CHECK(st == b.x_dtype || st == kFloat, "gpuopt.", op, ": sum must have dtype ", dtype_name(b.x_dtype),
-                 " (like grad_out) or torch.float32 (residual_in_fp32), got ", dtype_name(st));
+  if (is_16bit(b.x_dtype)) {
+    GPUOPT_CHECK(st == grad_out.scalar_type() || st == kFloat, "gpuopt.", op, ": sum must have dtype ",
+                 dtype_name(b.x_dtype), " (like grad_out) or torch.float32 (residual_in_fp32), got ", dtype_name(st));
   } else {
-    GPUOPT_CHECK(st == b.x_dtype, "gpuopt.", op, ": sum must have dtype ", dtype_name(b.x_dtype),
+    GPUOPT_CHECK(st == grad_out.scalar_type(), "gpuopt.", op, ": sum must have dtype ", dtype_name(b.x_dtype),
                  " like grad_out, got ", dtype_name(st));
   }
   GPUOPT_CHECK(same_sizes(sum.sizes(), grad_out.sizes()), "gpuopt.", op, ": sum must have shape ",
                shape_str(grad_out.sizes()), " like grad_out, got ", shape_str(sum.sizes()));
-  b.sum_dtype = st;
+  b.sum_dtype = dtype_of(st);
   if (grad_sum.has_value() && grad_sum->defined()) check_same(op, "grad_sum", *grad_sum, "sum", sum);
-  b.param_dtype = check_params(op, grad_out, "grad_out", weight, bias, b.N);
-  if (rms) {
-    check_device(op, "mean", mean, grad_out, "grad_out");
-    GPUOPT_CHECK(mean.scalar_type() == b.acc_dtype, "gpuopt.", op, ": mean must have dtype ", dtype_name(b.acc_dtype),
-                 ", got ", dtype_name(mean.scalar_type()));
-    GPUOPT_CHECK(mean.dim() == 1 && mean.size(0) == 0, "gpuopt.", op,
-                 ": mean must have shape (0,) when rms is true, got ", shape_str(mean.sizes()));
-  } else {
-    check_vector(op, "mean", mean, grad_out, b.M, b.acc_dtype, "grad_out");
-  }
-  check_vector(op, "rstd", rstd, grad_out, b.M, b.acc_dtype, "grad_out");
+  b.param_dtype = dtype_of(check_params(op, grad_out, "grad_out", weight, bias, b.N));
+  check_stats(op, mean, rstd, grad_out, "grad_out", b.M, b.acc_dtype, rms);
   b.dropout = check_seed_p(op, seed, grad_out, "grad_out", p, last_dim(grad_out));
   b.grad_out = as_contiguous(grad_out);
   b.grad_sum = defined_or_empty(grad_sum);
@@ -341,49 +336,38 @@ DanBackwardArgs check_dropout_add_norm_backward(const Tensor& grad_out, const st
   b.bias = defined_or_empty(bias);
   b.mean = as_contiguous(mean);
   b.rstd = as_contiguous(rstd);
+  b.seed = as_contiguous(seed);
   return b;
 }
 
-BiasActArgs check_bias_act(const Tensor& x, const Tensor& bias, int64_t act) {
+BiasActSpec check_bias_act(const Tensor& x, const Tensor& bias, int64_t act) {
   const char* op = "bias_act";
   check_act(op, act);
-  check_input(op, "x", x);
-  BiasActArgs a;
-  a.N = last_dim(x);
-  a.M = rows_of(x, a.N);
-  a.act = static_cast<int>(act);
-  check_param(op, "bias", bias, x, a.N);
-  a.x = as_contiguous(x);
-  a.bias = as_contiguous(bias);
-  return a;
+  BiasActSpec s = bias_act_rows(op, "x", x, act);
+  check_bias(op, s, bias, x, "x");
+  s.x = as_contiguous(x);
+  return s;
 }
 
-BiasActBackwardArgs check_bias_act_backward(const Tensor& grad_out, const Tensor& saved, const Tensor& bias,
-                                            int64_t act) {
+BiasActSpec check_bias_act_backward(const Tensor& grad_out, const Tensor& saved, const Tensor& bias, int64_t act) {
   const char* op = "bias_act_backward";
   check_act(op, act);
-  check_input(op, "saved", saved);
+  BiasActSpec s = bias_act_rows(op, "saved", saved, act);
   check_same(op, "grad_out", grad_out, "saved", saved);
-  BiasActBackwardArgs a;
-  a.N = last_dim(saved);
-  a.M = rows_of(saved, a.N);
-  a.act = static_cast<int>(act);
-  a.acc_dtype = acc_dtype_of(saved.scalar_type());
-  check_param(op, "bias", bias, saved, a.N);
-  a.grad_out = as_contiguous(grad_out);
-  a.saved = as_contiguous(saved);
-  a.bias = as_contiguous(bias);
-  return a;
+  check_bias(op, s, bias, saved, "x");
+  s.grad_out = as_contiguous(grad_out);
+  s.saved = as_contiguous(saved);
+  return s;
 }
 
 namespace {
 
 // gate / up of gated_act and its backward: returns the args with gate, up, M, F, act and the dropout set.
-GatedActArgs check_gated_inputs(const char* op, const Tensor& gate, const std::optional<Tensor>& up, const Tensor& seed,
-                                double p, int64_t act) {
+GatedSpec check_gated_inputs(const char* op, const Tensor& gate, const std::optional<Tensor>& up, const Tensor& seed,
+                             double p, int64_t act) {
   check_act(op, act);
   check_input(op, "gate", gate);
-  GatedActArgs a;
+  GatedSpec a;
   const int64_t last = last_dim(gate);
   if (up.has_value() && up->defined()) {
     check_same(op, "up", *up, "gate", gate);
@@ -397,22 +381,24 @@ GatedActArgs check_gated_inputs(const char* op, const Tensor& gate, const std::o
   }
   a.M = rows_of(gate, last);
   a.act = static_cast<int>(act);
+  a.dtype = dtype_of(gate.scalar_type());
   a.dropout = check_seed_p(op, seed, gate, "gate", p, 8);
   a.gate = as_contiguous(gate);
+  a.seed = as_contiguous(seed);
   return a;
 }
 
 }  // namespace
 
-GatedActArgs check_gated_act(const Tensor& gate, const std::optional<Tensor>& up, const Tensor& seed, double p,
-                             int64_t act) {
+GatedSpec check_gated_act(const Tensor& gate, const std::optional<Tensor>& up, const Tensor& seed, double p,
+                          int64_t act) {
   return check_gated_inputs("gated_act", gate, up, seed, p, act);
 }
 
-GatedActArgs check_gated_act_backward(const Tensor& grad_out, const Tensor& gate, const std::optional<Tensor>& up,
-                                      const Tensor& seed, double p, int64_t act) {
+GatedSpec check_gated_act_backward(const Tensor& grad_out, const Tensor& gate, const std::optional<Tensor>& up,
+                                   const Tensor& seed, double p, int64_t act) {
   const char* op = "gated_act_backward";
-  GatedActArgs a = check_gated_inputs(op, gate, up, seed, p, act);
+  GatedSpec a = check_gated_inputs(op, gate, up, seed, p, act);
   check_device(op, "grad_out", grad_out, gate, "gate");
   GPUOPT_CHECK(grad_out.scalar_type() == gate.scalar_type(), "gpuopt.", op, ": grad_out must have dtype ",
                dtype_name(gate.scalar_type()), " like gate, got ", dtype_name(grad_out.scalar_type()));

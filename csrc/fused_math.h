@@ -79,26 +79,20 @@ GPUOPT_HD bool valid_act(int64_t act) { return act >= 0 && act < kActCount; }
 // the host (the CPU fp64 loops' fallbacks and the emulator) the C library's exp2f and an IEEE division; the CPU
 // row loops pass their own branch-free policy (cpu/row_kernels.cpp) so they vectorize. The fp32 formulas on top
 // of them are the same code everywhere, so the emulator runs the GPU's formulas.
+// One approximate fp32 instruction of the GPU on v (`ptx`), or the host's `host` expression.
+#if defined(__CUDA_ARCH__)
+#define GPUOPT_APPROX_F32(ptx, v, host)   \
+  float r;                                \
+  asm(ptx " %0, %1;" : "=f"(r) : "f"(v)); \
+  return r
+#else
+#define GPUOPT_APPROX_F32(ptx, v, host) return host
+#endif
 struct ActMath {
-  static GPUOPT_HD float exp2(float v) {
-#if defined(__CUDA_ARCH__)
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-    return r;
-#else
-    return std::exp2(v);
-#endif
-  }
-  static GPUOPT_HD float rcp(float v) {
-#if defined(__CUDA_ARCH__)
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-    return r;
-#else
-    return 1.0f / v;
-#endif
-  }
+  static GPUOPT_HD float exp2(float v) { GPUOPT_APPROX_F32("ex2.approx.ftz.f32", v, std::exp2(v)); }
+  static GPUOPT_HD float rcp(float v) { GPUOPT_APPROX_F32("rcp.approx.ftz.f32", v, 1.0f / v); }
 };
+#undef GPUOPT_APPROX_F32
 
 constexpr double kLog2e = 1.4426950408889634073599246810019;
 

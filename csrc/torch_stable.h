@@ -18,6 +18,8 @@
 #include <string>
 #include <type_traits>
 
+#include "dtypes.h"
+
 namespace gpuopt {
 
 using Tensor = torch::stable::Tensor;
@@ -112,44 +114,41 @@ inline Tensor as_contiguous(const Tensor& t) {
   return torch::stable::contiguous(t);
 }
 
-// New tensors on like's device.
-inline Tensor empty_on(const Tensor& like, IntArrayRef sizes, ScalarType dtype) {
-  return torch::stable::empty(sizes, dtype, std::nullopt, like.device());
+// torch's dtypes and the project's (dtypes.h): the one bridge, a table in DType's order. dtype_of takes a floating
+// dtype (the checks see to it).
+constexpr ScalarType kScalarTypeOf[] = {kHalf, kBFloat16, kFloat, kDouble};
+inline ScalarType scalar_type_of(DType t) { return kScalarTypeOf[static_cast<int>(t)]; }
+inline DType dtype_of(ScalarType t) {
+  for (int i = 0; i < 4; ++i)
+    if (kScalarTypeOf[i] == t) return static_cast<DType>(i);
+  fail(str_cat("gpuopt: internal error: unsupported dtype ", torch::headeronly::toString(t)));
 }
-inline Tensor zeros_on(const Tensor& like, IntArrayRef sizes, ScalarType dtype) {
-  return torch::stable::new_zeros(like, sizes, dtype);
+inline ScalarType scalar_type_of(ScalarType t) { return t; }
+
+// The CPU kernels' storage types of the 16-bit dtypes (dtypes.h Storage).
+using HostStorage = Storage<Half, BFloat16>;
+
+// New tensors on like's device; dtype: a ScalarType or a DType.
+template <class D>
+Tensor empty_on(const Tensor& like, IntArrayRef sizes, D dtype) {
+  return torch::stable::empty(sizes, scalar_type_of(dtype), std::nullopt, like.device());
 }
-inline Tensor empty_on(const Tensor& like, std::initializer_list<int64_t> sizes, ScalarType dtype) {
+template <class D>
+Tensor zeros_on(const Tensor& like, IntArrayRef sizes, D dtype) {
+  return torch::stable::new_zeros(like, sizes, scalar_type_of(dtype));
+}
+template <class D>
+Tensor empty_on(const Tensor& like, std::initializer_list<int64_t> sizes, D dtype) {
   return empty_on(like, IntArrayRef(sizes), dtype);
 }
-inline Tensor zeros_on(const Tensor& like, std::initializer_list<int64_t> sizes, ScalarType dtype) {
+template <class D>
+Tensor zeros_on(const Tensor& like, std::initializer_list<int64_t> sizes, D dtype) {
   return zeros_on(like, IntArrayRef(sizes), dtype);
 }
-
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-// Calls body(TypeTag<T>) for the C++ type T of a floating dtype (fp32, fp64, fp16, bf16); AT_DISPATCH's role.
-template <typename Body>
-void dispatch_floating(ScalarType t, const char* op, Body&& body) {
-  switch (t) {
-    case kFloat:
-      body(TypeTag<float>{});
-      break;
-    case kDouble:
-      body(TypeTag<double>{});
-      break;
-    case kHalf:
-      body(TypeTag<Half>{});
-      break;
-    case kBFloat16:
-      body(TypeTag<BFloat16>{});
-      break;
-    default:
-      fail(str_cat("\"", op, "\" not implemented for '", torch::headeronly::toString(t), "'"));
-  }
+// A gradient of an optional (N,) parameter: zeros when it is defined, else (0,).
+template <class D>
+Tensor param_grad_on(const Tensor& like, bool defined, int64_t N, D dtype) {
+  return defined ? zeros_on(like, {N}, dtype) : empty_on(like, {0}, dtype);
 }
 
 }  // namespace gpuopt

@@ -6,6 +6,7 @@
 // thread count.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <tuple>
 #include <type_traits>
@@ -17,7 +18,7 @@
 #include "cpu/row_blocks.h"
 #include "cpu/row_io.h"
 #include "cpu/row_kernels.h"
-#include "dispatch.h"
+#include "dtypes.h"
 #include "torch_stable.h"
 
 namespace gpuopt {
@@ -28,7 +29,8 @@ namespace {
 // read and written in place; 16-bit rows go through per-thread fp32 buffers (converted once each way; cpu/row_io.h).
 
 template <typename scalar_t, typename param_t, typename sum_t>
-void dan_forward_fp32(const DanArgs& a, const DropoutSeed& seed, Tensor& out, Tensor& sum, Tensor& mean, Tensor& rstd) {
+void dan_forward_fp32(const AddNormSpec& a, const DropoutSeed& seed, Tensor& out, Tensor& sum, Tensor& mean,
+                      Tensor& rstd) {
   constexpr bool kDirectX = std::is_same_v<scalar_t, float>;
   constexpr bool kDirectS = std::is_same_v<sum_t, float>;
   const int64_t M = a.M, N = a.N;
@@ -50,43 +52,38 @@ void dan_forward_fp32(const DanArgs& a, const DropoutSeed& seed, Tensor& out, Te
 
   parallel_tiles((M + tile - 1) / tile, [&](const auto& take) {
     std::vector<float> xbuf(kDirectX ? 0 : N), ybuf(kDirectX ? 0 : N), rbuf(kDirectS ? 0 : N), sbuf(N);
-    std::vector<uint16_t> ubuf(dropping ? dropout_uniforms_capacity(R * N) : 0);
+    RowUniforms uniforms(seed, dropping, N);
     for (int64_t t; (t = take()) * tile < M;) {
-      const int64_t end = std::min(M, (t + 1) * tile);
-      for (int64_t r0 = t * tile; r0 < end; r0 += R) {
-        const int64_t r1 = std::min(end, r0 + R);
-        const uint16_t* u = dropping ? dropout_uniforms_run(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
-        for (int64_t r = r0; r < r1; ++r) {
-          const float* xr = load_row(x + r * N, xbuf.data(), N);
-          const float* rr = res ? load_row(res + r * N, rbuf.data(), N) : nullptr;
-          // s in fp32; an fp32 sum is written in place, a 16-bit one rounded once and read back as stored
-          float* sr = kDirectS ? result_row(s_out + r * N, sbuf.data()) : sbuf.data();
-          cpu::dan_sum_row(xr, rr, u ? u + (r - r0) * N : nullptr, drop.threshold, scale, sr, N);
-          if constexpr (!kDirectS) {
-            cpu::from_float(sr, s_out + r * N, N);
-            cpu::to_float(s_out + r * N, sr, N);
-          }
-          float mu = 0.0f, rs;
-          if (a.rms) {
-            rs = 1.0f / std::sqrt(cpu::row_dot(sr, sr, N) * inv_n + eps);
-          } else {
-            mu = cpu::row_sum(sr, N) * inv_n;
-            rs = 1.0f / std::sqrt(cpu::row_sq_dev_sum(sr, N, mu) * inv_n + eps);
-            mean_out[r] = mu;
-          }
-          rstd_out[r] = rs;
-          float* yr = result_row(y + r * N, ybuf.data());
-          cpu::norm_forward_row(sr, w.data(), b.data(), mu, rs, yr, N);
-          store_row(y + r * N, yr, N);
+      uniforms.rows(t * tile, std::min(M, (t + 1) * tile), [&](int64_t r, const uint16_t* u) {
+        const float* xr = load_row(x + r * N, xbuf.data(), N);
+        const float* rr = res ? load_row(res + r * N, rbuf.data(), N) : nullptr;
+        // s in fp32; an fp32 sum is written in place, a 16-bit one rounded once and read back as stored
+        float* sr = kDirectS ? result_row(s_out + r * N, sbuf.data()) : sbuf.data();
+        cpu::dan_sum_row(xr, rr, u, drop.threshold, scale, sr, N);
+        if constexpr (!kDirectS) {
+          cpu::from_float(sr, s_out + r * N, N);
+          cpu::to_float(s_out + r * N, sr, N);
         }
-      }
+        float mu = 0.0f, rs;
+        if (a.rms) {
+          rs = 1.0f / std::sqrt(cpu::row_dot(sr, sr, N) * inv_n + eps);
+        } else {
+          mu = cpu::row_sum(sr, N) * inv_n;
+          rs = 1.0f / std::sqrt(cpu::row_sq_dev_sum(sr, N, mu) * inv_n + eps);
+          mean_out[r] = mu;
+        }
+        rstd_out[r] = rs;
+        float* yr = result_row(y + r * N, ybuf.data());
+        cpu::norm_forward_row(sr, w.data(), b.data(), mu, rs, yr, N);
+        store_row(y + r * N, yr, N);
+      });
     }
   });
 }
 
 template <typename scalar_t, typename param_t, typename sum_t>
-void dan_backward_fp32(const DanBackwardArgs& a, const DropoutSeed& seed, Tensor& grad_x, Tensor& grad_res,
-                       Tensor& grad_w, Tensor& grad_b) {
+void dan_backward_fp32(const AddNormSpec& a, const DropoutSeed& seed, Tensor& grad_x, Tensor& grad_res, Tensor& grad_w,
+                       Tensor& grad_b) {
   constexpr bool kDirectX = std::is_same_v<scalar_t, float>;
   constexpr bool kDirectS = std::is_same_v<sum_t, float>;
   const int64_t M = a.M, N = a.N;
@@ -102,55 +99,41 @@ void dan_backward_fp32(const DanBackwardArgs& a, const DropoutSeed& seed, Tensor
   const DropoutParams drop = a.dropout;
   const float scale = static_cast<float>(drop.scale);
   const bool dropping = drop.active();
-  const bool want_dw = a.weight.defined(), want_db = a.bias.defined();
   const float inv_n = 1.0f / static_cast<float>(N);
-  const int64_t R = tile_rows(N);
 
-  // Deterministic dgamma / dbeta: fixed row blocks (a function of M only) are the scheduling tiles; each sums its
-  // rows in order into its own partial row, and the partials are summed in block order (row_blocks.h).
-  const RowBlocks rb(M);
-  const int64_t blocks = rb.blocks;
-  std::vector<float> partial_w(blocks * N, 0.0f), partial_b(blocks * N, 0.0f);
-
-  parallel_tiles(blocks, [&](const auto& take) {
-    std::vector<float> sbuf(kDirectS ? 0 : N), gbuf(kDirectX ? 0 : N), gsbuf(kDirectS ? 0 : N);
-    std::vector<float> dxbuf(kDirectX ? 0 : N), drbuf(kDirectS && dres ? 0 : N);
-    std::vector<float> xhat(N), dxhat(N);
-    std::vector<uint16_t> ubuf(dropping ? dropout_uniforms_capacity(R * N) : 0);
-    for (int64_t blk; (blk = take()) < blocks;) {
-      float* pw = partial_w.data() + blk * N;
-      float* pb = partial_b.data() + blk * N;
-      const int64_t rend = rb.end(blk, M);
-      for (int64_t r0 = rb.begin(blk); r0 < rend; r0 += R) {
-        const int64_t r1 = std::min(rend, r0 + R);
-        const uint16_t* u = dropping ? dropout_uniforms_run(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
-        for (int64_t r = r0; r < r1; ++r) {
-          const float* sr = load_row(s + r * N, sbuf.data(), N);
-          const float* gr = load_row(g + r * N, gbuf.data(), N);
-          const float mu = a.rms ? 0.0f : mean[r];
-          const float rs = rstd[r];
-          cpu::norm_backward_row_pass1(sr, gr, w.data(), mu, rs, xhat.data(), dxhat.data(), pw, pb, N);
-          const float c1 = cpu::row_dot(dxhat.data(), xhat.data(), N) * inv_n;
-          const float c2 = a.rms ? 0.0f : cpu::row_sum(dxhat.data(), N) * inv_n;
-          const float* gsr = gsum ? load_row(gsum + r * N, gsbuf.data(), N) : zeros.data();
-          float* drr = dres ? result_row(dres + r * N, drbuf.data()) : drbuf.data();
-          float* dxr = result_row(dx + r * N, dxbuf.data());
-          cpu::dan_backward_row_pass2(xhat.data(), dxhat.data(), gsr, u ? u + (r - r0) * N : nullptr, drop.threshold,
-                                      scale, rs, c1, c2, drr, dxr, N);
-          if (dres) store_row(dres + r * N, drr, N);
-          store_row(dx + r * N, dxr, N);
-        }
-      }
-    }
+  BlockPartials partials(M, N);
+  auto scratch = [&] {  // sum, grad_out, grad_sum, grad_x and grad_residual rows in fp32 (none in place), xhat, dxhat
+    const int64_t ns = kDirectS ? 0 : N, nx = kDirectX ? 0 : N;
+    return std::array<std::vector<float>, 7>{std::vector<float>(ns),
+                                             std::vector<float>(nx),
+                                             std::vector<float>(ns),
+                                             std::vector<float>(nx),
+                                             std::vector<float>(kDirectS && dres ? 0 : N),
+                                             std::vector<float>(N),
+                                             std::vector<float>(N)};
+  };
+  partials.run(seed, dropping, scratch, [&](auto& bufs, int64_t r, const uint16_t* u, float* pw, float* pb) {
+    auto& [sbuf, gbuf, gsbuf, dxbuf, drbuf, xhat, dxhat] = bufs;
+    const float* sr = load_row(s + r * N, sbuf.data(), N);
+    const float* gr = load_row(g + r * N, gbuf.data(), N);
+    const float mu = a.rms ? 0.0f : mean[r];
+    const float rs = rstd[r];
+    cpu::norm_backward_row_pass1(sr, gr, w.data(), mu, rs, xhat.data(), dxhat.data(), pw, pb, N);
+    const float c1 = cpu::row_dot(dxhat.data(), xhat.data(), N) * inv_n;
+    const float c2 = a.rms ? 0.0f : cpu::row_sum(dxhat.data(), N) * inv_n;
+    const float* gsr = gsum ? load_row(gsum + r * N, gsbuf.data(), N) : zeros.data();
+    float* drr = dres ? result_row(dres + r * N, drbuf.data()) : drbuf.data();
+    float* dxr = result_row(dx + r * N, dxbuf.data());
+    cpu::dan_backward_row_pass2(xhat.data(), dxhat.data(), gsr, u, drop.threshold, scale, rs, c1, c2, drr, dxr, N);
+    if (dres) store_row(dres + r * N, drr, N);
+    store_row(dx + r * N, dxr, N);
   });
-
-  if (want_dw) sum_partials(partial_w, blocks, N, data_as<param_t>(grad_w));
-  if (want_db) sum_partials(partial_b, blocks, N, data_as<param_t>(grad_b));
+  partials.sum<param_t>(a.weight, a.bias, grad_w, grad_b);
 }
 
 // ------------------------------------------------------------------------------------------ generic (fp64) path
 template <typename scalar_t, typename param_t, typename sum_t, typename acc_t>
-void dan_forward_generic(const DanArgs& a, const DropoutSeed& seed, Tensor& out, Tensor& sum, Tensor& mean,
+void dan_forward_generic(const AddNormSpec& a, const DropoutSeed& seed, Tensor& out, Tensor& sum, Tensor& mean,
                          Tensor& rstd) {
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<const scalar_t>(a.x);
@@ -205,7 +188,7 @@ void dan_forward_generic(const DanArgs& a, const DropoutSeed& seed, Tensor& out,
 }
 
 template <typename scalar_t, typename param_t, typename sum_t, typename acc_t>
-void dan_backward_generic(const DanBackwardArgs& a, const DropoutSeed& seed, Tensor& grad_x, Tensor& grad_res,
+void dan_backward_generic(const AddNormSpec& a, const DropoutSeed& seed, Tensor& grad_x, Tensor& grad_res,
                           Tensor& grad_w, Tensor& grad_b) {
   const int64_t M = a.M, N = a.N;
   const scalar_t* g = data_as<const scalar_t>(a.grad_out);
@@ -261,35 +244,72 @@ void dan_backward_generic(const DanBackwardArgs& a, const DropoutSeed& seed, Ten
   if (want_db) sum_partials(partial_b, blocks, N, data_as<param_t>(grad_b));
 }
 
-#define GPUOPT_UNPACK_DAN_TAGS                  \
+// Unless M = 0: reads the seed and calls body(TypeTag<scalar_t>, TypeTag<param_t>, TypeTag<sum_t>, seed) for the
+// spec's dtypes.
+template <typename Body>
+void run_add_norm_cpu(const AddNormSpec& a, const Body& body) {
+  if (a.M == 0) return;
+  const DropoutSeed seed = read_dropout_seed(a.dropout, a.seed);
+  dispatch_dtypes<HostStorage>(a.x_dtype, a.sum_dtype, a.param_dtype,
+                               [&](auto st, auto smt, auto pt) { body(st, pt, smt, seed); });
+}
+
+#define GPUOPT_TYPES                            \
   using scalar_t = typename decltype(st)::type; \
   using param_t = typename decltype(pt)::type;  \
-  using sum_t = typename decltype(smt)::type;   \
-  using acc_t = acc_type_t<scalar_t>;
+  using sum_t = typename decltype(smt)::type;
+
+// (out, sum, mean, rstd); mean is (0,) for RMSNorm. fp32 / bf16 / fp16 x take the fp32 row kernels, fp64 the
+// generic loops.
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_norm_forward_cpu(const AddNormSpec& a) {
+  Tensor out = empty_on(a.x, a.x.sizes(), a.x_dtype);
+  Tensor sum = empty_on(a.x, a.x.sizes(), a.sum_dtype);
+  Tensor mean = empty_on(a.x, {a.rms ? 0 : a.M}, a.acc_dtype);
+  Tensor rstd = empty_on(a.x, {a.M}, a.acc_dtype);
+  if (a.M > 0) {
+    cpu::advise_huge_pages(out);
+    cpu::advise_huge_pages(sum);
+  }
+  run_add_norm_cpu(a, [&](auto st, auto pt, auto smt, const DropoutSeed& s) {
+    GPUOPT_TYPES
+    if constexpr (std::is_same_v<scalar_t, double>) {
+      dan_forward_generic<scalar_t, param_t, sum_t, double>(a, s, out, sum, mean, rstd);
+    } else {
+      dan_forward_fp32<scalar_t, param_t, sum_t>(a, s, out, sum, mean, rstd);
+    }
+  });
+  return {out, sum, mean, rstd};
+}
+
+// (grad_x, grad_residual, grad_weight, grad_bias), the absent ones (0,)-shaped.
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_norm_backward_cpu(const AddNormSpec& a) {
+  const Tensor& like = a.grad_out;
+  Tensor grad_x = empty_on(like, like.sizes(), a.x_dtype);
+  Tensor grad_res = a.has_residual ? empty_on(like, like.sizes(), a.sum_dtype) : empty_on(like, {0}, a.sum_dtype);
+  Tensor grad_w = param_grad_on(like, a.weight.defined(), a.N, a.param_dtype);
+  Tensor grad_b = param_grad_on(like, a.bias.defined(), a.N, a.param_dtype);
+  if (a.M > 0) {
+    cpu::advise_huge_pages(grad_x);
+    cpu::advise_huge_pages(grad_res);
+  }
+  run_add_norm_cpu(a, [&](auto st, auto pt, auto smt, const DropoutSeed& s) {
+    GPUOPT_TYPES
+    if constexpr (std::is_same_v<scalar_t, double>) {
+      dan_backward_generic<scalar_t, param_t, sum_t, double>(a, s, grad_x, grad_res, grad_w, grad_b);
+    } else {
+      dan_backward_fp32<scalar_t, param_t, sum_t>(a, s, grad_x, grad_res, grad_w, grad_b);
+    }
+  });
+  return {grad_x, grad_res, grad_w, grad_b};
+}
+
+#undef GPUOPT_TYPES
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> dan_forward_cpu(const Tensor& x, const std::optional<Tensor>& residual,
                                                            const std::optional<Tensor>& weight,
                                                            const std::optional<Tensor>& bias, const Tensor& seed,
                                                            double p, double eps, bool rms, bool residual_in_fp32) {
-  DanArgs a = check_dropout_add_norm(x, residual, weight, bias, seed, p, eps, rms, residual_in_fp32);
-  Tensor out = empty_on(a.x, x.sizes(), a.x_dtype);
-  Tensor sum = empty_on(a.x, x.sizes(), a.sum_dtype);
-  Tensor mean = empty_on(a.x, {rms ? 0 : a.M}, a.acc_dtype);
-  Tensor rstd = empty_on(a.x, {a.M}, a.acc_dtype);
-  if (a.M == 0) return {out, sum, mean, rstd};
-  cpu::advise_huge_pages(out);
-  cpu::advise_huge_pages(sum);
-  const DropoutSeed s =
-      a.dropout.active() ? read_dropout_seed(data_as<const int64_t>(seed), a.dropout.mapped) : DropoutSeed{};
-  dispatch_dan(a, [&](auto st, auto pt, auto smt) {
-    GPUOPT_UNPACK_DAN_TAGS
-    if constexpr (std::is_same_v<acc_t, float>) {
-      dan_forward_fp32<scalar_t, param_t, sum_t>(a, s, out, sum, mean, rstd);
-    } else {
-      dan_forward_generic<scalar_t, param_t, sum_t, acc_t>(a, s, out, sum, mean, rstd);
-    }
-  });
-  return {out, sum, mean, rstd};
+  return add_norm_forward_cpu(check_dropout_add_norm(x, residual, weight, bias, seed, p, eps, rms, residual_in_fp32));
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> dan_backward_cpu(const Tensor& grad_out,
@@ -298,27 +318,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> dan_backward_cpu(const Tensor& grad_o
                                                             const std::optional<Tensor>& bias, const Tensor& mean,
                                                             const Tensor& rstd, const Tensor& seed, double p, bool rms,
                                                             bool has_residual) {
-  DanBackwardArgs a =
-      check_dropout_add_norm_backward(grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, p, rms, has_residual);
-  const Tensor& like = a.grad_out;
-  Tensor grad_x = empty_on(like, grad_out.sizes(), a.x_dtype);
-  Tensor grad_res = has_residual ? empty_on(like, grad_out.sizes(), a.sum_dtype) : empty_on(like, {0}, a.sum_dtype);
-  Tensor grad_w = a.weight.defined() ? zeros_on(like, {a.N}, a.param_dtype) : empty_on(like, {0}, a.param_dtype);
-  Tensor grad_b = a.bias.defined() ? zeros_on(like, {a.N}, a.param_dtype) : empty_on(like, {0}, a.param_dtype);
-  if (a.M == 0) return {grad_x, grad_res, grad_w, grad_b};
-  cpu::advise_huge_pages(grad_x);
-  cpu::advise_huge_pages(grad_res);
-  const DropoutSeed s =
-      a.dropout.active() ? read_dropout_seed(data_as<const int64_t>(seed), a.dropout.mapped) : DropoutSeed{};
-  dispatch_dan(a, [&](auto st, auto pt, auto smt) {
-    GPUOPT_UNPACK_DAN_TAGS
-    if constexpr (std::is_same_v<acc_t, float>) {
-      dan_backward_fp32<scalar_t, param_t, sum_t>(a, s, grad_x, grad_res, grad_w, grad_b);
-    } else {
-      dan_backward_generic<scalar_t, param_t, sum_t, acc_t>(a, s, grad_x, grad_res, grad_w, grad_b);
-    }
-  });
-  return {grad_x, grad_res, grad_w, grad_b};
+  return add_norm_backward_cpu(
+      check_dropout_add_norm_backward(grad_out, grad_sum, sum, weight, bias, mean, rstd, seed, p, rms, has_residual));
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 #pragma once
 #include <cstdint>
 
+#include "fused_math.h"
 #include "philox.h"
+#include "torch_stable.h"
 
 namespace gpuopt {
 
@@ -24,9 +26,12 @@ struct DropoutSeed {
   ShardMap map;
 };
 
-// The seed tensor's data as a DropoutSeed (`mapped`: it has 4 elements). Read only when the op drops.
-inline DropoutSeed read_dropout_seed(const int64_t* data, bool mapped) {
-  return DropoutSeed{data[0], read_shard_map(data, mapped)};
+// An op's DropoutSeed from its checked dropout and seed tensor (d.mapped: 4 elements). The seed is read only when the
+// op drops (p > 0).
+inline DropoutSeed read_dropout_seed(const DropoutParams& d, const Tensor& seed) {
+  if (!d.active()) return DropoutSeed{};
+  const int64_t* data = data_as<const int64_t>(seed);
+  return DropoutSeed{data[0], read_shard_map(data, d.mapped)};
 }
 
 // dropout_uniforms_row for the output's elements i0 .. i0 + n - 1, each numbered through the map, and its keep

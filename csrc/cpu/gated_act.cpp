@@ -16,7 +16,7 @@
 #include "cpu/row_blocks.h"
 #include "cpu/row_io.h"
 #include "cpu/row_kernels.h"
-#include "dispatch.h"
+#include "dtypes.h"
 #include "torch_stable.h"
 
 namespace gpuopt {
@@ -45,7 +45,7 @@ void for_each_span(int64_t e0, int64_t e1, int64_t F, bool packed, const Body& b
 // for_each_span gives it and u its dropout uniforms (nullptr at p = 0). Each thread makes its fp32 buffers once
 // (`count` rows of kTile for 16-bit / fp32 data, none for fp64), before its first tile.
 template <typename scalar_t, typename Body>
-void gated_tiles(const GatedActArgs& a, const DropoutSeed& seed, int count, const Body& body) {
+void gated_tiles(const GatedSpec& a, const DropoutSeed& seed, int count, const Body& body) {
   constexpr bool kFp32 = std::is_same_v<acc_type_t<scalar_t>, float>;
   const int64_t total = a.M * a.F;
   const bool dropping = a.dropout.active();
@@ -62,7 +62,7 @@ void gated_tiles(const GatedActArgs& a, const DropoutSeed& seed, int count, cons
 }
 
 template <typename scalar_t>
-void gated_forward_kernel(const GatedActArgs& a, const DropoutSeed& seed, Tensor& out_t) {
+void gated_forward_kernel(const GatedSpec& a, const DropoutSeed& seed, Tensor& out_t) {
   using acc_t = acc_type_t<scalar_t>;
   const scalar_t* gate = data_as<const scalar_t>(a.gate);
   const scalar_t* up = a.packed() ? gate + a.F : data_as<const scalar_t>(a.up);  // up of gate offset o: up[o]
@@ -88,7 +88,7 @@ void gated_forward_kernel(const GatedActArgs& a, const DropoutSeed& seed, Tensor
 }
 
 template <typename scalar_t>
-void gated_backward_kernel(const GatedActArgs& a, const DropoutSeed& seed, Tensor& grad_gate_t, Tensor& grad_up_t) {
+void gated_backward_kernel(const GatedSpec& a, const DropoutSeed& seed, Tensor& grad_gate_t, Tensor& grad_up_t) {
   using acc_t = acc_type_t<scalar_t>;
   const scalar_t* go = data_as<const scalar_t>(a.grad_out);
   const scalar_t* gate = data_as<const scalar_t>(a.gate);
@@ -122,34 +122,29 @@ void gated_backward_kernel(const GatedActArgs& a, const DropoutSeed& seed, Tenso
 }
 
 Tensor gated_act_cpu(const Tensor& gate, const std::optional<Tensor>& up, const Tensor& seed, double p, int64_t act) {
-  const GatedActArgs a = check_gated_act(gate, up, seed, p, act);
+  const GatedSpec a = check_gated_act(gate, up, seed, p, act);
   std::vector<int64_t> shape(gate.sizes().begin(), gate.sizes().end());
   shape.back() = a.F;
-  Tensor out = empty_on(gate, shape, gate.scalar_type());
+  Tensor out = empty_on(a.gate, shape, a.dtype);
   if (a.M == 0) return out;
   cpu::advise_huge_pages(out);
-  // p = 0: the seed is never read
-  const DropoutSeed s =
-      a.dropout.active() ? read_dropout_seed(data_as<const int64_t>(seed), a.dropout.mapped) : DropoutSeed{};
-  dispatch_floating(gate.scalar_type(), "gated_act_cpu",
-                    [&](auto st) { gated_forward_kernel<typename decltype(st)::type>(a, s, out); });
+  const DropoutSeed s = read_dropout_seed(a.dropout, a.seed);
+  dispatch_dtype<HostStorage>(a.dtype, [&](auto st) { gated_forward_kernel<typename decltype(st)::type>(a, s, out); });
   return out;
 }
 
 std::tuple<Tensor, Tensor> gated_act_backward_cpu(const Tensor& grad_out, const Tensor& gate,
                                                   const std::optional<Tensor>& up, const Tensor& seed, double p,
                                                   int64_t act) {
-  const GatedActArgs a = check_gated_act_backward(grad_out, gate, up, seed, p, act);
-  Tensor grad_gate = empty_on(gate, gate.sizes(), gate.scalar_type());
-  Tensor grad_up =
-      a.packed() ? empty_on(gate, {0}, gate.scalar_type()) : empty_on(gate, gate.sizes(), gate.scalar_type());
+  const GatedSpec a = check_gated_act_backward(grad_out, gate, up, seed, p, act);
+  Tensor grad_gate = empty_on(a.gate, a.gate.sizes(), a.dtype);
+  Tensor grad_up = a.packed() ? empty_on(a.gate, {0}, a.dtype) : empty_on(a.gate, a.gate.sizes(), a.dtype);
   if (a.M == 0) return {grad_gate, grad_up};
   cpu::advise_huge_pages(grad_gate);
   if (!a.packed()) cpu::advise_huge_pages(grad_up);
-  const DropoutSeed s =
-      a.dropout.active() ? read_dropout_seed(data_as<const int64_t>(seed), a.dropout.mapped) : DropoutSeed{};
-  dispatch_floating(gate.scalar_type(), "gated_act_backward_cpu",
-                    [&](auto st) { gated_backward_kernel<typename decltype(st)::type>(a, s, grad_gate, grad_up); });
+  const DropoutSeed s = read_dropout_seed(a.dropout, a.seed);
+  dispatch_dtype<HostStorage>(
+      a.dtype, [&](auto st) { gated_backward_kernel<typename decltype(st)::type>(a, s, grad_gate, grad_up); });
   return {grad_gate, grad_up};
 }
 

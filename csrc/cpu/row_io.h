@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/dropout_mask.h"
+#include "cpu/row_blocks.h"
 #include "cpu/row_kernels.h"
 #include "torch_stable.h"
 
@@ -60,5 +62,67 @@ void store_row(T* dst, const float* buf, int64_t n) {
 // Rows per dropout tile: the uniforms of a tile's R * N consecutive elements come from one call, so small N does
 // not waste the 8-call (64-element) batches of the AVX2 Philox.
 inline int64_t tile_rows(int64_t N) { return std::max<int64_t>(1, 2048 / N); }
+
+// A thread's walk over rows of N elements with their dropout uniforms: rows(begin, end, row) calls row(r, u) for
+// r in [begin, end), u the row's N uniforms (nullptr when the op does not drop), drawn tile_rows(N) rows at a time.
+class RowUniforms {
+ public:
+  RowUniforms(const DropoutSeed& seed, bool dropping, int64_t N)
+      : seed_(seed),
+        dropping_(dropping),
+        N_(N),
+        R_(tile_rows(N)),
+        buf_(dropping ? dropout_uniforms_capacity(R_ * N) : 0) {}
+
+  template <typename Row>
+  void rows(int64_t begin, int64_t end, const Row& row) {
+    for (int64_t r0 = begin; r0 < end; r0 += R_) {
+      const int64_t r1 = std::min(end, r0 + R_);
+      const uint16_t* u = dropping_ ? dropout_uniforms_run(seed_, r0 * N_, (r1 - r0) * N_, buf_.data()) : nullptr;
+      for (int64_t r = r0; r < r1; ++r) row(r, u ? u + (r - r0) * N_ : nullptr);
+    }
+  }
+
+ private:
+  const DropoutSeed& seed_;
+  bool dropping_;
+  int64_t N_, R_;
+  std::vector<uint16_t> buf_;
+};
+
+// The fp32 backwards' rows and their deterministic dgamma / dbeta: fixed row blocks (a function of M only, row_blocks.h)
+// are the scheduling tiles; each sums its rows in order into its own partial rows, summed in block order at the end.
+class BlockPartials {
+ public:
+  BlockPartials(int64_t M, int64_t N) : M_(M), N_(N), rb_(M), w_(rb_.blocks * N, 0.0f), b_(rb_.blocks * N, 0.0f) {}
+
+  // On torch's threads: scratch = make_scratch() once a thread, then row(scratch, r, u, pw, pb) for every row r, u its
+  // dropout uniforms (RowUniforms), pw / pb its block's partial rows.
+  template <typename MakeScratch, typename Row>
+  void run(const DropoutSeed& seed, bool dropping, const MakeScratch& make_scratch, const Row& row) {
+    parallel_tiles(rb_.blocks, [&](const auto& take) {
+      auto scratch = make_scratch();
+      RowUniforms uniforms(seed, dropping, N_);
+      for (int64_t blk; (blk = take()) < rb_.blocks;) {
+        float* pw = w_.data() + blk * N_;
+        float* pb = b_.data() + blk * N_;
+        uniforms.rows(rb_.begin(blk), rb_.end(blk, M_),
+                      [&](int64_t r, const uint16_t* u) { row(scratch, r, u, pw, pb); });
+      }
+    });
+  }
+
+  // The sums into grad_w / grad_b where the parameter is defined.
+  template <typename param_t>
+  void sum(const Tensor& weight, const Tensor& bias, Tensor& grad_w, Tensor& grad_b) const {
+    if (weight.defined()) sum_partials(w_, rb_.blocks, N_, data_as<param_t>(grad_w));
+    if (bias.defined()) sum_partials(b_, rb_.blocks, N_, data_as<param_t>(grad_b));
+  }
+
+ private:
+  int64_t M_, N_;
+  RowBlocks rb_;
+  std::vector<float> w_, b_;
+};
 
 }  // namespace gpuopt

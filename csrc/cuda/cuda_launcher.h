@@ -1,4 +1,4 @@
-// The GPU Backend of ops_glue.h and its Launcher (launch.cuh), on the LibTorch stable ABI: x's device made
+// The GPU Backend of torch_ops.h and its Launcher (launch.cuh), on the LibTorch stable ABI: x's device made
 // current (accelerator::DeviceGuard), launches on torch's current stream for that device (the AOTI C shim),
 // occupancy and SM count cached per (device, kernel, block size, dynamic shared memory), scratch memory from torch's caching allocator
 // (torch::stable::empty; freed when the op returns: stream-ordered, so safe once the launches are enqueued).

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "dtypes.h"
+
 #if defined(GPUOPT_CUDA_EMULATOR)
 
 #include "cuda_emu.h"        // tools/cuda_emu (-I): threads as fibers, barriers, shuffles, guarded buffers
@@ -120,17 +122,9 @@ GPUOPT_DEV T from_acc(A v) {
   return FromAcc<T>::from(v);
 }
 
-// Accumulation type: fp64 for fp64 storage, fp32 otherwise (DESIGN.md).
+// Accumulation type: dtypes.h's, fp64 for fp64 storage, fp32 otherwise (DESIGN.md).
 template <typename T>
-struct AccType {
-  using type = float;
-};
-template <>
-struct AccType<double> {
-  using type = double;
-};
-template <typename T>
-using acc_t_of = typename AccType<T>::type;
+using acc_t_of = acc_type_t<T>;
 
 }  // namespace dev
 }  // namespace gpuopt

@@ -1,10 +1,12 @@
-// Host side of gated_act and its backward on raw buffers (launch.cuh's Launcher interface: the GPU's and the
-// emulator's): the access path, the persistent grid and the walk's geometry (gated_act_kernels.cuh). No ATen here.
+// Host side of gated_act and its backward on the kernels' parameter structs (launch.cuh's Launcher interface: the
+// GPU's and the emulator's): the access path, the persistent grid and the walk's geometry (gated_act_kernels.cuh).
+// The parameters come filled from the op's checked spec (cuda/gated_act_torch_ops.h). No ATen here.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cuda/gated_act_kernels.cuh"
 #include "cuda/launch.cuh"
@@ -13,21 +15,6 @@
 
 namespace gpuopt {
 namespace cuda {
-
-struct GatedBuffers {
-  const void* grad_out;  // backward only, (M, F)
-  const void* gate;      // (M, F), or (M, 2F) holding [gate | up] when packed
-  const void* up;        // (M, F); nullptr when packed
-  const int64_t* seed;
-  void* out;        // forward: (M, F)
-  void* grad_gate;  // backward: gate's shape (packed: [grad_gate | grad_up])
-  void* grad_up;    // backward: (M, F); nullptr when packed
-  int64_t M, F;     // M > 0, F > 0
-  bool packed;
-  DType dtype;
-  int act;  // fused_math.h's act code
-  DropoutParams dropout;
-};
 
 // The launch of either kernel: a persistent one-wave grid of kGatedThreads-thread blocks (balanced_grid over the
 // blocks that take every group once at U groups a thread), and the walk's geometry for that grid.
@@ -63,8 +50,8 @@ inline GatedPlan plan_gated(int64_t n, int64_t row, int64_t ld, int unroll, int 
 
 // The vector path: 16-byte aligned buffers and no group crossing a row (two tensors: one flat row; packed:
 // F % 8 == 0, so up = gate + F is aligned with gate).
-inline bool gated_vector_access(const GatedBuffers& b, std::initializer_list<const void*> ptrs) {
-  if (b.packed && b.F % kGroup != 0) return false;
+inline bool gated_vector_access(int64_t F, bool packed, std::initializer_list<const void*> ptrs) {
+  if (packed && F % kGroup != 0) return false;
   for (const void* p : ptrs)
     if (p != nullptr && !dev::is_aligned16(p)) return false;
   return true;
@@ -72,77 +59,60 @@ inline bool gated_vector_access(const GatedBuffers& b, std::initializer_list<con
 
 // The kernel of an access path and a threshold: p = 0 (threshold 0) takes the instance without RNG code
 // (kDrop false), any other p the one that draws one Philox call a group (kDrop), or under a shard map that the RNG
-// reads (dev::read_map) the one that numbers the groups by it (kMapped).
-template <class K>
-K gated_kernel(bool vec, const DropoutParams& d, K vec_no_drop, K vec_drop, K vec_mapped, K scalar_no_drop,
-               K scalar_drop, K scalar_mapped) {
+// reads (dev::read_map) the one that numbers the groups by it (kMapped). pick(kVec, kDrop, kMapped), each a
+// std::bool_constant, names the instance.
+template <class Pick>
+auto gated_kernel(bool vec, const DropoutParams& d, const Pick& pick) {
+  using T = std::true_type;
+  using F = std::false_type;
   const bool dropout = d.threshold != 0u, mapped = dev::read_map(d);
-  return vec ? (mapped ? vec_mapped : (dropout ? vec_drop : vec_no_drop))
-             : (mapped ? scalar_mapped : (dropout ? scalar_drop : scalar_no_drop));
+  return vec ? (mapped ? pick(T{}, T{}, T{}) : (dropout ? pick(T{}, T{}, F{}) : pick(T{}, F{}, F{})))
+             : (mapped ? pick(F{}, T{}, T{}) : (dropout ? pick(F{}, T{}, F{}) : pick(F{}, F{}, F{})));
 }
 
-template <typename S>
-void gated_pointers(const GatedBuffers& b, const S*& gate, const S*& up) {
-  gate = static_cast<const S*>(b.gate);
-  up = b.packed ? gate + b.F : static_cast<const S*>(b.up);
-}
-
-template <class Launcher>
-void run_gated_act(const GatedBuffers& b, Launcher& launcher) {
-  dispatch_act(b.act, [&](auto ac) {
-    constexpr int kAct = decltype(ac)::value;
-    dispatch_dtype(b.dtype, [&](auto st) {
-      using S = typename decltype(st)::type;
-      dev::GatedForwardParams<S> p;
-      gated_pointers(b, p.gate, p.up);
-      p.seed = b.seed;
-      p.out = static_cast<S*>(b.out);
-      p.scale = static_cast<dev::acc_t_of<S>>(b.dropout.scale);
-      p.threshold = b.dropout.threshold;
-      const bool vec = gated_vector_access(b, {p.gate, p.up, p.out});
-      auto kernel = gated_kernel(
-          vec, b.dropout, dev::gated_act_forward_kernel<S, kAct, true, false>,
-          dev::gated_act_forward_kernel<S, kAct, true, true>, dev::gated_act_forward_mapped_kernel<S, kAct, true>,
-          dev::gated_act_forward_kernel<S, kAct, false, false>, dev::gated_act_forward_kernel<S, kAct, false, true>,
-          dev::gated_act_forward_mapped_kernel<S, kAct, false>);
-      const int64_t n = b.M * b.F;
-      const GatedPlan plan = plan_gated(n, b.packed ? b.F : n, b.packed ? 2 * b.F : n, gated_unroll(sizeof(S), vec),
-                                        launcher.blocks_per_sm(kernel, kGatedThreads), launcher.sm_count());
-      p.geo = plan.geo;
-      launcher.run(dev::read_map(b.dropout) ? "gated_act_forward_mapped_kernel" : "gated_act_forward_kernel", kernel,
-                   dim3(static_cast<unsigned>(plan.blocks)), dim3(kGatedThreads), kGatedThreads, p);
-    });
+// Either direction's launch (kBackward) for M rows of F outputs (packed: gate holds [gate | up]): the kernel of the
+// access path (vec) and the seed, its persistent grid and the walk's geometry in p.geo.
+template <bool kBackward, int kAct, typename S, class Pm, class Launcher>
+void run_gated(Pm& p, bool vec, int64_t M, int64_t F, bool packed, const DropoutParams& d, Launcher& launcher) {
+  auto kernel = gated_kernel(vec, d, [](auto v, auto drop, auto mapped) {
+    constexpr bool kVec = decltype(v)::value, kDrop = decltype(drop)::value, kMapped = decltype(mapped)::value;
+    if constexpr (kBackward) {
+      if constexpr (kMapped)
+        return dev::gated_act_backward_mapped_kernel<S, kAct, kVec>;
+      else
+        return dev::gated_act_backward_kernel<S, kAct, kVec, kDrop>;
+    } else {
+      if constexpr (kMapped)
+        return dev::gated_act_forward_mapped_kernel<S, kAct, kVec>;
+      else
+        return dev::gated_act_forward_kernel<S, kAct, kVec, kDrop>;
+    }
   });
+  const int64_t n = M * F;
+  const GatedPlan plan = plan_gated(n, packed ? F : n, packed ? 2 * F : n, gated_unroll(sizeof(S), vec),
+                                    launcher.blocks_per_sm(kernel, kGatedThreads), launcher.sm_count());
+  p.geo = plan.geo;
+  const bool mapped = dev::read_map(d);
+  const char* name = kBackward ? (mapped ? "gated_act_backward_mapped_kernel" : "gated_act_backward_kernel")
+                               : (mapped ? "gated_act_forward_mapped_kernel" : "gated_act_forward_kernel");
+  launcher.run(name, kernel, dim3(static_cast<unsigned>(plan.blocks)), dim3(kGatedThreads), kGatedThreads, p);
 }
 
-template <class Launcher>
-void run_gated_act_backward(const GatedBuffers& b, Launcher& launcher) {
-  dispatch_act(b.act, [&](auto ac) {
-    constexpr int kAct = decltype(ac)::value;
-    dispatch_dtype(b.dtype, [&](auto st) {
-      using S = typename decltype(st)::type;
-      dev::GatedBackwardParams<S> p;
-      p.grad_out = static_cast<const S*>(b.grad_out);
-      gated_pointers(b, p.gate, p.up);
-      p.seed = b.seed;
-      p.grad_gate = static_cast<S*>(b.grad_gate);
-      p.grad_up = b.packed ? p.grad_gate + b.F : static_cast<S*>(b.grad_up);
-      p.scale = static_cast<dev::acc_t_of<S>>(b.dropout.scale);
-      p.threshold = b.dropout.threshold;
-      const bool vec = gated_vector_access(b, {p.grad_out, p.gate, p.up, p.grad_gate, p.grad_up});
-      auto kernel = gated_kernel(
-          vec, b.dropout, dev::gated_act_backward_kernel<S, kAct, true, false>,
-          dev::gated_act_backward_kernel<S, kAct, true, true>, dev::gated_act_backward_mapped_kernel<S, kAct, true>,
-          dev::gated_act_backward_kernel<S, kAct, false, false>, dev::gated_act_backward_kernel<S, kAct, false, true>,
-          dev::gated_act_backward_mapped_kernel<S, kAct, false>);
-      const int64_t n = b.M * b.F;
-      const GatedPlan plan = plan_gated(n, b.packed ? b.F : n, b.packed ? 2 * b.F : n, gated_unroll(sizeof(S), vec),
-                                        launcher.blocks_per_sm(kernel, kGatedThreads), launcher.sm_count());
-      p.geo = plan.geo;
-      launcher.run(dev::read_map(b.dropout) ? "gated_act_backward_mapped_kernel" : "gated_act_backward_kernel", kernel,
-                   dim3(static_cast<unsigned>(plan.blocks)), dim3(kGatedThreads), kGatedThreads, p);
-    });
-  });
+// gated_act forward: p holds gate, up (packed: gate + F), seed, out, scale and threshold.
+template <int kAct, typename S, class Launcher>
+void run_gated_act(dev::GatedForwardParams<S> p, int64_t M, int64_t F, bool packed, const DropoutParams& d,
+                   Launcher& launcher) {
+  const bool vec = gated_vector_access(F, packed, {p.gate, p.up, p.out});
+  run_gated<false, kAct, S>(p, vec, M, F, packed, d, launcher);
+}
+
+// gated_act backward: p holds grad_out, gate, up, seed, grad_gate, grad_up (packed: grad_gate + F), scale and
+// threshold.
+template <int kAct, typename S, class Launcher>
+void run_gated_act_backward(dev::GatedBackwardParams<S> p, int64_t M, int64_t F, bool packed, const DropoutParams& d,
+                            Launcher& launcher) {
+  const bool vec = gated_vector_access(F, packed, {p.grad_out, p.gate, p.up, p.grad_gate, p.grad_up});
+  run_gated<true, kAct, S>(p, vec, M, F, packed, d, launcher);
 }
 
 }  // namespace cuda

@@ -1,5 +1,5 @@
 // The gpuopt ops of the CUDA backend, with their real schemas under the namespace gpuopt_emu, running the CUDA backend's own
-// glue (csrc/cuda/ops_glue.h), launch sequence (launch.cuh) and kernel headers on the CPU under the
+// glue (csrc/cuda/torch_ops.h), launch sequence (launch.cuh) and kernel headers on the CPU under the
 // emulation of the CUDA execution model. Outputs and scratch start poisoned (0xFF: NaN), and the guards of every
 // buffer are checked after every launch. Built by the emulator tests and by the performance model, which plans the
 // launches of its cases without running them (configure_plan).
@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "cuda/arch_message.h"
-#include "cuda/gated_act_glue.h"
+#include "cuda/gated_act_torch_ops.h"
 #include "cuda/launch.cuh"
-#include "cuda/ops_glue.h"
+#include "cuda/torch_ops.h"
 #include "cuda_emu.h"
 #include "schemas.h"
 #include "torch_stable.h"
@@ -104,7 +104,7 @@ struct EmuLauncher {
   }
 };
 
-// The emulator Backend of ops_glue.h: every input mirrored into a guarded "device" buffer at the same address
+// The emulator Backend of torch_ops.h: every input mirrored into a guarded "device" buffer at the same address
 // modulo 256 (an unaligned view stays unaligned), every output a poisoned buffer copied back by finish().
 struct EmuBackend {
   std::vector<std::unique_ptr<gpuopt_emu::DeviceBuffer>> buffers;

@@ -9,6 +9,7 @@
 // template loops (the gradcheck path). Per-element formulas: fused_math.h, shared with the CUDA kernels.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <tuple>
 #include <type_traits>
@@ -19,7 +20,7 @@
 #include "cpu/row_blocks.h"
 #include "cpu/row_io.h"
 #include "cpu/row_kernels.h"
-#include "dispatch.h"
+#include "dtypes.h"
 #include "torch_stable.h"
 
 namespace gpuopt {
@@ -53,7 +54,7 @@ void row_stats(const acc_t* v, int64_t n, double eps, acc_t& mean, acc_t& rstd) 
 // Rows are read as fp32 (cpu/row_io.h: fp32 rows in place, bf16/fp16 rows through a per-thread buffer).
 
 template <typename scalar_t, typename param_t>
-void ldr_forward_fp32(const LdrArgs& a, const DropoutSeed& seed, double eps, Tensor& out, Tensor& mean, Tensor& rstd) {
+void ldr_forward_fp32(const NormSpec& a, const DropoutSeed& seed, Tensor& out, Tensor& mean, Tensor& rstd) {
   constexpr bool kDirect = std::is_same_v<scalar_t, float>;
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
@@ -71,91 +72,64 @@ void ldr_forward_fp32(const LdrArgs& a, const DropoutSeed& seed, double eps, Ten
 
   parallel_tiles((M + tile - 1) / tile, [&](const auto& take) {
     std::vector<float> xbuf(kDirect ? 0 : N), ybuf(kDirect ? 0 : N);
-    std::vector<uint16_t> ubuf(dropping ? dropout_uniforms_capacity(R * N) : 0);
+    RowUniforms uniforms(seed, dropping, N);
     for (int64_t t; (t = take()) * tile < M;) {
-      const int64_t end = std::min(M, (t + 1) * tile);
-      for (int64_t r0 = t * tile; r0 < end; r0 += R) {
-        const int64_t r1 = std::min(end, r0 + R);
-        const uint16_t* u = dropping ? dropout_uniforms_run(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
-        for (int64_t r = r0; r < r1; ++r) {
-          const float* xr = load_row(x + r * N, xbuf.data(), N);
-          const float mu = a.rms ? 0.0f : cpu::row_sum(xr, N) * inv_n;  // RMSNorm: the mean square about 0
-          const float var = cpu::row_sq_dev_sum(xr, N, mu) * inv_n;
-          const float rs = 1.0f / std::sqrt(var + static_cast<float>(eps));
-          if (!a.rms) mean_out[r] = mu;
-          rstd_out[r] = rs;
-          float* yr = result_row(y_out + r * N, ybuf.data());
-          cpu::ldr_forward_row(xr, w.data(), b.data(), u ? u + (r - r0) * N : nullptr, drop.threshold, scale, mu, rs,
-                               yr, N, a.relu);
-          store_row(y_out + r * N, yr, N);
-        }
-      }
+      uniforms.rows(t * tile, std::min(M, (t + 1) * tile), [&](int64_t r, const uint16_t* u) {
+        const float* xr = load_row(x + r * N, xbuf.data(), N);
+        const float mu = a.rms ? 0.0f : cpu::row_sum(xr, N) * inv_n;  // RMSNorm: the mean square about 0
+        const float var = cpu::row_sq_dev_sum(xr, N, mu) * inv_n;
+        const float rs = 1.0f / std::sqrt(var + static_cast<float>(a.eps));
+        if (!a.rms) mean_out[r] = mu;
+        rstd_out[r] = rs;
+        float* yr = result_row(y_out + r * N, ybuf.data());
+        cpu::ldr_forward_row(xr, w.data(), b.data(), u, drop.threshold, scale, mu, rs, yr, N, a.relu);
+        store_row(y_out + r * N, yr, N);
+      });
     }
   });
 }
 
 template <typename scalar_t, typename param_t>
-void ldr_backward_fp32(const LdrBackwardArgs& args, const DropoutSeed& seed, Tensor& grad_x, Tensor& grad_w,
-                       Tensor& grad_b) {
+void ldr_backward_fp32(const NormSpec& a, const DropoutSeed& seed, Tensor& grad_x, Tensor& grad_w, Tensor& grad_b) {
   constexpr bool kDirect = std::is_same_v<scalar_t, float>;
-  const LdrArgs& a = args.fwd;
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
-  const scalar_t* g = data_as<scalar_t>(args.grad_out);
-  const float* mean = data_as<float>(args.mean);
-  const float* rstd = data_as<float>(args.rstd);
+  const scalar_t* g = data_as<scalar_t>(a.grad_out);
+  const float* mean = data_as<float>(a.mean);
+  const float* rstd = data_as<float>(a.rstd);
   scalar_t* dx = data_as<scalar_t>(grad_x);
   const std::vector<float> w = param_row<float, param_t>(a.weight, N, 1.0f);
   const std::vector<float> b = param_row<float, param_t>(a.bias, N, 0.0f);
   const DropoutParams drop = a.dropout;
   const float scale = static_cast<float>(drop.scale);
   const bool dropping = drop.active();
-  const bool want_dw = a.weight.defined(), want_db = a.bias.defined();
-  const int64_t R = tile_rows(N);
   const float inv_n = 1.0f / static_cast<float>(N);
 
-  // Deterministic dgamma / dbeta: a fixed number of row blocks (a function of M only), each summing its rows in
-  // order into its own partial row; the partials are then summed in block order (row_blocks.h). Blocks are the
-  // scheduling tiles, so which thread runs a block does not change its bits.
-  const RowBlocks rb(M);
-  const int64_t blocks = rb.blocks;
-  std::vector<float> partial_w(blocks * N, 0.0f), partial_b(blocks * N, 0.0f);
-
-  parallel_tiles(blocks, [&](const auto& take) {
-    std::vector<float> xbuf(kDirect ? 0 : N), gbuf(kDirect ? 0 : N), dxbuf(kDirect ? 0 : N);
-    std::vector<float> xhat(N), dxhat(N);
-    std::vector<uint16_t> ubuf(dropping ? dropout_uniforms_capacity(R * N) : 0);
-    for (int64_t blk; (blk = take()) < blocks;) {
-      float* pw = partial_w.data() + blk * N;
-      float* pb = partial_b.data() + blk * N;
-      const int64_t rend = rb.end(blk, M);
-      for (int64_t r0 = rb.begin(blk); r0 < rend; r0 += R) {
-        const int64_t r1 = std::min(rend, r0 + R);
-        const uint16_t* u = dropping ? dropout_uniforms_run(seed, r0 * N, (r1 - r0) * N, ubuf.data()) : nullptr;
-        for (int64_t r = r0; r < r1; ++r) {
-          const float* xr = load_row(x + r * N, xbuf.data(), N);
-          const float* gr = load_row(g + r * N, gbuf.data(), N);
-          const float rs = rstd[r];
-          cpu::ldr_backward_row_pass1(xr, gr, w.data(), b.data(), u ? u + (r - r0) * N : nullptr, drop.threshold, scale,
-                                      a.rms ? 0.0f : mean[r], rs, xhat.data(), dxhat.data(), pw, pb, N, a.relu);
-          const float c1 = cpu::row_dot(dxhat.data(), xhat.data(), N) * inv_n;
-          const float c2 = a.rms ? 0.0f : cpu::row_sum(dxhat.data(), N) * inv_n;
-          float* dxr = result_row(dx + r * N, dxbuf.data());
-          cpu::ldr_backward_row_pass2(xhat.data(), dxhat.data(), rs, c1, c2, dxr, N);
-          store_row(dx + r * N, dxr, N);
-        }
-      }
-    }
+  BlockPartials partials(M, N);
+  auto scratch = [&] {  // x, grad_out and grad_x rows in fp32 (none for fp32 data), xhat, dxhat
+    const int64_t n = kDirect ? 0 : N;
+    return std::array<std::vector<float>, 5>{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n),
+                                             std::vector<float>(N), std::vector<float>(N)};
+  };
+  partials.run(seed, dropping, scratch, [&](auto& bufs, int64_t r, const uint16_t* u, float* pw, float* pb) {
+    auto& [xbuf, gbuf, dxbuf, xhat, dxhat] = bufs;
+    const float* xr = load_row(x + r * N, xbuf.data(), N);
+    const float* gr = load_row(g + r * N, gbuf.data(), N);
+    const float rs = rstd[r];
+    cpu::ldr_backward_row_pass1(xr, gr, w.data(), b.data(), u, drop.threshold, scale, a.rms ? 0.0f : mean[r], rs,
+                                xhat.data(), dxhat.data(), pw, pb, N, a.relu);
+    const float c1 = cpu::row_dot(dxhat.data(), xhat.data(), N) * inv_n;
+    const float c2 = a.rms ? 0.0f : cpu::row_sum(dxhat.data(), N) * inv_n;
+    float* dxr = result_row(dx + r * N, dxbuf.data());
+    cpu::ldr_backward_row_pass2(xhat.data(), dxhat.data(), rs, c1, c2, dxr, N);
+    store_row(dx + r * N, dxr, N);
   });
-
-  if (want_dw) sum_partials(partial_w, blocks, N, data_as<param_t>(grad_w));
-  if (want_db) sum_partials(partial_b, blocks, N, data_as<param_t>(grad_b));
+  partials.sum<param_t>(a.weight, a.bias, grad_w, grad_b);
 }
 
 // ------------------------------------------------------------------------------------------ generic (fp64) path
 template <typename scalar_t, typename param_t, typename acc_t>
-void ldr_forward_kernel(const LdrArgs& a, const DropoutSeed& seed, double eps, Tensor& out, Tensor& mean,
-                        Tensor& rstd) {
+void ldr_forward_kernel(const NormSpec& a, const DropoutSeed& seed, Tensor& out, Tensor& mean, Tensor& rstd) {
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
   scalar_t* y_out = data_as<scalar_t>(out);
@@ -176,9 +150,10 @@ void ldr_forward_kernel(const LdrArgs& a, const DropoutSeed& seed, double eps, T
       acc_t mu, rs;
       if (a.rms) {  // RMSNorm: rstd from the mean square, no mean
         mu = acc_t(0);
-        rs = acc_t(1) / std::sqrt(row_dot(row.data(), row.data(), N) / static_cast<acc_t>(N) + static_cast<acc_t>(eps));
+        rs = acc_t(1) /
+             std::sqrt(row_dot(row.data(), row.data(), N) / static_cast<acc_t>(N) + static_cast<acc_t>(a.eps));
       } else {
-        row_stats(row.data(), N, eps, mu, rs);
+        row_stats(row.data(), N, a.eps, mu, rs);
         mean_out[r] = mu;
       }
       rstd_out[r] = rs;
@@ -193,14 +168,12 @@ void ldr_forward_kernel(const LdrArgs& a, const DropoutSeed& seed, double eps, T
 }
 
 template <typename scalar_t, typename param_t, typename acc_t>
-void ldr_backward_kernel(const LdrBackwardArgs& args, const DropoutSeed& seed, Tensor& grad_x, Tensor& grad_w,
-                         Tensor& grad_b) {
-  const LdrArgs& a = args.fwd;
+void ldr_backward_kernel(const NormSpec& a, const DropoutSeed& seed, Tensor& grad_x, Tensor& grad_w, Tensor& grad_b) {
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
-  const scalar_t* g = data_as<scalar_t>(args.grad_out);
-  const acc_t* mean = data_as<acc_t>(args.mean);
-  const acc_t* rstd = data_as<acc_t>(args.rstd);
+  const scalar_t* g = data_as<scalar_t>(a.grad_out);
+  const acc_t* mean = data_as<acc_t>(a.mean);
+  const acc_t* rstd = data_as<acc_t>(a.rstd);
   scalar_t* dx = data_as<scalar_t>(grad_x);
   const std::vector<acc_t> w = param_row<acc_t, param_t>(a.weight, N, acc_t(1));
   const std::vector<acc_t> b = param_row<acc_t, param_t>(a.bias, N, acc_t(0));
@@ -246,66 +219,70 @@ void ldr_backward_kernel(const LdrBackwardArgs& args, const DropoutSeed& seed, T
   if (want_db) sum_partials(partial_b, blocks, N, data_as<param_t>(grad_b));
 }
 
-#define GPUOPT_UNPACK_TAGS                      \
-  using scalar_t = typename decltype(st)::type; \
-  using param_t = typename decltype(pt)::type;  \
-  using acc_t = acc_type_t<scalar_t>;
+// Unless M = 0: reads the seed and calls body(TypeTag<scalar_t>, TypeTag<param_t>, seed) for the spec's dtypes.
+template <typename Body>
+void run_norm_cpu(const NormSpec& a, const Body& body) {
+  if (a.M == 0) return;
+  const DropoutSeed seed = read_dropout_seed(a.dropout, a.seed);
+  dispatch_dtypes<HostStorage>(a.x_dtype, a.param_dtype, [&](auto st, auto pt) { body(st, pt, seed); });
+}
 
-// layer_norm_dropout_relu and norm_dropout (checked args: the norm and activation flags are in `a`).
-std::tuple<Tensor, Tensor, Tensor> norm_forward_cpu(const LdrArgs& a, const Tensor& x, const Tensor& seed, double eps) {
-  Tensor out = empty_on(a.x, x.sizes(), x.scalar_type());
+#define GPUOPT_TYPES                            \
+  using scalar_t = typename decltype(st)::type; \
+  using param_t = typename decltype(pt)::type;
+
+// layer_norm_dropout_relu and norm_dropout (the norm and activation flags are in the spec): (out, mean, rstd).
+// fp32 / bf16 / fp16 x take the fp32 row kernels, fp64 the generic loops.
+std::tuple<Tensor, Tensor, Tensor> norm_forward_cpu(const NormSpec& a) {
+  Tensor out = empty_on(a.x, a.x.sizes(), a.x_dtype);
   Tensor mean = empty_on(a.x, {a.rms ? 0 : a.M}, a.acc_dtype);
   Tensor rstd = empty_on(a.x, {a.M}, a.acc_dtype);
-  if (a.M == 0) return {out, mean, rstd};
-  const DropoutSeed s =
-      a.dropout.active() ? read_dropout_seed(data_as<const int64_t>(seed), a.dropout.mapped) : DropoutSeed{};
-  dispatch_ldr(a, [&](auto st, auto pt) {
-    GPUOPT_UNPACK_TAGS
-    if constexpr (std::is_same_v<acc_t, float>) {
-      ldr_forward_fp32<scalar_t, param_t>(a, s, eps, out, mean, rstd);
+  run_norm_cpu(a, [&](auto st, auto pt, const DropoutSeed& s) {
+    GPUOPT_TYPES
+    if constexpr (std::is_same_v<scalar_t, double>) {
+      ldr_forward_kernel<scalar_t, param_t, double>(a, s, out, mean, rstd);
     } else {
-      ldr_forward_kernel<scalar_t, param_t, acc_t>(a, s, eps, out, mean, rstd);
+      ldr_forward_fp32<scalar_t, param_t>(a, s, out, mean, rstd);
     }
   });
   return {out, mean, rstd};
 }
 
-std::tuple<Tensor, Tensor, Tensor> norm_backward_cpu(const LdrBackwardArgs& b, const Tensor& x, const Tensor& seed) {
-  const LdrArgs& a = b.fwd;
-  Tensor grad_x = empty_on(a.x, x.sizes(), x.scalar_type());
-  Tensor grad_w = a.weight.defined() ? zeros_on(a.x, {a.N}, a.param_dtype) : empty_on(a.x, {0}, a.param_dtype);
-  Tensor grad_b = a.bias.defined() ? zeros_on(a.x, {a.N}, a.param_dtype) : empty_on(a.x, {0}, a.param_dtype);
-  if (a.M == 0) return {grad_x, grad_w, grad_b};
-  const DropoutSeed s =
-      a.dropout.active() ? read_dropout_seed(data_as<const int64_t>(seed), a.dropout.mapped) : DropoutSeed{};
-  dispatch_ldr(a, [&](auto st, auto pt) {
-    GPUOPT_UNPACK_TAGS
-    if constexpr (std::is_same_v<acc_t, float>) {
-      ldr_backward_fp32<scalar_t, param_t>(b, s, grad_x, grad_w, grad_b);
+// Their backwards: (grad_x, grad_weight, grad_bias), an absent parameter's gradient (0,)-shaped.
+std::tuple<Tensor, Tensor, Tensor> norm_backward_cpu(const NormSpec& a) {
+  Tensor grad_x = empty_on(a.x, a.x.sizes(), a.x_dtype);
+  Tensor grad_w = param_grad_on(a.x, a.weight.defined(), a.N, a.param_dtype);
+  Tensor grad_b = param_grad_on(a.x, a.bias.defined(), a.N, a.param_dtype);
+  run_norm_cpu(a, [&](auto st, auto pt, const DropoutSeed& s) {
+    GPUOPT_TYPES
+    if constexpr (std::is_same_v<scalar_t, double>) {
+      ldr_backward_kernel<scalar_t, param_t, double>(a, s, grad_x, grad_w, grad_b);
     } else {
-      ldr_backward_kernel<scalar_t, param_t, acc_t>(b, s, grad_x, grad_w, grad_b);
+      ldr_backward_fp32<scalar_t, param_t>(a, s, grad_x, grad_w, grad_b);
     }
   });
   return {grad_x, grad_w, grad_b};
 }
 
+#undef GPUOPT_TYPES
+
 std::tuple<Tensor, Tensor, Tensor> ldr_forward_cpu(const Tensor& x, const std::optional<Tensor>& weight,
                                                    const std::optional<Tensor>& bias, const Tensor& seed, double p,
                                                    double eps) {
-  return norm_forward_cpu(check_ldr_forward(x, weight, bias, seed, p, eps), x, seed, eps);
+  return norm_forward_cpu(check_ldr_forward(x, weight, bias, seed, p, eps));
 }
 
 std::tuple<Tensor, Tensor, Tensor> ldr_backward_cpu(const Tensor& grad_out, const Tensor& x,
                                                     const std::optional<Tensor>& weight,
                                                     const std::optional<Tensor>& bias, const Tensor& mean,
                                                     const Tensor& rstd, const Tensor& seed, double p) {
-  return norm_backward_cpu(check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p), x, seed);
+  return norm_backward_cpu(check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p));
 }
 
 std::tuple<Tensor, Tensor, Tensor> nd_forward_cpu(const Tensor& x, const std::optional<Tensor>& weight,
                                                   const std::optional<Tensor>& bias, const Tensor& seed, double p,
                                                   double eps, bool rms, bool relu) {
-  return norm_forward_cpu(check_norm_dropout(x, weight, bias, seed, p, eps, rms, relu), x, seed, eps);
+  return norm_forward_cpu(check_norm_dropout(x, weight, bias, seed, p, eps, rms, relu));
 }
 
 std::tuple<Tensor, Tensor, Tensor> nd_backward_cpu(const Tensor& grad_out, const Tensor& x,
@@ -313,8 +290,7 @@ std::tuple<Tensor, Tensor, Tensor> nd_backward_cpu(const Tensor& grad_out, const
                                                    const std::optional<Tensor>& bias, const Tensor& mean,
                                                    const Tensor& rstd, const Tensor& seed, double p, bool rms,
                                                    bool relu) {
-  return norm_backward_cpu(check_norm_dropout_backward(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu), x,
-                           seed);
+  return norm_backward_cpu(check_norm_dropout_backward(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu));
 }
 
 }  // namespace

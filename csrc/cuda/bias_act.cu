@@ -1,6 +1,6 @@
-// CUDA registration of gpuopt::bias_relu, gpuopt::bias_act and their backwards (ops_glue.h on the GPU backend).
+// CUDA registration of gpuopt::bias_relu, gpuopt::bias_act and their backwards (torch_ops.h on the GPU backend).
 #include "cuda/cuda_launcher.h"
-#include "cuda/ops_glue.h"
+#include "cuda/torch_ops.h"
 
 STABLE_TORCH_LIBRARY_IMPL(gpuopt, CUDA, m) {
   m.impl("bias_relu", TORCH_BOX(&gpuopt::bias_relu_op<gpuopt::CudaBackend>));

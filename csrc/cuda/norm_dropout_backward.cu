@@ -1,7 +1,7 @@
-// CUDA registration of gpuopt::layer_norm_dropout_relu_backward and norm_dropout_backward (ops_glue.h on the GPU
+// CUDA registration of gpuopt::layer_norm_dropout_relu_backward and norm_dropout_backward (torch_ops.h on the GPU
 // backend).
 #include "cuda/cuda_launcher.h"
-#include "cuda/ops_glue.h"
+#include "cuda/torch_ops.h"
 
 STABLE_TORCH_LIBRARY_IMPL(gpuopt, CUDA, m) {
   m.impl("layer_norm_dropout_relu_backward", TORCH_BOX(&gpuopt::ldr_backward_op<gpuopt::CudaBackend>));

@@ -10,8 +10,9 @@
 #include "checks.h"
 #include "cpu/huge_pages.h"
 #include "cpu/row_blocks.h"
+#include "cpu/row_io.h"
 #include "cpu/row_kernels.h"
-#include "dispatch.h"
+#include "dtypes.h"
 #include "torch_stable.h"
 
 namespace gpuopt {
@@ -29,15 +30,14 @@ const float* as_float_row(const T* src, float* buf, int64_t n) {
 }
 
 template <int kAct, typename scalar_t, typename bias_t>
-void bias_act_kernel(const Tensor& xt, const Tensor& bias, int64_t M, int64_t N, Tensor& out) {
+void bias_act_kernel(const BiasActSpec& a, Tensor& out) {
   using acc_t = acc_type_t<scalar_t>;
   constexpr bool kFp32 = std::is_same_v<acc_t, float>;
   constexpr bool kDirect = std::is_same_v<scalar_t, float>;
-  const scalar_t* x = data_as<scalar_t>(xt);
+  const int64_t M = a.M, N = a.N;
+  const scalar_t* x = data_as<scalar_t>(a.x);
   scalar_t* y = data_as<scalar_t>(out);
-  std::vector<acc_t> b(N);
-  const bias_t* bp = data_as<bias_t>(bias);
-  for (int64_t j = 0; j < N; ++j) b[j] = static_cast<acc_t>(bp[j]);
+  const std::vector<acc_t> b = param_row<acc_t, bias_t>(a.bias, N, acc_t(0));
   const int64_t tile = std::max<int64_t>(1, 16384 / N);  // rows per scheduling tile
   parallel_tiles((M + tile - 1) / tile, [&](const auto& take) {
     std::vector<float> xbuf(kFp32 && !kDirect ? N : 0), ybuf(kFp32 && !kDirect ? N : 0);
@@ -67,19 +67,16 @@ void bias_act_kernel(const Tensor& xt, const Tensor& bias, int64_t M, int64_t N,
 
 // saved: the output for relu (mask out > 0; bias unused), x for the others (z = x + bias recomputed).
 template <int kAct, typename scalar_t, typename bias_t>
-void bias_act_backward_kernel(const Tensor& grad_out, const Tensor& saved, const Tensor& bias, int64_t M, int64_t N,
-                              Tensor& grad_x, Tensor& grad_b) {
+void bias_act_backward_kernel(const BiasActSpec& a, Tensor& grad_x, Tensor& grad_b) {
   using acc_t = acc_type_t<scalar_t>;
   constexpr bool kFp32 = std::is_same_v<acc_t, float>;
   constexpr bool kDirect = std::is_same_v<scalar_t, float>;
-  const scalar_t* g = data_as<scalar_t>(grad_out);
-  const scalar_t* o = data_as<scalar_t>(saved);
+  const int64_t M = a.M, N = a.N;
+  const scalar_t* g = data_as<scalar_t>(a.grad_out);
+  const scalar_t* o = data_as<scalar_t>(a.saved);
   scalar_t* dx = data_as<scalar_t>(grad_x);
-  std::vector<acc_t> b(kAct == kActRelu ? 0 : N);
-  if constexpr (kAct != kActRelu) {
-    const bias_t* bp = data_as<bias_t>(bias);
-    for (int64_t j = 0; j < N; ++j) b[j] = static_cast<acc_t>(bp[j]);
-  }
+  std::vector<acc_t> b;  // relu reads no bias (its mask is the output's)
+  if constexpr (kAct != kActRelu) b = param_row<acc_t, bias_t>(a.bias, N, acc_t(0));
   // deterministic dbias: fixed row blocks (a function of M only), partials summed in block order
   const RowBlocks rb(M);
   const int64_t blocks = rb.blocks;
@@ -117,70 +114,47 @@ void bias_act_backward_kernel(const Tensor& grad_out, const Tensor& saved, const
   sum_partials(partial, blocks, N, data_as<acc_t>(grad_b));
 }
 
-// x of dtype scalar_t, bias of x's dtype or fp32.
-template <typename Body>
-void dispatch_bias(ScalarType x_dtype, ScalarType bias_dtype, const char* name, Body&& body) {
-  dispatch_floating(x_dtype, name, [&](auto st) {
-    using scalar_t = typename decltype(st)::type;
-    if (bias_dtype == kFloat) {
-      body(TypeTag<scalar_t>{}, TypeTag<float>{});
-    } else {
-      body(TypeTag<scalar_t>{}, TypeTag<scalar_t>{});
-    }
-  });
-}
-
-Tensor bias_act_forward(const Tensor& x, const Tensor& bias, int64_t M, int64_t N, int act, const char* name) {
-  Tensor out = empty_on(x, x.sizes(), x.scalar_type());
-  if (M == 0) return out;
+Tensor bias_act_forward_cpu(const BiasActSpec& a) {
+  Tensor out = empty_on(a.x, a.x.sizes(), a.x_dtype);
+  if (a.M == 0) return out;
   cpu::advise_huge_pages(out);
-  dispatch_act(act, [&](auto ac) {
-    dispatch_bias(x.scalar_type(), bias.scalar_type(), name, [&](auto st, auto bt) {
-      bias_act_kernel<decltype(ac)::value, typename decltype(st)::type, typename decltype(bt)::type>(x, bias, M, N,
-                                                                                                     out);
+  dispatch_act(a.act, [&](auto ac) {
+    dispatch_dtypes<HostStorage>(a.x_dtype, a.bias_dtype, [&](auto st, auto bt) {
+      bias_act_kernel<decltype(ac)::value, typename decltype(st)::type, typename decltype(bt)::type>(a, out);
     });
   });
   return out;
 }
 
-std::tuple<Tensor, Tensor> bias_act_backward_impl(const Tensor& grad_out, const Tensor& saved, const Tensor& bias,
-                                                  int64_t M, int64_t N, int act, ScalarType acc_dtype,
-                                                  const char* name) {
-  Tensor grad_x = empty_on(saved, saved.sizes(), saved.scalar_type());
-  Tensor grad_b = zeros_on(saved, {N}, acc_dtype);
-  if (M == 0) return {grad_x, grad_b};
+std::tuple<Tensor, Tensor> bias_act_backward_impl(const BiasActSpec& a) {
+  Tensor grad_x = empty_on(a.saved, a.saved.sizes(), a.x_dtype);
+  Tensor grad_b = zeros_on(a.saved, {a.N}, a.acc_dtype);
+  if (a.M == 0) return {grad_x, grad_b};
   cpu::advise_huge_pages(grad_x);
-  dispatch_act(act, [&](auto ac) {
+  dispatch_act(a.act, [&](auto ac) {
     constexpr int kAct = decltype(ac)::value;
     // relu reads no bias: one instantiation (bias_t = scalar_t), whatever the bias's dtype
-    const ScalarType bias_dtype = kAct == kActRelu || !bias.defined() ? saved.scalar_type() : bias.scalar_type();
-    dispatch_bias(saved.scalar_type(), bias_dtype, name, [&](auto st, auto bt) {
-      bias_act_backward_kernel<kAct, typename decltype(st)::type, typename decltype(bt)::type>(grad_out, saved, bias, M,
-                                                                                               N, grad_x, grad_b);
+    const DType bias_dtype = kAct == kActRelu ? a.x_dtype : a.bias_dtype;
+    dispatch_dtypes<HostStorage>(a.x_dtype, bias_dtype, [&](auto st, auto bt) {
+      bias_act_backward_kernel<kAct, typename decltype(st)::type, typename decltype(bt)::type>(a, grad_x, grad_b);
     });
   });
   return {grad_x, grad_b};
 }
 
-Tensor bias_relu_cpu(const Tensor& x, const Tensor& bias) {
-  BiasReluArgs a = check_bias_relu(x, bias);
-  return bias_act_forward(a.x, a.bias, a.M, a.N, kActRelu, "bias_relu_cpu");
-}
+Tensor bias_relu_cpu(const Tensor& x, const Tensor& bias) { return bias_act_forward_cpu(check_bias_relu(x, bias)); }
 
 std::tuple<Tensor, Tensor> bias_relu_backward_cpu(const Tensor& grad_out, const Tensor& out) {
-  BiasReluBackwardArgs a = check_bias_relu_backward(grad_out, out);
-  return bias_act_backward_impl(a.grad_out, a.out, Tensor(), a.M, a.N, kActRelu, a.acc_dtype, "bias_relu_backward_cpu");
+  return bias_act_backward_impl(check_bias_relu_backward(grad_out, out));
 }
 
 Tensor bias_act_cpu(const Tensor& x, const Tensor& bias, int64_t act) {
-  BiasActArgs a = check_bias_act(x, bias, act);
-  return bias_act_forward(a.x, a.bias, a.M, a.N, a.act, "bias_act_cpu");
+  return bias_act_forward_cpu(check_bias_act(x, bias, act));
 }
 
 std::tuple<Tensor, Tensor> bias_act_backward_cpu(const Tensor& grad_out, const Tensor& saved, const Tensor& bias,
                                                  int64_t act) {
-  BiasActBackwardArgs a = check_bias_act_backward(grad_out, saved, bias, act);
-  return bias_act_backward_impl(a.grad_out, a.saved, a.bias, a.M, a.N, a.act, a.acc_dtype, "bias_act_backward_cpu");
+  return bias_act_backward_impl(check_bias_act_backward(grad_out, saved, bias, act));
 }
 
 }  // namespace
