@@ -112,7 +112,7 @@ def test_mirror_constants_match_the_kernels():
 
     src = (ROOT / "csrc" / "cuda" / "bias_relu_kernels.cuh").read_text()
     assert int(re.search(r"constexpr int kBiasReluRows = (\d+);", src).group(1)) == G.BIAS_RELU_ROWS
-    src = (ROOT / "csrc" / "cuda" / "ldr_kernels.cuh").read_text()
+    src = (ROOT / "csrc" / "cuda" / "norm_looped.cuh").read_text()
     assert int(re.search(r"constexpr int kLdrTiledRows = (\d+);", src).group(1)) == G.TILED_LDR_ROWS
     stats = re.search(r"ldr_stats_groups\(\) \{\s*return (.*?);", src, re.S).group(1)
     assert stats.split() == "!kVec || sizeof(S) == 8 ? 1 : (sizeof(S) == 2 && sizeof(P) == 2 ? 4 : 2)".split()
