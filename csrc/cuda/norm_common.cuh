@@ -17,13 +17,13 @@ namespace dev {
 
 template <typename S, typename P, typename A>
 struct LdrForwardParams {
-  const S* x;
-  const P* weight;  // nullptr: no weight (1)
-  const P* bias;    // nullptr: no bias (0)
-  const int64_t* seed;
-  S* out;
-  A* mean;
-  A* rstd;
+  const S* x;           // (M, N)
+  const P* weight;      // (N); nullptr: no weight (1)
+  const P* bias;        // (N); nullptr: no bias (0)
+  const int64_t* seed;  // (1) the seed, or (4) a shard map [seed, base, period, jump] (dropout_index)
+  S* out;               // (M, N)
+  A* mean;              // (M); nullptr for RMSNorm
+  A* rstd;              // (M)
   int64_t M, N;
   A inv_n;  // 1 / N, rounded once on the host (a constant-bank operand, not a register a thread)
   A eps;
@@ -37,17 +37,17 @@ struct LdrForwardParams {
 
 template <typename S, typename P, typename A>
 struct LdrBackwardParams {
-  const S* grad_out;
-  const S* x;
-  const P* weight;
-  const P* bias;
-  const A* mean;
-  const A* rstd;
-  const int64_t* seed;
-  S* grad_x;
-  A* partial_w;  // (G, ldp) per-block column sums of grad_out' * xhat, or nullptr when there is no weight
-  A* partial_b;  // (G, ldp) per-block column sums of grad_out', or nullptr when there is no bias
-  A* row_stats;  // looped path: (M, 2) the row means c1 = mean(dxhat * xhat), c2 = mean(dxhat)
+  const S* grad_out;    // (M, N)
+  const S* x;           // (M, N)
+  const P* weight;      // (N); nullptr: no weight
+  const P* bias;        // (N); nullptr: no bias
+  const A* mean;        // (M); RMSNorm: the tiled kernel reads it unconditionally (the launcher points it at rstd)
+  const A* rstd;        // (M)
+  const int64_t* seed;  // (1) or (4), as the forward's
+  S* grad_x;            // (M, N)
+  A* partial_w;         // (G, ldp) per-block column sums of grad_out' * xhat, or nullptr when there is no weight
+  A* partial_b;         // (G, ldp) per-block column sums of grad_out', or nullptr when there is no bias
+  A* row_stats;         // looped path: (M, 2) the row means c1 = mean(dxhat * xhat), c2 = mean(dxhat)
   int64_t M, N, ldp;
   A inv_n;  // 1 / N
   A scale;
@@ -110,6 +110,13 @@ GPUOPT_DEV int64_t row_dropout_index(const Params& p, int64_t i) {
   }
 }
 
+// Whether group k of a thread (column group g) lies in the row: the plan makes VPT = ceil(groups / T) with
+// groups >= (VPT - 1) * T, so only a thread's last group can be absent.
+template <int VPT>
+GPUOPT_DEV bool has_group(int k, int g, int groups) {
+  return k < VPT - 1 || g < groups;
+}
+
 // Whether a rows kernel holds its columns' weight and bias in registers across rows, and in which type: always
 // for one warp a row (up to 255 registers a thread; in fp32), and for one block a row on the 16-byte vector
 // path when they take at most 32 registers in their own type (converted on use): 16-bit parameters of 4 groups,
@@ -163,30 +170,41 @@ using LdrKind = NormKind<false, S>;
 template <typename U>
 using DanKind = NormKind<true, U>;
 
+// The types of a rows instance, for its plan's users: K the norm kind, S the dtype of x (and out, grad_out,
+// grad_x), P the parameters', A the accumulation type, U the norm input's (K::U).
+template <class K_, typename S_, typename P_, typename A_>
+struct NormTypes {
+  using K = K_;
+  using S = S_;
+  using P = P_;
+  using A = A_;
+  using U = typename K_::U;
+};
+
 // dropout_add_norm's launch arguments: layer_norm_dropout_relu's plus the residual, the sum and the norm kind.
 // x: the op's x (dtype S); mean: nullptr for RMSNorm.
 template <typename S, typename U, typename P, typename A>
 struct DanForwardParams : LdrForwardParams<S, P, A> {
-  const U* residual;  // nullptr: no residual
-  U* sum;             // s = dropout(x) + residual, dtype U
+  const U* residual;  // (M, N); nullptr: no residual
+  U* sum;             // (M, N) s = dropout(x) + residual, dtype U
 };
 
 // x: the stored sum s (dtype U, the norm's input); grad_x: the op's grad_x (dtype S).
 template <typename S, typename U, typename P, typename A>
 struct DanBackwardParams {
-  const S* grad_out;
-  const U* x;         // sum
-  const U* grad_sum;  // nullptr: none
-  const P* weight;
-  const P* bias;  // unused by the math (dbeta needs only grad_out); kept for the shared bodies
-  const A* mean;  // nullptr for RMSNorm
-  const A* rstd;
-  const int64_t* seed;
-  S* grad_x;
-  U* grad_residual;  // nullptr: no residual
-  A* partial_w;
-  A* partial_b;
-  A* row_stats;
+  const S* grad_out;    // (M, N)
+  const U* x;           // (M, N) the stored sum
+  const U* grad_sum;    // (M, N); nullptr: none
+  const P* weight;      // (N); nullptr: no weight
+  const P* bias;        // (N); unused by the math (dbeta needs only grad_out); kept for the shared bodies
+  const A* mean;        // (M); nullptr for RMSNorm
+  const A* rstd;        // (M)
+  const int64_t* seed;  // (1) or (4), as the forward's
+  S* grad_x;            // (M, N)
+  U* grad_residual;     // (M, N); nullptr: no residual
+  A* partial_w;         // (G, ldp) as LdrBackwardParams
+  A* partial_b;         // (G, ldp)
+  A* row_stats;         // looped path: (M, 2)
   int64_t M, N, ldp;
   A inv_n;  // 1 / N
   A scale;

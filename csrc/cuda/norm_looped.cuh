@@ -103,6 +103,10 @@ GPUOPT_DEV void norm_forward_looped(const Params& p) {
   }
 }
 
+// The looped forwards, the rows forward's formulas (norm_rows_forward.cuh) for rows too long to hold:
+// layer_norm_dropout_relu's out = relu(dropout(xhat * w + b)); dropout_add_norm's sum = dropout(x) (+ residual),
+// out = xhat(sum) * w + b; mean and rstd stored a row. The *_mapped_kernel twins number the dropout lanes
+// through the seed's shard map.
 template <typename S, typename P, typename A>
 __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_forward_looped_kernel(LdrForwardParams<S, P, A> p) {
   norm_forward_looped<LdrKind<S>, S, P, A, false>(p);
@@ -125,7 +129,8 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads)
 }
 
 // ------------------------------------------------------------------------------------------ backward, looped
-// Step 1 (one row a block, like ldr_forward_looped_kernel): the row means c1, c2 of the grad_x formula.
+// Step 1 (one row a block, like ldr_forward_looped_kernel): the row means c1 = mean(dxhat * xhat) and
+// c2 = mean(dxhat) of the grad_x formula (dxhat = dy * w, xhat = (x - mean) * rstd, as the rows backward).
 // A thread takes U of its groups (g, g + T, ...) at a time: all their loads first, then the math. U is what fits
 // its 128 registers: 4 with 16-bit x and parameters on the 16-byte vector path, 2 with 32-bit ones, else 1.
 // kVec: the 16-byte vector path and one Philox call a group (with its key schedule computed once).
@@ -164,18 +169,8 @@ GPUOPT_DEV void norm_backward_row_stats(const Params& p) {
           const int valid = kVec ? kGroup : group_size(N, c0);
           load_raw_group(p.x + row * N + c0, valid, kVec, xs[u]);
           load_raw_group(p.grad_out + row * N + c0, valid, kVec, gs[u]);
-          if (p.weight != nullptr) {
-            load_raw_group(p.weight + c0, valid, kVec, ws[u]);
-          } else {
-#pragma unroll
-            for (int j = 0; j < kGroup; ++j) ws[u].v[j] = one;
-          }
-          if (!K::kDropPre && p.bias != nullptr) {  // the bias enters only the ReLU bit
-            load_raw_group(p.bias + c0, valid, kVec, bs[u]);
-          } else {
-#pragma unroll
-            for (int j = 0; j < kGroup; ++j) bs[u].v[j] = zero;
-          }
+          load_raw_param(p.weight, c0, valid, kVec, one, ws[u]);
+          load_raw_param(K::kDropPre ? nullptr : p.bias, c0, valid, kVec, zero, bs[u]);  // only the ReLU bit's
         }
       }
 #pragma unroll
@@ -216,6 +211,7 @@ GPUOPT_DEV void norm_backward_row_stats(const Params& p) {
   }
 }
 
+// Step 1 of the looped backwards: row_stats[r] = (c1, c2) = (mean(dxhat * xhat), mean(dxhat)) (RMSNorm: c2 = 0).
 template <typename S, typename P, typename A, bool kVec>
 __global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_kernel(LdrBackwardParams<S, P, A> p) {
   norm_backward_row_stats<LdrKind<S>, S, P, A, kVec, false>(p);
@@ -246,6 +242,33 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads)
 // DanKind: grad_sum joins the rows' loads; dS is stored as grad_residual and, through the dropout, as grad_x.
 constexpr int kLdrTiledRows = 2;
 
+// The tiled backward's loads of U rows of its stride (row, row + stride, ...; those < M), all issued before any
+// math: the thread's group of x (the norm's input), grad_out and DanKind's grad_sum, and the rows' mean, rstd
+// and row stats c1, c2.
+template <class K, bool kVec, int U, typename S, typename A, class Params>
+GPUOPT_DEV void load_tiled_rows(const Params& p, int64_t row, int64_t stride, int64_t N, int64_t M, int64_t c0,
+                                int valid, bool rms, Group<typename K::U> (&xs)[U], Group<S> (&gs)[U],
+                                [[maybe_unused]] Group<typename K::U> (&gsum)[K::kDropPre ? U : 1], A (&mu)[U],
+                                A (&rs)[U], A (&c1)[U], A (&c2)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {  // every load of the U rows first
+    const int64_t r = row + u * stride;
+    if (r < M) {
+      load_raw_group(p.x + r * N + c0, valid, kVec, xs[u]);
+      load_raw_group(p.grad_out + r * N + c0, valid, kVec, gs[u]);
+      if constexpr (K::kDropPre) {
+        if (p.grad_sum != nullptr) load_raw_group(p.grad_sum + r * N + c0, valid, kVec, gsum[u]);
+      }
+      // LdrKind reads mean unconditionally (RMSNorm: run_ldr_backward points it at rstd) and drops it below:
+      // a load under the flag costs its scalar path 17-24 registers (two blocks a SM become one)
+      mu[u] = K::kDropPre && rms ? A(0) : p.mean[r];
+      rs[u] = p.rstd[r];
+      c1[u] = p.row_stats[2 * r];
+      c2[u] = p.row_stats[2 * r + 1];
+    }
+  }
+}
+
 template <class K, typename S, typename P, typename A, bool kVec, bool kMapped, class Params>
 GPUOPT_DEV void norm_backward_tiled(const Params& p) {
   using NT = typename K::U;  // the norm's input
@@ -269,23 +292,7 @@ GPUOPT_DEV void norm_backward_tiled(const Params& p) {
       Group<S> gs[U];
       A mu[U], rs[U], c1[U], c2[U];
       [[maybe_unused]] Group<NT> gsum[K::kDropPre ? U : 1];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {  // every load of the U rows first
-        const int64_t r = row + u * stride;
-        if (r < M) {
-          load_raw_group(p.x + r * N + c0, valid, kVec, xs[u]);
-          load_raw_group(p.grad_out + r * N + c0, valid, kVec, gs[u]);
-          if constexpr (K::kDropPre) {
-            if (p.grad_sum != nullptr) load_raw_group(p.grad_sum + r * N + c0, valid, kVec, gsum[u]);
-          }
-          // LdrKind reads mean unconditionally (RMSNorm: run_ldr_backward points it at rstd) and drops it below:
-          // a load under the flag costs its scalar path 17-24 registers (two blocks a SM become one)
-          mu[u] = K::kDropPre && rms ? A(0) : p.mean[r];
-          rs[u] = p.rstd[r];
-          c1[u] = p.row_stats[2 * r];
-          c2[u] = p.row_stats[2 * r + 1];
-        }
-      }
+      load_tiled_rows<K, kVec>(p, row, stride, N, M, c0, valid, rms, xs, gs, gsum, mu, rs, c1, c2);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t r = row + u * stride;
@@ -341,6 +348,8 @@ GPUOPT_DEV void norm_backward_tiled(const Params& p) {
   if (p.partial_b != nullptr) write_tile_partials(db, p.partial_b, p.ldp, N, comb);
 }
 
+// Step 2 of the looped backwards: grad_x = rstd * (dxhat - xhat * c1 - c2) (dropout_add_norm: dS = that +
+// grad_sum, grad_residual = dS, grad_x = dropout(dS)), and the partial column sums of dy * xhat and dy.
 template <typename S, typename P, typename A, bool kVec>
 __global__ void __launch_bounds__(cuda::kTiledThreads) ldr_backward_tiled_kernel(LdrBackwardParams<S, P, A> p) {
   norm_backward_tiled<LdrKind<S>, S, P, A, kVec, false>(p);
