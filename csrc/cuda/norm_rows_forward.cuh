@@ -10,6 +10,11 @@ namespace gpuopt {
 namespace dev {
 
 // ------------------------------------------------------------------------------------------------ forward, rows
+// Per row, of the norm's input x (layer_norm_dropout_relu: the op's x; dropout_add_norm: the sum
+// s = dropout(x) (+ residual) it forms and stores first, as rounded to U):
+//   mean = sum(x) / N (RMSNorm: 0), rstd = 1 / sqrt(sum((x - mean)^2) / N + eps), xhat = (x - mean) * rstd,
+//   y = xhat * w + b;  out = relu(dropout(y)) (layer_norm_dropout_relu; the ReLU when p.relu), y (dropout_add_norm)
+// with mean and rstd stored a row for the backward.
 // blockDim (T, R): T threads per row (R rows a block when T == 32, else R == 1); VPT groups per thread, group
 // k of thread t at columns 8 * (t + k * T). kVec (the launcher's choice: N % 8 == 0, x, out, weight and bias
 // 16-byte aligned) makes every access a 16-byte vector and every group one Philox call at compile time.
@@ -244,6 +249,8 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
   }
 }
 
+// layer_norm_dropout_relu (and norm_dropout: p.rms, p.relu), rows path: out = relu(dropout(xhat * w + b)), mean,
+// rstd (the formulas above).
 template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
 __global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, sizeof(S)))
     ldr_forward_rows_kernel(LdrForwardParams<S, P, A> p) {
@@ -259,6 +266,7 @@ __global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, s
   norm_forward_rows<LdrKind<S>, S, P, A, kVec, kWarpRow, VPT, true>(p);
 }
 
+// dropout_add_norm, rows path: sum = dropout(x) (+ residual), out = xhat(sum) * w + b, mean and rstd of sum.
 // dropout_add_norm runs its rows kernels on the 16-byte vector path only (the launcher sends the rest to the
 // looped kernels), so there is no kVec argument; the bound is that of the wider of x and the sum.
 template <typename S, typename U, typename P, typename A, bool kWarpRow, int VPT>
