@@ -486,8 +486,7 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
   if constexpr (kWide) {
     write_wide_partials<Plan>(p, T, tx, groups, wide_acc);
   } else {
-    // every thread of the block runs the same number of row iterations, so all reach these barriers (declared
-    // here, where the kernel's other shared arrays are: ptxas lays them out by name)
+    // every thread of the block runs the same number of row iterations, so all reach these barriers
     GPUOPT_SHARED_ARRAY(A, comb, 4 * kWarpSize * kGroup);  // R * T * 8 with R > 1 only when T == 32, R <= 4
     if (p.partial_w != nullptr) write_row_partials<A, VPT>(dw, p.partial_w, p.ldp, groups, comb);
     if (p.partial_b != nullptr) write_row_partials<A, VPT>(db, p.partial_b, p.ldp, groups, comb);
