@@ -170,7 +170,7 @@ def test_model_constants_match_the_kernels():
     """Rows (or groups) a thread takes per loop trip, as the kernels define them (the model's trip counts use them)."""
     src = (ROOT / "csrc" / "cuda" / "bias_relu_kernels.cuh").read_text()
     assert int(re.search(r"constexpr int kBiasReluRows = (\d+);", src).group(1)) == G.BIAS_RELU_ROWS
-    src = (ROOT / "csrc" / "cuda" / "ldr_kernels.cuh").read_text()
+    src = (ROOT / "csrc" / "cuda" / "norm_looped.cuh").read_text()
     assert int(re.search(r"constexpr int kLdrTiledRows = (\d+);", src).group(1)) == G.TILED_LDR_ROWS
     stats = re.search(r"ldr_stats_groups\(\) \{\s*return (.*?);", src, re.S).group(1)
     assert stats.split() == "!kVec || sizeof(S) == 8 ? 1 : (sizeof(S) == 2 && sizeof(P) == 2 ? 4 : 2)".split()

@@ -229,7 +229,7 @@ def test_bias_act_backward_bad_input(backend, change, message):
 
 @pytest.mark.cuda_emulated
 def test_bias_act_bad_act_on_the_emulator():
-    """The CUDA backend's glue (ops_glue.h) rejects a bad act code with the same message, before any launch."""
+    """The CUDA backend's glue (torch_ops.h) rejects a bad act code with the same message, before any launch."""
     emu = _emulated()
     x, b = torch.randn(3, 5), torch.randn(5)
     for op, args in (("bias_act", (x, b, 7)), ("bias_act_backward", (x, x, b, 7))):

@@ -1,4 +1,4 @@
-"""The launches the CUDA backend's own host code plans (csrc/cuda/ops_glue.h, launch.cuh, launch_config.h,
+"""The launches the CUDA backend's own host code plans (csrc/cuda/torch_ops.h, launch.cuh, launch_config.h,
 gated_act_launch.cuh), read from the emulated extension (tools/cuda_emu) in its plan-only mode: an op runs its
 checks and planning on CPU tensors as the GPU build does, and each launch is recorded (kernel with its template
 arguments, grid, block, dynamic shared memory) and not run, so tensors made with torch.empty are never touched and

@@ -118,14 +118,14 @@ GROUP = 8
 # rows (or groups) a thread takes per trip of its loop, all loads first (the kernels' constants; the model's trip
 # counts use them, tests/test_roofline.py reads them from the kernel source)
 BIAS_RELU_ROWS = 4  # kBiasReluRows, bias_relu_kernels.cuh
-TILED_LDR_ROWS = 2  # kLdrTiledRows, ldr_kernels.cuh
+TILED_LDR_ROWS = 2  # kLdrTiledRows, norm_looped.cuh
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 P = 0.1  # p of the rows with a dropout
 EPS = 1e-5
 
 
 def stats_groups(e: int, u: int) -> int:
-    """Groups of 8 a thread of the row-statistics kernels takes per trip (ldr_stats_groups, ldr_kernels.cuh): 4 when
+    """Groups of 8 a thread of the row-statistics kernels takes per trip (ldr_stats_groups, norm_looped.cuh): 4 when
     the row and the parameters are 16-bit, else 2."""
     return 4 if e == 2 and u == 2 else 2
 

@@ -15,9 +15,9 @@ namespace dev {
 
 template <typename S, typename B>
 struct BiasReluParams {
-  const S* x;
-  const B* bias;
-  S* out;
+  const S* x;     // (M, N)
+  const B* bias;  // (N)
+  S* out;         // (M, N)
   int64_t M, N;
 };
 
@@ -25,6 +25,7 @@ struct BiasReluParams {
 // row < M), so a block of 256 threads keeps 256 x U x 16 bytes (or x 32 for fp32) of reads in flight.
 constexpr int kBiasReluRows = 4;
 
+// out = act(x + bias) (bias broadcast over the rows; act: fused_math.h's act codes, kActRelu for bias_relu).
 // kVec (the launcher's choice: N % 8 == 0 and x, out, bias 16-byte aligned) makes every group 16-byte vectors
 // at compile time; otherwise element by element, with the row's last group partial.
 template <typename S, typename B, bool kVec, int kAct>
@@ -63,14 +64,16 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_forward_kernel(B
 // saved: the output for relu (mask out > 0; bias unused, may be nullptr), x for the other activations.
 template <typename S, typename B>
 struct BiasReluBackwardParams {
-  const S* grad_out;
-  const S* saved;
-  const B* bias;
-  S* grad_x;
+  const S* grad_out;     // (M, N)
+  const S* saved;        // (M, N)
+  const B* bias;         // (N)
+  S* grad_x;             // (M, N)
   acc_t_of<S>* partial;  // (G = gridDim.y, ldp) per-block column sums of grad_x
   int64_t M, N, ldp;
 };
 
+// grad_x = grad_out * act'(.) (relu: from the saved output, out > 0; the other activations from x + bias) and
+// dbias = the column sums of grad_x, as per-block partial rows (column_sums.cuh adds them).
 template <typename S, typename B, bool kVec, int kAct>
 __global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_backward_kernel(BiasReluBackwardParams<S, B> p) {
   using A = acc_t_of<S>;

@@ -39,10 +39,11 @@ GPUOPT_DEV void write_tile_partials(const A (&acc)[kGroup], A* __restrict__ part
 // thread. Every column's sum is the same whatever V. blockIdx.y picks one of two sums.
 template <typename A, typename O>
 struct ColumnSumParams {
-  const A* partial0;  // blockIdx.y == 0
-  O* out0;
-  const A* partial1;  // blockIdx.y == 1 (a select, not an indexed array: that would put the params in local memory)
-  O* out1;
+  const A* partial0;  // (G, ldp) blockIdx.y == 0
+  O* out0;            // (N)
+  const A* partial1;  // (G, ldp) blockIdx.y == 1 (a select, not an indexed array: that would put the params in
+                      // local memory)
+  O* out1;            // (N)
   int64_t G, N, ldp;
 };
 

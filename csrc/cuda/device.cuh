@@ -25,6 +25,11 @@ using bfloat16_t = ::gpuopt_emu::bfloat16_t;
 
 inline float to_acc(half_t v) { return ::gpuopt_emu::to_float(v); }
 inline float to_acc(bfloat16_t v) { return ::gpuopt_emu::to_float(v); }
+// fp32 -> half_t / bfloat16_t, round to nearest even.
+template <typename T>
+inline T round_rn(float v) {
+  return ::gpuopt_emu::from_float<T>(v);
+}
 
 // 16 bytes at p, which must be 16-byte aligned; the emulator checks the alignment and the bounds.
 inline uint4 load16(const void* p) { return gpuopt_emu_load16(p); }
@@ -58,6 +63,17 @@ using bfloat16_t = __nv_bfloat16;
 // torch's nvcc flags disable the implicit __half / __nv_bfloat16 conversions: convert explicitly.
 __device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+// fp32 -> __half / __nv_bfloat16, round to nearest even.
+template <typename T>
+__device__ __forceinline__ T round_rn(float v);
+template <>
+__device__ __forceinline__ __half round_rn<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 round_rn<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // A volatile asm load: the compiler keeps the kernels' 16-byte loads in program order (each kernel writes a row's
 // loads back to back before the math that uses them), where its scheduler would otherwise sink a load of a
@@ -89,9 +105,12 @@ namespace dev {
 GPUOPT_DEV float to_acc(float v) { return v; }
 GPUOPT_DEV double to_acc(double v) { return v; }
 
-// acc_t -> storage type, round to nearest even.
+// acc_t -> storage type, round to nearest even: the 16-bit types from fp32 by round_rn (one definition for each
+// compiler, above), fp32 and fp64 as they are.
 template <typename T>
-struct FromAcc;
+struct FromAcc {
+  static GPUOPT_DEV T from(float v) { return round_rn<T>(v); }
+};
 template <>
 struct FromAcc<float> {
   static GPUOPT_DEV float from(float v) { return v; }
@@ -99,22 +118,6 @@ struct FromAcc<float> {
 template <>
 struct FromAcc<double> {
   static GPUOPT_DEV double from(double v) { return v; }
-};
-template <>
-struct FromAcc<half_t> {
-#if defined(GPUOPT_CUDA_EMULATOR)
-  static inline half_t from(float v) { return ::gpuopt_emu::from_float<half_t>(v); }
-#else
-  static __device__ __forceinline__ __half from(float v) { return __float2half_rn(v); }
-#endif
-};
-template <>
-struct FromAcc<bfloat16_t> {
-#if defined(GPUOPT_CUDA_EMULATOR)
-  static inline bfloat16_t from(float v) { return ::gpuopt_emu::from_float<bfloat16_t>(v); }
-#else
-  static __device__ __forceinline__ __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
-#endif
 };
 
 template <typename T, typename A>

@@ -118,10 +118,10 @@ GPUOPT_DEV void gated_store(S* __restrict__ base, GatedWalk w, int valid, const 
 
 template <typename S>
 struct GatedForwardParams {
-  const S* gate;
-  const S* up;  // packed: gate + F
-  const int64_t* seed;
-  S* out;  // (M, F)
+  const S* gate;        // (M, F), or (M, 2F) packed [gate | up]
+  const S* up;          // (M, F); packed: gate + F, row stride 2F
+  const int64_t* seed;  // (1) the seed, or (4) a shard map [seed, base, period, jump]
+  S* out;               // (M, F)
   GatedGeometry geo;
   acc_t_of<S> scale;
   uint32_t threshold;
@@ -129,12 +129,12 @@ struct GatedForwardParams {
 
 template <typename S>
 struct GatedBackwardParams {
-  const S* grad_out;  // (M, F)
-  const S* gate;
-  const S* up;  // packed: gate + F
-  const int64_t* seed;
-  S* grad_gate;
-  S* grad_up;  // packed: grad_gate + F
+  const S* grad_out;    // (M, F)
+  const S* gate;        // (M, F), or (M, 2F) packed [gate | up]
+  const S* up;          // (M, F); packed: gate + F, row stride 2F
+  const int64_t* seed;  // (1) or (4), as the forward's
+  S* grad_gate;         // the layout of gate: (M, F), or (M, 2F) packed [grad_gate | grad_up]
+  S* grad_up;           // (M, F); packed: grad_gate + F
   GatedGeometry geo;
   acc_t_of<S> scale;
   uint32_t threshold;
@@ -302,6 +302,8 @@ GPUOPT_DEV void gated_act_backward(const GatedBackwardParams<S>& p) {
   }
 }
 
+// out = dropout(act(gate) * up); backward: grad_gate = dropout'(grad_out) * up * act'(gate),
+// grad_up = dropout'(grad_out) * act(gate) (gated_backward_element), dropout' applying the same keep bits and scale.
 template <typename S, int kAct, bool kVec, bool kDrop>
 __global__ void __launch_bounds__(cuda::kGatedThreads) gated_act_forward_kernel(GatedForwardParams<S> p) {
   gated_act_forward<S, kAct, kVec, kDrop, false>(p);

@@ -142,14 +142,14 @@ GPUOPT_DEV void opaque(T (&a)[kGroup]) {
 #endif
 }
 
-// The raw 16-byte-path group of a weight or bias at column c0 (p == nullptr: `absent` everywhere).
+// The raw group of a weight or bias at column c0, as load_raw_group (p == nullptr: `absent` everywhere).
 template <typename T>
-GPUOPT_DEV void load_raw_param(const T* __restrict__ p, int64_t c0, T absent, Group<T>& g) {
+GPUOPT_DEV void load_raw_param(const T* __restrict__ p, int64_t c0, int valid, bool vec, T absent, Group<T>& g) {
   if (p == nullptr) {
 #pragma unroll
     for (int j = 0; j < kGroup; ++j) g.v[j] = absent;
   } else {
-    load_raw_group(p + c0, kGroup, true, g);
+    load_raw_group(p + c0, valid, vec, g);
   }
 }
 

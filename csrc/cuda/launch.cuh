@@ -20,7 +20,9 @@
 #include "cuda/bias_relu_kernels.cuh"
 #include "cuda/column_sums.cuh"
 #include "cuda/launch_config.h"
-#include "cuda/ldr_kernels.cuh"
+#include "cuda/norm_looped.cuh"
+#include "cuda/norm_rows_backward.cuh"
+#include "cuda/norm_rows_forward.cuh"
 #include "dtypes.h"
 #include "fused_math.h"
 

@@ -15,7 +15,7 @@
 //           shared memory (12 bytes a column slot and 16 a thread: 203.5 KiB at N = 16384), where the device
 //           allows that much a block (else looped). It reads x and grad_out once, as the rows path.
 //           Rows and wide: a row's loads all issue before its math. Weight and bias are loaded once a thread where
-//           its registers hold them (hold_params, ldr_kernels.cuh).
+//           its registers hold them (hold_params, norm_common.cuh).
 //   looped  longer rows: the forward reads x three times (sum, centred squares, output; the re-reads come
 //           mostly from L2); the backward runs a row kernel (the two row means of the grad_x formula) and a
 //           tiled kernel (grad_x and dgamma / dbeta partials).
@@ -47,7 +47,7 @@ constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 // warp a row (blockDim (32, 4): 128 threads, so up to 255 registers) and one block a row.
 constexpr int ldr_rows_forward_max_threads(bool warp_row, int elem) { return warp_row || elem > 4 ? 128 : 512; }
 // Rows of x a forward rows kernel of layer_norm_dropout_relu keeps in flight ahead of the row it reduces: the row
-// loop is a software pipeline, a row's loads issue that many rows before its math (ldr_kernels.cuh,
+// loop is a software pipeline, a row's loads issue that many rows before its math (norm_rows_forward.cuh,
 // norm_forward_rows). One warp a row with 16-bit x: 2 (at VPT 4: 12 warps an SM, 4 KB of x in flight a warp, 48 KB
 // an SM); 16-bit block rows and fp32: 1, within their register budgets (a block row at most 128 registers at 512
 // threads, no spills); fp64: 0, the loads start each row (a row ahead spills at VPT 4).
@@ -63,7 +63,7 @@ constexpr int kWideThreads = 384;
 // Static shared memory the wide kernels may use next to their dynamic memory (their row-sum scratch: 512 bytes).
 constexpr int64_t kWideStaticShared = 1024;
 // Dynamic shared memory of a wide backward block: dgamma and dbeta (fp32) of each thread's VPT groups, the row's
-// dxhat, and 16 bytes of padding a thread (ldr_kernels.cuh, wide_slot): 6 VPT + 1 slots of 16 bytes a thread.
+// dxhat, and 16 bytes of padding a thread (norm_rows_backward.cuh, wide_slot): 6 VPT + 1 slots of 16 bytes a thread.
 constexpr int wide_slots(int vpt) { return 6 * vpt + 1; }
 constexpr int64_t wide_backward_shared(int vpt, int threads) { return int64_t(threads) * wide_slots(vpt) * 16; }
 constexpr int kTiledThreads = 256;  // tiled kernels

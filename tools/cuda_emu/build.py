@@ -186,7 +186,7 @@ def check_cxx17(
 
 
 def load_emulated_ops():
-    """The CUDA backend's ops (csrc/cuda/ops_glue.h, launch.cuh and the kernels) compiled for the emulator, with
+    """The CUDA backend's ops (csrc/cuda/torch_ops.h, launch.cuh and the kernels) compiled for the emulator, with
     their real schemas as torch.ops.gpuopt_emu, and the path of the library that holds them. Hidden visibility,
     as setup.py builds _C: torch::stable's types are hidden."""
     import torch
