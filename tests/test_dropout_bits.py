@@ -418,6 +418,7 @@ def off_by_one_triton_kernels(tmp_path):
     RNG paths, in the shared row helpers of triton_kernels/rows.py), as modules of the installed package: a
     deliberately wrong kernel that nothing in the product can switch on."""
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+    from gpuopt_ops.triton_kernels import norm_dropout_forward as fwd_kernels
     from gpuopt_ops.triton_kernels import rows as row_helpers
 
     rows_source = inspect.getsource(row_helpers)
@@ -431,12 +432,18 @@ def off_by_one_triton_kernels(tmp_path):
     for old, new in edits:
         assert rows_source.count(old) == 1, f"the kernel source changed: update this fixture ({old!r})"
         rows_source = rows_source.replace(old, new)
+    # the forward kernels read the row helpers; the launchers read the forward kernels and the row planners
+    fwd_source = inspect.getsource(fwd_kernels)
     ldr_source = inspect.getsource(ldr_kernels)
-    assert ldr_source.count("from .rows import") >= 1, "the kernel source changed: update this fixture"
+    for source, old in ((fwd_source, "from .rows import"), (ldr_source, "from .norm_dropout_forward import")):
+        assert source.count(old) == 1, f"the kernel source changed: update this fixture ({old!r})"
+    fwd_source = fwd_source.replace("from .rows import", "from .off_by_one_rows import")
     ldr_source = ldr_source.replace("from .rows import", "from .off_by_one_rows import")
+    ldr_source = ldr_source.replace("from .norm_dropout_forward import", "from .off_by_one_forward import")
     loaded = []
     try:
-        for name, source in (("off_by_one_rows", rows_source), ("off_by_one_ldr", ldr_source)):
+        modules = (("off_by_one_rows", rows_source), ("off_by_one_forward", fwd_source), ("off_by_one_ldr", ldr_source))
+        for name, source in modules:
             path = tmp_path / f"{name}.py"
             path.write_text(source)
             qual = f"gpuopt_ops.triton_kernels.{name}"

@@ -57,10 +57,13 @@ from .rows import (
     eps_pair,
     plan_rows_backward,
     plan_rows_forward,
+    row_chunks_dot,
+    row_chunks_sum,
     row_div,
     row_dropout_scale,
     row_eps,
     row_held_chunk,
+    row_held_params,
     row_hold,
     row_inv_n,
     row_keep_tile,
@@ -72,6 +75,7 @@ from .rows import (
     row_load_seed,
     row_load_stats,
     row_map_index,
+    row_param_tiles,
     row_raw_chunk,
     row_rsqrt,
     row_thread_sums,
@@ -190,16 +194,7 @@ def dan_fwd_fused_kernel(
     seed0 = row_load_seed(SEED, DROPOUT)
     mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     if HOIST_PARAMS:
-        w0 = to_acc(row_load_param(W, 0, cols, cmask, HAS_W), IS_FP64)[None, :]
-        b0 = to_acc(row_load_param(B, 0, cols, cmask, HAS_B), IS_FP64)[None, :]
-        if CHUNKS > 1:
-            w1 = to_acc(row_load_param(W, BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
-            b1 = to_acc(row_load_param(B, BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
-            w2 = to_acc(row_load_param(W, 2 * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
-            b2 = to_acc(row_load_param(B, 2 * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
-        if CHUNKS > 3:
-            w3 = to_acc(row_load_param(W, 3 * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :]
-            b3 = to_acc(row_load_param(B, 3 * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :]
+        ws, bs = row_held_params(W, B, cols, cmask, HAS_W, HAS_B, IS_FP64, CHUNKS, BLOCK_N)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
@@ -209,65 +204,44 @@ def dan_fwd_fused_kernel(
         seed = row_tile_seed(seed0, tile, threshold)
         rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
         offs = base[:, None] + cols[None, :]
-        s0 = _sum_chunk(
-            X, R, SUM, offs, mask, seed, rng, 0, cols, threshold, scale,
-            HAS_R, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
-        )  # fmt: skip
-        if CHUNKS > 1:
-            s1 = _sum_chunk(
-                X, R, SUM, offs, mask, seed, rng, BLOCK_N, cols, threshold, scale,
-                HAS_R, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
-            )  # fmt: skip
-            s2 = _sum_chunk(
-                X, R, SUM, offs, mask, seed, rng, 2 * BLOCK_N, cols, threshold, scale,
-                HAS_R, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
-            )  # fmt: skip
-        if CHUNKS > 3:
-            s3 = _sum_chunk(
-                X, R, SUM, offs, mask, seed, rng, 3 * BLOCK_N, cols, threshold, scale,
-                HAS_R, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
-            )  # fmt: skip
+        ss = ()
+        for c in tl.static_range(CHUNKS):
+            s_c = _sum_chunk(
+                X,
+                R,
+                SUM,
+                offs,
+                mask,
+                seed,
+                rng,
+                c * BLOCK_N,
+                cols,
+                threshold,
+                scale,
+                HAS_R,
+                DROPOUT,
+                FAST_RNG,
+                IS_FP64,
+                BLOCK_M,
+                BLOCK_N,
+                RTNE_BF16,
+            )
+            ss = ss + (s_c,)
         if RMS:
-            mean = tl.zeros([BLOCK_M], dtype=s0.dtype)
+            mean = tl.zeros([BLOCK_M], dtype=ss[0].dtype)
         else:  # chunks added element-wise first: one cross-thread reduction per statistic
-            if CHUNKS == 4:
-                mean = tl.sum(s0 + s1 + s2 + s3, axis=1) * inv_n
-            elif CHUNKS == 3:
-                mean = tl.sum(s0 + s1 + s2, axis=1) * inv_n
-            else:
-                mean = tl.sum(s0, axis=1) * inv_n
-        d0 = _centred(s0, mean, mask, RMS, EVEN_N)
-        if CHUNKS > 1:  # every chunk full
-            d1 = _centred(s1, mean, mask, RMS, True)
-            d2 = _centred(s2, mean, mask, RMS, True)
-        if CHUNKS == 4:
-            d3 = _centred(s3, mean, mask, RMS, True)
-            q = tl.sum(d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3, axis=1)
-        elif CHUNKS == 3:
-            q = tl.sum(d0 * d0 + d1 * d1 + d2 * d2, axis=1)
-        else:
-            q = tl.sum(d0 * d0, axis=1)
-        rstd = row_rsqrt(q * inv_n + eps, IS_FP64)
+            mean = tl.sum(row_chunks_sum(ss, CHUNKS), axis=1) * inv_n
+        ds = ()
+        for c in tl.static_range(CHUNKS):  # past one chunk, every chunk is full (EVEN_N)
+            ds = ds + (_centred(ss[c], mean, mask, RMS, EVEN_N),)
+        rstd = row_rsqrt(tl.sum(row_chunks_dot(ds, ds, CHUNKS), axis=1) * inv_n + eps, IS_FP64)
         if not HOIST_PARAMS:
-            w0 = row_load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
-            b0 = row_load_param_tile(B, 0, cols, cmask, HAS_B, BLOCK_M)
-            if CHUNKS > 1:
-                w1 = row_load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-                b1 = row_load_param_tile(B, BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
-                w2 = row_load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-                b2 = row_load_param_tile(B, 2 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
-            if CHUNKS > 3:
-                w3 = row_load_param_tile(W, 3 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-                b3 = row_load_param_tile(B, 3 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
+            ws, bs = row_param_tiles(W, B, cols, cmask, HAS_W, HAS_B, CHUNKS, BLOCK_M, BLOCK_N)
         if not RMS:
             tl.store(MEAN + rows, mean, mask=row_mask)
         tl.store(RSTD + rows, rstd, mask=row_mask)
-        _out_chunk(OUT, offs, mask, d0, rstd, w0, b0, 0, HAS_W, HAS_B, RTNE_BF16)
-        if CHUNKS > 1:
-            _out_chunk(OUT, offs, mask, d1, rstd, w1, b1, BLOCK_N, HAS_W, HAS_B, RTNE_BF16)
-            _out_chunk(OUT, offs, mask, d2, rstd, w2, b2, 2 * BLOCK_N, HAS_W, HAS_B, RTNE_BF16)
-        if CHUNKS > 3:
-            _out_chunk(OUT, offs, mask, d3, rstd, w3, b3, 3 * BLOCK_N, HAS_W, HAS_B, RTNE_BF16)
+        for c in tl.static_range(CHUNKS):
+            _out_chunk(OUT, offs, mask, ds[c], rstd, ws[c], bs[c], c * BLOCK_N, HAS_W, HAS_B, RTNE_BF16)
 
 
 @triton.jit

@@ -30,6 +30,7 @@ from .common import (
     resident_programs,
     run_sum_partials,
     sum_partials_plan,
+    to_acc,
 )
 
 
@@ -399,6 +400,70 @@ def row_zero_chunks(CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def row_held_params(
+    W,
+    B,
+    cols,
+    cmask,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Tuples (ws, bs) of the CHUNKS chunks of the weight and the bias, each [1, BLOCK_N] in the accumulation dtype:
+    loaded and converted once, to be held across a persistent loop (past one chunk, N == CHUNKS x BLOCK_N: every
+    chunk full). Loaded chunk by chunk, weight then bias, the order the compiled kernels were measured in."""
+    ws = ()
+    bs = ()
+    for c in tl.static_range(CHUNKS):
+        ws = ws + (to_acc(row_load_param(W, c * BLOCK_N, cols, cmask, HAS_W), IS_FP64)[None, :],)
+        bs = bs + (to_acc(row_load_param(B, c * BLOCK_N, cols, cmask, HAS_B), IS_FP64)[None, :],)
+    return ws, bs
+
+
+@triton.jit
+def row_param_tiles(
+    W,
+    B,
+    cols,
+    cmask,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Tuples (ws, bs) of the CHUNKS chunks of the weight and the bias, each loaded for every row of a tile
+    (row_load_param_tile), chunk by chunk, weight then bias."""
+    ws = ()
+    bs = ()
+    for c in tl.static_range(CHUNKS):
+        ws = ws + (row_load_param_tile(W, c * BLOCK_N, cols, cmask, HAS_W, BLOCK_M),)
+        bs = bs + (row_load_param_tile(B, c * BLOCK_N, cols, cmask, HAS_B, BLOCK_M),)
+    return ws, bs
+
+
+@triton.jit
+def row_chunks_sum(v, CHUNKS: tl.constexpr):
+    """v[0] + v[1] + ... + v[CHUNKS - 1], added element-wise in that order (one cross-thread reduction after it
+    instead of one per chunk)."""
+    total = v[0]
+    for c in tl.static_range(1, CHUNKS):
+        total = total + v[c]
+    return total
+
+
+@triton.jit
+def row_chunks_dot(a, b, CHUNKS: tl.constexpr):
+    """a[0] * b[0] + a[1] * b[1] + ..., element-wise, added in chunk order."""
+    total = a[0] * b[0]
+    for c in tl.static_range(1, CHUNKS):
+        total = total + a[c] * b[c]
+    return total
+
+
+@triton.jit
 def row_tile_offsets(rows, row_mask, col0, cols, cmask, N):
     """Linear offsets and mask of the tile rows x (col0 + cols). Computed in the kernels themselves (not returned
     from a helper that also loads), so Inductor's TTIR analysis sees that only the output pointers are stored."""
@@ -436,14 +501,18 @@ def eps_pair(eps: float):
 _EPS_PAIRS: dict = {}
 
 
-@dataclass(frozen=True)
-class LdrConfig:
-    fused: bool
-    block_m: int
+@dataclass(frozen=True, kw_only=True)
+class RowTiling:
+    """How a row-normalization kernel tiles its rows: the planners (forward_config, backward_config,
+    row_fused_config) build it by keyword from (N, dtype) alone; the launchers add the grid from the compiled
+    kernel's facts."""
+
+    fused: bool  # single-block kernels (whole rows in registers, x read once) or the looped ones (rows in chunks)
+    block_m: int  # rows a tile
     block_n: int  # columns of one chunk
     num_warps: int
-    fast_rng: bool
-    chunks: int = 1  # chunks of block_n columns per row (single-block kernels): 1, or 3 when N = 3 x 2^k
+    fast_rng: bool  # N % 8 == 0: a tile's Philox groups never straddle rows, one call per 8 elements
+    chunks: int = 1  # chunks of block_n columns per row (single-block kernels): 1, or 3 / 4 when N = 3 x 2^k / 2^k
 
     @property
     def elems_per_thread(self) -> int:
@@ -463,12 +532,13 @@ def row_chunks(n: int) -> tuple[int, int]:
 def row_fused_config(
     n: int,
     fp64: bool,
+    *,
     rows_elems: int,
     per_thread: int,
     chunk_per_thread: int,
     wide_chunk_per_thread: int,
     quarters: bool = False,
-) -> LdrConfig:
+) -> RowTiling:
     """The single-block tiling: BLOCK_M = clamp(rows_elems // next_pow2(N), 1, 64) rows and num_warps for
     per_thread elements of the padded tile. 3-chunk rows keep BLOCK_M (while it fits 16 warps) and instead take
     BLOCK_M x chunk / (32 x chunk_per_thread) warps: one warp per row at N = 768, so the row statistics need no
@@ -481,12 +551,13 @@ def row_fused_config(
     if quarters and chunks == 1 and n == padded and n >= 128 * chunk_per_thread:
         chunks, block_n = 4, n // 4
     if chunks == 1:
-        return LdrConfig(True, block_m, block_n, num_warps_for(block_m * padded, per_thread), n % 8 == 0)
+        warps = num_warps_for(block_m * padded, per_thread)
+        return RowTiling(fused=True, block_m=block_m, block_n=block_n, num_warps=warps, fast_rng=n % 8 == 0)
     if block_n > 32 * chunk_per_thread:
         chunk_per_thread = wide_chunk_per_thread
     block_m = max(1, min(block_m, 16 * 32 * chunk_per_thread // block_n))
     warps = max(1, min(16, block_m * block_n // (32 * chunk_per_thread)))
-    return LdrConfig(True, block_m, block_n, warps, True, chunks)
+    return RowTiling(fused=True, block_m=block_m, block_n=block_n, num_warps=warps, fast_rng=True, chunks=chunks)
 
 
 # ----------------------------------------------------------------------------------------------- launches

@@ -1,0 +1,269 @@
+"""Forward kernels of the row normalizations layer_norm_dropout_relu and norm_dropout: LayerNorm or RMSNorm (RMS),
+then the dropout, then the ReLU (RELU). The single-block kernel holds whole rows (one chunk, or 3 or 4 chunks as a
+tuple under tl.static_range); the looped kernel takes one row a program in chunks, two passes over x. The contract,
+the RNG and the tiling are described in layer_norm_dropout_relu.py, whose launchers plan and launch these."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import (
+    to_acc,
+    to_out,
+)
+
+# The jit helpers are called by their own names (row_*), never through an alias: Inductor re-emits a triton_op
+# kernel's helpers under each helper's __name__, so an alias would be undefined there.
+from .rows import (
+    row_chunks_dot,
+    row_chunks_sum,
+    row_div,
+    row_dropout_scale,
+    row_eps,
+    row_held_params,
+    row_inv_n,
+    row_keep_tile,
+    row_load_map,
+    row_load_param_tile,
+    row_load_seed,
+    row_map_index,
+    row_param_tiles,
+    row_rsqrt,
+    row_tile_seed,
+)
+
+
+# ----------------------------------------------------------------------------------------------- jit helpers
+@triton.jit
+def _fwd_chunk(
+    y,
+    w,
+    b,
+    seed,
+    base,
+    col0,
+    cols,
+    threshold,
+    scale,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    FAST_RNG: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RELU: tl.constexpr,
+):
+    """ldr_forward_element on a tile of normalized values y (rows from linear index base, columns col0 + cols) with
+    its weight and bias columns w, b already loaded ([1, BLOCK_N] or the tile's shape): affine, then
+    keep ? (y <= 0 ? 0 : y * scale) : 0 (a NaN that survives dropout stays NaN). Without RELU (norm_dropout):
+    keep ? y * scale : 0, the dropped elements selected to zero before the multiply."""
+    if HAS_W:
+        y = y * w.to(y.dtype)
+    if HAS_B:
+        y = y + b.to(y.dtype)
+    if DROPOUT:
+        # dropped -> y = 0 -> out 0 (also for a NaN or inf y), kept -> relu(y) * scale: the select on fp32 before
+        # the multiply, which the compiler cannot sink past the final conversion onto 16-bit halves
+        keep = row_keep_tile(seed, base, col0, cols, threshold, BLOCK_M, BLOCK_N, FAST_RNG)
+        y = tl.where(keep, y, 0.0)
+        if RELU:
+            out = tl.where(y <= 0.0, 0.0, y) * scale
+        else:
+            out = y * scale
+    elif RELU:
+        out = tl.where(y <= 0.0, 0.0, y)
+    else:
+        out = y
+    return out
+
+
+# -------------------------------------------------------------------------------------------------- forward
+@triton.jit
+def ldr_fwd_fused_kernel(
+    X,
+    W,
+    B,
+    SEED,
+    OUT,
+    MEAN,
+    RSTD,
+    M,
+    N,
+    eps_hi,
+    eps_lo,
+    threshold,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    FAST_RNG: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    HOIST_PARAMS: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    RTNE_BF16: tl.constexpr,
+    RMS: tl.constexpr,
+    RELU: tl.constexpr,
+    MAPPED: tl.constexpr,
+):
+    """Single-block forward, persistent: program p takes row tiles p, p + G, ... of BLOCK_M whole rows. A row is
+    one chunk of BLOCK_N >= N columns, or CHUNKS = 3 or 4 chunks of BLOCK_N = N / CHUNKS (no padded lanes at
+    N = 3 x 2^k; a chunk as wide as one warp's vectors at N = 4 x 2^k, so that the rows lie along the warps and
+    each thread holds more of a row). The dropout scale, 1/N and eps are computed once per program; with
+    HOIST_PARAMS the weight and bias are loaded (and converted to the accumulation dtype) once per program too,
+    otherwise once per tile. RMS: RMSNorm (the mean square of x, no centring; MEAN is not written); RELU: the ReLU
+    after the dropout (layer_norm_dropout_relu: RMS=False, RELU=True)."""
+    scale = row_dropout_scale(threshold, IS_FP64)
+    inv_n = row_inv_n(N, IS_FP64)
+    eps = row_eps(eps_hi, eps_lo, IS_FP64)
+    cols = tl.arange(0, BLOCK_N)
+    if EVEN_N:  # N == CHUNKS x BLOCK_N: no padded columns, a constant-true column mask
+        cmask = cols < BLOCK_N
+    else:
+        cmask = cols < N
+    seed0 = row_load_seed(SEED, DROPOUT)
+    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
+    if HOIST_PARAMS:
+        ws, bs = row_held_params(W, B, cols, cmask, HAS_W, HAS_B, IS_FP64, CHUNKS, BLOCK_N)
+    num_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
+        row_mask = rows < M
+        mask = row_mask[:, None] & cmask[None, :]
+        base = rows * N
+        seed = row_tile_seed(seed0, tile, threshold)
+        rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
+        offs = base[:, None] + cols[None, :]
+        # every load of the tile before its first reduction
+        xs = ()
+        for c in tl.static_range(CHUNKS):
+            xs = xs + (to_acc(tl.load(X + offs + c * BLOCK_N, mask=mask, other=0.0), IS_FP64),)
+        if RMS:  # no centring: the "deviations" are x itself (masked lanes load zeros)
+            ds = xs
+        else:
+            # chunks added element-wise first: one cross-thread reduction per statistic, not one per chunk
+            mean = tl.sum(row_chunks_sum(xs, CHUNKS), axis=1) * inv_n
+            ds = ()
+            for c in tl.static_range(CHUNKS):
+                if EVEN_N:  # every chunk full; masked rows load zeros and have mean 0: deviations 0 without a select
+                    ds = ds + (xs[c] - mean[:, None],)
+                else:
+                    ds = ds + (tl.where(mask, xs[c] - mean[:, None], 0.0),)
+        rstd = row_rsqrt(tl.sum(row_chunks_dot(ds, ds, CHUNKS), axis=1) * inv_n + eps, IS_FP64)
+        if not HOIST_PARAMS:
+            ws, bs = row_param_tiles(W, B, cols, cmask, HAS_W, HAS_B, CHUNKS, BLOCK_M, BLOCK_N)
+        if not RMS:
+            tl.store(MEAN + rows, mean, mask=row_mask)
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+        for c in tl.static_range(CHUNKS):
+            out = _fwd_chunk(
+                ds[c] * rstd[:, None],
+                ws[c],
+                bs[c],
+                seed,
+                rng,
+                c * BLOCK_N,
+                cols,
+                threshold,
+                scale,
+                HAS_W,
+                HAS_B,
+                DROPOUT,
+                FAST_RNG,
+                BLOCK_M,
+                BLOCK_N,
+                RELU,
+            )
+            tl.store(OUT + offs + c * BLOCK_N, to_out(out, OUT, RTNE_BF16), mask=mask)
+
+
+@triton.jit
+def ldr_fwd_looped_kernel(
+    X,
+    W,
+    B,
+    SEED,
+    OUT,
+    MEAN,
+    RSTD,
+    M,
+    N,
+    eps_hi,
+    eps_lo,
+    threshold,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    FAST_RNG: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RTNE_BF16: tl.constexpr,
+    RMS: tl.constexpr,
+    RELU: tl.constexpr,
+    MAPPED: tl.constexpr,
+):
+    """Looped forward for long rows: one row per program, BLOCK_N-column chunks, two passes over x. Pass 1 merges
+    the chunks' statistics (Chan's formula for LayerNorm, the running sum of squares for RMSNorm)."""
+    scale = row_dropout_scale(threshold, IS_FP64)
+    seed = row_load_seed(SEED, DROPOUT)
+    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
+    row = tl.program_id(0).to(tl.int64)
+    rows = row + tl.arange(0, 1).to(tl.int64)  # [1]: the tile helpers work on [rows, cols]
+    base = rows * N
+    rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
+    cols = tl.arange(0, BLOCK_N)
+    mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    m2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    for col0 in range(0, N, BLOCK_N):
+        cmask = (col0 + cols) < N
+        x = to_acc(tl.load(X + base[:, None] + col0 + cols[None, :], mask=cmask[None, :], other=0.0), IS_FP64)
+        if RMS:  # masked lanes load zeros
+            m2 += tl.sum(x * x, axis=1)
+        else:
+            n_b = tl.minimum(N - col0, BLOCK_N)
+            # Chan et al.: merge (col0, mean, m2) with (n_b, mean_b, m2_b); every division correctly rounded
+            n_a = to_acc(col0 + tl.zeros([1], dtype=tl.int32), IS_FP64)
+            n_b_f = to_acc(n_b + tl.zeros([1], dtype=tl.int32), IS_FP64)
+            mean_b = row_div(tl.sum(x, axis=1), n_b_f, IS_FP64)
+            d = tl.where(cmask[None, :], x - mean_b[:, None], 0.0)
+            m2_b = tl.sum(d * d, axis=1)
+            tot = n_a + n_b_f
+            delta = mean_b - mean
+            mean = mean + delta * row_div(n_b_f, tot, IS_FP64)
+            m2 = m2 + m2_b + delta * delta * row_div(n_a * n_b_f, tot, IS_FP64)
+    var = m2 * row_inv_n(N, IS_FP64)
+    rstd = row_rsqrt(var + row_eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
+    if not RMS:
+        tl.store(MEAN + rows, mean)
+    tl.store(RSTD + rows, rstd)
+    for col0 in range(0, N, BLOCK_N):
+        cmask = (col0 + cols) < N
+        offs = base[:, None] + col0 + cols[None, :]
+        x = to_acc(tl.load(X + offs, mask=cmask[None, :], other=0.0), IS_FP64)
+        w = row_load_param_tile(W, col0, cols, cmask, HAS_W, 1)
+        b = row_load_param_tile(B, col0, cols, cmask, HAS_B, 1)
+        if RMS:
+            xhat = x * rstd[:, None]
+        else:
+            xhat = (x - mean[:, None]) * rstd[:, None]
+        out = _fwd_chunk(
+            xhat,
+            w,
+            b,
+            seed,
+            rng,
+            col0,
+            cols,
+            threshold,
+            scale,
+            HAS_W,
+            HAS_B,
+            DROPOUT,
+            FAST_RNG,
+            1,
+            BLOCK_N,
+            RELU,
+        )
+        tl.store(OUT + offs, to_out(out, OUT, RTNE_BF16), mask=cmask[None, :])
