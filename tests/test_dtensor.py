@@ -23,6 +23,7 @@ def _triton_ops() -> bool:
     return True
 
 
+@pytest.mark.slow  # a torchrun launch: two fresh processes that import torch and compile (the fast lane skips it)
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
 def test_sharding_rules_under_torchrun(tmp_path):
     out = tmp_path / "dtensor.json"
@@ -84,6 +85,7 @@ def test_rules_are_registered_for_every_op():
 TORCH_SAC_RANDOM_LIMIT = "expected all tensors_saved_with_vc_check to be Tensors"
 
 
+@pytest.mark.slow  # torchrun launches, each a compiled FSDP2 training step in two processes
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
 @pytest.mark.parametrize("p,sac", [(0.0, "sac"), (0.1, "sac"), (0.1, "none")])
 def test_tensor_and_sequence_parallel_training_step_matches_one_process(tmp_path, p, sac):

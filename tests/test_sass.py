@@ -303,6 +303,7 @@ def test_gated_act_sass_of_built_extension():
         assert philox == drop, (direction, drop)
 
 
+@pytest.mark.slow  # runs cuobjdump over a built cubin, twice (an external tool; the fast lane skips it)
 def test_one_pass_disassembly_matches_cuobjdump(tmp_path, monkeypatch):
     """sass_of_cubins (one raw-instruction pass of the disassembler for many cubins, the performance model's way
     of reading Triton's cubins) gives every function of the built extension's dropout-add-norm forward cubin with
