@@ -11,24 +11,24 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-_LAYER_NORM = {F.layer_norm, torch.layer_norm}
-_DROPOUT = {F.dropout, torch.dropout}
+LAYER_NORM = {F.layer_norm, torch.layer_norm}
+DROPOUT = {F.dropout, torch.dropout}
 _RELU_FUNCTIONS = {F.relu, torch.relu, torch.relu_, F.relu_}
 _RELU_METHODS = {"relu", "relu_"}
-_LINEAR = {F.linear, torch._C._nn.linear}
-_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64}
-_ADD = {operator.add, torch.add}
-_MUL = {operator.mul, torch.mul}
-_RMS_NORM = {F.rms_norm, torch.rms_norm}
-_GELU = {F.gelu, torch._C._nn.gelu}
-_SILU = {F.silu, torch._C._nn.silu}
-_TANH = {torch.tanh, F.tanh}
-_POW = {torch.pow, operator.pow}
-_RSQRT = {torch.rsqrt}
-_ADDMM = {torch.addmm}
-_SIGMOID = {torch.sigmoid, F.sigmoid}
-_CHUNK = {torch.chunk}
-_SPLIT = {torch.split, torch.functional.split}
+LINEAR = {F.linear, torch._C._nn.linear}
+DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64}
+ADD = {operator.add, torch.add}
+MUL = {operator.mul, torch.mul}
+RMS_NORM = {F.rms_norm, torch.rms_norm}
+GELU = {F.gelu, torch._C._nn.gelu}
+SILU = {F.silu, torch._C._nn.silu}
+TANH = {torch.tanh, F.tanh}
+POW = {torch.pow, operator.pow}
+RSQRT = {torch.rsqrt}
+ADDMM = {torch.addmm}
+SIGMOID = {torch.sigmoid, F.sigmoid}
+CHUNK = {torch.chunk}
+SPLIT = {torch.split, torch.functional.split}
 
 
 # ---------------------------------------------------------------------------------------------- proof obligations
@@ -90,7 +90,7 @@ def _inplace_arg(node: torch.fx.Node) -> bool:
     return bound.arguments.get("inplace", False) is True
 
 
-def _mutated(node: torch.fx.Node) -> list:
+def mutated(node: torch.fx.Node) -> list:
     """The tensors (graph nodes) a node writes in place; [] when it writes none."""
     if node.op not in ("call_function", "call_method"):
         return []
@@ -137,7 +137,7 @@ def _base(node: Any) -> Any:
     return node
 
 
-def _provably_same(graph: torch.fx.Graph, dead, inputs, anchor: torch.fx.Node, results) -> bool:
+def provably_same(graph: torch.fx.Graph, dead, inputs, anchor: torch.fx.Node, results) -> bool:
     """Proof obligations (1)-(4) above for replacing `dead` by one call of `inputs`, placed before `anchor`, whose
     result(s) take the uses of `results`."""
     dead, results = set(dead), set(results)
@@ -152,7 +152,7 @@ def _provably_same(graph: torch.fx.Graph, dead, inputs, anchor: torch.fx.Node, r
     hi = max(order[n] for n in (*dead, anchor))
     protected = {_base(n) for n in (*inputs, *dead)}
     for n in list(graph.nodes)[lo:]:
-        written = _mutated(n)
+        written = mutated(n)
         if order[n] <= hi:  # (3); an erased in-place node may only write erased values (relu_ on the chain)
             if n in dead:
                 if any(w not in dead for w in written) or _changes_mode(n):
@@ -165,7 +165,7 @@ def _provably_same(graph: torch.fx.Graph, dead, inputs, anchor: torch.fx.Node, r
 
 
 # ---------------------------------------------------------------------------------------------- matching
-def _is_relu(node: torch.fx.Node) -> bool:
+def is_relu(node: torch.fx.Node) -> bool:
     if node.op == "call_function" and node.target in _RELU_FUNCTIONS:
         return (
             len(node.args) == 1
@@ -175,20 +175,20 @@ def _is_relu(node: torch.fx.Node) -> bool:
     return node.op == "call_method" and node.target in _RELU_METHODS and len(node.args) == 1 and not node.kwargs
 
 
-def _arg(node: torch.fx.Node, i: int, name: str, default: Any) -> Any:
+def arg_at(node: torch.fx.Node, i: int, name: str, default: Any) -> Any:
     if len(node.args) > i:
         return node.args[i]
     return node.kwargs.get(name, default)
 
 
-def _dropout_params(node: torch.fx.Node):
+def dropout_params(node: torch.fx.Node):
     """(p, training) of a dropout node with constant arguments, else None."""
-    if node.op != "call_function" or node.target not in _DROPOUT:
+    if node.op != "call_function" or node.target not in DROPOUT:
         return None
     if node.target is torch.dropout:  # torch.dropout(input, p, train)
-        p, training = _arg(node, 1, "p", None), _arg(node, 2, "train", None)
+        p, training = arg_at(node, 1, "p", None), arg_at(node, 2, "train", None)
     else:
-        p, training = _arg(node, 1, "p", 0.5), _arg(node, 2, "training", True)
+        p, training = arg_at(node, 1, "p", 0.5), arg_at(node, 2, "training", True)
     if not isinstance(p, (int, float)) or isinstance(p, bool) or not isinstance(training, bool):
         return None
     if not 0.0 <= float(p) <= 1.0:
@@ -196,41 +196,41 @@ def _dropout_params(node: torch.fx.Node):
     return float(p), training
 
 
-def _value(node: Any) -> Optional[torch.Tensor]:
+def value_of(node: Any) -> Optional[torch.Tensor]:
     if not isinstance(node, torch.fx.Node):
         return None
     v = node.meta.get("example_value", node.meta.get("val"))
     return v if isinstance(v, torch.Tensor) else None
 
 
-def _tensor_ok(x: torch.fx.Node, params) -> bool:
+def tensor_ok(x: torch.fx.Node, params) -> bool:
     """x and the parameters are tensors our ops take: dtype, device, params of x's dtype or fp32."""
-    xv = _value(x)
-    if xv is None or xv.dtype not in _DTYPES or xv.device.type not in ("cpu", "cuda"):
+    xv = value_of(x)
+    if xv is None or xv.dtype not in DTYPES or xv.device.type not in ("cpu", "cuda"):
         return False
     for prm in params:
         if prm is None:
             continue
-        pv = _value(prm)
+        pv = value_of(prm)
         if pv is None or pv.device != xv.device or pv.dtype not in (xv.dtype, torch.float32):
             return False
     return True
 
 
-def _rounds_to_16_bit(matmul: torch.fx.Node) -> bool:
+def rounds_to_16_bit(matmul: torch.fx.Node) -> bool:
     """A linear / addmm whose result is bf16 / fp16 (its inputs', or autocast's) keeps its bias: it adds the bias in
     its fp32 accumulation and rounds once, where a bias-free matmul's rounded result plus the bias carries the
     rounding error of x @ w.T, large against the result where the bias cancels it (modules.matmul_rounds_to_16_bit)."""
-    v = _value(matmul)
+    v = value_of(matmul)
     return v is None or v.dtype in (torch.float16, torch.bfloat16)
 
 
-def _only_user(node: torch.fx.Node) -> Optional[torch.fx.Node]:
+def only_user(node: torch.fx.Node) -> Optional[torch.fx.Node]:
     users = list(node.users)
     return users[0] if len(users) == 1 and users[0].args and users[0].args[0] is node else None
 
 
-def _calls(node: Any, functions, methods=()) -> bool:
+def calls(node: Any, functions, methods=()) -> bool:
     if not isinstance(node, torch.fx.Node):
         return False
     if node.op == "call_function":
@@ -238,42 +238,42 @@ def _calls(node: Any, functions, methods=()) -> bool:
     return node.op == "call_method" and node.target in methods
 
 
-def _const(v: Any) -> Optional[float]:
+def const_value(v: Any) -> Optional[float]:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _operands(node: torch.fx.Node, functions, method: str):
+def operands_of(node: torch.fx.Node, functions, method: str):
     """The two operands of a binary add / mul node (function or method form, no other arguments), else None."""
-    if not _calls(node, functions, (method,)) or len(node.args) != 2 or node.kwargs:
+    if not calls(node, functions, (method,)) or len(node.args) != 2 or node.kwargs:
         return None
     return node.args[0], node.args[1]
 
 
-def _node_and_const(node: torch.fx.Node, functions, method: str, const: float, rel: float = 1e-9):
+def node_and_const(node: torch.fx.Node, functions, method: str, const: float, rel: float = 1e-9):
     """The tensor operand of `t op const` / `const op t` when the constant is `const`, else None."""
-    ops = _operands(node, functions, method)
+    ops = operands_of(node, functions, method)
     if ops is None:
         return None
     for a, b in (ops, ops[::-1]):
-        c = _const(b)
+        c = const_value(b)
         if isinstance(a, torch.fx.Node) and c is not None and abs(c - const) <= rel * abs(const):
             return a
     return None
 
 
-def _users(node: torch.fx.Node) -> set:
+def users_of(node: torch.fx.Node) -> set:
     return set(node.users)
 
 
-def _same_like(node: Any, ref: torch.Tensor) -> bool:
-    v = _value(node)
+def same_like(node: Any, ref: torch.Tensor) -> bool:
+    v = value_of(node)
     return v is not None and v.dtype == ref.dtype and v.device == ref.device and tuple(v.shape) == tuple(ref.shape)
 
 
-def _param_ok(node: Any, xv: torch.Tensor) -> bool:
+def param_ok(node: Any, xv: torch.Tensor) -> bool:
     if node is None:
         return True
-    pv = _value(node)
+    pv = value_of(node)
     return (
         pv is not None
         and pv.dim() == 1
@@ -283,7 +283,7 @@ def _param_ok(node: Any, xv: torch.Tensor) -> bool:
     )
 
 
-def _nodes_between(first: torch.fx.Node, last: torch.fx.Node, order: dict) -> set:
+def nodes_between(first: torch.fx.Node, last: torch.fx.Node, order: dict) -> set:
     """The nodes `last` is computed from that come after `first` in the graph (`order`: node -> position), `last`
     included and `first` excluded: the body of a pattern that starts at first and ends at last."""
     nodes, stack = set(), [last]
@@ -296,9 +296,9 @@ def _nodes_between(first: torch.fx.Node, last: torch.fx.Node, order: dict) -> se
     return nodes
 
 
-def _replace(graph: torch.fx.Graph, result: torch.fx.Node, dead, function, args: tuple) -> torch.fx.Node:
+def replace(graph: torch.fx.Graph, result: torch.fx.Node, dead, function, args: tuple) -> torch.fx.Node:
     """Puts `function(*args)` before `result`, gives it result's uses and metadata, then erases the `dead` nodes
-    (result among them), users first. The caller has checked the proof obligations (`_provably_same`)."""
+    (result among them), users first. The caller has checked the proof obligations (`provably_same`)."""
     with graph.inserting_before(result):
         new = graph.call_function(function, args)
     new.meta.update(result.meta)

@@ -8,10 +8,12 @@ circles: `python tests/test_import_graph.py [package_dir]`.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "gpuopt_ops"
+# the package the tests import (the installed wheel's under scripts/run_tests.sh), found without importing it
+PACKAGE = Path(importlib.util.find_spec("gpuopt_ops").origin).parent
 
 
 def _module_name(path: Path, package_dir: Path) -> str:
