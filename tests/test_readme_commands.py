@@ -87,7 +87,7 @@ def newcomer_checkout(dest: Path) -> Path:
     shutil.copytree(PKG, dest / "gpuopt_ops", ignore=ignore)
     kernels = PKG / "triton_kernels" if (PKG / "triton_kernels").is_dir() else ROOT / "triton_kernels"
     shutil.copytree(kernels, dest / "triton_kernels", ignore=shutil.ignore_patterns("__pycache__"))
-    for folder in ("benchmarks", "tools"):
+    for folder in ("benchmarks", "tools", "csrc"):  # csrc: the model plans CUDA launches with the real host code
         shutil.copytree(ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__", ".build"))
     (dest / "scripts").mkdir()
     shutil.copy2(ROOT / "scripts" / "place_build.sh", dest / "scripts" / "place_build.sh")
