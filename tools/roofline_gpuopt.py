@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tools import cuda_resources as CR
-from tools.roofline import KernelLaunch, structural_trips
+from tools.roofline import KernelLaunch, compiled_triton_launch, structural_trips
 
 OPS_BIAS_ACT = ("bias_act_gelu", "bias_act_gelu_tanh", "bias_act_silu")
 # bias_act's rows: acts 1-3 (act 0, relu, is the bias_relu row: the same kernels)
@@ -629,11 +629,9 @@ def _triton_launch(comp, launch, m: int, n: int, dtype: str) -> KernelLaunch:
     nbytes, read, *reread = _triton_bytes(name, args, m, n, ELEM[dtype])
     reread_bytes, unit = reread if reread else (0, 0)
     trips, units, axis = _triton_trips(name, args, args["_grid"], m, n)
-    return KernelLaunch(
-        v.cubin,
-        v.name,
+    return compiled_triton_launch(
+        v,
         args["_grid"],
-        (32 * v.num_warps, 1, 1),
         elements=0 if name == "sum_partials_kernel" else m * n,
         bytes=nbytes,
         read_bytes=read,
@@ -642,7 +640,5 @@ def _triton_launch(comp, launch, m: int, n: int, dtype: str) -> KernelLaunch:
         trips=trips,
         stride_units=units,
         stride_axis=axis,
-        regs=v.regs,
-        shared=v.shared,
         label=name,
     )
