@@ -427,22 +427,21 @@ def cuda_launches(
 # Per kernel: how its loops run. "rows": a persistent loop over row tiles (program axis `axis`), with chunk
 # loops of BLOCK_N columns inside it when BLOCK_N < N; "chunks": passes over one row's BLOCK_N-column chunks;
 # "partials": a loop over the whole BLOCK_G steps of the G partial rows (then the partial last step, once).
+# The two norm families, ldr_* (layer_norm_dropout_relu, norm_dropout) and dan_* (dropout_add_norm), have the
+# same kernels, with the same loops.
+_NORM_KERNEL_LOOPS = {
+    "fwd_fused": ("rows", 0),
+    "fwd_looped": ("chunks", 0),
+    "bwd_fused": ("rows", 0),
+    "bwd_wide": ("rows", 0),  # its chunks unrolled (static_range)
+    "bwd_row_coef": ("chunks", 0),
+    "bwd_chunk": ("rows", 1),
+}
 TRITON_LOOPS = {
-    "ldr_fwd_fused_kernel": ("rows", 0),
-    "ldr_fwd_looped_kernel": ("chunks", 0),
-    "ldr_bwd_fused_kernel": ("rows", 0),
-    "ldr_bwd_wide_kernel": ("rows", 0),  # its chunks unrolled (static_range)
-    "ldr_bwd_row_coef_kernel": ("chunks", 0),
-    "ldr_bwd_chunk_kernel": ("rows", 1),
+    **{f"{family}_{k}_kernel": loops for family in ("ldr", "dan") for k, loops in _NORM_KERNEL_LOOPS.items()},
     "sum_partials_kernel": ("partials", 0),
     "bias_relu_fwd_kernel": ("rows", 0),
     "bias_relu_bwd_kernel": ("rows", 1),
-    "dan_fwd_fused_kernel": ("rows", 0),
-    "dan_fwd_looped_kernel": ("chunks", 0),
-    "dan_bwd_fused_kernel": ("rows", 0),
-    "dan_bwd_wide_kernel": ("rows", 0),
-    "dan_bwd_row_coef_kernel": ("chunks", 0),
-    "dan_bwd_chunk_kernel": ("rows", 1),
     # gated_act: one program a tile, no loop (the trips are not needed; a loop in their code raises)
     "gated_act_fwd_kernel": ("none", 0),
     "gated_act_bwd_kernel": ("none", 0),
