@@ -174,6 +174,17 @@ class KernelLaunch:
     label: str = ""
 
 
+def compiled_triton_launch(compiled, grid: Sequence[int], **terms) -> KernelLaunch:
+    """The launch of a Triton kernel compiled for sm_90 (tools.triton_resources: a Compiler's variant or
+    compile_cubin's CompiledInfo) on `grid`, padded to three axes: its cubin and symbol, 32 x num_warps threads a
+    block, its registers and shared bytes; `terms` are KernelLaunch's other fields."""
+    grid3 = (tuple(grid) + (1, 1, 1))[:3]
+    block = (32 * compiled.num_warps, 1, 1)
+    return KernelLaunch(
+        compiled.cubin, compiled.name, grid3, block, regs=compiled.regs, shared=compiled.shared, **terms
+    )
+
+
 @dataclass
 class OpaqueLaunch:
     """A launch whose code the model does not read (e.g. a library reduction): its bytes at `efficiency` of copy

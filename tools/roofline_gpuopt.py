@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tools import cuda_resources as CR
-from tools.roofline import KernelLaunch, structural_trips
+from tools.roofline import KernelLaunch, compiled_triton_launch, structural_trips
 
 OPS_BIAS_ACT = ("bias_act_gelu", "bias_act_gelu_tanh", "bias_act_silu")
 # bias_act's rows: acts 1-3 (act 0, relu, is the bias_relu row: the same kernels)
@@ -427,22 +427,21 @@ def cuda_launches(
 # Per kernel: how its loops run. "rows": a persistent loop over row tiles (program axis `axis`), with chunk
 # loops of BLOCK_N columns inside it when BLOCK_N < N; "chunks": passes over one row's BLOCK_N-column chunks;
 # "partials": a loop over the whole BLOCK_G steps of the G partial rows (then the partial last step, once).
+# The two norm families, ldr_* (layer_norm_dropout_relu, norm_dropout) and dan_* (dropout_add_norm), have the
+# same kernels, with the same loops.
+_NORM_KERNEL_LOOPS = {
+    "fwd_fused": ("rows", 0),
+    "fwd_looped": ("chunks", 0),
+    "bwd_fused": ("rows", 0),
+    "bwd_wide": ("rows", 0),  # its chunks unrolled (static_range)
+    "bwd_row_coef": ("chunks", 0),
+    "bwd_chunk": ("rows", 1),
+}
 TRITON_LOOPS = {
-    "ldr_fwd_fused_kernel": ("rows", 0),
-    "ldr_fwd_looped_kernel": ("chunks", 0),
-    "ldr_bwd_fused_kernel": ("rows", 0),
-    "ldr_bwd_wide_kernel": ("rows", 0),  # its chunks unrolled (static_range)
-    "ldr_bwd_row_coef_kernel": ("chunks", 0),
-    "ldr_bwd_chunk_kernel": ("rows", 1),
+    **{f"{family}_{k}_kernel": loops for family in ("ldr", "dan") for k, loops in _NORM_KERNEL_LOOPS.items()},
     "sum_partials_kernel": ("partials", 0),
     "bias_relu_fwd_kernel": ("rows", 0),
     "bias_relu_bwd_kernel": ("rows", 1),
-    "dan_fwd_fused_kernel": ("rows", 0),
-    "dan_fwd_looped_kernel": ("chunks", 0),
-    "dan_bwd_fused_kernel": ("rows", 0),
-    "dan_bwd_wide_kernel": ("rows", 0),
-    "dan_bwd_row_coef_kernel": ("chunks", 0),
-    "dan_bwd_chunk_kernel": ("rows", 1),
     # gated_act: one program a tile, no loop (the trips are not needed; a loop in their code raises)
     "gated_act_fwd_kernel": ("none", 0),
     "gated_act_bwd_kernel": ("none", 0),
@@ -629,11 +628,9 @@ def _triton_launch(comp, launch, m: int, n: int, dtype: str) -> KernelLaunch:
     nbytes, read, *reread = _triton_bytes(name, args, m, n, ELEM[dtype])
     reread_bytes, unit = reread if reread else (0, 0)
     trips, units, axis = _triton_trips(name, args, args["_grid"], m, n)
-    return KernelLaunch(
-        v.cubin,
-        v.name,
+    return compiled_triton_launch(
+        v,
         args["_grid"],
-        (32 * v.num_warps, 1, 1),
         elements=0 if name == "sum_partials_kernel" else m * n,
         bytes=nbytes,
         read_bytes=read,
@@ -642,7 +639,5 @@ def _triton_launch(comp, launch, m: int, n: int, dtype: str) -> KernelLaunch:
         trips=trips,
         stride_units=units,
         stride_axis=axis,
-        regs=v.regs,
-        shared=v.shared,
         label=name,
     )

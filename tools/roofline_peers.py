@@ -89,7 +89,7 @@ import torch
 from tools import cuda_resources as CR
 from tools import sass as S
 from tools.cuda_resources import ToolError
-from tools.roofline import H100, KernelLaunch, OpaqueLaunch, estimate
+from tools.roofline import H100, KernelLaunch, OpaqueLaunch, compiled_triton_launch, estimate
 
 Launch = Union[KernelLaunch, OpaqueLaunch]
 
@@ -642,6 +642,14 @@ def _trips_liger(kernel: str, rows_per_program: Optional[float]) -> Callable[[li
     return trips
 
 
+def _liger_launch(info, ev: _Recorded, version: str, **terms) -> KernelLaunch:
+    """The launch of one recorded Liger kernel, compiled for sm_90 (`info`: compile_cubin's), labelled with the
+    version, the kernel's name, its warps and its spills."""
+    spills = f", {info.spills} B of spills" if info.spills else ""
+    label = f"liger {version} {ev.kernel.__name__} num_warps={info.num_warps}{spills}"
+    return compiled_triton_launch(info, ev.grid, label=label, **terms)
+
+
 def liger_layer_norm(
     N: int,
     M: int = M_ROWS,
@@ -685,22 +693,7 @@ def liger_layer_norm(
             nbytes, read = 3 * mn * e + w + stats + grad, 2 * mn * e + w + stats
         else:
             raise ToolError(f"liger's host code launched an unknown kernel {name}")
-        spills = f", {info.spills} B of spills" if info.spills else ""
-        out.append(
-            KernelLaunch(
-                info.cubin,
-                info.name,
-                (ev.grid + (1, 1, 1))[:3],
-                (32 * info.num_warps, 1, 1),
-                elements=mn,
-                bytes=nbytes,
-                read_bytes=read,
-                trips=trips,
-                regs=info.regs,
-                shared=info.shared,
-                label=f"liger {version} {name} num_warps={info.num_warps}{spills}",
-            )
-        )
+        out.append(_liger_launch(info, ev, version, elements=mn, bytes=nbytes, read_bytes=read, trips=trips))
     if direction == "backward" and harness:
         out += _accumulate_grads(N, e)
     return out
@@ -761,22 +754,8 @@ def liger_swiglu(F: int, M: int, dtype: torch.dtype = torch.bfloat16, direction:
         else:
             raise ToolError(f"liger's SwiGLU host code launched an unknown kernel {name}")
         info = compile_cubin(ev.kernel, ev.grid, ev.args, ev.kwargs)
-        spills = f", {info.spills} B of spills" if info.spills else ""
-        out.append(
-            KernelLaunch(
-                info.cubin,
-                info.name,
-                (ev.grid + (1, 1, 1))[:3],
-                (32 * info.num_warps, 1, 1),
-                elements=mn,
-                bytes=nbytes,
-                read_bytes=read,
-                trips=_trips_liger(name, None),
-                regs=info.regs,
-                shared=info.shared,
-                label=f"liger {version} {name} num_warps={info.num_warps}{spills}",
-            )
-        )
+        trips = _trips_liger(name, None)
+        out.append(_liger_launch(info, ev, version, elements=mn, bytes=nbytes, read_bytes=read, trips=trips))
     if len(out) != 1:
         raise ToolError(f"liger's SwiGLU {direction} made {len(out)} launches, one was expected")
     return out

@@ -1045,14 +1045,13 @@ def main(argv=None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    fmt = ap.add_mutually_exclusive_group()
-    fmt.add_argument("--markdown", action="store_true", help="markdown table (default: plain text)")
-    fmt.add_argument(
-        "--json",
-        action="store_true",
-        help='JSON object: {"rows": [...]}, with --checks also "unhinted", "inductor", "failures"',
-    )
-    fmt.add_argument("--summary", action="store_true", help="markdown, one line per (op, N, kernel)")
+    fmt = ap.add_mutually_exclusive_group()  # the output format: one of these flags, or none (plain text)
+    for flag, text in (
+        ("--markdown", "markdown table (default: plain text)"),
+        ("--json", 'JSON object: {"rows": [...]}, with --checks also "unhinted", "inductor", "failures"'),
+        ("--summary", "markdown, one line per (op, N, kernel)"),
+    ):
+        fmt.add_argument(flag, action="store_true", help=text)
     ap.add_argument("--sm-count", type=int, default=DEFAULT_SM_COUNT, help="SMs of the target GPU (132: H100/H200)")
     ap.add_argument("--quick", action="store_true", help="N in {1024, 8192} only")
     ap.add_argument(
