@@ -149,6 +149,14 @@ Tensor defined_or_empty(const std::optional<Tensor>& t) {
   return t.has_value() && t->defined() ? as_contiguous(*t) : Tensor();
 }
 
+// The operands every norm spec keeps, once checked: weight and bias (contiguous or undefined) and the seed.
+template <class Spec>
+void keep_params(Spec& s, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias, const Tensor& seed) {
+  s.weight = defined_or_empty(weight);
+  s.bias = defined_or_empty(bias);
+  s.seed = as_contiguous(seed);
+}
+
 // The row tensor t (named name) of a row op's spec: M rows of N, t's dtype and its accumulation dtype.
 template <class Spec>
 Spec rows_spec(const char* op, const char* name, const Tensor& t) {
@@ -169,9 +177,7 @@ NormSpec check_norm_common(const char* op, const Tensor& x, const std::optional<
   s.rms = rms;
   s.relu = relu;
   s.x = as_contiguous(x);
-  s.weight = defined_or_empty(weight);
-  s.bias = defined_or_empty(bias);
-  s.seed = as_contiguous(seed);
+  keep_params(s, weight, bias, seed);
   return s;
 }
 
@@ -299,9 +305,7 @@ AddNormSpec check_dropout_add_norm(const Tensor& x, const std::optional<Tensor>&
   check_eps(op, eps);
   a.x = as_contiguous(x);
   a.residual = defined_or_empty(residual);
-  a.weight = defined_or_empty(weight);
-  a.bias = defined_or_empty(bias);
-  a.seed = as_contiguous(seed);
+  keep_params(a, weight, bias, seed);
   return a;
 }
 
@@ -332,11 +336,9 @@ AddNormSpec check_dropout_add_norm_backward(const Tensor& grad_out, const std::o
   b.grad_out = as_contiguous(grad_out);
   b.grad_sum = defined_or_empty(grad_sum);
   b.sum = as_contiguous(sum);
-  b.weight = defined_or_empty(weight);
-  b.bias = defined_or_empty(bias);
   b.mean = as_contiguous(mean);
   b.rstd = as_contiguous(rstd);
-  b.seed = as_contiguous(seed);
+  keep_params(b, weight, bias, seed);
   return b;
 }
 

@@ -9,6 +9,7 @@
 
 #include "checks.h"
 #include "cpu/huge_pages.h"
+#include "cpu/op_entry.h"
 #include "cpu/row_blocks.h"
 #include "cpu/row_io.h"
 #include "cpu/row_kernels.h"
@@ -126,7 +127,7 @@ Tensor bias_act_forward_cpu(const BiasActSpec& a) {
   return out;
 }
 
-std::tuple<Tensor, Tensor> bias_act_backward_impl(const BiasActSpec& a) {
+std::tuple<Tensor, Tensor> bias_act_backward_cpu(const BiasActSpec& a) {
   Tensor grad_x = empty_on(a.saved, a.saved.sizes(), a.x_dtype);
   Tensor grad_b = zeros_on(a.saved, {a.N}, a.acc_dtype);
   if (a.M == 0) return {grad_x, grad_b};
@@ -142,28 +143,12 @@ std::tuple<Tensor, Tensor> bias_act_backward_impl(const BiasActSpec& a) {
   return {grad_x, grad_b};
 }
 
-Tensor bias_relu_cpu(const Tensor& x, const Tensor& bias) { return bias_act_forward_cpu(check_bias_relu(x, bias)); }
-
-std::tuple<Tensor, Tensor> bias_relu_backward_cpu(const Tensor& grad_out, const Tensor& out) {
-  return bias_act_backward_impl(check_bias_relu_backward(grad_out, out));
-}
-
-Tensor bias_act_cpu(const Tensor& x, const Tensor& bias, int64_t act) {
-  return bias_act_forward_cpu(check_bias_act(x, bias, act));
-}
-
-std::tuple<Tensor, Tensor> bias_act_backward_cpu(const Tensor& grad_out, const Tensor& saved, const Tensor& bias,
-                                                 int64_t act) {
-  return bias_act_backward_impl(check_bias_act_backward(grad_out, saved, bias, act));
-}
-
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {
-  m.impl("bias_relu", TORCH_BOX(&bias_relu_cpu));
-  m.impl("bias_relu_backward", TORCH_BOX(&bias_relu_backward_cpu));
-  m.impl("bias_act", TORCH_BOX(&bias_act_cpu));
-  m.impl("bias_act_backward", TORCH_BOX(&bias_act_backward_cpu));
+  using BiasAct = CpuOp<&bias_act_forward_cpu, &bias_act_backward_cpu>;  // bias_relu is bias_act with act 0
+  BiasAct::impl<&check_bias_relu, &check_bias_relu_backward>(m, "bias_relu", "bias_relu_backward");
+  BiasAct::impl<&check_bias_act, &check_bias_act_backward>(m, "bias_act", "bias_act_backward");
 }
 
 }  // namespace gpuopt

@@ -13,6 +13,7 @@
 #include "checks.h"
 #include "cpu/dropout_mask.h"
 #include "cpu/huge_pages.h"
+#include "cpu/op_entry.h"
 #include "cpu/row_blocks.h"
 #include "cpu/row_io.h"
 #include "cpu/row_kernels.h"
@@ -121,9 +122,8 @@ void gated_backward_kernel(const GatedSpec& a, const DropoutSeed& seed, Tensor& 
   });
 }
 
-Tensor gated_act_cpu(const Tensor& gate, const std::optional<Tensor>& up, const Tensor& seed, double p, int64_t act) {
-  const GatedSpec a = check_gated_act(gate, up, seed, p, act);
-  std::vector<int64_t> shape(gate.sizes().begin(), gate.sizes().end());
+Tensor gated_forward_cpu(const GatedSpec& a) {
+  std::vector<int64_t> shape(a.gate.sizes().begin(), a.gate.sizes().end());
   shape.back() = a.F;
   Tensor out = empty_on(a.gate, shape, a.dtype);
   if (a.M == 0) return out;
@@ -133,10 +133,7 @@ Tensor gated_act_cpu(const Tensor& gate, const std::optional<Tensor>& up, const 
   return out;
 }
 
-std::tuple<Tensor, Tensor> gated_act_backward_cpu(const Tensor& grad_out, const Tensor& gate,
-                                                  const std::optional<Tensor>& up, const Tensor& seed, double p,
-                                                  int64_t act) {
-  const GatedSpec a = check_gated_act_backward(grad_out, gate, up, seed, p, act);
+std::tuple<Tensor, Tensor> gated_backward_cpu(const GatedSpec& a) {
   Tensor grad_gate = empty_on(a.gate, a.gate.sizes(), a.dtype);
   Tensor grad_up = a.packed() ? empty_on(a.gate, {0}, a.dtype) : empty_on(a.gate, a.gate.sizes(), a.dtype);
   if (a.M == 0) return {grad_gate, grad_up};
@@ -151,8 +148,8 @@ std::tuple<Tensor, Tensor> gated_act_backward_cpu(const Tensor& grad_out, const 
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {
-  m.impl("gated_act", TORCH_BOX(&gated_act_cpu));
-  m.impl("gated_act_backward", TORCH_BOX(&gated_act_backward_cpu));
+  CpuOp<&gated_forward_cpu, &gated_backward_cpu>::impl<&check_gated_act, &check_gated_act_backward>(
+      m, "gated_act", "gated_act_backward");
 }
 
 }  // namespace gpuopt

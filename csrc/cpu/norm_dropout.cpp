@@ -17,6 +17,7 @@
 
 #include "checks.h"
 #include "cpu/dropout_mask.h"
+#include "cpu/op_entry.h"
 #include "cpu/row_blocks.h"
 #include "cpu/row_io.h"
 #include "cpu/row_kernels.h"
@@ -54,8 +55,8 @@ void row_stats(const acc_t* v, int64_t n, double eps, acc_t& mean, acc_t& rstd) 
 // Rows are read as fp32 (cpu/row_io.h: fp32 rows in place, bf16/fp16 rows through a per-thread buffer).
 
 template <typename scalar_t, typename param_t>
-void ldr_forward_fp32(const NormSpec& a, const DropoutSeed& seed, Tensor& out, Tensor& mean, Tensor& rstd) {
-  constexpr bool kDirect = std::is_same_v<scalar_t, float>;
+void ldr_forward_fp32(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& seed, const NormSpec& a, Tensor& out,
+                      Tensor& mean, Tensor& rstd) {
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
   scalar_t* y_out = data_as<scalar_t>(out);
@@ -63,35 +64,29 @@ void ldr_forward_fp32(const NormSpec& a, const DropoutSeed& seed, Tensor& out, T
   float* rstd_out = data_as<float>(rstd);
   const std::vector<float> w = param_row<float, param_t>(a.weight, N, 1.0f);
   const std::vector<float> b = param_row<float, param_t>(a.bias, N, 0.0f);
-  const DropoutParams drop = a.dropout;
-  const float scale = static_cast<float>(drop.scale);
-  const bool dropping = drop.active();
-  const int64_t R = tile_rows(N);
+  const RowDropout<float> drop(a.dropout);
   const float inv_n = 1.0f / static_cast<float>(N);
-  const int64_t tile = std::max<int64_t>(R, 16384 / N / R * R);  // rows per scheduling tile (~64 KB of fp32)
 
-  parallel_tiles((M + tile - 1) / tile, [&](const auto& take) {
-    std::vector<float> xbuf(kDirect ? 0 : N), ybuf(kDirect ? 0 : N);
-    RowUniforms uniforms(seed, dropping, N);
-    for (int64_t t; (t = take()) * tile < M;) {
-      uniforms.rows(t * tile, std::min(M, (t + 1) * tile), [&](int64_t r, const uint16_t* u) {
-        const float* xr = load_row(x + r * N, xbuf.data(), N);
-        const float mu = a.rms ? 0.0f : cpu::row_sum(xr, N) * inv_n;  // RMSNorm: the mean square about 0
-        const float var = cpu::row_sq_dev_sum(xr, N, mu) * inv_n;
-        const float rs = 1.0f / std::sqrt(var + static_cast<float>(a.eps));
-        if (!a.rms) mean_out[r] = mu;
-        rstd_out[r] = rs;
-        float* yr = result_row(y_out + r * N, ybuf.data());
-        cpu::ldr_forward_row(xr, w.data(), b.data(), u, drop.threshold, scale, mu, rs, yr, N, a.relu);
-        store_row(y_out + r * N, yr, N);
-      });
-    }
+  auto scratch = [&] {  // x and out rows in fp32 (none for fp32 data)
+    return std::array<std::vector<float>, 2>{staging_row<scalar_t>(N), staging_row<scalar_t>(N)};
+  };
+  run_row_tiles(M, N, seed, drop.active, scratch, [&](auto& bufs, int64_t r, const uint16_t* u) {
+    auto& [xbuf, ybuf] = bufs;
+    const float* xr = load_row(x + r * N, xbuf.data(), N);
+    const float mu = a.rms ? 0.0f : cpu::row_sum(xr, N) * inv_n;  // RMSNorm: the mean square about 0
+    const float var = cpu::row_sq_dev_sum(xr, N, mu) * inv_n;
+    const float rs = 1.0f / std::sqrt(var + static_cast<float>(a.eps));
+    if (!a.rms) mean_out[r] = mu;
+    rstd_out[r] = rs;
+    float* yr = result_row(y_out + r * N, ybuf.data());
+    cpu::ldr_forward_row(xr, w.data(), b.data(), u, drop.threshold, drop.scale, mu, rs, yr, N, a.relu);
+    store_row(y_out + r * N, yr, N);
   });
 }
 
 template <typename scalar_t, typename param_t>
-void ldr_backward_fp32(const NormSpec& a, const DropoutSeed& seed, Tensor& grad_x, Tensor& grad_w, Tensor& grad_b) {
-  constexpr bool kDirect = std::is_same_v<scalar_t, float>;
+void ldr_backward_fp32(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& seed, const NormSpec& a, Tensor& grad_x,
+                       Tensor& grad_w, Tensor& grad_b) {
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
   const scalar_t* g = data_as<scalar_t>(a.grad_out);
@@ -100,23 +95,20 @@ void ldr_backward_fp32(const NormSpec& a, const DropoutSeed& seed, Tensor& grad_
   scalar_t* dx = data_as<scalar_t>(grad_x);
   const std::vector<float> w = param_row<float, param_t>(a.weight, N, 1.0f);
   const std::vector<float> b = param_row<float, param_t>(a.bias, N, 0.0f);
-  const DropoutParams drop = a.dropout;
-  const float scale = static_cast<float>(drop.scale);
-  const bool dropping = drop.active();
+  const RowDropout<float> drop(a.dropout);
   const float inv_n = 1.0f / static_cast<float>(N);
 
-  BlockPartials partials(M, N);
+  BlockPartials<float> partials(M, N);
   auto scratch = [&] {  // x, grad_out and grad_x rows in fp32 (none for fp32 data), xhat, dxhat
-    const int64_t n = kDirect ? 0 : N;
-    return std::array<std::vector<float>, 5>{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n),
-                                             std::vector<float>(N), std::vector<float>(N)};
+    return std::array<std::vector<float>, 5>{staging_row<scalar_t>(N), staging_row<scalar_t>(N),
+                                             staging_row<scalar_t>(N), std::vector<float>(N), std::vector<float>(N)};
   };
-  partials.run(seed, dropping, scratch, [&](auto& bufs, int64_t r, const uint16_t* u, float* pw, float* pb) {
+  partials.run(seed, drop.active, scratch, [&](auto& bufs, int64_t r, const uint16_t* u, float* pw, float* pb) {
     auto& [xbuf, gbuf, dxbuf, xhat, dxhat] = bufs;
     const float* xr = load_row(x + r * N, xbuf.data(), N);
     const float* gr = load_row(g + r * N, gbuf.data(), N);
     const float rs = rstd[r];
-    cpu::ldr_backward_row_pass1(xr, gr, w.data(), b.data(), u, drop.threshold, scale, a.rms ? 0.0f : mean[r], rs,
+    cpu::ldr_backward_row_pass1(xr, gr, w.data(), b.data(), u, drop.threshold, drop.scale, a.rms ? 0.0f : mean[r], rs,
                                 xhat.data(), dxhat.data(), pw, pb, N, a.relu);
     const float c1 = cpu::row_dot(dxhat.data(), xhat.data(), N) * inv_n;
     const float c2 = a.rms ? 0.0f : cpu::row_sum(dxhat.data(), N) * inv_n;
@@ -124,12 +116,16 @@ void ldr_backward_fp32(const NormSpec& a, const DropoutSeed& seed, Tensor& grad_
     cpu::ldr_backward_row_pass2(xhat.data(), dxhat.data(), rs, c1, c2, dxr, N);
     store_row(dx + r * N, dxr, N);
   });
-  partials.sum<param_t>(a.weight, a.bias, grad_w, grad_b);
+  partials.template sum<param_t>(a.weight, a.bias, grad_w, grad_b);
 }
 
 // ------------------------------------------------------------------------------------------ generic (fp64) path
-template <typename scalar_t, typename param_t, typename acc_t>
-void ldr_forward_kernel(const NormSpec& a, const DropoutSeed& seed, Tensor& out, Tensor& mean, Tensor& rstd) {
+// The same rows and tiles as the fp32 path, on plain loops in acc_t (fused_math.h's element functions).
+
+template <typename scalar_t, typename param_t>
+void ldr_forward_generic(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& seed, const NormSpec& a, Tensor& out,
+                         Tensor& mean, Tensor& rstd) {
+  using acc_t = acc_type_t<scalar_t>;
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
   scalar_t* y_out = data_as<scalar_t>(out);
@@ -137,39 +133,34 @@ void ldr_forward_kernel(const NormSpec& a, const DropoutSeed& seed, Tensor& out,
   acc_t* rstd_out = data_as<acc_t>(rstd);
   const std::vector<acc_t> w = param_row<acc_t, param_t>(a.weight, N, acc_t(1));
   const std::vector<acc_t> b = param_row<acc_t, param_t>(a.bias, N, acc_t(0));
-  const DropoutParams drop = a.dropout;
-  const acc_t scale = static_cast<acc_t>(drop.scale);
-  const int64_t grain = std::max<int64_t>(1, 32768 / N);
+  const RowDropout<acc_t> drop(a.dropout);
 
-  torch::stable::parallel_for(0, M, grain, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> row(N);
-    std::vector<uint8_t> keep(N, 1);
-    for (int64_t r = begin; r < end; ++r) {
-      const scalar_t* xr = x + r * N;
-      for (int64_t j = 0; j < N; ++j) row[j] = static_cast<acc_t>(xr[j]);
-      acc_t mu, rs;
-      if (a.rms) {  // RMSNorm: rstd from the mean square, no mean
-        mu = acc_t(0);
-        rs = acc_t(1) /
-             std::sqrt(row_dot(row.data(), row.data(), N) / static_cast<acc_t>(N) + static_cast<acc_t>(a.eps));
-      } else {
-        row_stats(row.data(), N, a.eps, mu, rs);
-        mean_out[r] = mu;
-      }
-      rstd_out[r] = rs;
-      if (drop.active()) dropout_keep_run(seed, r * N, N, drop.threshold, keep.data());
-      scalar_t* yr = y_out + r * N;
-      for (int64_t j = 0; j < N; ++j) {
-        const acc_t y = (row[j] - mu) * rs * w[j] + b[j];
-        yr[j] = static_cast<scalar_t>(nd_forward_element<acc_t>(y, keep[j] != 0, scale, a.relu));
-      }
+  auto scratch = [&] { return std::vector<acc_t>(N); };  // the row in acc_t
+  run_row_tiles(M, N, seed, drop.active, scratch, [&](auto& row, int64_t r, const uint16_t* u) {
+    const scalar_t* xr = x + r * N;
+    for (int64_t j = 0; j < N; ++j) row[j] = static_cast<acc_t>(xr[j]);
+    acc_t mu, rs;
+    if (a.rms) {  // RMSNorm: rstd from the mean square, no mean
+      mu = acc_t(0);
+      rs = acc_t(1) / std::sqrt(row_dot(row.data(), row.data(), N) / static_cast<acc_t>(N) + static_cast<acc_t>(a.eps));
+    } else {
+      row_stats(row.data(), N, a.eps, mu, rs);
+      mean_out[r] = mu;
+    }
+    rstd_out[r] = rs;
+    scalar_t* yr = y_out + r * N;
+    for (int64_t j = 0; j < N; ++j) {
+      const acc_t y = (row[j] - mu) * rs * w[j] + b[j];
+      yr[j] = static_cast<scalar_t>(nd_forward_element<acc_t>(y, drop.keep(u, j), drop.scale, a.relu));
     }
   });
 }
 
-template <typename scalar_t, typename param_t, typename acc_t>
-void ldr_backward_kernel(const NormSpec& a, const DropoutSeed& seed, Tensor& grad_x, Tensor& grad_w, Tensor& grad_b) {
-  const int64_t M = a.M, N = a.N;
+template <typename scalar_t, typename param_t>
+void ldr_backward_generic(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& seed, const NormSpec& a,
+                          Tensor& grad_x, Tensor& grad_w, Tensor& grad_b) {
+  using acc_t = acc_type_t<scalar_t>;
+  const int64_t N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
   const scalar_t* g = data_as<scalar_t>(a.grad_out);
   const acc_t* mean = data_as<acc_t>(a.mean);
@@ -177,74 +168,39 @@ void ldr_backward_kernel(const NormSpec& a, const DropoutSeed& seed, Tensor& gra
   scalar_t* dx = data_as<scalar_t>(grad_x);
   const std::vector<acc_t> w = param_row<acc_t, param_t>(a.weight, N, acc_t(1));
   const std::vector<acc_t> b = param_row<acc_t, param_t>(a.bias, N, acc_t(0));
-  const DropoutParams drop = a.dropout;
-  const acc_t scale = static_cast<acc_t>(drop.scale);
-  const bool want_dw = a.weight.defined(), want_db = a.bias.defined();
+  const RowDropout<acc_t> drop(a.dropout);
+  const acc_t inv_n = acc_t(1) / static_cast<acc_t>(N);
 
-  const RowBlocks rb(M);
-  const int64_t blocks = rb.blocks;
-  std::vector<acc_t> partial_w(want_dw ? blocks * N : 0, acc_t(0));
-  std::vector<acc_t> partial_b(want_db ? blocks * N : 0, acc_t(0));
-
-  torch::stable::parallel_for(0, blocks, 1, [&](int64_t blk_begin, int64_t blk_end) {
-    std::vector<acc_t> xhat(N), dxhat(N);
-    std::vector<uint8_t> keep(N, 1);
-    for (int64_t blk = blk_begin; blk < blk_end; ++blk) {
-      acc_t* pw = want_dw ? partial_w.data() + blk * N : nullptr;
-      acc_t* pb = want_db ? partial_b.data() + blk * N : nullptr;
-      for (int64_t r = rb.begin(blk); r < rb.end(blk, M); ++r) {
+  generic_backward_rows<acc_t, param_t>(
+      a, seed, grad_w, grad_b, [&](acc_t* xhat, acc_t* dxhat, int64_t r, const uint16_t* u, acc_t* pw, acc_t* pb) {
         const scalar_t* xr = x + r * N;
         const scalar_t* gr = g + r * N;
         const acc_t mu = a.rms ? acc_t(0) : mean[r], rs = rstd[r];
-        if (drop.active()) dropout_keep_run(seed, r * N, N, drop.threshold, keep.data());
         for (int64_t j = 0; j < N; ++j) {
           const acc_t xh = (static_cast<acc_t>(xr[j]) - mu) * rs;
           const acc_t y = xh * w[j] + b[j];
-          const acc_t dy = nd_backward_element<acc_t>(static_cast<acc_t>(gr[j]), y, keep[j] != 0, scale, a.relu);
+          const acc_t dy =
+              nd_backward_element<acc_t>(static_cast<acc_t>(gr[j]), y, drop.keep(u, j), drop.scale, a.relu);
           xhat[j] = xh;
           dxhat[j] = dy * w[j];
-          if (pw) pw[j] += dy * xh;
-          if (pb) pb[j] += dy;
+          pw[j] += dy * xh;
+          pb[j] += dy;
         }
-        const acc_t inv_n = acc_t(1) / static_cast<acc_t>(N);
-        const acc_t c1 = row_dot(dxhat.data(), xhat.data(), N) * inv_n;
-        const acc_t c2 = a.rms ? acc_t(0) : row_sum(dxhat.data(), N) * inv_n;
+        const acc_t c1 = row_dot(dxhat, xhat, N) * inv_n;
+        const acc_t c2 = a.rms ? acc_t(0) : row_sum(dxhat, N) * inv_n;
         scalar_t* dxr = dx + r * N;
         for (int64_t j = 0; j < N; ++j) dxr[j] = static_cast<scalar_t>(rs * (dxhat[j] - xhat[j] * c1 - c2));
-      }
-    }
-  });
-
-  if (want_dw) sum_partials(partial_w, blocks, N, data_as<param_t>(grad_w));
-  if (want_db) sum_partials(partial_b, blocks, N, data_as<param_t>(grad_b));
+      });
 }
-
-// Unless M = 0: reads the seed and calls body(TypeTag<scalar_t>, TypeTag<param_t>, seed) for the spec's dtypes.
-template <typename Body>
-void run_norm_cpu(const NormSpec& a, const Body& body) {
-  if (a.M == 0) return;
-  const DropoutSeed seed = read_dropout_seed(a.dropout, a.seed);
-  dispatch_dtypes<HostStorage>(a.x_dtype, a.param_dtype, [&](auto st, auto pt) { body(st, pt, seed); });
-}
-
-#define GPUOPT_TYPES                            \
-  using scalar_t = typename decltype(st)::type; \
-  using param_t = typename decltype(pt)::type;
 
 // layer_norm_dropout_relu and norm_dropout (the norm and activation flags are in the spec): (out, mean, rstd).
-// fp32 / bf16 / fp16 x take the fp32 row kernels, fp64 the generic loops.
 std::tuple<Tensor, Tensor, Tensor> norm_forward_cpu(const NormSpec& a) {
   Tensor out = empty_on(a.x, a.x.sizes(), a.x_dtype);
   Tensor mean = empty_on(a.x, {a.rms ? 0 : a.M}, a.acc_dtype);
   Tensor rstd = empty_on(a.x, {a.M}, a.acc_dtype);
-  run_norm_cpu(a, [&](auto st, auto pt, const DropoutSeed& s) {
-    GPUOPT_TYPES
-    if constexpr (std::is_same_v<scalar_t, double>) {
-      ldr_forward_kernel<scalar_t, param_t, double>(a, s, out, mean, rstd);
-    } else {
-      ldr_forward_fp32<scalar_t, param_t>(a, s, out, mean, rstd);
-    }
-  });
+  run_rows_cpu(
+      a, [&](const auto&... t) { ldr_forward_generic(t..., a, out, mean, rstd); },
+      [&](const auto&... t) { ldr_forward_fp32(t..., a, out, mean, rstd); });
   return {out, mean, rstd};
 }
 
@@ -253,53 +209,18 @@ std::tuple<Tensor, Tensor, Tensor> norm_backward_cpu(const NormSpec& a) {
   Tensor grad_x = empty_on(a.x, a.x.sizes(), a.x_dtype);
   Tensor grad_w = param_grad_on(a.x, a.weight.defined(), a.N, a.param_dtype);
   Tensor grad_b = param_grad_on(a.x, a.bias.defined(), a.N, a.param_dtype);
-  run_norm_cpu(a, [&](auto st, auto pt, const DropoutSeed& s) {
-    GPUOPT_TYPES
-    if constexpr (std::is_same_v<scalar_t, double>) {
-      ldr_backward_kernel<scalar_t, param_t, double>(a, s, grad_x, grad_w, grad_b);
-    } else {
-      ldr_backward_fp32<scalar_t, param_t>(a, s, grad_x, grad_w, grad_b);
-    }
-  });
+  run_rows_cpu(
+      a, [&](const auto&... t) { ldr_backward_generic(t..., a, grad_x, grad_w, grad_b); },
+      [&](const auto&... t) { ldr_backward_fp32(t..., a, grad_x, grad_w, grad_b); });
   return {grad_x, grad_w, grad_b};
-}
-
-#undef GPUOPT_TYPES
-
-std::tuple<Tensor, Tensor, Tensor> ldr_forward_cpu(const Tensor& x, const std::optional<Tensor>& weight,
-                                                   const std::optional<Tensor>& bias, const Tensor& seed, double p,
-                                                   double eps) {
-  return norm_forward_cpu(check_ldr_forward(x, weight, bias, seed, p, eps));
-}
-
-std::tuple<Tensor, Tensor, Tensor> ldr_backward_cpu(const Tensor& grad_out, const Tensor& x,
-                                                    const std::optional<Tensor>& weight,
-                                                    const std::optional<Tensor>& bias, const Tensor& mean,
-                                                    const Tensor& rstd, const Tensor& seed, double p) {
-  return norm_backward_cpu(check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p));
-}
-
-std::tuple<Tensor, Tensor, Tensor> nd_forward_cpu(const Tensor& x, const std::optional<Tensor>& weight,
-                                                  const std::optional<Tensor>& bias, const Tensor& seed, double p,
-                                                  double eps, bool rms, bool relu) {
-  return norm_forward_cpu(check_norm_dropout(x, weight, bias, seed, p, eps, rms, relu));
-}
-
-std::tuple<Tensor, Tensor, Tensor> nd_backward_cpu(const Tensor& grad_out, const Tensor& x,
-                                                   const std::optional<Tensor>& weight,
-                                                   const std::optional<Tensor>& bias, const Tensor& mean,
-                                                   const Tensor& rstd, const Tensor& seed, double p, bool rms,
-                                                   bool relu) {
-  return norm_backward_cpu(check_norm_dropout_backward(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu));
 }
 
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {
-  m.impl("layer_norm_dropout_relu", TORCH_BOX(&ldr_forward_cpu));
-  m.impl("layer_norm_dropout_relu_backward", TORCH_BOX(&ldr_backward_cpu));
-  m.impl("norm_dropout", TORCH_BOX(&nd_forward_cpu));
-  m.impl("norm_dropout_backward", TORCH_BOX(&nd_backward_cpu));
+  using Norm = CpuOp<&norm_forward_cpu, &norm_backward_cpu>;  // the flags of norm_dropout are in the spec
+  Norm::impl<&check_ldr_forward, &check_ldr_backward>(m, "layer_norm_dropout_relu", "layer_norm_dropout_relu_backward");
+  Norm::impl<&check_norm_dropout, &check_norm_dropout_backward>(m, "norm_dropout", "norm_dropout_backward");
 }
 
 }  // namespace gpuopt

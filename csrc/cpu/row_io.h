@@ -1,9 +1,13 @@
 // Row helpers shared by the CPU kernels of layer_norm_dropout_relu and dropout_add_norm: parameter rows converted
-// once per call, the fixed-order 4-way sum, the fp32 staging of 16-bit rows, and the rows per dropout tile.
+// once per call, the fixed-order 4-way sum, the fp32 staging of 16-bit rows, the rows per dropout tile, and the row
+// drivers of both paths (fp32 row kernels and fp64 loops): tiles of rows for the forwards, the deterministic row
+// blocks for the backwards.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/dropout_mask.h"
@@ -24,6 +28,18 @@ std::vector<acc_t> param_row(const Tensor& t, int64_t N, acc_t absent) {
   }
   return row;
 }
+
+// An op's dropout as its row loops read it: the threshold, the scale cast once to acc_t, and keep(u, j) for the
+// uniforms u of a row (nullptr when the op does not drop: every element kept).
+template <typename acc_t>
+struct RowDropout {
+  uint32_t threshold;
+  acc_t scale;
+  bool active;
+  explicit RowDropout(const DropoutParams& d)
+      : threshold(d.threshold), scale(static_cast<acc_t>(d.scale)), active(d.active()) {}
+  bool keep(const uint16_t* u, int64_t j) const { return u == nullptr || dropout_keep(u[j], threshold); }
+};
 
 // Sum over j of f(j), in 4 interleaved partial sums (as a 4-lane vector would), then combined in a fixed order.
 template <typename acc_t, typename F>
@@ -46,6 +62,11 @@ template <typename T>
 const float* load_row(const T* src, float* buf, int64_t n) {
   cpu::to_float(src, buf, n);
   return buf;
+}
+// A thread's fp32 staging row for rows of T (load_row, result_row): n floats, none for fp32 rows (used in place).
+template <typename T>
+std::vector<float> staging_row(int64_t n) {
+  return std::vector<float>(std::is_same_v<T, float> ? 0 : n);
 }
 // Where a row's fp32 result is written: in place for fp32 outputs, else a buffer that store_row converts.
 inline float* result_row(float* dst, float* /*buf*/) { return dst; }
@@ -90,11 +111,31 @@ class RowUniforms {
   std::vector<uint16_t> buf_;
 };
 
-// The fp32 backwards' rows and their deterministic dgamma / dbeta: fixed row blocks (a function of M only, row_blocks.h)
-// are the scheduling tiles; each sums its rows in order into its own partial rows, summed in block order at the end.
+// The forwards' rows: tiles of whole rows (about 64 KB of fp32, a multiple of tile_rows(N)) handed to torch's threads
+// dynamically; on each thread scratch = make_scratch() once, then row(scratch, r, u) for every row r, u its dropout
+// uniforms (RowUniforms). Rows are independent, so nothing depends on the thread count.
+template <typename MakeScratch, typename Row>
+void run_row_tiles(int64_t M, int64_t N, const DropoutSeed& seed, bool dropping, const MakeScratch& make_scratch,
+                   const Row& row) {
+  const int64_t R = tile_rows(N);
+  const int64_t tile = std::max<int64_t>(R, 16384 / N / R * R);  // rows per scheduling tile
+  parallel_tiles((M + tile - 1) / tile, [&](const auto& take) {
+    auto scratch = make_scratch();
+    RowUniforms uniforms(seed, dropping, N);
+    for (int64_t t; (t = take()) * tile < M;) {
+      uniforms.rows(t * tile, std::min(M, (t + 1) * tile), [&](int64_t r, const uint16_t* u) { row(scratch, r, u); });
+    }
+  });
+}
+
+// The backwards' rows and their deterministic dgamma / dbeta in acc_t: fixed row blocks (a function of M only,
+// row_blocks.h) are the scheduling tiles; each sums its rows in order into its own partial rows, summed in block order
+// at the end.
+template <typename acc_t>
 class BlockPartials {
  public:
-  BlockPartials(int64_t M, int64_t N) : M_(M), N_(N), rb_(M), w_(rb_.blocks * N, 0.0f), b_(rb_.blocks * N, 0.0f) {}
+  BlockPartials(int64_t M, int64_t N)
+      : M_(M), N_(N), rb_(M), w_(rb_.blocks * N, acc_t(0)), b_(rb_.blocks * N, acc_t(0)) {}
 
   // On torch's threads: scratch = make_scratch() once a thread, then row(scratch, r, u, pw, pb) for every row r, u its
   // dropout uniforms (RowUniforms), pw / pb its block's partial rows.
@@ -104,8 +145,8 @@ class BlockPartials {
       auto scratch = make_scratch();
       RowUniforms uniforms(seed, dropping, N_);
       for (int64_t blk; (blk = take()) < rb_.blocks;) {
-        float* pw = w_.data() + blk * N_;
-        float* pb = b_.data() + blk * N_;
+        acc_t* pw = w_.data() + blk * N_;
+        acc_t* pb = b_.data() + blk * N_;
         uniforms.rows(rb_.begin(blk), rb_.end(blk, M_),
                       [&](int64_t r, const uint16_t* u) { row(scratch, r, u, pw, pb); });
       }
@@ -122,7 +163,21 @@ class BlockPartials {
  private:
   int64_t M_, N_;
   RowBlocks rb_;
-  std::vector<float> w_, b_;
+  std::vector<acc_t> w_, b_;
 };
+
+// The generic (fp64) backwards' rows on BlockPartials<acc_t>: row(xhat, dxhat, r, u, pw, pb) for every row, xhat and
+// dxhat a thread's two rows of N in acc_t, then the partial sums into grad_w / grad_b where the spec's weight / bias
+// is defined.
+template <typename acc_t, typename param_t, typename Spec, typename Row>
+void generic_backward_rows(const Spec& a, const DropoutSeed& seed, Tensor& grad_w, Tensor& grad_b, const Row& row) {
+  const int64_t N = a.N;
+  BlockPartials<acc_t> partials(a.M, N);
+  auto scratch = [N] { return std::array<std::vector<acc_t>, 2>{std::vector<acc_t>(N), std::vector<acc_t>(N)}; };
+  partials.run(seed, a.dropout.active(), scratch, [&](auto& bufs, int64_t r, const uint16_t* u, acc_t* pw, acc_t* pb) {
+    row(bufs[0].data(), bufs[1].data(), r, u, pw, pb);
+  });
+  partials.template sum<param_t>(a.weight, a.bias, grad_w, grad_b);
+}
 
 }  // namespace gpuopt
