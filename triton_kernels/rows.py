@@ -133,15 +133,9 @@ def _philox(seed, c0, c1):
 
 
 @triton.jit
-def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Lanes u for the [BLOCK_M, BLOCK_N] tile of rows starting at linear index base (int64 [BLOCK_M], each a
-    multiple of 8) and columns col0 + 0..BLOCK_N-1 (col0 a multiple of 8): one Philox call per 8 elements."""
-    GROUPS: tl.constexpr = BLOCK_N // 8
-    gcols = tl.arange(0, GROUPS).to(tl.int64)
-    g = ((base[:, None] + col0) >> 3) + gcols[None, :]  # [BLOCK_M, GROUPS]
-    c0 = g.to(tl.uint32)
-    c1 = (g >> 32).to(tl.uint32)
-    w0, w1, w2, w3 = _philox(seed, c0, c1)
+def _lanes_of_words(w0, w1, w2, w3, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The 16-bit lanes (int32) of the Philox words of a tile's 8-element groups, in lane order: lane k of a group is
+    the low (k even) or high (k odd) half of word k // 2."""
     lo0 = w0 & 0xFFFF
     lo1 = w1 & 0xFFFF
     lo2 = w2 & 0xFFFF
@@ -157,26 +151,29 @@ def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
 
 
 @triton.jit
-def _lane_u16_groups(seed, g, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Lanes u of the [BLOCK_M, BLOCK_N] tile whose 8-element groups are g (int64 [BLOCK_M, BLOCK_N // 8]: group
-    g is the linear indices 8g .. 8g + 7): _lane_u16_fast's Philox and lane order from given groups (the mapped
-    launches'). A copy rather than a call from _lane_u16_fast: one more level of inlining reorders the compiled
-    code of the 1-element seed's kernels (ptxas then allocates some of them other registers)."""
+def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Lanes u for the [BLOCK_M, BLOCK_N] tile of rows starting at linear index base (int64 [BLOCK_M], each a
+    multiple of 8) and columns col0 + 0..BLOCK_N-1 (col0 a multiple of 8): one Philox call per 8 elements."""
+    GROUPS: tl.constexpr = BLOCK_N // 8
+    gcols = tl.arange(0, GROUPS).to(tl.int64)
+    g = ((base[:, None] + col0) >> 3) + gcols[None, :]  # [BLOCK_M, GROUPS]
     c0 = g.to(tl.uint32)
     c1 = (g >> 32).to(tl.uint32)
     w0, w1, w2, w3 = _philox(seed, c0, c1)
-    lo0 = w0 & 0xFFFF
-    lo1 = w1 & 0xFFFF
-    lo2 = w2 & 0xFFFF
-    lo3 = w3 & 0xFFFF
-    hi0 = w0 >> 16
-    hi1 = w1 >> 16
-    hi2 = w2 >> 16
-    hi3 = w3 >> 16
-    # [..., j, i, h] = (lo, hi)[h] of word 2j + i  ->  flattened order w0lo w0hi w1lo w1hi ... = lane k
-    u = tl.join(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)), tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3)))
-    u = tl.reshape(u, [BLOCK_M, BLOCK_N])
-    return u.to(tl.int32)
+    return _lanes_of_words(w0, w1, w2, w3, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _lane_u16_groups(seed, g, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Lanes u of the [BLOCK_M, BLOCK_N] tile whose 8-element groups are g (int64 [BLOCK_M, BLOCK_N // 8]: group
+    g is the linear indices 8g .. 8g + 7): _lane_u16_fast's Philox and lane order from given groups (the mapped
+    launches'). Its own Philox call rather than a call of it from _lane_u16_fast: one more level of inlining
+    reorders the compiled code of the 1-element seed's kernels (ptxas then allocates some of them other
+    registers)."""
+    c0 = g.to(tl.uint32)
+    c1 = (g >> 32).to(tl.uint32)
+    w0, w1, w2, w3 = _philox(seed, c0, c1)
+    return _lanes_of_words(w0, w1, w2, w3, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
