@@ -461,6 +461,92 @@ def row_chunks_dot(a, b, CHUNKS: tl.constexpr):
 
 
 @triton.jit
+def row_fused_setup(N, eps_hi, eps_lo, threshold, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr):
+    """What a single-block forward computes once per program: the dropout scale, 1/N and eps in the accumulation
+    dtype, a chunk's columns and their mask (EVEN_N: N == CHUNKS x BLOCK_N, no padded columns, a constant-true
+    mask)."""
+    scale = row_dropout_scale(threshold, IS_FP64)
+    inv_n = row_inv_n(N, IS_FP64)
+    eps = row_eps(eps_hi, eps_lo, IS_FP64)
+    cols = tl.arange(0, BLOCK_N)
+    if EVEN_N:
+        cmask = cols < BLOCK_N
+    else:
+        cmask = cols < N
+    return scale, inv_n, eps, cols, cmask
+
+
+@triton.jit
+def row_tile_rows(tile, cmask, M, N, BLOCK_M: tl.constexpr):
+    """Row tile `tile` of a persistent single-block forward: its rows (int64; < M < 2**31, no int32 overflow), the
+    rows' mask, the tile's element mask and each row's linear index rows * N. From the launch's sizes only, never
+    from a loaded value: the kernels' store offsets come from it, and Inductor's TTIR analysis would take a
+    pointer that a helper's loads feed for a written one."""
+    rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    row_mask = rows < M
+    mask = row_mask[:, None] & cmask[None, :]
+    base = rows * N
+    return rows, row_mask, mask, base
+
+
+@triton.jit
+def row_tile_rng(seed0, tile, threshold, base, mbase, period, jump, MAPPED: tl.constexpr):
+    """The seed of a persistent kernel's tile (row_tile_seed) and each row's first dropout index (row_map_index)."""
+    return row_tile_seed(seed0, tile, threshold), row_map_index(base, mbase, period, jump, MAPPED)
+
+
+@triton.jit
+def row_centred(v, mean, mask, RMS: tl.constexpr, EVEN: tl.constexpr):
+    """v - mean (zero on padded columns) for LayerNorm; v itself for RMSNorm (padded columns load zeros)."""
+    if RMS:
+        d = v
+    elif EVEN:  # every column real; masked rows load zeros and have mean 0: deviations 0 without a select
+        d = v - mean[:, None]
+    else:
+        d = tl.where(mask, v - mean[:, None], 0.0)
+    return d
+
+
+@triton.jit
+def row_moments(
+    vs, mask, inv_n, eps, RMS: tl.constexpr, EVEN_N: tl.constexpr, IS_FP64: tl.constexpr, CHUNKS: tl.constexpr
+):
+    """(mean, deviations, rstd) of the rows of a single-block tile from its chunks vs (a tuple, masked lanes
+    zeros): the chunks added element-wise first, one cross-thread reduction per statistic, not one per chunk.
+    RMS: no centring, the deviations are vs themselves and the mean (zeros) is not used."""
+    if RMS:
+        mean = tl.zeros([vs[0].shape[0]], dtype=vs[0].dtype)
+    else:
+        mean = tl.sum(row_chunks_sum(vs, CHUNKS), axis=1) * inv_n
+    ds = ()
+    for c in tl.static_range(CHUNKS):
+        ds = ds + (row_centred(vs[c], mean, mask, RMS, EVEN_N),)
+    rstd = row_rsqrt(tl.sum(row_chunks_dot(ds, ds, CHUNKS), axis=1) * inv_n + eps, IS_FP64)
+    return mean, ds, rstd
+
+
+@triton.jit
+def row_merge_stats(mean, m2, v, mask, col0, N, BLOCK_N: tl.constexpr, RMS: tl.constexpr, IS_FP64: tl.constexpr):
+    """Pass 1 of a looped forward: a row's running statistics merged with its chunk v ([1, BLOCK_N] at columns
+    col0, masked lanes zeros). RMSNorm: the sum of squares m2 (mean unchanged, unused). LayerNorm: Chan et al.'s
+    merge of (col0, mean, m2) with the chunk's (n_b, mean_b, m2_b), every division correctly rounded."""
+    if RMS:
+        m2 += tl.sum(v * v, axis=1)
+    else:
+        n_b = tl.minimum(N - col0, BLOCK_N)
+        n_a = to_acc(col0 + tl.zeros([1], dtype=tl.int32), IS_FP64)
+        n_b_f = to_acc(n_b + tl.zeros([1], dtype=tl.int32), IS_FP64)
+        mean_b = row_div(tl.sum(v, axis=1), n_b_f, IS_FP64)
+        d = tl.where(mask, v - mean_b[:, None], 0.0)
+        m2_b = tl.sum(d * d, axis=1)
+        tot = n_a + n_b_f
+        delta = mean_b - mean
+        mean = mean + delta * row_div(n_b_f, tot, IS_FP64)
+        m2 = m2 + m2_b + delta * delta * row_div(n_a * n_b_f, tot, IS_FP64)
+    return mean, m2
+
+
+@triton.jit
 def row_tile_offsets(rows, row_mask, col0, cols, cmask, N):
     """Linear offsets and mask of the tile rows x (col0 + cols). Computed in the kernels themselves (not returned
     from a helper that also loads), so Inductor's TTIR analysis sees that only the output pointers are stored."""
