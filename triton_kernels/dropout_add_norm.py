@@ -57,11 +57,10 @@ from .rows import (
     eps_pair,
     plan_rows_backward,
     plan_rows_forward,
-    row_chunks_dot,
-    row_chunks_sum,
-    row_div,
+    row_centred,
     row_dropout_scale,
     row_eps,
+    row_fused_setup,
     row_held_chunk,
     row_held_params,
     row_hold,
@@ -75,11 +74,15 @@ from .rows import (
     row_load_seed,
     row_load_stats,
     row_map_index,
+    row_merge_stats,
+    row_moments,
     row_param_tiles,
     row_raw_chunk,
     row_rsqrt,
     row_thread_sums,
     row_tile_offsets,
+    row_tile_rng,
+    row_tile_rows,
     row_tile_seed,
     row_zero_chunks,
     run_rows_backward,
@@ -120,18 +123,6 @@ def _out_chunk(OUT, offs, mask, d, rstd, w, b, col0, HAS_W: tl.constexpr, HAS_B:
     if HAS_B:
         y = y + b.to(y.dtype)
     tl.store(OUT + offs + col0, to_out(y, OUT, RTNE_BF16), mask=mask)
-
-
-@triton.jit
-def _centred(s, mean, mask, RMS: tl.constexpr, EVEN: tl.constexpr):
-    """s - mean (zero on padded columns) for LayerNorm; s itself for RMSNorm (padded columns load zeros)."""
-    if RMS:
-        d = s
-    elif EVEN:
-        d = s - mean[:, None]
-    else:
-        d = tl.where(mask, s - mean[:, None], 0.0)
-    return d
 
 
 @triton.jit
@@ -183,26 +174,15 @@ def dan_fwd_fused_kernel(
     of BLOCK_N >= N columns or CHUNKS = 3 or 4 chunks of N / CHUNKS. Per tile: every chunk's x and residual are
     loaded and the sum stored before the first reduction; the statistics come from the registers, so x, the
     residual and the sum each cross DRAM once. The weight and bias are held across the loop with HOIST_PARAMS."""
-    scale = row_dropout_scale(threshold, IS_FP64)
-    inv_n = row_inv_n(N, IS_FP64)
-    eps = row_eps(eps_hi, eps_lo, IS_FP64)
-    cols = tl.arange(0, BLOCK_N)
-    if EVEN_N:
-        cmask = cols < BLOCK_N
-    else:
-        cmask = cols < N
+    scale, inv_n, eps, cols, cmask = row_fused_setup(N, eps_hi, eps_lo, threshold, IS_FP64, BLOCK_N, EVEN_N)
     seed0 = row_load_seed(SEED, DROPOUT)
     mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     if HOIST_PARAMS:
         ws, bs = row_held_params(W, B, cols, cmask, HAS_W, HAS_B, IS_FP64, CHUNKS, BLOCK_N)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
-        row_mask = rows < M
-        mask = row_mask[:, None] & cmask[None, :]
-        base = rows * N
-        seed = row_tile_seed(seed0, tile, threshold)
-        rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
+        rows, row_mask, mask, base = row_tile_rows(tile, cmask, M, N, BLOCK_M)
+        seed, rng = row_tile_rng(seed0, tile, threshold, base, mbase, period, jump, MAPPED)
         offs = base[:, None] + cols[None, :]
         ss = ()
         for c in tl.static_range(CHUNKS):
@@ -227,14 +207,7 @@ def dan_fwd_fused_kernel(
                 RTNE_BF16,
             )
             ss = ss + (s_c,)
-        if RMS:
-            mean = tl.zeros([BLOCK_M], dtype=ss[0].dtype)
-        else:  # chunks added element-wise first: one cross-thread reduction per statistic
-            mean = tl.sum(row_chunks_sum(ss, CHUNKS), axis=1) * inv_n
-        ds = ()
-        for c in tl.static_range(CHUNKS):  # past one chunk, every chunk is full (EVEN_N)
-            ds = ds + (_centred(ss[c], mean, mask, RMS, EVEN_N),)
-        rstd = row_rsqrt(tl.sum(row_chunks_dot(ds, ds, CHUNKS), axis=1) * inv_n + eps, IS_FP64)
+        mean, ds, rstd = row_moments(ss, mask, inv_n, eps, RMS, EVEN_N, IS_FP64, CHUNKS)
         if not HOIST_PARAMS:
             ws, bs = row_param_tiles(W, B, cols, cmask, HAS_W, HAS_B, CHUNKS, BLOCK_M, BLOCK_N)
         if not RMS:
@@ -271,19 +244,7 @@ def dan_fwd_looped_kernel(
             X, R, SUM, offs, mask, seed, rng, col0, cols, threshold, scale,
             HAS_R, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N, RTNE_BF16,
         )  # fmt: skip
-        if RMS:
-            m2 += tl.sum(s * s, axis=1)
-        else:  # Chan et al.: merge (col0, mean, m2) with this chunk's (n_b, mean_b, m2_b), divisions rounded
-            n_b = tl.minimum(N - col0, BLOCK_N)
-            n_a = to_acc(col0 + tl.zeros([1], dtype=tl.int32), IS_FP64)
-            n_b_f = to_acc(n_b + tl.zeros([1], dtype=tl.int32), IS_FP64)
-            mean_b = row_div(tl.sum(s, axis=1), n_b_f, IS_FP64)
-            d = tl.where(mask, s - mean_b[:, None], 0.0)
-            m2_b = tl.sum(d * d, axis=1)
-            tot = n_a + n_b_f
-            delta = mean_b - mean
-            mean = mean + delta * row_div(n_b_f, tot, IS_FP64)
-            m2 = m2 + m2_b + delta * delta * row_div(n_a * n_b_f, tot, IS_FP64)
+        mean, m2 = row_merge_stats(mean, m2, s, mask, col0, N, BLOCK_N, RMS, IS_FP64)
     rstd = row_rsqrt(m2 * row_inv_n(N, IS_FP64) + row_eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
     if not RMS:
         tl.store(MEAN + rows, mean)
@@ -296,7 +257,7 @@ def dan_fwd_looped_kernel(
         s = to_acc(tl.load(SUM + offs + col0, mask=mask, other=0.0), IS_FP64)
         w = row_load_param_tile(W, col0, cols, cmask, HAS_W, 1)
         b = row_load_param_tile(B, col0, cols, cmask, HAS_B, 1)
-        _out_chunk(OUT, offs, mask, _centred(s, mean, mask, RMS, False), rstd, w, b, col0, HAS_W, HAS_B, RTNE_BF16)
+        _out_chunk(OUT, offs, mask, row_centred(s, mean, mask, RMS, False), rstd, w, b, col0, HAS_W, HAS_B, RTNE_BF16)
 
 
 # ------------------------------------------------------------------------------------------------- backward

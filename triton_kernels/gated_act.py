@@ -80,6 +80,40 @@ def gated_tile_offsets(M, F, NUMEL, PACKED: tl.constexpr, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
+def gated_load_inputs(GATE, UP, in_offs, mask, F, PACKED: tl.constexpr, IS_FP64: tl.constexpr):
+    """The tile's gate and up in the accumulation dtype: up from UP, or with PACKED from GATE's second half."""
+    g = to_acc(tl.load(GATE + in_offs, mask=mask, other=0.0), IS_FP64)
+    if PACKED:
+        u = to_acc(tl.load(GATE + (in_offs + F), mask=mask, other=0.0), IS_FP64)
+    else:
+        u = to_acc(tl.load(UP + in_offs, mask=mask, other=0.0), IS_FP64)
+    return g, u
+
+
+@triton.jit
+def gated_keep(
+    SEED,
+    base,
+    col0,
+    threshold,
+    IS_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FAST_RNG: tl.constexpr,
+    MAPPED: tl.constexpr,
+):
+    """(keep bits, scale) of the tile at gated_tile_offsets' base and col0, for a launch with dropout: the seed and
+    its shard map are read here (rows.row_keep_tile_mapped)."""
+    seed = row_load_seed(SEED, True)
+    mbase, period, jump = row_load_map(SEED, True, MAPPED)
+    scale = row_dropout_scale(threshold, IS_FP64)
+    keep = row_keep_tile_mapped(
+        seed, base, col0, tl.arange(0, BLOCK_N), threshold, mbase, period, jump, BLOCK_M, BLOCK_N, FAST_RNG, MAPPED
+    )
+    return keep, scale
+
+
+@triton.jit
 def gated_act_fwd_kernel(
     GATE,
     UP,
@@ -101,19 +135,10 @@ def gated_act_fwd_kernel(
 ):
     """out = keep ? (act(gate) * up) * scale : 0. PACKED: up is GATE's second half (UP is not read)."""
     offs, in_offs, mask, base, col0 = gated_tile_offsets(M, F, NUMEL, PACKED, BLOCK_M, BLOCK_N)
-    g = to_acc(tl.load(GATE + in_offs, mask=mask, other=0.0), IS_FP64)
-    if PACKED:
-        u = to_acc(tl.load(GATE + (in_offs + F), mask=mask, other=0.0), IS_FP64)
-    else:
-        u = to_acc(tl.load(UP + in_offs, mask=mask, other=0.0), IS_FP64)
+    g, u = gated_load_inputs(GATE, UP, in_offs, mask, F, PACKED, IS_FP64)
     h = act_forward(g, ACT, IS_FP64) * u
     if DROPOUT:
-        seed = row_load_seed(SEED, DROPOUT)
-        mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
-        scale = row_dropout_scale(threshold, IS_FP64)
-        keep = row_keep_tile_mapped(
-            seed, base, col0, tl.arange(0, BLOCK_N), threshold, mbase, period, jump, BLOCK_M, BLOCK_N, FAST_RNG, MAPPED
-        )
+        keep, scale = gated_keep(SEED, base, col0, threshold, IS_FP64, BLOCK_M, BLOCK_N, FAST_RNG, MAPPED)
         h = tl.where(keep, h * scale, 0.0)
     tl.store(OUT + offs, to_out(h, OUT, RTNE_BF16), mask=mask)
 
@@ -144,18 +169,9 @@ def gated_act_bwd_kernel(
     recomputed). PACKED: up is GATE's second half and grad_up DGATE's (UP and DUP are neither read nor written)."""
     offs, in_offs, mask, base, col0 = gated_tile_offsets(M, F, NUMEL, PACKED, BLOCK_M, BLOCK_N)
     dy = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
-    g = to_acc(tl.load(GATE + in_offs, mask=mask, other=0.0), IS_FP64)
-    if PACKED:
-        u = to_acc(tl.load(GATE + (in_offs + F), mask=mask, other=0.0), IS_FP64)
-    else:
-        u = to_acc(tl.load(UP + in_offs, mask=mask, other=0.0), IS_FP64)
+    g, u = gated_load_inputs(GATE, UP, in_offs, mask, F, PACKED, IS_FP64)
     if DROPOUT:
-        seed = row_load_seed(SEED, DROPOUT)
-        mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
-        scale = row_dropout_scale(threshold, IS_FP64)
-        keep = row_keep_tile_mapped(
-            seed, base, col0, tl.arange(0, BLOCK_N), threshold, mbase, period, jump, BLOCK_M, BLOCK_N, FAST_RNG, MAPPED
-        )
+        keep, scale = gated_keep(SEED, base, col0, threshold, IS_FP64, BLOCK_M, BLOCK_N, FAST_RNG, MAPPED)
         gh = tl.where(keep, dy * scale, 0.0)
     else:
         gh = dy

@@ -16,11 +16,9 @@ from .common import (
 # The jit helpers are called by their own names (row_*), never through an alias: Inductor re-emits a triton_op
 # kernel's helpers under each helper's __name__, so an alias would be undefined there.
 from .rows import (
-    row_chunks_dot,
-    row_chunks_sum,
-    row_div,
     row_dropout_scale,
     row_eps,
+    row_fused_setup,
     row_held_params,
     row_inv_n,
     row_keep_tile,
@@ -28,9 +26,12 @@ from .rows import (
     row_load_param_tile,
     row_load_seed,
     row_map_index,
+    row_merge_stats,
+    row_moments,
     row_param_tiles,
     row_rsqrt,
-    row_tile_seed,
+    row_tile_rng,
+    row_tile_rows,
 )
 
 
@@ -115,43 +116,21 @@ def ldr_fwd_fused_kernel(
     HOIST_PARAMS the weight and bias are loaded (and converted to the accumulation dtype) once per program too,
     otherwise once per tile. RMS: RMSNorm (the mean square of x, no centring; MEAN is not written); RELU: the ReLU
     after the dropout (layer_norm_dropout_relu: RMS=False, RELU=True)."""
-    scale = row_dropout_scale(threshold, IS_FP64)
-    inv_n = row_inv_n(N, IS_FP64)
-    eps = row_eps(eps_hi, eps_lo, IS_FP64)
-    cols = tl.arange(0, BLOCK_N)
-    if EVEN_N:  # N == CHUNKS x BLOCK_N: no padded columns, a constant-true column mask
-        cmask = cols < BLOCK_N
-    else:
-        cmask = cols < N
+    scale, inv_n, eps, cols, cmask = row_fused_setup(N, eps_hi, eps_lo, threshold, IS_FP64, BLOCK_N, EVEN_N)
     seed0 = row_load_seed(SEED, DROPOUT)
     mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     if HOIST_PARAMS:
         ws, bs = row_held_params(W, B, cols, cmask, HAS_W, HAS_B, IS_FP64, CHUNKS, BLOCK_N)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
-        row_mask = rows < M
-        mask = row_mask[:, None] & cmask[None, :]
-        base = rows * N
-        seed = row_tile_seed(seed0, tile, threshold)
-        rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
+        rows, row_mask, mask, base = row_tile_rows(tile, cmask, M, N, BLOCK_M)
+        seed, rng = row_tile_rng(seed0, tile, threshold, base, mbase, period, jump, MAPPED)
         offs = base[:, None] + cols[None, :]
         # every load of the tile before its first reduction
         xs = ()
         for c in tl.static_range(CHUNKS):
             xs = xs + (to_acc(tl.load(X + offs + c * BLOCK_N, mask=mask, other=0.0), IS_FP64),)
-        if RMS:  # no centring: the "deviations" are x itself (masked lanes load zeros)
-            ds = xs
-        else:
-            # chunks added element-wise first: one cross-thread reduction per statistic, not one per chunk
-            mean = tl.sum(row_chunks_sum(xs, CHUNKS), axis=1) * inv_n
-            ds = ()
-            for c in tl.static_range(CHUNKS):
-                if EVEN_N:  # every chunk full; masked rows load zeros and have mean 0: deviations 0 without a select
-                    ds = ds + (xs[c] - mean[:, None],)
-                else:
-                    ds = ds + (tl.where(mask, xs[c] - mean[:, None], 0.0),)
-        rstd = row_rsqrt(tl.sum(row_chunks_dot(ds, ds, CHUNKS), axis=1) * inv_n + eps, IS_FP64)
+        mean, ds, rstd = row_moments(xs, mask, inv_n, eps, RMS, EVEN_N, IS_FP64, CHUNKS)
         if not HOIST_PARAMS:
             ws, bs = row_param_tiles(W, B, cols, cmask, HAS_W, HAS_B, CHUNKS, BLOCK_M, BLOCK_N)
         if not RMS:
@@ -219,20 +198,7 @@ def ldr_fwd_looped_kernel(
     for col0 in range(0, N, BLOCK_N):
         cmask = (col0 + cols) < N
         x = to_acc(tl.load(X + base[:, None] + col0 + cols[None, :], mask=cmask[None, :], other=0.0), IS_FP64)
-        if RMS:  # masked lanes load zeros
-            m2 += tl.sum(x * x, axis=1)
-        else:
-            n_b = tl.minimum(N - col0, BLOCK_N)
-            # Chan et al.: merge (col0, mean, m2) with (n_b, mean_b, m2_b); every division correctly rounded
-            n_a = to_acc(col0 + tl.zeros([1], dtype=tl.int32), IS_FP64)
-            n_b_f = to_acc(n_b + tl.zeros([1], dtype=tl.int32), IS_FP64)
-            mean_b = row_div(tl.sum(x, axis=1), n_b_f, IS_FP64)
-            d = tl.where(cmask[None, :], x - mean_b[:, None], 0.0)
-            m2_b = tl.sum(d * d, axis=1)
-            tot = n_a + n_b_f
-            delta = mean_b - mean
-            mean = mean + delta * row_div(n_b_f, tot, IS_FP64)
-            m2 = m2 + m2_b + delta * delta * row_div(n_a * n_b_f, tot, IS_FP64)
+        mean, m2 = row_merge_stats(mean, m2, x, cmask[None, :], col0, N, BLOCK_N, RMS, IS_FP64)
     var = m2 * row_inv_n(N, IS_FP64)
     rstd = row_rsqrt(var + row_eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
     if not RMS:

@@ -133,15 +133,9 @@ def _philox(seed, c0, c1):
 
 
 @triton.jit
-def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Lanes u for the [BLOCK_M, BLOCK_N] tile of rows starting at linear index base (int64 [BLOCK_M], each a
-    multiple of 8) and columns col0 + 0..BLOCK_N-1 (col0 a multiple of 8): one Philox call per 8 elements."""
-    GROUPS: tl.constexpr = BLOCK_N // 8
-    gcols = tl.arange(0, GROUPS).to(tl.int64)
-    g = ((base[:, None] + col0) >> 3) + gcols[None, :]  # [BLOCK_M, GROUPS]
-    c0 = g.to(tl.uint32)
-    c1 = (g >> 32).to(tl.uint32)
-    w0, w1, w2, w3 = _philox(seed, c0, c1)
+def _lanes_of_words(w0, w1, w2, w3, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The 16-bit lanes (int32) of the Philox words of a tile's 8-element groups, in lane order: lane k of a group is
+    the low (k even) or high (k odd) half of word k // 2."""
     lo0 = w0 & 0xFFFF
     lo1 = w1 & 0xFFFF
     lo2 = w2 & 0xFFFF
@@ -157,26 +151,29 @@ def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
 
 
 @triton.jit
-def _lane_u16_groups(seed, g, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Lanes u of the [BLOCK_M, BLOCK_N] tile whose 8-element groups are g (int64 [BLOCK_M, BLOCK_N // 8]: group
-    g is the linear indices 8g .. 8g + 7): _lane_u16_fast's Philox and lane order from given groups (the mapped
-    launches'). A copy rather than a call from _lane_u16_fast: one more level of inlining reorders the compiled
-    code of the 1-element seed's kernels (ptxas then allocates some of them other registers)."""
+def _lane_u16_fast(seed, base, col0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Lanes u for the [BLOCK_M, BLOCK_N] tile of rows starting at linear index base (int64 [BLOCK_M], each a
+    multiple of 8) and columns col0 + 0..BLOCK_N-1 (col0 a multiple of 8): one Philox call per 8 elements."""
+    GROUPS: tl.constexpr = BLOCK_N // 8
+    gcols = tl.arange(0, GROUPS).to(tl.int64)
+    g = ((base[:, None] + col0) >> 3) + gcols[None, :]  # [BLOCK_M, GROUPS]
     c0 = g.to(tl.uint32)
     c1 = (g >> 32).to(tl.uint32)
     w0, w1, w2, w3 = _philox(seed, c0, c1)
-    lo0 = w0 & 0xFFFF
-    lo1 = w1 & 0xFFFF
-    lo2 = w2 & 0xFFFF
-    lo3 = w3 & 0xFFFF
-    hi0 = w0 >> 16
-    hi1 = w1 >> 16
-    hi2 = w2 >> 16
-    hi3 = w3 >> 16
-    # [..., j, i, h] = (lo, hi)[h] of word 2j + i  ->  flattened order w0lo w0hi w1lo w1hi ... = lane k
-    u = tl.join(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)), tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3)))
-    u = tl.reshape(u, [BLOCK_M, BLOCK_N])
-    return u.to(tl.int32)
+    return _lanes_of_words(w0, w1, w2, w3, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _lane_u16_groups(seed, g, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Lanes u of the [BLOCK_M, BLOCK_N] tile whose 8-element groups are g (int64 [BLOCK_M, BLOCK_N // 8]: group
+    g is the linear indices 8g .. 8g + 7): _lane_u16_fast's Philox and lane order from given groups (the mapped
+    launches'). Its own Philox call rather than a call of it from _lane_u16_fast: one more level of inlining
+    reorders the compiled code of the 1-element seed's kernels (ptxas then allocates some of them other
+    registers)."""
+    c0 = g.to(tl.uint32)
+    c1 = (g >> 32).to(tl.uint32)
+    w0, w1, w2, w3 = _philox(seed, c0, c1)
+    return _lanes_of_words(w0, w1, w2, w3, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -461,6 +458,92 @@ def row_chunks_dot(a, b, CHUNKS: tl.constexpr):
     for c in tl.static_range(1, CHUNKS):
         total = total + a[c] * b[c]
     return total
+
+
+@triton.jit
+def row_fused_setup(N, eps_hi, eps_lo, threshold, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr):
+    """What a single-block forward computes once per program: the dropout scale, 1/N and eps in the accumulation
+    dtype, a chunk's columns and their mask (EVEN_N: N == CHUNKS x BLOCK_N, no padded columns, a constant-true
+    mask)."""
+    scale = row_dropout_scale(threshold, IS_FP64)
+    inv_n = row_inv_n(N, IS_FP64)
+    eps = row_eps(eps_hi, eps_lo, IS_FP64)
+    cols = tl.arange(0, BLOCK_N)
+    if EVEN_N:
+        cmask = cols < BLOCK_N
+    else:
+        cmask = cols < N
+    return scale, inv_n, eps, cols, cmask
+
+
+@triton.jit
+def row_tile_rows(tile, cmask, M, N, BLOCK_M: tl.constexpr):
+    """Row tile `tile` of a persistent single-block forward: its rows (int64; < M < 2**31, no int32 overflow), the
+    rows' mask, the tile's element mask and each row's linear index rows * N. From the launch's sizes only, never
+    from a loaded value: the kernels' store offsets come from it, and Inductor's TTIR analysis would take a
+    pointer that a helper's loads feed for a written one."""
+    rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    row_mask = rows < M
+    mask = row_mask[:, None] & cmask[None, :]
+    base = rows * N
+    return rows, row_mask, mask, base
+
+
+@triton.jit
+def row_tile_rng(seed0, tile, threshold, base, mbase, period, jump, MAPPED: tl.constexpr):
+    """The seed of a persistent kernel's tile (row_tile_seed) and each row's first dropout index (row_map_index)."""
+    return row_tile_seed(seed0, tile, threshold), row_map_index(base, mbase, period, jump, MAPPED)
+
+
+@triton.jit
+def row_centred(v, mean, mask, RMS: tl.constexpr, EVEN: tl.constexpr):
+    """v - mean (zero on padded columns) for LayerNorm; v itself for RMSNorm (padded columns load zeros)."""
+    if RMS:
+        d = v
+    elif EVEN:  # every column real; masked rows load zeros and have mean 0: deviations 0 without a select
+        d = v - mean[:, None]
+    else:
+        d = tl.where(mask, v - mean[:, None], 0.0)
+    return d
+
+
+@triton.jit
+def row_moments(
+    vs, mask, inv_n, eps, RMS: tl.constexpr, EVEN_N: tl.constexpr, IS_FP64: tl.constexpr, CHUNKS: tl.constexpr
+):
+    """(mean, deviations, rstd) of the rows of a single-block tile from its chunks vs (a tuple, masked lanes
+    zeros): the chunks added element-wise first, one cross-thread reduction per statistic, not one per chunk.
+    RMS: no centring, the deviations are vs themselves and the mean (zeros) is not used."""
+    if RMS:
+        mean = tl.zeros([vs[0].shape[0]], dtype=vs[0].dtype)
+    else:
+        mean = tl.sum(row_chunks_sum(vs, CHUNKS), axis=1) * inv_n
+    ds = ()
+    for c in tl.static_range(CHUNKS):
+        ds = ds + (row_centred(vs[c], mean, mask, RMS, EVEN_N),)
+    rstd = row_rsqrt(tl.sum(row_chunks_dot(ds, ds, CHUNKS), axis=1) * inv_n + eps, IS_FP64)
+    return mean, ds, rstd
+
+
+@triton.jit
+def row_merge_stats(mean, m2, v, mask, col0, N, BLOCK_N: tl.constexpr, RMS: tl.constexpr, IS_FP64: tl.constexpr):
+    """Pass 1 of a looped forward: a row's running statistics merged with its chunk v ([1, BLOCK_N] at columns
+    col0, masked lanes zeros). RMSNorm: the sum of squares m2 (mean unchanged, unused). LayerNorm: Chan et al.'s
+    merge of (col0, mean, m2) with the chunk's (n_b, mean_b, m2_b), every division correctly rounded."""
+    if RMS:
+        m2 += tl.sum(v * v, axis=1)
+    else:
+        n_b = tl.minimum(N - col0, BLOCK_N)
+        n_a = to_acc(col0 + tl.zeros([1], dtype=tl.int32), IS_FP64)
+        n_b_f = to_acc(n_b + tl.zeros([1], dtype=tl.int32), IS_FP64)
+        mean_b = row_div(tl.sum(v, axis=1), n_b_f, IS_FP64)
+        d = tl.where(mask, v - mean_b[:, None], 0.0)
+        m2_b = tl.sum(d * d, axis=1)
+        tot = n_a + n_b_f
+        delta = mean_b - mean
+        mean = mean + delta * row_div(n_b_f, tot, IS_FP64)
+        m2 = m2 + m2_b + delta * delta * row_div(n_a * n_b_f, tot, IS_FP64)
+    return mean, m2
 
 
 @triton.jit
