@@ -21,6 +21,9 @@ fi
 TREE="${GPUOPT_TEST_TREE:-$ROOT/build/test-tree}"
 # the emulator's compiled test extensions (tools/cuda_emu/build.py), kept between runs; keyed by torch + Python
 export GPUOPT_EMU_BUILD_DIR="${GPUOPT_EMU_BUILD_DIR:-$ROOT/build/cuda-emu}"
+# the Triton compile results of the Triton gate and the performance model (tools/triton_resources.py), kept between
+# runs; an entry is named by everything its compile reads (kernel source, signature, options, triton's version)
+export GPUOPT_TRITON_STORE="${GPUOPT_TRITON_STORE:-$ROOT/build/triton-store}"
 mkdir -p "$TREE"
 find "$TREE" -mindepth 1 -maxdepth 1 ! -name .pytest_cache -exec rm -rf {} +
 (cd "$ROOT" && tar -cf - --exclude=./gpuopt_ops --exclude=./triton_kernels --exclude=./build --exclude=./dist \

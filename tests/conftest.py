@@ -60,11 +60,31 @@ def pytest_xdist_make_scheduler(config, log):
     return FileGroupScheduling(config, log)
 
 
+# Entries of a kept Triton store that no run has read for this long are dropped (a store read refreshes an entry).
+TRITON_STORE_KEEP_DAYS = 14
+
+
 @pytest.fixture(scope="session")
 def triton_store(tmp_path_factory):
     """$GPUOPT_TRITON_STORE for the subprocesses of the Triton gate and the performance model: the compile results
-    of tools.triton_resources, shared within this test process (one xdist worker)."""
-    return tmp_path_factory.getbasetemp() / "triton-store"
+    of tools.triton_resources. The folder the environment names, kept between runs (scripts/run_tests.sh:
+    build/triton-store; entries are named by everything a compile reads, so a changed kernel compiles afresh),
+    else one inside this test process's temporary folder (shared by the files of one xdist worker)."""
+    import time
+    from pathlib import Path
+
+    kept = os.environ.get("GPUOPT_TRITON_STORE", "").strip()
+    if not kept:
+        return tmp_path_factory.getbasetemp() / "triton-store"
+    store = Path(kept)
+    cutoff = time.time() - TRITON_STORE_KEEP_DAYS * 86400
+    for entry in store.glob("*.pkl") if store.is_dir() else ():
+        try:
+            if entry.stat().st_mtime < cutoff:
+                entry.unlink()
+        except FileNotFoundError:  # another worker dropped it first
+            pass
+    return store
 
 
 @pytest.fixture(scope="session")

@@ -96,8 +96,10 @@ def newcomer_checkout(dest: Path) -> Path:
 
 
 def newcomer_env() -> dict[str, str]:
-    """This environment less what a newcomer's shell does not have (the suite's own settings)."""
-    drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "TRITON_INTERPRET", "GPUOPT_TRITON_STORE")
+    """This environment less what a newcomer's shell does not have (the suite's own settings). The caches stay
+    (the emulator's builds, the Triton compile store): each entry is named by everything it was built from, so
+    what a command prints does not depend on them."""
+    drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "TRITON_INTERPRET")
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
@@ -113,38 +115,82 @@ def bash(line: str, cwd: Path, timeout=600) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.slow  # fresh interpreters: about two minutes of CPU in all
-def test_readme_commands_run_as_written(tmp_path):
-    if sys.prefix == sys.base_prefix:
-        pytest.skip("the README's commands run in the set-up's venv; this Python is not a venv")
-    root = newcomer_checkout(tmp_path / "repo")
-    # the newcomer's problem: the source folder, first on sys.path, shadows the installed wheel
-    res = bash('python -c "import gpuopt_ops"', root)
-    assert res.returncode != 0 and "cannot load the compiled extension gpuopt_ops._C" in res.stderr, res.stderr
-    assert f"imported from {root / 'gpuopt_ops' / '__init__.py'}" in res.stderr, res.stderr
-    # what setup_env.sh does after installing the wheel
-    res = subprocess.run(["bash", "scripts/place_build.sh", ".venv/bin/python"], cwd=root, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
-    assert res.returncode == 0, res.stdout + res.stderr
-    for name in [p.name for p in PKG.glob("_C*.so")]:
-        placed, installed = root / "gpuopt_ops" / name, PKG / name
-        assert placed.is_file() and not placed.is_symlink(), placed
-        assert placed.read_bytes() == installed.read_bytes(), f"{placed} is not the installed build"
-    from gpuopt_ops import build_info
+# A README command that reads what the one before it wrote runs in the same test, right after it.
+AFTER = {"python -m benchmarks.plot bench_out/bench_*.csv": "python -m benchmarks.run"}
 
-    failed = []
+
+def quick_units() -> list[list[str]]:
+    """The QUICK commands in README order, one test each (pytest-xdist spreads them over the workers), a command
+    of AFTER in its producer's test."""
+    units: list[list[str]] = []
     for command in readme_commands():
         if command not in QUICK:
             continue
-        if build_info.CUDA_ARCH_LIST is None and command.split()[2] in NEEDS_CUDA_BUILD:
-            continue  # a CPU-only build: what these read is not there (never under CI=true)
+        producer = AFTER.get(command)
+        if producer is not None and units and units[-1][-1] == producer:
+            units[-1].append(command)
+        else:
+            units.append([command])
+    return units
+
+
+@pytest.fixture(scope="module")
+def newcomer(tmp_path_factory):
+    """A newcomer's checkout (newcomer_checkout), and what `import gpuopt_ops` said there before the set-up placed
+    the build; then the set-up's last step, scripts/place_build.sh, run in it. One a test process."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the README's commands run in the set-up's venv; this Python is not a venv")
+    root = newcomer_checkout(tmp_path_factory.mktemp("newcomer") / "repo")
+    # the newcomer's problem: the source folder, first on sys.path, shadows the installed wheel
+    before = bash('python -c "import gpuopt_ops"', root)
+    # what setup_env.sh does after installing the wheel
+    placed = subprocess.run(["bash", "scripts/place_build.sh", ".venv/bin/python"], cwd=root, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    return root, before, placed
+
+
+@pytest.mark.slow  # fresh interpreters
+def test_source_folder_shadows_the_venv_until_the_build_is_placed(newcomer):
+    root, before, placed = newcomer
+    assert before.returncode != 0, before.stdout
+    assert "cannot load the compiled extension gpuopt_ops._C" in before.stderr, before.stderr
+    assert f"imported from {root / 'gpuopt_ops' / '__init__.py'}" in before.stderr, before.stderr
+    assert placed.returncode == 0, placed.stdout + placed.stderr
+    for name in [p.name for p in PKG.glob("_C*.so")]:
+        dest, installed = root / "gpuopt_ops" / name, PKG / name
+        assert dest.is_file() and not dest.is_symlink(), dest
+        assert dest.read_bytes() == installed.read_bytes(), f"{dest} is not the installed build"
+    res = bash('python -c "import gpuopt_ops"', root)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_quick_units_cover_every_quick_command():
+    """Every README command of QUICK runs in one of the tests below, once, and a command of AFTER right after the
+    command that writes what it reads."""
+    units = quick_units()
+    flat = [c for u in units for c in u]
+    assert sorted(flat) == sorted(c for c in readme_commands() if c in QUICK), flat
+    assert len(flat) == len(set(flat)), flat
+    for command, producer in AFTER.items():
+        unit = next(u for u in units if command in u)
+        assert unit.index(command) > 0 and unit[unit.index(command) - 1] == producer, unit
+
+
+@pytest.mark.slow  # fresh interpreters: about two minutes of CPU in all, spread over the tests
+@pytest.mark.parametrize("unit", quick_units(), ids=lambda u: u[0].removeprefix("python -m "))
+def test_readme_command_runs_as_written(newcomer, unit):
+    root, _, placed = newcomer
+    assert placed.returncode == 0, placed.stdout + placed.stderr
+    from gpuopt_ops import build_info
+
+    if build_info.CUDA_ARCH_LIST is None and unit[0].split()[2] in NEEDS_CUDA_BUILD:
+        pytest.skip("a CPU-only build: what this command reads is not there (never under CI=true)")
+    for command in unit:
         line = f"{command} {QUICK[command]}".strip()
         res = bash(line, root)
-        if res.returncode != 0:
-            failed.append(f"$ {line}\n(rc {res.returncode})\n{(res.stdout + res.stderr)[-3000:]}")
-        elif command.startswith("python -m benchmarks.run"):
+        assert res.returncode == 0, f"$ {line}\n(rc {res.returncode})\n{(res.stdout + res.stderr)[-3000:]}"
+        if command.startswith("python -m benchmarks.run"):
             assert (root / "bench_out" / f"bench_{DEVICE}.csv").is_file(), res.stdout[-2000:]
-    assert not failed, "README commands that failed from the repository root:\n\n" + "\n\n".join(failed)
 
 
 def test_place_build_copies_over_links_and_stale_builds(tmp_path):

@@ -232,7 +232,9 @@ def _compile_job(i: int) -> tuple[int, int, int, int, int, int, bytes, str]:
 
 
 # GPUOPT_TRITON_STORE=<folder>: a store of compile results (below) shared by the processes that name the same folder,
-# e.g. the Triton gate and the performance model in one test session, which compile many of the same variants.
+# e.g. the Triton gate and the performance model, which compile many of the same variants, within one test run and
+# from one run to the next (scripts/run_tests.sh keeps it in build/triton-store). An entry is named by everything its
+# compile reads (_store_path), so an edited kernel, another triton or other options compile afresh.
 STORE_ENV = "GPUOPT_TRITON_STORE"
 
 
@@ -273,9 +275,14 @@ def _compile(job) -> tuple[int, int, int, int, int, int, bytes, str]:
     """Compiles a job (or takes its result from $GPUOPT_TRITON_STORE); returns (registers, spill stores, spill
     loads, stack frame, shared bytes, num_warps, cubin, kernel symbol)."""
     path = _store_path(job)
-    if path and os.path.isfile(path):
-        with open(path, "rb") as f:
-            return pickle.load(f)
+    if path:
+        try:
+            with open(path, "rb") as f:
+                result = pickle.load(f)
+            os.utime(path)  # last read now: a store kept between runs drops what no run has read for a while
+            return result
+        except FileNotFoundError:  # not compiled yet, or just dropped as unread
+            pass
     result = _compile_now(job)
     if path:
         os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -9,8 +9,9 @@ Every extension gets tools/cuda_emu/cuda_emu.cpp (the emulator runtime) added to
 cached under tools/cuda_emu/.build/<name>-<key>/ (git-ignored) or $GPUOPT_EMU_BUILD_DIR, keyed by a hash of the
 sources and of every file they include (transitively) from tools/cuda_emu, csrc or the extra include dirs, the
 flags, the compiler, and the torch and Python versions: a repeated run loads the cached library without invoking
-the compiler. Concurrent builds of one key (pytest-xdist) are serialised by a lock; only the 3 newest builds of a
-name are kept.
+the compiler. Paths inside the checkout enter the key relative to its root, so copies of the repository (the test
+tree, a newcomer's checkout in the README test) share a build. Concurrent builds of one key (pytest-xdist) are
+serialised by a lock; only the 3 newest builds of a name are kept.
 
 Torch's own headers need C++20, so extensions are compiled in torch's default C++ mode; that the kernel headers
 and the emulator are valid C++17 is checked separately with check_cxx17().
@@ -88,15 +89,23 @@ def dependencies(sources: Sequence[Path], incs: Sequence[str]) -> list[Path]:
     return sorted(seen)
 
 
+def _in_checkout(path: str | os.PathLike) -> str:
+    """`path` as the key names it: relative to this checkout's root when inside it, so that two checkouts of the
+    same files (a copy of the repository, another clone) share their builds; absolute otherwise."""
+    p = Path(path).resolve()
+    return f"<checkout>/{p.relative_to(REPO_ROOT).as_posix()}" if p.is_relative_to(REPO_ROOT) else str(p)
+
+
 def _cache_key(name: str, sources: Sequence[Path], incs: Sequence[str], cflags: Sequence[str]) -> str:
     import torch
 
     h = hashlib.sha256()
-    for part in (name, torch.__version__, sys.version, compiler(), " ".join(cflags), " ".join(incs)):
+    inc_names = " ".join(_in_checkout(d) for d in incs)
+    for part in (name, torch.__version__, sys.version, compiler(), " ".join(cflags), inc_names):
         h.update(part.encode())
         h.update(b"\0")
     for f in dependencies(sources, incs):
-        h.update(str(f).encode())
+        h.update(_in_checkout(f).encode())
         h.update(b"\0")
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
