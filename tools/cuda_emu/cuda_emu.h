@@ -201,35 +201,32 @@ inline T __ldg(const T* p) {
 }
 inline void __threadfence() {}
 inline void __threadfence_block() {}
+// Each atomic is one read-modify-write: *p = f(old), returning old.
+template <typename T, typename F>
+inline T atomic_update(T* p, const F& f) {
+  const T old = *p;
+  *p = f(old);
+  return old;
+}
 template <typename T>
 inline T atomicAdd(T* p, T v) {
-  const T old = *p;
-  *p = old + v;
-  return old;
+  return atomic_update(p, [&](T old) { return old + v; });
 }
 template <typename T>
 inline T atomicMax(T* p, T v) {
-  const T old = *p;
-  *p = old < v ? v : old;
-  return old;
+  return atomic_update(p, [&](T old) { return old < v ? v : old; });
 }
 template <typename T>
 inline T atomicMin(T* p, T v) {
-  const T old = *p;
-  *p = v < old ? v : old;
-  return old;
+  return atomic_update(p, [&](T old) { return v < old ? v : old; });
 }
 template <typename T>
 inline T atomicExch(T* p, T v) {
-  const T old = *p;
-  *p = v;
-  return old;
+  return atomic_update(p, [&](T) { return v; });
 }
 template <typename T>
 inline T atomicCAS(T* p, T compare, T v) {
-  const T old = *p;
-  if (old == compare) *p = v;
-  return old;
+  return atomic_update(p, [&](T old) { return old == compare ? v : old; });
 }
 
 // ---------------------------------------------------------------------------------------------------------------
