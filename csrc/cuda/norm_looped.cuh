@@ -14,7 +14,84 @@ namespace dev {
 // ---------------------------------------------------------------------------------------------- forward, looped
 // One row a block of kLoopedThreads threads (grid stride over rows); thread t takes groups t, t + T, ...
 // DanKind: the first pass forms and stores the sum, the later passes read it back (each thread its own groups,
-// after the row sum's barrier); RMSNorm has no centred pass.
+// after the row sum's barrier); RMSNorm has no centred pass. Each pass loops over the thread's groups and calls a
+// one-group helper with the group's arrays, declared in the loop where the kernel declared them before it was
+// split (declared outside it, an array not written in every group would carry its values into the next).
+
+// A looped row, read by the helpers through a reference (as the kernel's own values): its index and its first
+// dropout index.
+struct LoopedRowAt {
+  int64_t row, drop0;
+};
+
+// LdrKind's first pass, group g of the row xr: its share of the sum of x (RMSNorm: of x^2) into `sum`.
+template <typename U, typename A, class Params>
+GPUOPT_DEV void looped_group_sum_x(const Params& p, const RowConsts<A>& rc, const U* xr, int64_t g, bool rms,
+                                   A (&v)[kGroup], A& sum) {
+  load_group(xr + g * kGroup, group_size(rc.N, g * kGroup), p.x_vec, v);
+#pragma unroll
+  for (int j = 0; j < kGroup; ++j) sum += rms ? v[j] * v[j] : v[j];
+}
+
+// DanKind's first pass, group g: s = dropout(x) (+ residual), stored; its share of the sum of s as stored
+// (RMSNorm: of s^2) into `sum`.
+template <typename U, typename A, class Params>
+GPUOPT_DEV void looped_group_form_sum(const Params& p, const RowConsts<A>& rc, const LoopedRowAt& at, int64_t g,
+                                      bool rms, A (&xv)[kGroup], A (&rv)[kGroup], A (&s)[kGroup], A& sum) {
+  const int64_t c0 = g * kGroup;
+  const int valid = group_size(rc.N, c0);
+  load_group(p.x + at.row * rc.N + c0, valid, p.x_vec, xv);
+  if (p.residual != nullptr) load_group(p.residual + at.row * rc.N + c0, valid, p.x_vec, rv);
+  const uint32_t keep = keep_bits(rc.seed, at.drop0 + c0, valid, p.threshold, rc.one_call);
+#pragma unroll
+  for (int j = 0; j < kGroup; ++j) {
+    const A d = dan_dropout<A>(xv[j], (keep >> j) & 1u, p.scale);
+    s[j] = p.residual != nullptr ? d + rv[j] : d;
+  }
+  store_group(p.sum + at.row * rc.N + c0, valid, p.x_vec, s);
+#pragma unroll
+  for (int j = 0; j < kGroup; ++j) {
+    const A v = j < valid ? static_cast<A>(to_acc(from_acc<U>(s[j]))) : A(0);
+    sum += rms ? v * v : v;
+  }
+}
+
+// The centred pass, group g of the row xr: its share of the sum of (x - mu)^2 into sq.
+template <typename U, typename A, class Params>
+GPUOPT_DEV void looped_group_sq(const Params& p, const RowConsts<A>& rc, const U* xr, int64_t g, A mu, A (&v)[kGroup],
+                                A& sq) {
+  const int valid = group_size(rc.N, g * kGroup);
+  load_group(xr + g * kGroup, valid, p.x_vec, v);
+#pragma unroll
+  for (int j = 0; j < kGroup; ++j) {
+    const A d = j < valid ? v[j] - mu : A(0);
+    sq += d * d;
+  }
+}
+
+// The output pass, group g of the row xr: y = (x - mu) * rs * w + b; LdrKind's out = relu(dropout(y)),
+// DanKind's out = y.
+template <class K, typename U, typename A, class Params>
+GPUOPT_DEV void looped_group_output(const Params& p, const RowConsts<A>& rc, const LoopedRowAt& at, const U* xr,
+                                    int64_t g, A mu, A rs, A (&v)[kGroup], A (&w)[kGroup], A (&b)[kGroup],
+                                    A (&o)[kGroup]) {
+  const int64_t c0 = g * kGroup;
+  const int valid = group_size(rc.N, c0);
+  load_group(xr + c0, valid, p.x_vec, v);
+  load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
+  load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
+  if constexpr (!K::kDropPre) {
+    const uint32_t keep = keep_bits(rc.seed, at.drop0 + c0, valid, p.threshold, rc.one_call);
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j)
+      o[j] = nd_forward_element<A>(affine((v[j] - mu) * rs, w[j], b[j]), (keep >> j) & 1u, p.scale, p.relu);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) o[j] = affine((v[j] - mu) * rs, w[j], b[j]);
+  }
+  store_group(p.out + at.row * rc.N + c0, valid, p.x_vec, o);
+}
+
 template <class K, typename S, typename P, typename A, bool kMapped, class Params>
 GPUOPT_DEV void norm_forward_looped(const Params& p) {
   using U = typename K::U;
@@ -25,37 +102,21 @@ GPUOPT_DEV void norm_forward_looped(const Params& p) {
   int parity = 0;
 
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x) {
-    const U* xr;                                                   // the norm's input row
-    const int64_t drop0 = row_dropout_index<kMapped>(p, row * N);  // the row's first dropout index
+    const U* xr;  // the norm's input row
+    // drop0: the row's first dropout index
+    const LoopedRowAt at{row, row_dropout_index<kMapped>(p, row * N)};
     A sum = A(0);
     if constexpr (!K::kDropPre) {
       xr = p.x + row * N;
       for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
         A v[kGroup];
-        load_group(xr + g * kGroup, group_size(N, g * kGroup), p.x_vec, v);
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j) sum += rms ? v[j] * v[j] : v[j];
+        looped_group_sum_x(p, rc, xr, g, rms, v, sum);
       }
     } else {
       xr = p.sum + row * N;
       for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
-        const int64_t c0 = g * kGroup;
-        const int valid = group_size(N, c0);
         A xv[kGroup], rv[kGroup], s[kGroup];
-        load_group(p.x + row * N + c0, valid, p.x_vec, xv);
-        if (p.residual != nullptr) load_group(p.residual + row * N + c0, valid, p.x_vec, rv);
-        const uint32_t keep = keep_bits(rc.seed, drop0 + c0, valid, p.threshold, rc.one_call);
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j) {
-          const A d = dan_dropout<A>(xv[j], (keep >> j) & 1u, p.scale);
-          s[j] = p.residual != nullptr ? d + rv[j] : d;
-        }
-        store_group(p.sum + row * N + c0, valid, p.x_vec, s);
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j) {
-          const A v = j < valid ? static_cast<A>(to_acc(from_acc<U>(s[j]))) : A(0);
-          sum += rms ? v * v : v;
-        }
+        looped_group_form_sum<U>(p, rc, at, g, rms, xv, rv, s, sum);
       }
     }
     A mu = A(0), var;
@@ -63,14 +124,8 @@ GPUOPT_DEV void norm_forward_looped(const Params& p) {
       mu = row_sum(sum, red) * rc.inv_n;
       A sq = A(0);
       for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
-        const int valid = group_size(N, g * kGroup);
         A v[kGroup];
-        load_group(xr + g * kGroup, valid, p.x_vec, v);
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j) {
-          const A d = j < valid ? v[j] - mu : A(0);
-          sq += d * d;
-        }
+        looped_group_sq(p, rc, xr, g, mu, v, sq);
       }
       var = row_sum(sq, red + kWarpSize) * rc.inv_n;
     } else {
@@ -83,22 +138,8 @@ GPUOPT_DEV void norm_forward_looped(const Params& p) {
       p.rstd[row] = rs;
     }
     for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
-      const int64_t c0 = g * kGroup;
-      const int valid = group_size(N, c0);
       A v[kGroup], w[kGroup], b[kGroup], o[kGroup];
-      load_group(xr + c0, valid, p.x_vec, v);
-      load_param_group(p.weight, c0, valid, p.p_vec, A(1), w);
-      load_param_group(p.bias, c0, valid, p.p_vec, A(0), b);
-      if constexpr (!K::kDropPre) {
-        const uint32_t keep = keep_bits(rc.seed, drop0 + c0, valid, p.threshold, rc.one_call);
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j)
-          o[j] = nd_forward_element<A>(affine((v[j] - mu) * rs, w[j], b[j]), (keep >> j) & 1u, p.scale, p.relu);
-      } else {
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j) o[j] = affine((v[j] - mu) * rs, w[j], b[j]);
-      }
-      store_group(p.out + row * N + c0, valid, p.x_vec, o);
+      looped_group_output<K>(p, rc, at, xr, g, mu, rs, v, w, b, o);
     }
   }
 }
