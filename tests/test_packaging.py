@@ -231,6 +231,26 @@ def test_xdist_groups_keep_a_file_on_one_worker():
     assert others == {"gw0", "gw1"}, res.stdout  # the ungrouped tests did spread
 
 
+def test_gpu_skips_follow_marks_not_folder_names(tmp_path):
+    """Without a GPU, tests/conftest.py skips the `cuda`- and `triton_gpu`-marked tests only, also in a checkout
+    whose folder is named `cuda` (a test's keywords hold the folder names above it)."""
+    root = tmp_path / "cuda"
+    (root / "tests").mkdir(parents=True)
+    shutil.copy2(ROOT / "tests" / "conftest.py", root / "tests" / "conftest.py")
+    (root / "pytest.ini").write_text("[pytest]\nmarkers =\n  cuda: needs a GPU\n  triton_gpu: needs a GPU\n")
+    (root / "tests" / "test_probe.py").write_text(
+        "import pytest\n\n\ndef test_plain():\n    pass\n\n\n@pytest.mark.cuda\ndef test_marked():\n    pass\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "tests"],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "tests/test_probe.py::test_plain PASSED" in res.stdout, res.stdout[-3000:]
+    marked = "PASSED" if torch.cuda.is_available() else "SKIPPED"
+    assert f"tests/test_probe.py::test_marked {marked}" in res.stdout, res.stdout[-3000:]
+
+
 # ---------------------------------------------------------------------------------------------- CI needs the CUDA build
 # Without nvcc, setup.py builds a CPU-only extension and the CUDA gates (tests/test_static_gate_cuda.py,
 # tests/test_roofline.py) skip: a CI run would pass having checked no CUDA kernel. Under CI=true the suite therefore
