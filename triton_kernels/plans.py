@@ -108,8 +108,10 @@ def forward_config(n: int, dtype: torch.dtype, limits: Optional[RowLimits] = Non
             wide_chunk_per_thread=4 if fp64 else 8,
             quarters=not fp64,  # N = 2^k >= 1024: four chunks, the row's warps along it
         )
+    # the looped forward: a program a row in steps of 4096 columns (2048 fp64: the same registers), at most the
+    # longest single-block row (tests shrink the limits to reach it with short rows)
     block_n = 2048 if fp64 else 4096
-    block_n = max(8, min(block_n, triton.next_power_of_2(max_fused_n)))  # tests shrink the limits
+    block_n = max(8, min(block_n, triton.next_power_of_2(max_fused_n)))
     return RowTiling(
         fused=False, block_m=1, block_n=block_n, num_warps=num_warps_for(block_n, per_thread), fast_rng=n % 8 == 0
     )
@@ -157,6 +159,8 @@ def backward_config(
             chunk_per_thread=4 if fp64 else 8,  # 3-chunk rows: one warp per row at N = 768
             wide_chunk_per_thread=2 if fp64 else 4,  # chunks spanning several warps: fewer registers
         )
+    # the looped backward: 1024-column chunks (the chunk kernel loads its chunk's weight and bias once), tiles of
+    # 2048 elements as the single-block backward's (2 rows at 1024 columns)
     block_n = max(8, min(1024, triton.next_power_of_2(max_fused_n)))
     block_m = max(1, min(16, 2048 // block_n))
     warps = num_warps_for(block_m * block_n, 4 if fp64 else 8)
