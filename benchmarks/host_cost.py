@@ -61,19 +61,18 @@ def cases(dtype: torch.dtype, n: int, mbytes: float):
     x, out, g, gx, r, s, gs, gr = (t(m, n) for _ in range(8))
     w, b, gw, gb = t(n), t(n), t(n, dt=torch.float32), t(n, dt=torch.float32)
     mean, rstd, seed = t(m, dt=torch.float32), t(m, dt=torch.float32), t(1, dt=torch.int64)
-    kw = dict(sm_count=132)
     return [
         ("layer_norm_dropout_relu", "fwd", 2 * e,
-         lambda wrap: LDR.launch_forward(x, w, b, seed, out, mean, rstd, 0.1, 1e-5, wrap=wrap, **kw)),
+         lambda wrap: LDR.launch_forward(x, w, b, seed, out, mean, rstd, 0.1, 1e-5, wrap=wrap)),
         ("layer_norm_dropout_relu", "bwd", 3 * e,
-         lambda wrap: LDR.launch_backward(g, x, w, b, mean, rstd, seed, gx, gw, gb, 0.1, wrap=wrap, **kw)),
+         lambda wrap: LDR.launch_backward(g, x, w, b, mean, rstd, seed, gx, gw, gb, 0.1, wrap=wrap)),
         ("dropout_add_norm", "fwd", 4 * e,
-         lambda wrap: DAN.launch_forward(x, r, w, b, seed, out, s, mean, rstd, 0.1, 1e-5, False, wrap=wrap, **kw)),
+         lambda wrap: DAN.launch_forward(x, r, w, b, seed, out, s, mean, rstd, 0.1, 1e-5, False, wrap=wrap)),
         ("dropout_add_norm", "bwd", 5 * e,
          lambda wrap: DAN.launch_backward(
-             g, gs, s, w, b, mean, rstd, seed, gx, gr, gw, gb, 0.1, False, wrap=wrap, **kw)),
-        ("bias_relu", "fwd", 2 * e, lambda wrap: BR.launch_forward(x, b, out, wrap=wrap, **kw)),
-        ("bias_relu", "bwd", 3 * e, lambda wrap: BR.launch_backward(g, out, gx, gb, wrap=wrap, **kw)),
+             g, gs, s, w, b, mean, rstd, seed, gx, gr, gw, gb, 0.1, False, wrap=wrap)),
+        ("bias_relu", "fwd", 2 * e, lambda wrap: BR.launch_forward(x, b, out, wrap=wrap)),
+        ("bias_relu", "bwd", 3 * e, lambda wrap: BR.launch_backward(g, out, gx, gb, wrap=wrap)),
     ]  # fmt: skip
 
 

@@ -150,10 +150,9 @@ except ImportError:  # pragma: no cover
 @pytest.fixture
 def triton_looped(monkeypatch):
     """Forces the Triton looped (long-row) kernels for N > 16, with 16-column chunks, so that small rows exercise
-    them; returns the kernels' module."""
+    them (the row limits of every row-normalization op: plans.ROW_LIMITS); returns the plans module."""
     pytest.importorskip("triton")
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+    from gpuopt_ops.triton_kernels import plans
 
-    for name in ("FWD_MAX_FUSED_N", "FWD_MAX_FUSED_N_FP64", "BWD_MAX_FUSED_N", "BWD_MAX_FUSED_N_FP64"):
-        monkeypatch.setattr(ldr_kernels, name, 16)
-    return ldr_kernels
+    monkeypatch.setattr(plans, "ROW_LIMITS", plans.ROW_LIMITS.capped(16))
+    return plans

@@ -487,9 +487,6 @@ def test_emulated_cuda_wide_and_looped_backward_bits(backend, emu, n, op):
 
 
 # --------------------------------------------------------------------------------------- Triton: the plans
-FUSED_LIMITS = ("FWD_MAX_FUSED_N", "FWD_MAX_FUSED_N_FP64", "BWD_MAX_FUSED_N", "BWD_MAX_FUSED_N_FP64")
-
-
 @pytest.fixture
 def triton_plan(monkeypatch):
     """use(programs, looped, wide) plans the Triton launches that follow with `programs` persistent programs on the
@@ -497,18 +494,18 @@ def triton_plan(monkeypatch):
     chunks, as tests/conftest.py's triton_looped) and without the wide backward (wide=False: N = 12288 and 16384
     take the looped one); a fresh plan store each time (its keys do not hold the number of programs)."""
     pytest.importorskip("triton")
-    from gpuopt_ops.triton_kernels import common
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+    import dataclasses
 
-    limits = {name: getattr(ldr_kernels, name) for name in (*FUSED_LIMITS, "WIDE_BWD_N")}
+    from gpuopt_ops.triton_kernels import common, plans
+
+    default_limits = plans.ROW_LIMITS
     default_programs = common.INTERPRETER_ROW_GROUPS
 
     def use(programs=default_programs, looped=False, wide=True):
         monkeypatch.setattr(common, "INTERPRETER_ROW_GROUPS", programs)
         monkeypatch.setattr(common, "_PLANS", {})
-        for name in FUSED_LIMITS:
-            monkeypatch.setattr(ldr_kernels, name, 16 if looped else limits[name])
-        monkeypatch.setattr(ldr_kernels, "WIDE_BWD_N", limits["WIDE_BWD_N"] if wide else ())
+        limits = default_limits.capped(16) if looped else default_limits
+        monkeypatch.setattr(plans, "ROW_LIMITS", limits if wide else dataclasses.replace(limits, wide_bwd_n=()))
 
     return use
 
@@ -571,7 +568,7 @@ def test_triton_single_block_and_looped_bits(backend, triton_plan, n, op, dtype)
 
 
 def triton_wide_and_looped(backend, triton_plan):
-    """fp32 N = 12288, p = 0: the wide backward, then the looped one (WIDE_BWD_N emptied)."""
+    """fp32 N = 12288, p = 0: the wide backward, then the looped one (the row limits' wide_bwd_n emptied)."""
     op = ROW_OPS["ldr"]
     rows, params = bank(3, 12288, torch.float32, salt=7)
 

@@ -496,8 +496,7 @@ def test_triton_looped_path_matches_reference_and_single_block(triton_looped, ba
     sample = LDR.sample((5,), n, dtype, backend.device, p=0.25, seed=4321)
     assert not looped.forward_config(n, dtype).fused and not looped.backward_config(n, dtype).fused
     looped_res = check_against_reference(LDR, backend, sample)
-    for name in ("FWD_MAX_FUSED_N", "FWD_MAX_FUSED_N_FP64", "BWD_MAX_FUSED_N", "BWD_MAX_FUSED_N_FP64"):
-        setattr(looped, name, 1 << 14)  # the fixture restores the originals
+    looped.ROW_LIMITS = looped.RowLimits()  # the default limits: the single-block kernels (the fixture restores)
     fused_res = LDR.run(backend, sample)
     assert torch.equal(looped_res["out"] != 0, fused_res["out"] != 0)
     tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
@@ -531,11 +530,11 @@ def test_triton_real_long_row(backend):
     """Past the single-block limits with the real chunking (no fixture): forward 4096-column chunks, backward the
     row-coefficient and chunk kernels, and the mask. N = 65536 on a GPU; N = 8200 (just past 8192: two forward
     chunks, nine backward chunks) keeps the interpreter to seconds."""
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+    from gpuopt_ops.triton_kernels import plans
 
     n = 8200 if backend.interpreted else 65536
-    assert not ldr_kernels.forward_config(n, torch.float32).fused
-    assert not ldr_kernels.backward_config(n, torch.float32).fused
+    assert not plans.forward_config(n, torch.float32).fused
+    assert not plans.backward_config(n, torch.float32).fused
     check_ldr_and_its_mask(backend, 2, n, torch.float32, 0.1, 2**40 + 1)
 
 
@@ -546,9 +545,9 @@ def test_triton_three_chunk_rows_on_persistent_grids(backend, m, n, dtype):
     """N = 3 x 2^k takes the single-block kernels with three chunks of N / 3 columns (no padded lanes), and the
     persistent grids give each program several row tiles (8 programs under the interpreter): the reference, and
     the mask bit for bit."""
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+    from gpuopt_ops.triton_kernels import plans
 
-    for cfg in (ldr_kernels.forward_config(n, dtype), ldr_kernels.backward_config(n, dtype)):
+    for cfg in (plans.forward_config(n, dtype), plans.backward_config(n, dtype)):
         assert cfg.fused and cfg.chunks == 3 and cfg.block_n == n // 3
         assert -(-m // cfg.block_m) > 8
     check_ldr_and_its_mask(backend, m, n, dtype, 0.2, 2**35 + 3)
@@ -558,10 +557,10 @@ def test_triton_three_chunk_rows_on_persistent_grids(backend, m, n, dtype):
 def test_triton_n16384_one_pass_forward_matches_reference(backend):
     """N = 16384 runs the single-block forward over four 4096-column chunks (the interpreter has no compiled
     kernel to report spills, so it always does): the reference, and the mask bit for bit."""
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+    from gpuopt_ops.triton_kernels import plans
 
     n = 16384
-    assert ldr_kernels.forward_config(n, torch.bfloat16).fused
+    assert plans.forward_config(n, torch.bfloat16).fused
     check_ldr_and_its_mask(backend, 2, n, torch.bfloat16, 0.1, 2**33 + 5)
 
 
@@ -573,15 +572,16 @@ def test_triton_n16384_forward_is_one_pass_unless_the_compiled_kernel_spills(op)
     holding them; where that spills too, the looped kernel (a program a row, 4096-column steps). 12288 (three
     chunks) never falls back."""
     pytest.importorskip("triton")
-    from gpuopt_ops.triton_kernels import common
+    from gpuopt_ops.triton_kernels import common, plans
     from gpuopt_ops.triton_kernels import dropout_add_norm as dan_kernels
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
 
     bf16 = torch.bfloat16
-    cfg = ldr_kernels.forward_config(16384, bf16)
+    capped = plans.ROW_LIMITS.capped(8192)
+    cfg = plans.forward_config(16384, bf16)
     assert cfg.fused and (cfg.chunks, cfg.block_n, cfg.block_m, cfg.num_warps) == (4, 4096, 1, 16)
-    assert ldr_kernels.wide_fallback(cfg, 16384, bf16) == ldr_kernels.forward_config(16384, bf16, 8192)
-    assert ldr_kernels.wide_fallback(ldr_kernels.forward_config(12288, bf16), 12288, bf16) is None
+    assert plans.wide_fallback(cfg, 16384, bf16) == plans.forward_config(16384, bf16, capped)
+    assert plans.wide_fallback(plans.forward_config(12288, bf16), 12288, bf16) is None
     launched = []
 
     def wrap(kernel):
@@ -611,14 +611,11 @@ def test_triton_n16384_forward_is_one_pass_unless_the_compiled_kernel_spills(op)
 
         x, w, seed, out = meta(m, n), meta(n), meta(1, dt=torch.int64), meta(m, n)
         if op == "layer_norm_dropout_relu":
-            ldr_kernels.launch_forward(
-                x, w, w, seed, out, meta(m, dt=f32), meta(m, dt=f32), 0.1, 1e-5, wrap=wrap, sm_count=64, facts=facts
-            )
+            module, args = ldr_kernels, (x, w, w, seed, out, meta(m, dt=f32), meta(m, dt=f32), 0.1, 1e-5)
         else:
-            dan_kernels.launch_forward(
-                x, meta(m, n), w, w, seed, out, meta(m, n), meta(m, dt=f32), meta(m, dt=f32), 0.1, 1e-5, False,
-                wrap=wrap, sm_count=64, facts=facts,
-            )  # fmt: skip
+            args = (x, meta(m, n), w, w, seed, out, meta(m, n), meta(m, dt=f32), meta(m, dt=f32), 0.1, 1e-5, False)
+            module = dan_kernels
+        module.launch_forward(*args, wrap=wrap, plan=module.plan_forward(*args, sm_count=64, facts=facts))
         assert launched == [want], launched
 
 
@@ -629,13 +626,13 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
     wide one, and 16384 with a smaller limit the looped one; stage 2 is one launch with one program per 32
     columns of dgamma and of dbeta."""
     pytest.importorskip("triton")
-    from gpuopt_ops.triton_kernels import common
+    from gpuopt_ops.triton_kernels import common, plans
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
 
-    cfg = ldr_kernels.backward_config(8192, dtype)
+    cfg = plans.backward_config(8192, dtype)
     assert cfg.fused and cfg.block_m == 1 and cfg.block_n == 8192 and cfg.num_warps == 16
-    assert ldr_kernels.backward_config(16384, dtype).chunks == (4 if dtype.itemsize == 2 else 8)
-    assert not ldr_kernels.backward_config(16384, dtype, 8192).fused
+    assert plans.backward_config(16384, dtype).chunks == (4 if dtype.itemsize == 2 else 8)
+    assert not plans.backward_config(16384, dtype, plans.ROW_LIMITS.capped(8192)).fused
     launched = []
 
     def wrap(kernel):
@@ -655,22 +652,10 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
 
     for sms, hook, per_sm in ((132, None, 1), (78, None, 1), (132, facts, 2)):
         launched.clear()
-        ldr_kernels.launch_backward(
-            meta(m, 8192),
-            meta(m, 8192),
-            meta(8192),
-            meta(8192),
-            meta(m, dt=torch.float32),
-            meta(m, dt=torch.float32),
-            meta(1, dt=torch.int64),
-            meta(m, 8192),
-            meta(8192),
-            meta(8192),
-            0.1,
-            wrap=wrap,
-            sm_count=sms,
-            facts=hook,
-        )
+        stats = meta(m, dt=torch.float32)
+        args = (meta(m, 8192), meta(m, 8192), meta(8192), meta(8192), stats, stats, meta(1, dt=torch.int64))
+        args += (meta(m, 8192), meta(8192), meta(8192), 0.1)
+        ldr_kernels.launch_backward(*args, wrap=wrap, plan=ldr_kernels.plan_backward(*args, sm_count=sms, facts=hook))
         # without a compiled kernel to ask (meta tensors, no hook): the planning rule, PLANNING_REGS registers
         assert per_sm == common.resident_programs_per_sm(common.KernelFacts(64 if hook else 128, 1024, 16))
         block_n = common.sum_partials_config(sms * per_sm, 8192, 2)[1]  # stage 2: <= 264 programs
@@ -704,24 +689,25 @@ def test_triton_wide_backward_matches_reference(backend, n, dtype, op, extra, mo
     not, no parameters, bias only in fp32, p = 0, prenorm and an fp32 sum. hold="half": the kernel holding half
     its row's chunks of x (the sum) and reading the others again in pass 2, the last rung of wide_holds, which a
     GPU runs where the whole row spills."""
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+    from gpuopt_ops.triton_kernels import common, plans
 
     extra = dict(extra)
     held_half = []
     hold_half = extra.pop("hold", None) == "half"
     if hold_half:
-        plain = ldr_kernels.wide_kwargs
+        plain = plans.wide_kwargs
 
         def half(cfg, dt):
-            held_half.append(ldr_kernels.wide_holds(cfg, cfg.chunks * cfg.block_n)[-1])
+            held_half.append(plans.wide_holds(cfg, cfg.chunks * cfg.block_n)[-1])
             return {**plain(cfg, dt), "HOLD": held_half[-1]}
 
-        monkeypatch.setattr(ldr_kernels, "wide_kwargs", half)
+        monkeypatch.setattr(plans, "wide_kwargs", half)
+        monkeypatch.setattr(common, "_PLANS", {})  # plans made with it are not kept past this test
     spec = OPS_BY_NAME[op]
     sample = spec.sample((2,), n, dtype, backend.device, **{"p": 0.2, **extra})
     held = torch.float32 if extra.get("residual_in_fp32") else dtype  # the sum dropout_add_norm's kernel holds
     sums = sum(sample.args[k] is not None for k in ("weight", "bias"))
-    cfg = ldr_kernels.backward_config(n, dtype, held=held, sums=sums)
+    cfg = plans.backward_config(n, dtype, held=held, sums=sums)
     # 4096-column chunks at 16 warps where every held operand is 16-bit, else 2048 at 8 (255 registers)
     want = (n // 4096, 4096, 1, 16) if held.itemsize == 2 else (n // 2048, 2048, 1, 8)
     assert cfg.fused and (cfg.chunks, cfg.block_n, cfg.block_m, cfg.num_warps) == want
@@ -740,24 +726,25 @@ def test_triton_wide_backward_is_one_pass_unless_the_compiled_kernel_spills(op, 
     bias the held row and the two accumulators pass WIDE_BWD_REGS: the looped kernels are planned without
     compiling the wide one (the weight alone, one accumulator, takes it)."""
     pytest.importorskip("triton")
-    from gpuopt_ops.triton_kernels import common
+    from gpuopt_ops.triton_kernels import common, plans
     from gpuopt_ops.triton_kernels import dropout_add_norm as dan_kernels
     from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
 
     bf16, f32 = torch.bfloat16, torch.float32
+    capped = plans.ROW_LIMITS.capped(8192)
     m = 64
-    cfg = ldr_kernels.backward_config(n, bf16)
-    assert ldr_kernels.wide_backward_fallback(cfg, n, bf16) == ldr_kernels.backward_config(n, bf16, 8192)
-    assert ldr_kernels.wide_backward_fallback(ldr_kernels.backward_config(8192, bf16), 8192, bf16) is None
-    assert not ldr_kernels.backward_config(n, torch.float64).fused
+    cfg = plans.backward_config(n, bf16)
+    assert plans.wide_backward_fallback(cfg, n, bf16) == plans.backward_config(n, bf16, capped)
+    assert plans.wide_backward_fallback(plans.backward_config(8192, bf16), 8192, bf16) is None
+    assert not plans.backward_config(n, torch.float64).fused
     # the register rule: 16-bit at 16 warps, fp32 (x, or a held fp32 sum) at 8
-    assert ldr_kernels.backward_config(n, bf16, sums=1).fused
-    assert ldr_kernels.backward_config(n, bf16, sums=2).fused == (n == 12288)
-    assert ldr_kernels.backward_config(n, f32, sums=2).fused == (n == 12288)
-    assert ldr_kernels.backward_config(n, bf16, held=f32, sums=2).fused == (n == 12288)
+    assert plans.backward_config(n, bf16, sums=1).fused
+    assert plans.backward_config(n, bf16, sums=2).fused == (n == 12288)
+    assert plans.backward_config(n, f32, sums=2).fused == (n == 12288)
+    assert plans.backward_config(n, bf16, held=f32, sums=2).fused == (n == 12288)
     if n == 16384:  # planned looped at once: exactly the looped kernels' own config
         for dt, held in ((bf16, None), (f32, None), (bf16, f32)):
-            assert ldr_kernels.backward_config(n, dt, held=held, sums=2) == ldr_kernels.backward_config(n, dt, 8192)
+            assert plans.backward_config(n, dt, held=held, sums=2) == plans.backward_config(n, dt, capped)
     launched = []
 
     def wrap(kernel):
@@ -771,7 +758,7 @@ def test_triton_wide_backward_is_one_pass_unless_the_compiled_kernel_spills(op, 
     prefix = "ldr" if op == "layer_norm_dropout_relu" else "dan"
     looped = [f"{prefix}_bwd_row_coef_kernel", f"{prefix}_bwd_chunk_kernel", "sum_partials_kernel"]
     chunks = n // 4096
-    rungs = ldr_kernels.wide_holds(cfg, n)  # one chunk fewer at a time, down to half the row
+    rungs = plans.wide_holds(cfg, n)  # one chunk fewer at a time, down to half the row
     assert rungs == tuple(range(chunks - 1, (chunks + 1) // 2 - 1, -1)) and rungs[-1] * 2 >= chunks
     # spills: of the wide kernel while it holds more than `fits` chunks (0: never)
     for spills, fits, bias in ((0, None, False), (56, 0, False), (56, rungs[-1], False), (0, None, True)):
@@ -785,17 +772,15 @@ def test_triton_wide_backward_is_one_pass_unless_the_compiled_kernel_spills(op, 
             return common.KernelFacts(128, 0, kwargs["num_warps"], spills if over else 0)
 
         b = meta(n) if bias else None
+        stats, seed = meta(m, dt=f32), meta(1, dt=torch.int64)
         if op == "layer_norm_dropout_relu":
-            ldr_kernels.launch_backward(
-                meta(m, n), meta(m, n), meta(n), b, meta(m, dt=f32), meta(m, dt=f32), meta(1, dt=torch.int64),
-                meta(m, n), meta(n), b, 0.1, wrap=wrap, sm_count=64, facts=facts,
-            )  # fmt: skip
+            module = ldr_kernels
+            args = (meta(m, n), meta(m, n), meta(n), b, stats, stats, seed, meta(m, n), meta(n), b, 0.1)
         else:
-            dan_kernels.launch_backward(
-                meta(m, n), meta(m, n), meta(m, n), meta(n), b, meta(m, dt=f32), meta(m, dt=f32),
-                meta(1, dt=torch.int64), meta(m, n), meta(m, n), meta(n), b, 0.1, False,
-                wrap=wrap, sm_count=64, facts=facts,
-            )  # fmt: skip
+            module = dan_kernels
+            args = (meta(m, n), meta(m, n), meta(m, n), meta(n), b, stats, stats, seed, meta(m, n), meta(m, n))
+            args += (meta(n), b, 0.1, False)
+        module.launch_backward(*args, wrap=wrap, plan=module.plan_backward(*args, sm_count=64, facts=facts))
         names = [k[0] for k in launched]
         wide = f"{prefix}_bwd_wide_kernel"
         if bias and n == 16384:  # planned looped: the wide kernel is never compiled
@@ -865,10 +850,10 @@ def test_triton_every_launch_runs_under_the_tensors_device(monkeypatch):
             w = torch.empty(n, device=dev)
             v = torch.empty(4, device=dev)
             s = torch.empty(1, device=dev, dtype=torch.int64)
-            ldr_kernels.launch_forward(x, w, w, s, x, v, v, 0.1, 1e-5, wrap=wrap, sm_count=132)
-            ldr_kernels.launch_backward(x, x, w, w, v, v, s, x, w, w, 0.1, wrap=wrap, sm_count=132)
-            br_kernels.launch_forward(x, w, x, wrap=wrap, sm_count=132)
-            br_kernels.launch_backward(x, x, x, w, wrap=wrap, sm_count=132)
+            ldr_kernels.launch_forward(x, w, w, s, x, v, v, 0.1, 1e-5, wrap=wrap)
+            ldr_kernels.launch_backward(x, x, w, w, v, v, s, x, w, w, 0.1, wrap=wrap)
+            br_kernels.launch_forward(x, w, x, wrap=wrap)
+            br_kernels.launch_backward(x, x, x, w, wrap=wrap)
     assert {k for k, _ in launched} == {
         "ldr_fwd_fused_kernel",
         "ldr_fwd_looped_kernel",

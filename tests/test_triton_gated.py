@@ -144,8 +144,9 @@ def test_triton_gated_plan_cache():
     assert stats() == (3, 4)
     assert [launch[3]["DROPOUT"] for launch in rec.launched] == [True, True, False, True, True, True, False]
     assert rec.launched[0][2][7] == R.dropout_threshold(0.1) and rec.launched[1][2][7] == R.dropout_threshold(0.3)
-    ga.launch_forward(gate, None, seed, out, 0.1, act=3, wrap=rec, facts=lambda *a: None)  # a facts hook: no cache
-    assert stats() == (3, 4)
+    plan = ga.plan_forward(gate, None, seed, out, 0.1, act=3)  # a plan passed: no cache
+    ga.launch_forward(gate, None, seed, out, 0.1, act=3, wrap=rec, plan=plan)
+    assert stats() == (3, 4) and rec.launched[-1] == rec.launched[0]
 
 
 def test_triton_gated_launches_run_under_the_tensors_device(monkeypatch):

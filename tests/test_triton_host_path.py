@@ -1,8 +1,9 @@
 """The Triton launchers' host path: launch plans kept per call key (triton_kernels/common.py cached_plan).
 
 A repeated call asks no compiled kernel for its facts and allocates only its partial buffer; a call whose key
-differs (shape, dtype, device, flags, p, SM count, the module's limits) plans again; a `facts` hook is asked on
-every call; the kept plan launches exactly what a fresh one does, and the results' bits do not change. Planning
+differs (shape, dtype, device, flags, p, the row limits) plans again; a plan built with knobs (an SM count, a
+`facts` hook) is never kept, and its hook is asked on every call; the kept plan launches exactly what a fresh one
+does, and the results' bits do not change. Planning
 runs on meta (and fake CUDA) tensors with the launches recorded, no GPU needed; the bit checks run the kernels
 (under the interpreter on CPU).
 """
@@ -19,6 +20,7 @@ from gpuopt_ops.triton_kernels import bias_relu as BR  # noqa: E402
 from gpuopt_ops.triton_kernels import common as C  # noqa: E402
 from gpuopt_ops.triton_kernels import dropout_add_norm as DAN  # noqa: E402
 from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as LDR  # noqa: E402
+from gpuopt_ops.triton_kernels import plans as P  # noqa: E402
 
 BF16, F32 = torch.bfloat16, torch.float32
 
@@ -65,8 +67,9 @@ def meta(*shape, dt=BF16, device="meta"):
     return torch.empty(shape, device=device, dtype=dt)
 
 
-def run(launcher: str, m: int, n: int, dt=BF16, p: float = 0.1, device="meta", affine=True, **kw):
-    """One call of a launcher on (m, n) tensors of dt; returns the launches recorded."""
+def run(launcher: str, m: int, n: int, dt=BF16, p: float = 0.1, device="meta", affine=True, **knobs):
+    """One call of a launcher on (m, n) tensors of dt; returns the launches recorded. knobs (sm_count, facts,
+    limits): the call runs the plan its module's planner makes with them; without, the launcher's default plan."""
     rec = Recorder()
     x = meta(m, n, dt=dt, device=device)
     w = meta(n, dt=dt, device=device) if affine else None
@@ -74,25 +77,29 @@ def run(launcher: str, m: int, n: int, dt=BF16, p: float = 0.1, device="meta", a
     stats = meta(m, dt=acc, device=device)
     seed = meta(1, dt=torch.int64, device=device)
     like = lambda: meta(m, n, dt=dt, device=device)  # noqa: E731
+
+    def call(module, direction, *args, **flags):
+        plan = getattr(module, f"plan_{direction}")(*args, **flags, **knobs) if knobs else None
+        getattr(module, f"launch_{direction}")(*args, **flags, wrap=rec, plan=plan)
+
     if launcher == "bias_relu_fwd":
-        BR.launch_forward(x, meta(n, dt=dt, device=device), like(), wrap=rec, **kw)
+        call(BR, "forward", x, meta(n, dt=dt, device=device), like())
     elif launcher == "bias_relu_bwd":
-        BR.launch_backward(like(), x, like(), meta(n, dt=acc, device=device), wrap=rec, **kw)
+        call(BR, "backward", like(), x, like(), meta(n, dt=acc, device=device))
     elif launcher == "bias_gelu_bwd":
-        BR.launch_backward(like(), x, like(), meta(n, dt=acc, device=device), bias=meta(n, dt=dt, device=device),
-                           act=1, wrap=rec, **kw)  # fmt: skip
+        call(BR, "backward", like(), x, like(), meta(n, dt=acc, device=device), bias=meta(n, dt=dt, device=device),
+             act=1)  # fmt: skip
     elif launcher == "ldr_fwd":
-        LDR.launch_forward(x, w, w, seed, like(), stats, stats, p, 1e-5, wrap=rec, **kw)
+        call(LDR, "forward", x, w, w, seed, like(), stats, stats, p, 1e-5)
     elif launcher == "ldr_bwd":
-        LDR.launch_backward(like(), x, w, w, stats, stats, seed, like(), w, w, p, wrap=rec, **kw)
+        call(LDR, "backward", like(), x, w, w, stats, stats, seed, like(), w, w, p)
     elif launcher == "nd_rms_bwd":
-        LDR.launch_backward(like(), x, w, None, meta(0, dt=acc, device=device), stats, seed, like(), w, None, p,
-                            rms=True, relu=False, wrap=rec, **kw)  # fmt: skip
+        call(LDR, "backward", like(), x, w, None, meta(0, dt=acc, device=device), stats, seed, like(), w, None, p,
+             rms=True, relu=False)  # fmt: skip
     elif launcher == "dan_fwd":
-        DAN.launch_forward(x, like(), w, w, seed, like(), like(), stats, stats, p, 1e-5, False, wrap=rec, **kw)
+        call(DAN, "forward", x, like(), w, w, seed, like(), like(), stats, stats, p, 1e-5, False)
     elif launcher == "dan_bwd":
-        DAN.launch_backward(like(), like(), x, w, w, stats, stats, seed, like(), like(), w, w, p, False, wrap=rec,
-                            **kw)  # fmt: skip
+        call(DAN, "backward", like(), like(), x, w, w, stats, stats, seed, like(), like(), w, w, p, False)
     else:
         raise ValueError(launcher)
     return rec.launched
@@ -128,14 +135,13 @@ def test_a_repeated_call_asks_no_compiled_kernel_and_launches_the_same(asked, la
 
 @pytest.mark.parametrize("launcher", ASKING)
 def test_a_changed_key_plans_again(asked, launcher):
-    """Every part of the key re-plans: M, N, dtype, p (dropout or not), the SM count, the device, the parameters."""
+    """Every part of the key re-plans: M, N, dtype, p (dropout or not), the device, the parameters."""
     run(launcher, 512, 1024)
     changes = [
         dict(m=513),
         dict(n=2048),
         dict(dt=F32),
-        dict(sm_count=78),
-        dict(device="cpu") if C.INTERPRETED else dict(sm_count=66),
+        dict(device="cpu") if C.INTERPRETED else dict(dt=torch.float16),
     ]
     if launcher.startswith(("ldr", "nd", "dan")):
         changes += [dict(p=0.0), dict(affine=False)]
@@ -178,30 +184,33 @@ def test_the_cuda_device_index_is_part_of_the_key(asked, monkeypatch):
     assert new_queries == [2, 2, 0, 0] and not current
 
 
-def test_a_facts_hook_is_asked_on_every_call(asked):
-    """The compile gate and the performance model pass `facts=`: never answered from a kept plan."""
+def test_a_plan_with_knobs_is_never_kept(asked):
+    """The compile gate and the performance model plan with knobs (an SM count, a `facts` hook) and pass the plan:
+    its hook is asked on every call, the launcher given a plan asks nothing, and no plan is kept or looked up."""
     hooked = []
 
     def facts(kernel, args, kwargs):
         hooked.append(kernel.__name__)
         return C.KernelFacts(64, 0, kwargs["num_warps"])
 
+    stats = dict(C.PLAN_STATS)
     for _ in range(2):
         run("ldr_bwd", 512, 1024, facts=facts, sm_count=132)
         run("bias_relu_bwd", 512, 1024, facts=facts, sm_count=132)
     assert hooked == ["ldr_bwd_fused_kernel", "bias_relu_bwd_kernel"] * 2 and not asked
-    assert not C.cacheable(512, facts) and C.cacheable(512, None)
+    assert C.PLAN_STATS == stats
 
 
 def test_changed_limits_plan_again(asked, monkeypatch):
-    """The module's limits are part of the key: lowering BWD_MAX_FUSED_N (as tests do to reach the looped kernels)
-    plans the looped kernels at once, and restoring it reuses the single-block plan."""
+    """The row limits are part of the key: lowering bwd_max_fused_n (as tests do to reach the looped kernels)
+    plans the looped kernels at once, and restoring them reuses the single-block plan."""
     fused = run("ldr_bwd", 64, 1024)
     assert [k[0] for k in fused] == ["ldr_bwd_fused_kernel", "sum_partials_kernel"]
-    monkeypatch.setattr(LDR, "BWD_MAX_FUSED_N", 16)
+    default = P.ROW_LIMITS
+    monkeypatch.setattr(P, "ROW_LIMITS", P.RowLimits(bwd_max_fused_n=16))
     looped = run("ldr_bwd", 64, 1024)
     assert [k[0] for k in looped] == ["ldr_bwd_row_coef_kernel", "ldr_bwd_chunk_kernel", "sum_partials_kernel"]
-    monkeypatch.setattr(LDR, "BWD_MAX_FUSED_N", 8192)
+    monkeypatch.setattr(P, "ROW_LIMITS", default)
     queries = len(asked)
     assert run("ldr_bwd", 64, 1024) == fused and len(asked) == queries
 
@@ -212,7 +221,7 @@ def test_a_repeated_backward_allocates_one_buffer(asked, monkeypatch, launcher, 
     """A kept plan's call allocates one buffer: the partial sets (and on the looped path the row coefficients c1,
     c2 after them), no stand-ins for the compiled-kernel query."""
     if looped:
-        monkeypatch.setattr(LDR, "BWD_MAX_FUSED_N", 16)
+        monkeypatch.setattr(P, "ROW_LIMITS", P.RowLimits(bwd_max_fused_n=16))
     run(launcher, 64, n)
     made = []
     real = torch.empty

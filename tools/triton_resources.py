@@ -1,13 +1,14 @@
 """Compile-time resource table of the Triton kernels for sm_90 (H100/H200), and compile checks, made without a GPU:
 `python -m tools.triton_resources [--markdown | --summary | --json] [--quick] [--checks] [--sm-count 132] [--jobs N]`.
 
-How: the project's own launchers (gpuopt_ops.triton_kernels ... launch_forward / launch_backward) run on *meta*
-tensors with `wrap=` replaced by a hook that, instead of launching, records the launch; every distinct
-specialization is then compiled with Triton's toolchain for GPUTarget("cuda", 90, 32) (bundled ptxas; no device
-needed), --jobs at a time in forked worker processes. The hook builds the signature, constexprs and the
-specialization attributes (pointer 16-byte alignment, integer divisibility by 16, == 1) with Triton's own binder
-and JITFunction._pack_args, i.e. exactly as a real launch does (a meta tensor's data_ptr() is 0, and torch's CUDA
-allocations are 512-byte aligned, so "16-byte aligned" is what a launch on fresh tensors gets).
+How: the project's own planners and launchers (gpuopt_ops.triton_kernels ... plan_forward / launch_forward,
+plan_backward / launch_backward) run on *meta* tensors with `wrap=` replaced by a hook that, instead of launching,
+records the launch; every distinct specialization is then compiled with Triton's toolchain for
+GPUTarget("cuda", 90, 32) (bundled ptxas; no device needed), --jobs at a time in forked worker processes. The hook
+builds the signature, constexprs and the specialization attributes (pointer 16-byte alignment, integer
+divisibility by 16, == 1) with Triton's own binder and JITFunction._pack_args, i.e. exactly as a real launch does
+(a meta tensor's data_ptr() is 0, and torch's CUDA allocations are 512-byte aligned, so "16-byte aligned" is what
+a launch on fresh tensors gets).
 
 The table: OPS x DTYPES x NS, plus a few norm_dropout cases (ND_TABLE: layer_norm_dropout_relu's kernels with
 RMS=True, RELU=False; ops nd_*) and gated_act's (GATED_TABLE: SwiGLU and GeGLU, both layouts, bf16 and fp32;
@@ -17,12 +18,12 @@ metadata, num_warps, the grid the launcher chose, and the blocks per SM those re
 (tools.cuda_resources.occupancy: 65536 registers and 64 warps per SM, 32 blocks per SM, 228 KiB shared per SM).
 All figures are compile-time facts; none is a measured speed.
 
-The persistent grids: on a GPU the launchers size them from the compiled kernel's own facts (n_regs, shared
-memory, warps; triton_kernels.common.programs_per_sm). Here the launchers get the same facts through their
-`facts=` hook from this sm_90 compile (a planning pass records every kernel, they compile in parallel, then the
-launchers run again and size their grids from the results), so the table's grids are the ones an H100/H200
-launch picks. The gate fails if the launchers' rule (common.resident_programs_per_sm) and the occupancy model
-above ever disagree.
+The persistent grids: on a GPU the launchers size them from the compiled kernel's own facts (n_regs, shared memory,
+warps; triton_kernels.common.programs_per_sm). Here each launcher runs the plan its op's planner (plan_forward /
+plan_backward) makes with the same facts from this sm_90 compile (the `facts` knob: a planning pass records every
+kernel, they compile in parallel, then the planners run again and size their grids from the results), so the
+table's grids are the ones an H100/H200 launch picks. The gate fails if the launchers' rule
+(common.resident_programs_per_sm) and the occupancy model above ever disagree.
 
 --checks adds checks of what the interpreter (the only way the kernels run without a GPU) cannot see:
   unhinted   a few launches (single-block and looped paths, fp16/bf16/fp32/fp64, the 8-lane and the generic RNG,
@@ -375,8 +376,88 @@ def _meta(shape, dtype):
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
-def _call_launcher(fn, *args, _sm_count: int, **kwargs):
-    return fn(*args, sm_count=_sm_count, **kwargs)  # tiling and grids: fixed rules on (N, dtype, SM count, facts)
+@dataclass(frozen=True)
+class _Call:
+    """One launcher call of the table: meta tensors of an (M, N) case in `dtype` (x and the outputs), `pd` (the
+    parameters) and `acc` (the statistics); `affine`: with a weight and a bias."""
+
+    m: int
+    n: int
+    dtype: torch.dtype
+    pd: torch.dtype
+    acc: torch.dtype
+    affine: bool
+
+    def rows(self, dtype: Optional[torch.dtype] = None):
+        return _meta((self.m, self.n), dtype or self.dtype)
+
+    def cols(self, dtype: Optional[torch.dtype] = None):
+        return _meta((self.n,), dtype or self.pd)
+
+    def param(self):
+        return self.cols() if self.affine else None
+
+
+def _norm_call(c: _Call, op: str, p: float) -> tuple:
+    """(module, direction, arguments, flags) of layer_norm_dropout_relu's launchers, and of norm_dropout's
+    (nd_{ln|rms}[_relu]_*: the same launchers with its flags; RMSNorm with a weight and no bias)."""
+    L, _, _ = _kernels()
+    mean, rstd, seed = _meta((c.m,), c.acc), _meta((c.m,), c.acc), _meta((1,), torch.int64)
+    w = c.param()
+    b = w  # the bias (and its gradient): like the weight
+    flags = {}
+    if op in ND_OPS:
+        flags = {"rms": "_rms" in op, "relu": "_relu" in op}
+        if flags["rms"]:
+            mean, b = _meta((0,), c.acc), None
+        op = "ldr_" + op.rsplit("_", 1)[1]
+    if op == "ldr_fwd":
+        return L, "forward", (c.rows(), w, b, seed, c.rows(), mean, rstd, p, 1e-5), flags
+    gw = c.param()
+    args = (c.rows(), c.rows(), w, b, mean, rstd, seed, c.rows(), gw, gw if b is not None else None, p)
+    return L, "backward", args, flags
+
+
+def _dan_call(c: _Call, op: str, p: float, residual_in_fp32: bool) -> tuple:
+    """(module, direction, arguments, flags) of dropout_add_norm's launchers (dan_* LayerNorm, dan_rms_* RMSNorm),
+    with a residual and, in the backward, grad_sum; residual_in_fp32: the sum (and the residual, grad_sum,
+    grad_residual) in fp32."""
+    from gpuopt_ops.triton_kernels import dropout_add_norm as DAN
+
+    rms = op.startswith("dan_rms")
+    sd = torch.float32 if residual_in_fp32 and c.dtype in (torch.float16, torch.bfloat16) else c.dtype
+    mu, rstd, seed = _meta((0,) if rms else (c.m,), c.acc), _meta((c.m,), c.acc), _meta((1,), torch.int64)
+    w = c.param()
+    if op.endswith("_fwd"):
+        return DAN, "forward", (c.rows(), c.rows(sd), w, w, seed, c.rows(), c.rows(sd), mu, rstd, p, 1e-5, rms), {}
+    gw = c.param()
+    args = (c.rows(), c.rows(sd), c.rows(sd), w, w, mu, rstd, seed, c.rows(), c.rows(sd), gw, gw, p, rms)
+    return DAN, "backward", args, {}
+
+
+def _bias_call(c: _Call, op: str) -> tuple:
+    """(module, direction, arguments, flags) of bias_relu's launchers (bias_act{1,2,3}_*: with act)."""
+    _, BR, _ = _kernels()
+    act = {} if op.startswith("bias_relu") else {"act": int(op[len("bias_act")])}
+    if op.endswith("_fwd"):
+        return BR, "forward", (c.rows(), c.cols(), c.rows()), act
+    bias = {"bias": c.cols()} if act else {}
+    return BR, "backward", (c.rows(), c.rows(), c.rows(), c.cols(c.acc)), {**act, **bias}
+
+
+def _gated_call(c: _Call, op: str, p: float) -> tuple:
+    """(module, direction, arguments, flags) of gated_act's launchers: N is F, the output's last dimension;
+    packed: gate (M, 2F) = [gate | up]."""
+    from gpuopt_ops.triton_kernels import gated_act as GA
+
+    code, packed = int(op[len("gated_act")]), "_packed" in op
+    gate = _meta((c.m, 2 * c.n if packed else c.n), c.dtype)
+    up = None if packed else c.rows()
+    seed = _meta((1,), torch.int64)
+    if op.endswith("_fwd"):
+        return GA, "forward", (gate, up, seed, c.rows(), p), {"act": code}
+    grad_up = _meta((0,), c.dtype) if packed else c.rows()
+    return GA, "backward", (c.rows(), gate, up, seed, _meta(tuple(gate.shape), c.dtype), grad_up, p), {"act": code}
 
 
 def launches(
@@ -393,163 +474,37 @@ def launches(
     facts: bool = False,
     residual_in_fp32: bool = False,
 ) -> list[Launch]:
-    """Runs one launcher on meta tensors; returns the launches it made (recorded in `compiler`, not compiled).
-    max_fused_n (ldr, nd, dan) overrides the longest row of the single-block kernels, to reach the looped ones.
+    """Runs one launcher on meta tensors with the plan its module's planner makes for sm_count SMs; returns the
+    launches it made (recorded in `compiler`, not compiled).
+    max_fused_n (ldr, nd, dan) caps the longest row of the single-block kernels (plans.RowLimits.capped), to reach
+    the looped ones.
     The nd ops (norm_dropout: layer_norm_dropout_relu's kernels with the RMS / RELU constexprs) are named
     nd_{ln|rms}[_relu]_{fwd|bwd}; nd_ln_relu_* is layer_norm_dropout_relu itself.
     The dan ops (dropout_add_norm: dan_* LayerNorm, dan_rms_* RMSNorm) run with a residual and, in the
     backward, grad_sum; residual_in_fp32 makes the sum (and residual, grad_sum, grad_residual) fp32.
     facts: the persistent grids come from the compiled kernels (compiler.facts, as the launchers on a GPU take
     them from the loaded kernel); otherwise from the launchers' planning rule, and nothing is compiled here."""
-    L, BR, _ = _kernels()
+    from gpuopt_ops.triton_kernels.plans import ROW_LIMITS
+
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    pd = param_dtype or dtype
-    x = _meta((m, n), dtype)
-    w = _meta((n,), pd) if affine else None
-    mean, rstd = _meta((m,), acc), _meta((m,), acc)
-    seed = _meta((1,), torch.int64)
-    start = len(compiler.launches)
-    fused = {} if max_fused_n is None else {"max_fused_n": max_fused_n}
-    hook = {"facts": compiler.facts} if facts else {}
-    flags = {}
-    b = w  # the bias (and its gradient) of the ldr launchers: like the weight
-    if op in ND_OPS:  # norm_dropout: the ldr launchers with its flags; RMSNorm with a weight and no bias
-        flags = {"rms": "_rms" in op, "relu": "_relu" in op}
-        if flags["rms"]:
-            mean, b = _meta((0,), acc), None
-        op = "ldr_" + op.rsplit("_", 1)[1]
-    if op == "ldr_fwd":
-        _call_launcher(
-            L.launch_forward,
-            x,
-            w,
-            b,
-            seed,
-            _meta((m, n), dtype),
-            mean,
-            rstd,
-            p,
-            1e-5,
-            wrap=compiler.wrap,
-            _sm_count=sm_count,
-            **flags,
-            **fused,
-            **hook,
-        )
-    elif op == "ldr_bwd":
-        gw = _meta((n,), pd) if affine else None
-        _call_launcher(
-            L.launch_backward,
-            _meta((m, n), dtype),
-            x,
-            w,
-            b,
-            mean,
-            rstd,
-            seed,
-            _meta((m, n), dtype),
-            gw,
-            gw if b is not None else None,
-            p,
-            wrap=compiler.wrap,
-            _sm_count=sm_count,
-            **flags,
-            **fused,
-            **hook,
-        )
-    elif op == "bias_relu_fwd" or (op.startswith("bias_act") and op.endswith("_fwd")):
-        act = {} if op == "bias_relu_fwd" else {"act": int(op[len("bias_act")])}
-        _call_launcher(
-            BR.launch_forward,
-            x,
-            _meta((n,), pd),
-            _meta((m, n), dtype),
-            wrap=compiler.wrap,
-            _sm_count=sm_count,
-            **act,
-            **hook,
-        )
-    elif op == "bias_relu_bwd" or (op.startswith("bias_act") and op.endswith("_bwd")):
-        act = {} if op == "bias_relu_bwd" else {"act": int(op[len("bias_act")]), "bias": _meta((n,), pd)}
-        _call_launcher(
-            BR.launch_backward,
-            _meta((m, n), dtype),
-            x,
-            _meta((m, n), dtype),
-            _meta((n,), acc),
-            wrap=compiler.wrap,
-            _sm_count=sm_count,
-            **act,
-            **hook,
-        )
-    elif op in GATED_OPS:  # gated_act: n is F, the output's last dimension; packed: gate (M, 2F) = [gate | up]
-        from gpuopt_ops.triton_kernels import gated_act as GA
-
-        code, packed = int(op[len("gated_act")]), "_packed" in op
-        gate = _meta((m, 2 * n if packed else n), dtype)
-        up = None if packed else _meta((m, n), dtype)
-        if op.endswith("_fwd"):
-            _call_launcher(
-                GA.launch_forward, gate, up, seed, _meta((m, n), dtype), p, act=code, wrap=compiler.wrap,
-                _sm_count=sm_count, **hook,
-            )  # fmt: skip
-        else:
-            grad_up = _meta((0,) if packed else (m, n), dtype)
-            _call_launcher(
-                GA.launch_backward, _meta((m, n), dtype), gate, up, seed, _meta(tuple(gate.shape), dtype), grad_up,
-                p, act=code, wrap=compiler.wrap, _sm_count=sm_count, **hook,
-            )  # fmt: skip
+    c = _Call(m, n, dtype, param_dtype or dtype, acc, affine)
+    knobs = {"sm_count": sm_count, "facts": compiler.facts if facts else None}
+    rows = {**knobs, "limits": None if max_fused_n is None else ROW_LIMITS.capped(max_fused_n)}
+    if op in ND_OPS or op in ("ldr_fwd", "ldr_bwd"):
+        call, knobs = _norm_call(c, op, p), rows
     elif op in DAN_OPS:
-        from gpuopt_ops.triton_kernels import dropout_add_norm as DAN
-
-        rms = op.startswith("dan_rms")
-        sd = torch.float32 if residual_in_fp32 and dtype in (torch.float16, torch.bfloat16) else dtype
-        mu = _meta((0,), acc) if rms else mean
-        if op.endswith("_fwd"):
-            _call_launcher(
-                DAN.launch_forward,
-                x,
-                _meta((m, n), sd),
-                w,
-                w,
-                seed,
-                _meta((m, n), dtype),
-                _meta((m, n), sd),
-                mu,
-                rstd,
-                p,
-                1e-5,
-                rms,
-                wrap=compiler.wrap,
-                _sm_count=sm_count,
-                **fused,
-                **hook,
-            )
-        else:
-            gw = _meta((n,), pd) if affine else None
-            _call_launcher(
-                DAN.launch_backward,
-                _meta((m, n), dtype),
-                _meta((m, n), sd),
-                _meta((m, n), sd),
-                w,
-                w,
-                mu,
-                rstd,
-                seed,
-                _meta((m, n), dtype),
-                _meta((m, n), sd),
-                gw,
-                gw,
-                p,
-                rms,
-                wrap=compiler.wrap,
-                _sm_count=sm_count,
-                **fused,
-                **hook,
-            )
+        call, knobs = _dan_call(c, op, p, residual_in_fp32), rows
+    elif op.startswith("bias_relu") or op in BIAS_ACT_OPS:
+        call = _bias_call(c, op)
+        knobs = knobs if op.endswith("_bwd") else {}  # the forward sizes nothing from the device
+    elif op in GATED_OPS:
+        call, knobs = _gated_call(c, op, p), {}  # nothing sized from the device
     else:
         raise ValueError(op)
+    module, direction, args, flags = call
+    start = len(compiler.launches)
+    plan = getattr(module, f"plan_{direction}")(*args, **flags, **knobs)
+    getattr(module, f"launch_{direction}")(*args, **flags, wrap=compiler.wrap, plan=plan)
     return compiler.launches[start:]
 
 
@@ -718,56 +673,41 @@ UNHINTED_BIAS_RELU = [
     ),
     ("bias-SiLU backward, fp16", "bias_act3_bwd", dict(m=8, n=300, dtype=torch.float16)),
 ]
-# dropout_add_norm (with a residual and grad_sum): (what the case covers, its ops, launches() keyword arguments)
-UNHINTED_DAN = [
-    (
-        "dropout-add-LayerNorm, 8-lane RNG, bf16 x with residual_in_fp32 and fp32 params",
-        ("dan_fwd", "dan_bwd"),
-        dict(m=64, n=1000, dtype=torch.bfloat16, param_dtype=torch.float32, residual_in_fp32=True),
-    ),
-    (
-        "dropout-add-RMSNorm, generic RNG, no weight / bias",
-        ("dan_rms_fwd", "dan_rms_bwd"),
-        dict(m=8, n=37, dtype=torch.float16, affine=False),
-    ),
-    (
-        "dropout-add-RMSNorm, 3-chunk rows (N = 3 x 256)",
-        ("dan_rms_fwd", "dan_rms_bwd"),
-        dict(m=16, n=768, dtype=torch.float16),
-    ),
-    (
-        "dropout-add-LayerNorm, fp64, looped, generic RNG",
-        ("dan_fwd", "dan_bwd"),
-        dict(m=2, n=65533, dtype=torch.float64),
-    ),
-]
-# norm_dropout: (what the case covers, its ops, launches() keyword arguments)
-UNHINTED_ND = [
-    (
-        "norm_dropout, RMSNorm without ReLU, generic RNG, bf16",
-        ("nd_rms_fwd", "nd_rms_bwd"),
-        dict(m=8, n=37, dtype=torch.bfloat16),
-    ),
-]
 
-# gated_act: (what the case covers, its ops, launches() keyword arguments)
+
+def _both(case: str, op: str, kw: dict) -> tuple:
+    """An unhinted case of both directions of `op`: (what the case covers, (op_fwd, op_bwd), launches() keyword
+    arguments kw)."""
+    return case, (f"{op}_fwd", f"{op}_bwd"), kw
+
+
+# dropout_add_norm (with a residual and grad_sum), norm_dropout and gated_act: (what the case covers, its ops,
+# launches() keyword arguments)
+BF16, FP16 = torch.bfloat16, torch.float16
+UNHINTED_DAN = [
+    _both(
+        "dropout-add-LayerNorm, 8-lane RNG, bf16 x with residual_in_fp32 and fp32 params",
+        "dan",
+        dict(m=64, n=1000, dtype=BF16, param_dtype=torch.float32, residual_in_fp32=True),
+    ),
+    _both("dropout-add-RMSNorm, generic RNG, no weight / bias", "dan_rms", dict(m=8, n=37, dtype=FP16, affine=False)),
+    _both("dropout-add-RMSNorm, 3-chunk rows (N = 3 x 256)", "dan_rms", dict(m=16, n=768, dtype=FP16)),
+    _both("dropout-add-LayerNorm, fp64, looped, generic RNG", "dan", dict(m=2, n=65533, dtype=torch.float64)),
+]
+UNHINTED_ND = [_both("norm_dropout, RMSNorm without ReLU, generic RNG, bf16", "nd_rms", dict(m=8, n=37, dtype=BF16))]
 UNHINTED_GATED = [
-    (
+    _both(
         "gated SwiGLU, [gate | up] layout, odd F: generic RNG, unaligned up half, bf16",
-        ("gated_act3_packed_fwd", "gated_act3_packed_bwd"),
-        dict(m=8, n=37, dtype=torch.bfloat16),
+        "gated_act3_packed",
+        dict(m=8, n=37, dtype=BF16),
     ),
-    (
-        "gated GeGLU, two tensors, odd element count, fp64",
-        ("gated_act1_fwd", "gated_act1_bwd"),
-        dict(m=3, n=37, dtype=torch.float64),
-    ),
-    (
+    _both("gated GeGLU, two tensors, odd element count, fp64", "gated_act1", dict(m=3, n=37, dtype=torch.float64)),
+    _both(
         "gated GeGLU-tanh, [gate | up] layout, p = 0: no RNG, fp16",
-        ("gated_act2_packed_fwd", "gated_act2_packed_bwd"),
-        dict(m=4, n=300, dtype=torch.float16, p=0.0),
+        "gated_act2_packed",
+        dict(m=4, n=300, dtype=FP16, p=0.0),
     ),
-    ("gated ReGLU, two tensors, fp32", ("gated_act0_fwd", "gated_act0_bwd"), dict(m=4, n=300, dtype=torch.float32)),
+    _both("gated ReGLU, two tensors, fp32", "gated_act0", dict(m=4, n=300, dtype=torch.float32)),
 ]
 
 # What each kernel may write (its output pointers); anything else written makes torch.compile clone that input.

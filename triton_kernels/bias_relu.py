@@ -28,6 +28,7 @@ Tuning (from N on the host, no autotune):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -36,20 +37,20 @@ import triton.language as tl
 
 from .common import (
     INTERPRETED,
-    cacheable,
-    cached_plan,
     column_groups,
     device_guard,
     device_sm_count,
     launch_directly,
     num_warps_for,
     persistent_programs,
+    planned,
     programs_per_sm,
     run_sum_partials,
     sum_partials_plan,
     to_acc,
     to_out,
 )
+from .plans import LaunchPlan
 
 ACT_RELU, ACT_GELU, ACT_GELU_TANH, ACT_SILU = 0, 1, 2, 3
 
@@ -221,35 +222,35 @@ def _tile(n: int):
     return max(1, min(64, 4096 // best)), best
 
 
-def forward_plan(m: int, n: int, dtype: torch.dtype, act: int) -> tuple:
-    """(grid, constexprs and num_warps) of the forward of an (M, N) input."""
+def plan_forward(x, bias, out, *, act: int = 0) -> LaunchPlan:
+    """The forward's launch (launch_forward's arguments): a program a [BLOCK_M, BLOCK_N] tile (_tile), grid (row
+    tiles, column tiles); nothing is sized from the device."""
+    n = int(x.shape[-1])
+    m = x.numel() // n
     block_m, block_n = _tile(n)
     kwargs = dict(
-        IS_FP64=dtype == torch.float64,
+        IS_FP64=x.dtype == torch.float64,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         RTNE_BF16=INTERPRETED,
         ACT=act,
         num_warps=num_warps_for(block_m * block_n),
     )
-    return (triton.cdiv(m, block_m), triton.cdiv(n, block_n)), kwargs
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    return LaunchPlan(kernel=bias_relu_fwd_kernel, grid=grid, kwargs=kwargs)
 
 
-def launch_forward(
-    x, bias, out, *, act: int = 0, wrap=launch_directly, sm_count: Optional[int] = None, facts=None
-) -> None:
-    """out = act(x + bias) (act 0: relu) for contiguous x viewed as (M, N), under x's device (sm_count and facts
-    unused: one program per tile). The grid and constexprs are kept per (M, N, dtype, act) (common.cached_plan)."""
+def launch_forward(x, bias, out, *, act: int = 0, wrap=launch_directly, plan: Optional[LaunchPlan] = None) -> None:
+    """out = act(x + bias) (act 0: relu) for contiguous x viewed as (M, N), under x's device. `plan`:
+    plan_forward's; by default kept per (M, N, dtype, act) (common.planned)."""
     n = int(x.shape[-1])
     m = x.numel() // n
     if m == 0:
         return
-    if cacheable(m, None):
-        grid, kwargs = cached_plan(("bias_act_fwd", m, n, x.dtype, act), lambda: forward_plan(m, n, x.dtype, act))
-    else:
-        grid, kwargs = forward_plan(m, n, x.dtype, act)
+    if plan is None:
+        plan = planned(m, ("bias_act_fwd", m, n, x.dtype, act), lambda: plan_forward(x, bias, out, act=act))
     with device_guard(x.device):
-        wrap(bias_relu_fwd_kernel)[grid](x, bias, out, m, n, **kwargs)
+        wrap(plan.kernel)[plan.grid](x, bias, out, m, n, **plan.kwargs)
 
 
 def backward_tile(n: int):
@@ -259,10 +260,28 @@ def backward_tile(n: int):
     return block_m, block_n, num_warps_for(block_m * block_n)
 
 
-def backward_plan(grad_out, out, grad_x, bias, act: int, m: int, n: int, sm_count: Optional[int], facts) -> tuple:
-    """(grid, constexprs and num_warps, G, the partial buffer's dtype, stage 2's plan) of the backward: the grid
-    (column tiles x G row groups) holds at most SMs x the resident programs per SM of the compiled kernel
-    (common.programs_per_sm, asked with a one-element stand-in for the partial buffer: only its dtype counts)."""
+@dataclass(frozen=True, kw_only=True)
+class BiasActBackwardPlan:
+    """The backward's launches: bias_relu_bwd_kernel on `grid` (column tiles x `groups` row groups) with `kwargs`,
+    writing `groups` partial rows of grad_b in `acc`, then stage 2 (`stage2`: common.sum_partials_plan)."""
+
+    grid: tuple
+    kwargs: dict
+    groups: int
+    acc: torch.dtype
+    stage2: tuple
+
+
+def plan_backward(
+    grad_out, out, grad_x, grad_b, *, bias=None, act: int = 0, sm_count: Optional[int] = None, facts=None
+) -> BiasActBackwardPlan:  # fmt: skip
+    """The backward's launches (launch_backward's arguments): the grid (column tiles x G row groups) holds at
+    most SMs x the resident programs per SM of the compiled kernel (common.programs_per_sm, asked with a
+    one-element stand-in for the partial buffer: only its dtype counts), G chosen by common.column_groups so that
+    the grid fills whole waves, so G, and the bits of grad_b, are fixed by (shape, dtype, device). Knobs: sm_count
+    (default: the device's, DEFAULT_SM_COUNT for meta tensors), `facts` (replaces the compiled-kernel query)."""
+    n = int(out.shape[-1])
+    m = out.numel() // n
     is_fp64 = out.dtype == torch.float64
     acc = torch.float64 if is_fp64 else torch.float32
     block_m, block_n, warps = backward_tile(n)
@@ -276,42 +295,28 @@ def backward_plan(grad_out, out, grad_x, bias, act: int, m: int, n: int, sm_coun
         resident = sms * programs_per_sm(bias_relu_bwd_kernel, out.device, args, kwargs, facts)
     groups = persistent_programs(triton.cdiv(m, block_m), out.device, 1, column_groups(col_tiles, resident, sms))
     del kwargs["B"]  # a tensor of the call, not of the plan
-    return (col_tiles, groups), kwargs, groups, acc, sum_partials_plan(groups, n, 1, acc.itemsize)
+    stage2 = sum_partials_plan(groups, n, 1, acc.itemsize)
+    return BiasActBackwardPlan(grid=(col_tiles, groups), kwargs=kwargs, groups=groups, acc=acc, stage2=stage2)
 
 
 def launch_backward(
-    grad_out,
-    out,
-    grad_x,
-    grad_b,
-    *,
-    bias=None,
-    act: int = 0,
-    wrap=launch_directly,
-    sm_count: Optional[int] = None,
-    facts=None,
-) -> None:
+    grad_out, out, grad_x, grad_b, *, bias=None, act: int = 0, wrap=launch_directly, plan=None
+) -> None:  # fmt: skip
     """grad_x = grad_out * [out > 0] (act 0; `out` the saved output) or grad_out * act'(out + bias) (act 1-3;
     `out` the saved x) and grad_b = its column sums (grad_b in the accumulation dtype), contiguous
-    inputs into uninitialised outputs, under out's device. The grid (column tiles x G row groups) holds at most SMs x
-    the resident programs per SM of the compiled kernel (common.programs_per_sm; sm_count: the device's,
-    DEFAULT_SM_COUNT for meta tensors), G chosen by common.column_groups so that the grid fills whole waves, so
-    G, and the bits of grad_b, are fixed by (shape, dtype, device). The plan (backward_plan) is kept per (M, N,
-    dtypes, act, device, sm_count) (common.cached_plan): a repeated call allocates the (G, N) partial buffer and
-    makes its two launches, nothing else."""
+    inputs into uninitialised outputs, under out's device. `plan`: plan_backward's; by default kept per (M, N,
+    dtypes, act, device) (common.planned): a repeated call allocates the (G, N) partial buffer and makes its two
+    launches, nothing else."""
     n = int(out.shape[-1])
     m = out.numel() // n
     if m == 0:
         grad_b.zero_()  # a sum over no rows
         return
     b = bias if act != 0 else out  # relu reads no bias
-    if cacheable(m, facts):
-        key = ("bias_act_bwd", m, n, grad_out.dtype, out.dtype, grad_x.dtype, b.dtype, act, out.device, sm_count)
-        plan = cached_plan(key, lambda: backward_plan(grad_out, out, grad_x, bias, act, m, n, sm_count, None))
-    else:
-        plan = backward_plan(grad_out, out, grad_x, bias, act, m, n, sm_count, facts)
-    grid, kwargs, groups, acc, stage2 = plan
+    if plan is None:
+        key = ("bias_act_bwd", m, n, grad_out.dtype, out.dtype, grad_x.dtype, b.dtype, act, out.device)
+        plan = planned(m, key, lambda: plan_backward(grad_out, out, grad_x, grad_b, bias=bias, act=act))
     with device_guard(out.device):
-        partial = torch.empty((groups * n,), dtype=acc, device=out.device)
-        wrap(bias_relu_bwd_kernel)[grid](grad_out, out, grad_x, partial, m, n, B=b, **kwargs)
-        run_sum_partials(partial, (grad_b,), stage2, wrap=wrap)
+        partial = torch.empty((plan.groups * n,), dtype=plan.acc, device=out.device)
+        wrap(bias_relu_bwd_kernel)[plan.grid](grad_out, out, grad_x, partial, m, n, B=b, **plan.kwargs)
+        run_sum_partials(partial, (grad_b,), plan.stage2, wrap=wrap)

@@ -364,20 +364,29 @@ def launch_sum_partials(partial, outs, groups: int, n: int, *, wrap=launch_direc
 
 # ---------------------------------------------------------------------------------------------- launch plans
 # What a launcher decides before its launches (tiling, the compiled kernels' facts and with them the persistent
-# grids, the row groups G, stage 2's tiling, the partial buffer's size) is fixed by the call's key: the
-# launcher's static arguments (shape as (M, N), dtypes, device, flags, p's threshold, sm_count, the module's
-# tunables). A launcher keeps it per key, so that a repeated call runs no planning, no compiled-kernel query and
-# no device-property lookup: it allocates its buffer and launches. Strides need no place in the key: the launchers
-# take contiguous tensors (the ops make them so), so (M, N) fixes them. Not kept: calls with a `facts` hook (the
-# compile gate and the performance model ask it on purpose) and symbolic sizes (tracing with dynamic shapes).
+# grids, the row groups G, stage 2's tiling, the partial buffer's size) is its op's plan (plan_forward /
+# plan_backward of the op's module), fixed by the call's key: the launcher's static arguments (shape as (M, N),
+# dtypes, device, flags, p's threshold, the row limits). A launcher given no plan keeps the default one per key, so
+# that a repeated call runs no planning, no compiled-kernel query and no device-property lookup: it allocates its
+# buffer and launches. Strides need no place in the key: the launchers take contiguous tensors (the ops make them
+# so), so (M, N) fixes them. Not kept: plans built with knobs (the compile gate, the performance model and the
+# tests pass those themselves) and plans for symbolic sizes (tracing with dynamic shapes).
 PLAN_CACHE_SIZE = 4096
 _PLANS: dict = {}
 PLAN_STATS = {"hits": 0, "misses": 0}
 
 
-def cacheable(m, facts) -> bool:
-    """Whether a launch plan for M = m rows may be kept: no `facts` hook and a plain int M (not symbolic)."""
-    return facts is None and type(m) is int
+def planned(m, key, make):
+    """A launcher's default plan: kept per key (cached_plan) where M = m is a plain int, else make() every time
+    (a symbolic M: the plan of the example being traced is not that of every size)."""
+    return cached_plan(key, make) if type(m) is int else make()
+
+
+def zero_sums(*sums) -> None:
+    """Zeroes the column sums that exist (a backward over no rows: sums over nothing)."""
+    for g in sums:
+        if g is not None:
+            g.zero_()
 
 
 def cached_plan(key, make):

@@ -18,17 +18,17 @@ gpuopt_ops/triton_ops.py). The contract is docs/DESIGN.md (`dropout_add_norm`):
   S, grad_x = keep ? dS * scale : 0 in x's dtype; dgamma / dbeta partials accumulate grad_out * xhat and grad_out
   element-wise and go through the one stage-2 launch of common.launch_sum_partials (deterministic, no atomics).
 
-Tiling: exactly that of layer_norm_dropout_relu (its forward_config / backward_config, read at every launch): the
-single-block kernels take rows of N = 3 x 2^k as three chunks of N / 3 and (forward) N = 2^k >= 1024 as four
-chunks, without padded lanes; they are persistent, SMs x the resident programs per SM of the compiled kernel
-(common.programs_per_sm), 8 programs on the interpreter. Every load of a tile (x and the residual of every chunk
-in the forward; the sum, grad_out and, later, grad_sum in the backward) is issued before its first reduction, so
-a row is read from DRAM once; the backward at N = 12288 and 16384 is dan_bwd_wide_kernel, which holds the raw sum
-and grad_out across the row sums (layer_norm_dropout_relu's wide path; 2048-column chunks at 8 warps where the sum
-or x is fp32), and runs only where that compiled kernel does not spill (else looped, see
-layer_norm_dropout_relu.wide_backward_fallback). Longer rows take the looped kernels: the forward writes the sum
-in pass 1 (with the row's statistics) and re-reads it in pass 2; the backward computes c1, c2 per row and then
-runs a (column chunk x row group) grid for grad_x, grad_residual and the partials.
+Tiling: exactly that of layer_norm_dropout_relu (plans.forward_config / plans.backward_config, read at every launch
+by this module's own planners): the single-block kernels take rows of N = 3 x 2^k as three chunks of N / 3 and
+(forward) N = 2^k >= 1024 as four chunks, without padded lanes; they are persistent, SMs x the resident programs per
+SM of the compiled kernel (common.programs_per_sm), 8 programs on the interpreter. Every load of a tile (x and the
+residual of every chunk in the forward; the sum, grad_out and, later, grad_sum in the backward) is issued before its
+first reduction, so a row is read from DRAM once; the backward at N = 12288 and 16384 is dan_bwd_wide_kernel, which
+holds the raw sum and grad_out across the row sums (layer_norm_dropout_relu's wide path; 2048-column chunks at 8
+warps where the sum or x is fp32), and runs only where that compiled kernel does not spill (else looped, see
+plans.wide_backward_fallback). Longer rows take the looped kernels: the forward writes the sum in pass 1 (with the
+row's statistics) and re-reads it in pass 2; the backward computes c1, c2 per row and then runs a (column chunk x
+row group) grid for grad_x, grad_residual and the partials.
 
 All indexing is int64 (row * N).
 """
@@ -41,22 +41,23 @@ import torch
 import triton
 import triton.language as tl
 
-from . import layer_norm_dropout_relu as _LDR
+from . import plans
 from .common import (
     INTERPRETED,
-    cacheable,
-    cached_plan,
     device_guard,
     launch_directly,
     num_warps_for,
+    planned,
     to_acc,
     to_out,
+    zero_sums,
 )
 from .rows import (
+    RowsBackwardPlan,
+    RowTiling,
     dropout_threshold,
     eps_pair,
     plan_rows_backward,
-    plan_rows_forward,
     row_centred,
     row_dropout_scale,
     row_eps,
@@ -516,164 +517,151 @@ def dan_bwd_chunk_kernel(
         tl.store(PDB + prow + cols, tl.sum(db_acc, axis=0), mask=cmask)
 
 
-# ------------------------------------------------------------------------------------------- launch helpers
-def launch_forward(
-    x,
-    residual,
-    weight,
-    bias,
-    seed,
-    out,
-    sum_,
-    mean,
-    rstd,
-    p: float,
-    eps: float,
-    rms: bool,
-    *,
-    wrap=launch_directly,
-    max_fused_n: Optional[int] = None,
-    sm_count: Optional[int] = None,
-    facts=None,
-) -> None:
-    """Runs the forward on contiguous x (M, N) (and residual) into the preallocated out, sum_, mean (LayerNorm
-    only; (0,) for RMSNorm) and rstd, under x's device. The tiling is layer_norm_dropout_relu's forward_config;
-    `wrap`, `sm_count` and `facts` as in its launch_forward."""
+# ------------------------------------------------------------------------------------------- launch plans
+def _forward_args(x, residual, weight, bias, seed, out, sum_, mean, rstd, p: float, eps: float, rms: bool) -> tuple:
+    """(M, N, the threshold, the forward kernels' arguments) of a launch_forward call."""
     n = int(x.shape[-1])
-    m = x.numel() // n
-    if m == 0:
-        return
     t = dropout_threshold(p)
-    eps_hi, eps_lo = eps_pair(eps)
     r = residual if residual is not None else x  # never read without a residual
     w = weight if weight is not None else x
     b = bias if bias is not None else x
     mu = mean if not rms else rstd  # never written for RMSNorm
-    mapped = seed_mapped(seed)
-    args = (x, r, w, b, seed, out, sum_, mu, rstd, m, n, eps_hi, eps_lo, t)
-
-    def make():
-        cfg = _LDR.forward_config(n, x.dtype, max_fused_n)
-        kwargs = dict(
-            HAS_R=residual is not None,
-            HAS_W=weight is not None,
-            HAS_B=bias is not None,
-            RMS=bool(rms),
-            DROPOUT=t != 0,
-            FAST_RNG=cfg.fast_rng,
-            IS_FP64=x.dtype == torch.float64,
-            BLOCK_N=cfg.block_n,
-            RTNE_BF16=INTERPRETED,
-            MAPPED=mapped,
-            num_warps=cfg.num_warps,
-        )
-        return plan_rows_forward(
-            dan_fwd_fused_kernel, dan_fwd_looped_kernel, cfg, m, n, x.device, args, kwargs,
-            sm_count=sm_count, facts=facts, looped_cfg=_LDR.wide_fallback(cfg, n, x.dtype),
-        )  # fmt: skip
-
-    if cacheable(m, facts):
-        key = (
-            "dan_fwd", m, n, x.dtype, r.dtype, w.dtype, b.dtype, out.dtype, sum_.dtype, rstd.dtype,
-            residual is None, weight is None, bias is None, t, bool(rms), mapped, x.device, sm_count, max_fused_n,
-            _LDR.tunables(),
-        )  # fmt: skip
-        kernel, grid, kwargs = cached_plan(key, make)
-    else:
-        kernel, grid, kwargs = make()
-    with device_guard(x.device):
-        wrap(kernel)[grid](*args, **kwargs)
+    m = x.numel() // n
+    return m, n, t, (x, r, w, b, seed, out, sum_, mu, rstd, m, n, *eps_pair(eps), t)
 
 
-def launch_backward(
-    grad_out,
-    grad_sum,
-    sum_,
-    weight,
-    bias,
-    mean,
-    rstd,
-    seed,
-    grad_x,
-    grad_res,
-    grad_w,
-    grad_b,
-    p: float,
-    rms: bool,
-    *,
-    wrap=launch_directly,
-    max_fused_n: Optional[int] = None,
-    sm_count: Optional[int] = None,
-    facts=None,
-) -> None:
-    """Runs the backward on contiguous inputs into the uninitialised grad_x, grad_res (None without a residual)
-    and, when weight / bias exist, grad_w / grad_b, under x's device. The tiling is layer_norm_dropout_relu's
-    backward_config; the dgamma / dbeta partials and their one stage-2 launch as in its launch_backward."""
+def plan_forward(
+    x, residual, weight, bias, seed, out, sum_, mean, rstd, p: float, eps: float, rms: bool, *,
+    sm_count: Optional[int] = None, facts=None, limits: Optional[plans.RowLimits] = None,
+) -> plans.LaunchPlan:  # fmt: skip
+    """The forward's launch (launch_forward's arguments), tiled as the other row-normalization ops
+    (plans.forward_config): the single-block kernel, persistent over SMs x the resident programs per SM of its
+    compiled kernel, or the looped one (rows.plan_rows_forward). Knobs: sm_count (default: the device's,
+    DEFAULT_SM_COUNT for meta tensors), `facts` (replaces the compiled-kernel query), limits (default
+    plans.ROW_LIMITS)."""
+    _, _, t, args = _forward_args(x, residual, weight, bias, seed, out, sum_, mean, rstd, p, eps, rms)
+    flags = dict(
+        HAS_R=residual is not None, HAS_W=weight is not None, HAS_B=bias is not None, RMS=bool(rms), DROPOUT=t != 0,
+        MAPPED=seed_mapped(seed),
+    )  # fmt: skip
+    knobs = dict(sm_count=sm_count, facts=facts, limits=limits)
+    return plans.row_forward_plan(dan_fwd_fused_kernel, dan_fwd_looped_kernel, x, args, flags, **knobs)
+
+
+def _backward_kwargs(cfg: RowTiling, n: int, sum_, flags: dict, is_fp64: bool, limits: plans.RowLimits) -> tuple:
+    """(cfg, the kernels' constexprs and num_warps, the row-coefficient launch of the looped path) of a tiling;
+    flags: the constexprs fixed by the call (HAS_*, RMS, DROPOUT, MAPPED)."""
+    kwargs = dict(
+        flags,
+        FAST_RNG=cfg.fast_rng,
+        IS_FP64=is_fp64,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        RTNE_BF16=INTERPRETED,
+        num_warps=cfg.num_warps,
+    )
+    if plans.is_wide_backward(cfg, n, limits):  # dan_bwd_wide_kernel
+        kwargs.update(plans.wide_kwargs(cfg, sum_.dtype))
+    coef_kwargs = dict(
+        HAS_W=flags["HAS_W"],
+        RMS=flags["RMS"],
+        IS_FP64=is_fp64,
+        BLOCK_N=cfg.block_n,
+        num_warps=num_warps_for(cfg.block_n, 8),
+    )
+    # dan_bwd_row_coef_kernel(grad_out, sum_, w, mu, rstd, c1, c2, M, N): head[0, 2, 3, 4, 5]
+    return cfg, kwargs, (dan_bwd_row_coef_kernel, (0, 2, 3, 4, 5), False, coef_kwargs)
+
+
+def _backward_head(grad_out, grad_sum, sum_, weight, mean, rstd, seed, rms: bool) -> tuple:
+    """The backward kernels' leading arguments (absent ones stand in by sum_: never read)."""
+    gs = grad_sum if grad_sum is not None else sum_  # never read without grad_sum
+    w = weight if weight is not None else sum_
+    mu = mean if not rms else rstd  # never read for RMSNorm
+    return grad_out, gs, sum_, w, mu, rstd, seed
+
+
+def plan_backward(
+    grad_out, grad_sum, sum_, weight, bias, mean, rstd, seed, grad_x, grad_res, grad_w, grad_b, p: float, rms: bool,
+    *, sm_count: Optional[int] = None, facts=None, limits: Optional[plans.RowLimits] = None,
+) -> RowsBackwardPlan:  # fmt: skip
+    """The backward's launches (launch_backward's arguments; rows.plan_rows_backward), tiled as the other
+    row-normalization ops (plans.backward_config, whose wide kernels hold the sum and grad_out: the wider of the
+    two dtypes counts). Knobs as in plan_forward."""
+    limits = plans.row_limits(limits)
     n = int(sum_.shape[-1])
     m = sum_.numel() // n
     has_w, has_b = weight is not None, bias is not None
-    if m == 0:  # sums over no rows
-        for g in (grad_w, grad_b):
-            if g is not None:
-                g.zero_()
-        return
     t = dropout_threshold(p)
     is_fp64 = grad_out.dtype == torch.float64
-    acc = torch.float64 if is_fp64 else torch.float32
-    gs = grad_sum if grad_sum is not None else sum_  # never read without grad_sum
-    dres = grad_res if grad_res is not None else grad_x  # never written without a residual
-    w = weight if has_w else sum_
-    mu = mean if not rms else rstd  # never read for RMSNorm
-    mapped = seed_mapped(seed)
-    head = (grad_out, gs, sum_, w, mu, rstd, seed)
-
-    def plan(cfg):  # (cfg, the kernels' constexprs and num_warps, the row-coefficient launch of the looped path)
-        kwargs = dict(
-            HAS_GS=grad_sum is not None,
-            HAS_R=grad_res is not None,
-            HAS_W=has_w,
-            HAS_B=has_b,
-            RMS=bool(rms),
-            DROPOUT=t != 0,
-            FAST_RNG=cfg.fast_rng,
-            IS_FP64=is_fp64,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            RTNE_BF16=INTERPRETED,
-            MAPPED=mapped,
-            num_warps=cfg.num_warps,
-        )
-        if _LDR.is_wide_backward(cfg, n):  # dan_bwd_wide_kernel
-            kwargs.update(_LDR.wide_kwargs(cfg, sum_.dtype))
-        coef_kwargs = dict(
-            HAS_W=has_w, RMS=bool(rms), IS_FP64=is_fp64, BLOCK_N=cfg.block_n, num_warps=num_warps_for(cfg.block_n, 8)
-        )
-        # dan_bwd_row_coef_kernel(grad_out, sum_, w, mu, rstd, c1, c2, M, N): head[0, 2, 3, 4, 5]
-        return cfg, kwargs, (dan_bwd_row_coef_kernel, (0, 2, 3, 4, 5), False, coef_kwargs)
-
-    def make():
-        # the wider of the two dtypes the wide kernel holds: the sum's and grad_out's
-        held = sum_.dtype if sum_.dtype.itemsize > grad_out.dtype.itemsize else grad_out.dtype
-        cfg = _LDR.backward_config(n, grad_out.dtype, max_fused_n, held=held, sums=int(has_w) + int(has_b))
-        looped = _LDR.wide_backward_fallback(cfg, n, grad_out.dtype)
-        cfg, kwargs, coef = plan(cfg)
-        fused = dan_bwd_wide_kernel if _LDR.is_wide_backward(cfg, n) else dan_bwd_fused_kernel
-        return plan_rows_backward(
-            fused, dan_bwd_chunk_kernel, coef, cfg, m, n, sum_.device, acc, head, (grad_x, dres), t, has_w, has_b,
-            kwargs, sm_count=sm_count, facts=facts, looped=plan(looped) if looped is not None else None,
-            holds=_LDR.wide_holds(cfg, n),
-        )  # fmt: skip
-
-    if cacheable(m, facts):
-        key = (
-            "dan_bwd", m, n, grad_out.dtype, gs.dtype, sum_.dtype, w.dtype, rstd.dtype, grad_x.dtype, dres.dtype,
-            grad_sum is None, grad_res is None, has_w, has_b, t, bool(rms), mapped, sum_.device, sm_count, max_fused_n,
-            _LDR.tunables(),
-        )  # fmt: skip
-        rows_plan = cached_plan(key, make)
-    else:
-        rows_plan = make()
-    run_rows_backward(
-        rows_plan, head, (grad_x, dres), grad_w if has_w else None, grad_b if has_b else None, m, n, t, sum_.device,
-        acc, wrap=wrap,
+    head = _backward_head(grad_out, grad_sum, sum_, weight, mean, rstd, seed, rms)
+    flags = dict(
+        HAS_GS=grad_sum is not None, HAS_R=grad_res is not None, HAS_W=has_w, HAS_B=has_b, RMS=bool(rms),
+        DROPOUT=t != 0, MAPPED=seed_mapped(seed),
     )  # fmt: skip
+    held = sum_.dtype if sum_.dtype.itemsize > grad_out.dtype.itemsize else grad_out.dtype
+    cfg = plans.backward_config(n, grad_out.dtype, limits, held=held, sums=int(has_w) + int(has_b))
+    looped = plans.wide_backward_fallback(cfg, n, grad_out.dtype, limits)
+    cfg, kwargs, coef = _backward_kwargs(cfg, n, sum_, flags, is_fp64, limits)
+    fused = dan_bwd_wide_kernel if plans.is_wide_backward(cfg, n, limits) else dan_bwd_fused_kernel
+    outs = (grad_x, grad_res if grad_res is not None else grad_x)  # grad_res never written without a residual
+    acc = torch.float64 if is_fp64 else torch.float32
+    return plan_rows_backward(
+        fused, dan_bwd_chunk_kernel, coef, cfg, m, n, sum_.device, acc, head, outs, t, has_w, has_b, kwargs,
+        sm_count=sm_count, facts=facts, holds=plans.wide_holds(cfg, n, limits),
+        looped=_backward_kwargs(looped, n, sum_, flags, is_fp64, limits) if looped is not None else None,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------- launchers
+def launch_forward(
+    x, residual, weight, bias, seed, out, sum_, mean, rstd, p: float, eps: float, rms: bool, *,
+    wrap=launch_directly, plan: Optional[plans.LaunchPlan] = None,
+) -> None:  # fmt: skip
+    """Runs the forward on contiguous x (M, N) (and residual) into the preallocated out, sum_, mean (LayerNorm
+    only; (0,) for RMSNorm) and rstd, under x's device. `wrap` as in layer_norm_dropout_relu's launch_forward;
+    `plan`: plan_forward's for these arguments; by default plan_forward's without knobs, kept per call key
+    (common.planned)."""
+    call = (x, residual, weight, bias, seed, out, sum_, mean, rstd, p, eps, rms)
+    m, n, t, args = _forward_args(*call)
+    if m == 0:
+        return
+    if plan is None:  # keyed by this module's kernel first, as layer_norm_dropout_relu's
+        key = (
+            dan_fwd_fused_kernel, m, n, x.dtype, args[1].dtype, args[2].dtype, args[3].dtype, out.dtype, sum_.dtype,
+            rstd.dtype, residual is None, weight is None, bias is None, t, bool(rms), seed_mapped(seed), x.device,
+            plans.row_limits(None),
+        )  # fmt: skip
+        plan = planned(m, key, lambda: plan_forward(*call))
+    with device_guard(x.device):
+        wrap(plan.kernel)[plan.grid](*args, **plan.kwargs)
+
+
+def launch_backward(
+    grad_out, grad_sum, sum_, weight, bias, mean, rstd, seed, grad_x, grad_res, grad_w, grad_b, p: float, rms: bool,
+    *, wrap=launch_directly, plan: Optional[RowsBackwardPlan] = None,
+) -> None:  # fmt: skip
+    """Runs the backward on contiguous inputs into the uninitialised grad_x, grad_res (None without a residual)
+    and, when weight / bias exist, grad_w / grad_b, under x's device: the dgamma / dbeta partials and their one
+    stage-2 launch as in layer_norm_dropout_relu's launch_backward. `plan`: plan_backward's for these arguments; by
+    default plan_backward's without knobs, kept per call key (common.planned)."""
+    n = int(sum_.shape[-1])
+    m = sum_.numel() // n
+    has_w, has_b = weight is not None, bias is not None
+    if m == 0:
+        zero_sums(grad_w, grad_b)
+        return
+    t = dropout_threshold(p)
+    head = _backward_head(grad_out, grad_sum, sum_, weight, mean, rstd, seed, rms)
+    outs = (grad_x, grad_res if grad_res is not None else grad_x)  # grad_res never written without a residual
+    if plan is None:
+        key = (
+            dan_bwd_fused_kernel, m, n, grad_out.dtype, head[1].dtype, sum_.dtype, head[3].dtype, rstd.dtype,
+            grad_x.dtype, outs[1].dtype, grad_sum is None, grad_res is None, has_w, has_b, t, bool(rms),
+            seed_mapped(seed), sum_.device, plans.row_limits(None),
+        )  # fmt: skip
+        call = (grad_out, grad_sum, sum_, weight, bias, mean, rstd, seed, grad_x, grad_res, grad_w, grad_b, p, rms)
+        plan = planned(m, key, lambda: plan_backward(*call))
+    acc = torch.float64 if grad_out.dtype == torch.float64 else torch.float32
+    grads = (grad_w if has_w else None, grad_b if has_b else None)
+    run_rows_backward(plan, head, outs, *grads, m, n, t, sum_.device, acc, wrap=wrap)

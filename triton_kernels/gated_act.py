@@ -42,12 +42,15 @@ so the results never depend on the launch.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
 from .bias_relu import act_derivative, act_forward
-from .common import INTERPRETED, cacheable, cached_plan, device_guard, launch_directly, num_warps_for, to_acc, to_out
+from .common import INTERPRETED, device_guard, launch_directly, num_warps_for, planned, to_acc, to_out
+from .plans import LaunchPlan
 from .rows import dropout_threshold, row_dropout_scale, row_keep_tile_mapped, row_load_map, row_load_seed, seed_mapped
 
 # Elements of one program's tile: forward, backward (halved for fp64), at 16 elements a thread.
@@ -241,48 +244,67 @@ def plan(
     return grid, kwargs
 
 
-def _plan(m, f, dtype, act: int, packed: bool, t: int, backward: bool, facts, mapped: bool) -> tuple:
-    make = lambda: plan(m, f, dtype, act, packed, t != 0, backward, mapped)  # noqa: E731
-    if cacheable(m, facts) and type(f) is int:
-        key = ("gated_act_bwd" if backward else "gated_act_fwd", m, f, dtype, act, packed, t != 0, mapped)
-        return cached_plan(key, make)
-    return make()
-
-
 def _rows(gate, packed: bool):
     last = int(gate.shape[-1])
     f = last // 2 if packed else last
     return gate.numel() // last if last else 0, f
 
 
-def launch_forward(gate, up, seed, out, p: float, *, act: int, wrap=launch_directly, sm_count=None, facts=None) -> None:
-    """out = dropout_p(act(gate) * up) for contiguous gate (and up; None: gate is (M, 2F) = [gate | up]) into the
-    contiguous (M, F) out, under gate's device. sm_count and facts are unused (one program per tile: nothing is
-    sized from the device), taken for the launchers' common signature; a `facts` hook skips the plan cache."""
+def _launch_plan(gate, up, seed, p: float, act: int, backward: bool) -> LaunchPlan:
+    """The launch of one direction (plan's grid and constexprs for these tensors)."""
     packed = up is None
     m, f = _rows(gate, packed)
+    dropout = dropout_threshold(p) != 0
+    grid, kwargs = plan(m, f, gate.dtype, act, packed, dropout, backward, seed_mapped(seed))
+    return LaunchPlan(kernel=gated_act_bwd_kernel if backward else gated_act_fwd_kernel, grid=grid, kwargs=kwargs)
+
+
+def plan_forward(gate, up, seed, out, p: float, *, act: int) -> LaunchPlan:
+    """The forward's launch (launch_forward's arguments): nothing is sized from the device."""
+    return _launch_plan(gate, up, seed, p, act, False)
+
+
+def plan_backward(grad_out, gate, up, seed, grad_gate, grad_up, p: float, *, act: int) -> LaunchPlan:
+    """The backward's launch (launch_backward's arguments): nothing is sized from the device."""
+    return _launch_plan(gate, up, seed, p, act, True)
+
+
+def _planned(gate, up, seed, p: float, act: int, backward: bool) -> LaunchPlan:
+    """The default plan of a call, kept per (direction, M, F, dtype, act, layout, t > 0, mapped) (common.planned)."""
+    packed = up is None
+    m, f = _rows(gate, packed)
+    dropout = dropout_threshold(p) != 0
+    key = ("gated_act_bwd" if backward else "gated_act_fwd", m, f, gate.dtype, act, packed, dropout, seed_mapped(seed))
+    rows = m if type(f) is int else None  # a symbolic F: planned every time, as a symbolic M
+    return planned(rows, key, lambda: _launch_plan(gate, up, seed, p, act, backward))
+
+
+def launch_forward(
+    gate, up, seed, out, p: float, *, act: int, wrap=launch_directly, plan: Optional[LaunchPlan] = None
+) -> None:
+    """out = dropout_p(act(gate) * up) for contiguous gate (and up; None: gate is (M, 2F) = [gate | up]) into the
+    contiguous (M, F) out, under gate's device. `plan`: plan_forward's; by default kept per call key."""
+    m, f = _rows(gate, up is None)
     if m == 0 or f == 0:
         return
-    t = dropout_threshold(p)
-    grid, kwargs = _plan(m, f, gate.dtype, act, packed, t, False, facts, seed_mapped(seed))
-    u = gate if packed else up  # never read when packed
+    plan = plan if plan is not None else _planned(gate, up, seed, p, act, False)
+    u = gate if up is None else up  # never read when packed
     with device_guard(gate.device):
-        wrap(gated_act_fwd_kernel)[grid](gate, u, seed, out, m, f, m * f, t, **kwargs)
+        wrap(plan.kernel)[plan.grid](gate, u, seed, out, m, f, m * f, dropout_threshold(p), **plan.kwargs)
 
 
 def launch_backward(
-    grad_out, gate, up, seed, grad_gate, grad_up, p: float, *, act: int, wrap=launch_directly, sm_count=None, facts=None
-) -> None:
+    grad_out, gate, up, seed, grad_gate, grad_up, p: float, *, act: int, wrap=launch_directly, plan=None
+) -> None:  # fmt: skip
     """grad_gate and grad_up of gated_act from contiguous grad_out (M, F), gate and up (None: gate is (M, 2F) and
     grad_gate receives [grad_gate | grad_up]; grad_up is then not written), into uninitialised outputs, under
-    gate's device; one pass, one launch."""
-    packed = up is None
-    m, f = _rows(gate, packed)
+    gate's device; one pass, one launch. `plan`: plan_backward's; by default kept per call key."""
+    m, f = _rows(gate, up is None)
     if m == 0 or f == 0:
         return
-    t = dropout_threshold(p)
-    grid, kwargs = _plan(m, f, gate.dtype, act, packed, t, True, facts, seed_mapped(seed))
-    u = gate if packed else up  # never read when packed
+    plan = plan if plan is not None else _planned(gate, up, seed, p, act, True)
+    u = gate if up is None else up  # never read when packed
     du = grad_up if grad_up is not None else grad_gate  # never written when packed (grad_up is (0,) there)
+    t = dropout_threshold(p)
     with device_guard(gate.device):
-        wrap(gated_act_bwd_kernel)[grid](grad_out, gate, u, seed, grad_gate, du, m, f, m * f, t, **kwargs)
+        wrap(plan.kernel)[plan.grid](grad_out, gate, u, seed, grad_gate, du, m, f, m * f, t, **plan.kwargs)

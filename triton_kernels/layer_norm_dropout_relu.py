@@ -97,16 +97,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import triton
 
-from .common import (
-    INTERPRETED,
-    cacheable,
-    cached_plan,
-    device_guard,
-    launch_directly,
-    num_warps_for,
-)
+from . import plans
+from .common import INTERPRETED, device_guard, launch_directly, num_warps_for, planned, zero_sums
 from .norm_dropout_backward import (  # noqa: F401  (the kernels: re-exported here)
     ldr_bwd_chunk_kernel,
     ldr_bwd_fused_kernel,
@@ -115,325 +108,156 @@ from .norm_dropout_backward import (  # noqa: F401  (the kernels: re-exported he
 )
 from .norm_dropout_forward import ldr_fwd_fused_kernel, ldr_fwd_looped_kernel  # noqa: F401
 from .rows import (  # noqa: F401  (RowTiling, dropout_threshold, eps_pair: re-exported here)
+    RowsBackwardPlan,
     RowTiling,
     dropout_threshold,
     eps_pair,
     plan_rows_backward,
-    plan_rows_forward,
-    row_chunks,
-    row_fused_config,
     run_rows_backward,
     seed_mapped,
 )
 
-# Longest rows of the single-block kernels: 16 warps x 32 threads x (elements per thread, see _warps_for).
-FWD_MAX_FUSED_N = 16384
-# Past this, a row takes the single-block forward only when it splits into whole chunks (N = 3 x 2^k or 2^k): a
-# padded chunk of next_power_of_2(N) would waste up to half the lanes and registers (past 8192: 12288, 16384).
-FWD_MAX_PADDED_N = 8192
-# fp64 values take two registers each: the same registers a thread holds at 16384 fp32 columns hold 4096 fp64 ones
-# at 8 elements a thread (the forward's fp64 per_thread).
-FWD_MAX_FUSED_N_FP64 = 4096
-# The backward holds x, grad_out, xhat, dy, dxhat and the dgamma / dbeta tiles together: at 8 elements a thread and
-# 16 warps a row of 8192 columns is the longest that fits (the wide kernels hold less and take 12288 and 16384).
-BWD_MAX_FUSED_N = 8192
-# fp64: 4 elements a thread at 16 warps, half the fp32 row for the same registers.
-BWD_MAX_FUSED_N_FP64 = 2048
-# Rows the wide single-block backwards take (not fp64; backward_config), where the compiled kernel does not spill
-# (else the looped kernels: wide_backward_fallback).
-WIDE_BWD_N = (12288, 16384)
-# Registers a thread of the wide backward may give the row it holds and its dgamma / dbeta accumulators, by
-# num_warps (sm_90 compiles, triton 3.8): at 16 warps 72 (16-bit LayerNorm at 12288) and 64 (16-bit RMSNorm-dropout
-# at 16384) fit, 96 (16-bit LayerNorm at 16384) spills; at 8 warps 168 and 192 (12288: an fp32 sum, fp32 x) fit,
-# 224 and 256 (16384) spill, and 192 at 16384 (fp32 RMSNorm-dropout) spills 88 bytes, which the compiled kernel's
-# facts catch. Past them backward_config plans the looped kernels at once, compiling no kernel known to spill.
-WIDE_BWD_REGS = {16: 80, 8: 192}
+
+# ------------------------------------------------------------------------------------------- launch plans
+def _forward_args(x, weight, bias, seed, out, mean, rstd, p: float, eps: float, rms: bool) -> tuple:
+    """(M, N, the threshold, the forward kernels' arguments) of a launch_forward call."""
+    n = int(x.shape[-1])
+    t = dropout_threshold(p)
+    w = weight if weight is not None else x  # never read when HAS_W is False
+    b = bias if bias is not None else x
+    mu = rstd if rms else mean  # never written for RMSNorm
+    m = x.numel() // n
+    return m, n, t, (x, w, b, seed, out, mu, rstd, m, n, *eps_pair(eps), t)
 
 
-# ------------------------------------------------------------------------------------------- launch helpers
+def plan_forward(
+    x, weight, bias, seed, out, mean, rstd, p: float, eps: float, *, rms: bool = False, relu: bool = True,
+    sm_count: Optional[int] = None, facts=None, limits: Optional[plans.RowLimits] = None,
+) -> plans.LaunchPlan:  # fmt: skip
+    """The forward's launch (launch_forward's arguments): the single-block kernel, persistent over SMs x the
+    resident programs per SM of its compiled kernel (common.programs_per_sm), 8 programs on the interpreter, or
+    the looped one (rows.plan_rows_forward). Knobs: sm_count (default: the device's, DEFAULT_SM_COUNT for meta
+    tensors), `facts` (replaces the compiled-kernel query, as tools/triton_resources.py does), limits (default
+    plans.ROW_LIMITS)."""
+    _, _, t, args = _forward_args(x, weight, bias, seed, out, mean, rstd, p, eps, rms)
+    flags = dict(
+        HAS_W=weight is not None, HAS_B=bias is not None, DROPOUT=t != 0, RMS=bool(rms), RELU=bool(relu),
+        MAPPED=seed_mapped(seed),
+    )  # fmt: skip
+    knobs = dict(sm_count=sm_count, facts=facts, limits=limits)
+    return plans.row_forward_plan(ldr_fwd_fused_kernel, ldr_fwd_looped_kernel, x, args, flags, **knobs)
 
 
-def forward_config(n: int, dtype: torch.dtype, max_fused_n: int | None = None) -> RowTiling:
-    """Forward tiling: 16 elements per thread; 8 for fp64 (values take two registers) and for N % 8 != 0 (one
-    Philox call per element keeps its four words live)."""
-    fp64 = dtype == torch.float64
-    per_thread = 8 if fp64 or n % 8 != 0 else 16
-    if max_fused_n is None:
-        max_fused_n = FWD_MAX_FUSED_N_FP64 if fp64 else FWD_MAX_FUSED_N
-    padded_ok = n <= FWD_MAX_PADDED_N or n == triton.next_power_of_2(n) or row_chunks(n)[0] == 3
-    # past 8192: rows of three chunks (12288) and of four 4096-column chunks (16384: 32 elements a thread at 16
-    # warps, where 32 warps would cap the registers at 64); where that compiled kernel spills (triton 3.6's
-    # bf16 LayerNorm-dropout-ReLU: 24 bytes) it runs without holding the parameters, else the looped kernel
-    # (wide_fallback, plan_rows_forward)
-    if n <= max_fused_n and padded_ok:
-        return row_fused_config(
-            n,
-            fp64,
-            rows_elems=4096,  # a tile of ~4096 elements: several short rows per program
-            per_thread=per_thread,
-            chunk_per_thread=4 if fp64 else 8,  # 3-chunk rows: one warp per row at N = 768
-            wide_chunk_per_thread=4 if fp64 else 8,
-            quarters=not fp64,  # N = 2^k >= 1024: four chunks, the row's warps along it
-        )
-    block_n = 2048 if fp64 else 4096
-    block_n = max(8, min(block_n, triton.next_power_of_2(max_fused_n)))  # tests shrink max_fused_n
-    return RowTiling(
-        fused=False, block_m=1, block_n=block_n, num_warps=num_warps_for(block_n, per_thread), fast_rng=n % 8 == 0
+def _backward_kwargs(cfg: RowTiling, n: int, x, has_w: bool, has_b: bool, t: int, rms, relu, mapped, limits):
+    """(cfg, the kernels' constexprs and num_warps, the row-coefficient launch of the looped path) of a tiling."""
+    kwargs = dict(
+        HAS_W=has_w,
+        HAS_B=has_b,
+        DROPOUT=t != 0,
+        FAST_RNG=cfg.fast_rng,
+        IS_FP64=x.dtype == torch.float64,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        RTNE_BF16=INTERPRETED,
+        RMS=bool(rms),
+        RELU=bool(relu),
+        MAPPED=mapped,
+        num_warps=cfg.num_warps,
     )
+    if plans.is_wide_backward(cfg, n, limits):  # ldr_bwd_wide_kernel
+        kwargs.update(plans.wide_kwargs(cfg, x.dtype))
+    coef_kwargs = {k: v for k, v in kwargs.items() if k not in ("BLOCK_M", "VEC", "OPAQUE")}
+    coef_kwargs["num_warps"] = num_warps_for(cfg.block_n, 8)
+    # ldr_bwd_row_coef_kernel(*head, c1, c2, M, N, threshold)
+    return cfg, kwargs, (ldr_bwd_row_coef_kernel, range(7), True, coef_kwargs)
 
 
-def wide_fallback(cfg: RowTiling, n: int, dtype: torch.dtype) -> Optional[RowTiling]:
-    """The looped forward's config where cfg is the single-block kernel over four chunks past 8192 columns (32
-    elements a thread): plan_rows_forward plans it instead where that compiled kernel spills registers."""
-    if cfg.fused and cfg.chunks == 4 and n > 8192:
-        return forward_config(n, dtype, max_fused_n=8192)
-    return None
+def _backward_head(grad_out, x, weight, bias, mean, rstd, seed, rms: bool) -> tuple:
+    """The backward kernels' leading arguments (absent parameters stand in by x: never read)."""
+    w = weight if weight is not None else x
+    b = bias if bias is not None else x
+    mu = rstd if rms else mean  # never read for RMSNorm
+    return grad_out, x, w, b, mu, rstd, seed
 
 
-def backward_config(
-    n: int, dtype: torch.dtype, max_fused_n: int | None = None, held: Optional[torch.dtype] = None, sums: int = 0
-) -> RowTiling:
-    """Backward tiling: 8 elements per thread (4 for fp64) up to 16 warps: x, grad_out, xhat, dy, dxhat and the
-    dgamma/dbeta accumulator tiles are live together. Rows of N = 2^k >= 1024 (not fp64) take one row per tile
-    at 16 elements per thread (N / 512 warps: 2 at 1024 .. 16 at 8192), so that a thread holds 16 elements of
-    its row and the row's reductions, address math and Philox keys are spread over twice as many elements (more
-    programs, so more partial rows G, which stage 2 reads back). N in WIDE_BWD_N (12288, 16384; not fp64, default
-    limits): the wide kernels, one row a tile, which hold the raw row: 4096-column chunks at 16 warps (128
-    registers) where every operand they hold is 16-bit, else (held: the widest of them, default dtype; fp32 x,
-    or dropout_add_norm's fp32 sum) 2048-column chunks at 8 warps (255 registers). Where the row as held (x's
-    and held's bytes an element) and the `sums` accumulators (dgamma, dbeta) would take more of a thread's
-    registers than WIDE_BWD_REGS allows, the looped kernels are planned at once, without compiling a kernel known
-    to spill; where the compiled kernel spills all the same, plan_rows_backward takes wide_backward_fallback's
-    looped kernels."""
-    fp64 = dtype == torch.float64
-    per_thread = 4 if fp64 else 8
-    if max_fused_n is None:
-        if not fp64 and n in WIDE_BWD_N:
-            held = held or dtype
-            wide = RowTiling(fused=True, block_m=1, block_n=4096, num_warps=16, fast_rng=True, chunks=n // 4096)
-            if held.itemsize != 2:
-                wide = RowTiling(fused=True, block_m=1, block_n=2048, num_warps=8, fast_rng=True, chunks=n // 2048)
-            elems = n // (32 * wide.num_warps)  # of the row, a thread
-            if elems * ((dtype.itemsize + held.itemsize) / 4 + sums) <= WIDE_BWD_REGS[wide.num_warps]:
-                return wide
-        max_fused_n = BWD_MAX_FUSED_N_FP64 if fp64 else BWD_MAX_FUSED_N
-    if n <= max_fused_n:
-        if not fp64 and n >= 1024 and n == triton.next_power_of_2(n):
-            return RowTiling(fused=True, block_m=1, block_n=n, num_warps=num_warps_for(n, 16), fast_rng=True)
-        return row_fused_config(
-            n,
-            fp64,
-            rows_elems=2048,  # half the forward's tile: five operands live per element
-            per_thread=per_thread,
-            chunk_per_thread=4 if fp64 else 8,  # 3-chunk rows: one warp per row at N = 768
-            wide_chunk_per_thread=2 if fp64 else 4,  # chunks spanning several warps: fewer registers
-        )
-    block_n = max(8, min(1024, triton.next_power_of_2(max_fused_n)))
-    block_m = max(1, min(16, 2048 // block_n))
-    warps = num_warps_for(block_m * block_n, per_thread)
-    return RowTiling(fused=False, block_m=block_m, block_n=block_n, num_warps=warps, fast_rng=n % 8 == 0)
+def plan_backward(
+    grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w, grad_b, p: float, *, rms: bool = False,
+    relu: bool = True, sm_count: Optional[int] = None, facts=None, limits: Optional[plans.RowLimits] = None,
+) -> RowsBackwardPlan:  # fmt: skip
+    """The backward's launches (launch_backward's arguments; rows.plan_rows_backward): G, and with it the bits of
+    dgamma / dbeta, is fixed by (shape, dtype, device): SMs x the resident programs per SM of the compiled
+    persistent kernel, 8 on the interpreter. Knobs as in plan_forward."""
+    limits = plans.row_limits(limits)
+    n = int(x.shape[-1])
+    m = x.numel() // n
+    has_w, has_b = weight is not None, bias is not None
+    t = dropout_threshold(p)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    head = _backward_head(grad_out, x, weight, bias, mean, rstd, seed, rms)
+    flags = (x, has_w, has_b, t, rms, relu, seed_mapped(seed), limits)
+    cfg = plans.backward_config(n, x.dtype, limits, sums=int(has_w) + int(has_b))
+    looped = plans.wide_backward_fallback(cfg, n, x.dtype, limits)
+    cfg, kwargs, coef = _backward_kwargs(cfg, n, *flags)
+    fused = ldr_bwd_wide_kernel if plans.is_wide_backward(cfg, n, limits) else ldr_bwd_fused_kernel
+    return plan_rows_backward(
+        fused, ldr_bwd_chunk_kernel, coef, cfg, m, n, x.device, acc, head, (grad_x,), t, has_w, has_b, kwargs,
+        sm_count=sm_count, facts=facts, looped=_backward_kwargs(looped, n, *flags) if looped is not None else None,
+        holds=plans.wide_holds(cfg, n, limits),
+    )  # fmt: skip
 
 
-def wide_kwargs(cfg: RowTiling, dtype: torch.dtype) -> dict:
-    """The wide backward kernels' own constexprs: VEC, the elements a thread holds side by side (a 16-byte vector,
-    or fewer where the chunk gives a thread fewer), OPAQUE (row_hold's asm, off under the interpreter) and HOLD,
-    the chunks of x (dropout_add_norm: of the sum) held across the row sums: all of them (wide_holds: fewer)."""
-    per_thread = cfg.block_n // (32 * cfg.num_warps)
-    return dict(VEC=max(1, min(16 // dtype.itemsize, per_thread)), OPAQUE=not INTERPRETED, HOLD=cfg.chunks)
-
-
-def wide_holds(cfg: RowTiling, n: int) -> tuple:
-    """The HOLD values plan_rows_backward tries, in turn, where the compiled wide kernel holding its whole row
-    spills: one chunk fewer at a time, down to half the row (the rest read again in pass 2, from L2 in the
-    performance model, at half the cost of a DRAM read: re-reading half of x estimates 0.85-0.88 in the kinds
-    measured, against 0.5-0.7 for the looped kernels). Empty where cfg is not the wide kernels' plan."""
-    if not is_wide_backward(cfg, n):
-        return ()
-    return tuple(range(cfg.chunks - 1, (cfg.chunks + 1) // 2 - 1, -1))
-
-
-def is_wide_backward(cfg: RowTiling, n: int) -> bool:
-    """Whether cfg, from backward_config, is the wide kernels' plan (single-block past BWD_MAX_FUSED_N)."""
-    return cfg.fused and n > BWD_MAX_FUSED_N
-
-
-def wide_backward_fallback(cfg: RowTiling, n: int, dtype: torch.dtype) -> Optional[RowTiling]:
-    """The looped backward's config where cfg is the wide kernel's (past 8192 columns: N = 12288 and 16384):
-    plan_rows_backward plans it instead where that compiled kernel spills registers."""
-    if is_wide_backward(cfg, n):
-        return backward_config(n, dtype, max_fused_n=BWD_MAX_FUSED_N)
-    return None
-
-
+# ----------------------------------------------------------------------------------------------- launchers
 def launch_forward(
-    x,
-    weight,
-    bias,
-    seed,
-    out,
-    mean,
-    rstd,
-    p: float,
-    eps: float,
-    *,
-    rms: bool = False,
-    relu: bool = True,
-    wrap=launch_directly,
-    max_fused_n: int | None = None,
-    sm_count: Optional[int] = None,
-    facts=None,
-) -> None:
+    x, weight, bias, seed, out, mean, rstd, p: float, eps: float, *, rms: bool = False, relu: bool = True,
+    wrap=launch_directly, plan: Optional[plans.LaunchPlan] = None,
+) -> None:  # fmt: skip
     """Runs the forward on contiguous x (M, N) view into the preallocated out, mean, rstd, under x's device.
 
     rms / relu: norm_dropout's flags (RMSNorm instead of LayerNorm, then mean is the (0,) tensor and never
     written; the ReLU after the dropout); the defaults are layer_norm_dropout_relu.
 
-    `wrap` is applied to each kernel before launching (torch.library.wrap_triton inside a triton_op). The
-    single-block kernel is persistent: SMs x the resident programs per SM of its compiled kernel
-    (common.programs_per_sm; sm_count: the device's, or DEFAULT_SM_COUNT for meta tensors; `facts` replaces the
-    compiled-kernel query, as tools/triton_resources.py does), 8 programs on the interpreter.
-    """
-    n = int(x.shape[-1])
-    m = x.numel() // n
+    `wrap` is applied to each kernel before launching (torch.library.wrap_triton inside a triton_op). `plan`:
+    plan_forward's for these arguments; by default plan_forward's without knobs, kept per call key
+    (common.planned)."""
+    m, n, t, args = _forward_args(x, weight, bias, seed, out, mean, rstd, p, eps, rms)
     if m == 0:
         return
-    t = dropout_threshold(p)
-    eps_hi, eps_lo = eps_pair(eps)
-    w = weight if weight is not None else x  # never read when HAS_W is False
-    b = bias if bias is not None else x
-    mu = rstd if rms else mean  # never written for RMSNorm
-    mapped = seed_mapped(seed)
-    args = (x, w, b, seed, out, mu, rstd, m, n, eps_hi, eps_lo, t)
-
-    def make():
-        cfg = forward_config(n, x.dtype, max_fused_n)
-        kwargs = dict(
-            HAS_W=weight is not None,
-            HAS_B=bias is not None,
-            DROPOUT=t != 0,
-            FAST_RNG=cfg.fast_rng,
-            IS_FP64=x.dtype == torch.float64,
-            BLOCK_N=cfg.block_n,
-            RTNE_BF16=INTERPRETED,
-            RMS=bool(rms),
-            RELU=bool(relu),
-            MAPPED=mapped,
-            num_warps=cfg.num_warps,
-        )
-        return plan_rows_forward(
-            ldr_fwd_fused_kernel, ldr_fwd_looped_kernel, cfg, m, n, x.device, args, kwargs,
-            sm_count=sm_count, facts=facts, looped_cfg=wide_fallback(cfg, n, x.dtype),
-        )  # fmt: skip
-
-    if cacheable(m, facts):
+    if plan is None:  # keyed by this module's kernel first: a copy of the module with other kernels plans its own
         key = (
-            "ldr_fwd", m, n, x.dtype, w.dtype, b.dtype, out.dtype, rstd.dtype, weight is None, bias is None, t,
-            bool(rms), bool(relu), mapped, x.device, sm_count, max_fused_n, tunables(),
+            ldr_fwd_fused_kernel, m, n, x.dtype, args[1].dtype, args[2].dtype, out.dtype, rstd.dtype, weight is None,
+            bias is None, t, bool(rms), bool(relu), seed_mapped(seed), x.device, plans.row_limits(None),
         )  # fmt: skip
-        kernel, grid, kwargs = cached_plan(key, make)
-    else:
-        kernel, grid, kwargs = make()
+        make = lambda: plan_forward(x, weight, bias, seed, out, mean, rstd, p, eps, rms=rms, relu=relu)  # noqa: E731
+        plan = planned(m, key, make)
     with device_guard(x.device):
-        wrap(kernel)[grid](*args, **kwargs)
-
-
-def tunables() -> tuple:
-    """The module's planning limits and wide_kwargs as they are now: part of every launch plan's key, so that a
-    plan made under other limits (tests lower them to reach the looped kernels) is not reused."""
-    return (
-        FWD_MAX_FUSED_N, FWD_MAX_FUSED_N_FP64, FWD_MAX_PADDED_N, BWD_MAX_FUSED_N, BWD_MAX_FUSED_N_FP64, WIDE_BWD_N,
-        wide_kwargs,
-    )  # fmt: skip
+        wrap(plan.kernel)[plan.grid](*args, **plan.kwargs)
 
 
 def launch_backward(
-    grad_out,
-    x,
-    weight,
-    bias,
-    mean,
-    rstd,
-    seed,
-    grad_x,
-    grad_w,
-    grad_b,
-    p: float,
-    *,
-    rms: bool = False,
-    relu: bool = True,
-    wrap=launch_directly,
-    max_fused_n: int | None = None,
-    sm_count: Optional[int] = None,
-    facts=None,
-) -> None:
+    grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w, grad_b, p: float, *, rms: bool = False,
+    relu: bool = True, wrap=launch_directly, plan: Optional[RowsBackwardPlan] = None,
+) -> None:  # fmt: skip
     """Runs the backward on contiguous inputs into the uninitialised grad_x and (when weight/bias exist)
     grad_w/grad_b, under x's device. rms / relu as in launch_forward (for RMSNorm mean is never read).
 
     The dgamma/dbeta partials go to one buffer of two (G, N) sets in the accumulation dtype, reduced in a fixed
-    order by one stage-2 launch. G (and with it the bits of dgamma/dbeta) is fixed by (shape, dtype, device): SMs x
-    the resident programs per SM of the compiled persistent kernel (common.programs_per_sm; sm_count: the
-    device's, or DEFAULT_SM_COUNT for meta tensors; `facts` replaces the compiled-kernel query), 8 on the
-    interpreter.
-    """
+    order by one stage-2 launch (plan_backward). `plan`: plan_backward's for these arguments; by default
+    plan_backward's without knobs, kept per call key (common.planned)."""
     n = int(x.shape[-1])
     m = x.numel() // n
     has_w, has_b = weight is not None, bias is not None
-    if m == 0:  # sums over no rows
-        for g in (grad_w, grad_b):
-            if g is not None:
-                g.zero_()
+    if m == 0:
+        zero_sums(grad_w, grad_b)
         return
     t = dropout_threshold(p)
-    is_fp64 = x.dtype == torch.float64
-    acc = torch.float64 if is_fp64 else torch.float32
-    w = weight if has_w else x
-    b = bias if has_b else x
-    mu = rstd if rms else mean  # never read for RMSNorm
-    mapped = seed_mapped(seed)
-    head = (grad_out, x, w, b, mu, rstd, seed)
-
-    def plan(cfg):  # (cfg, the kernels' constexprs and num_warps, the row-coefficient launch of the looped path)
-        kwargs = dict(
-            HAS_W=has_w,
-            HAS_B=has_b,
-            DROPOUT=t != 0,
-            FAST_RNG=cfg.fast_rng,
-            IS_FP64=is_fp64,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            RTNE_BF16=INTERPRETED,
-            RMS=bool(rms),
-            RELU=bool(relu),
-            MAPPED=mapped,
-            num_warps=cfg.num_warps,
-        )
-        if is_wide_backward(cfg, n):  # ldr_bwd_wide_kernel
-            kwargs.update(wide_kwargs(cfg, x.dtype))
-        coef_kwargs = {k: v for k, v in kwargs.items() if k not in ("BLOCK_M", "VEC", "OPAQUE")}
-        coef_kwargs["num_warps"] = num_warps_for(cfg.block_n, 8)
-        # ldr_bwd_row_coef_kernel(*head, c1, c2, M, N, threshold)
-        return cfg, kwargs, (ldr_bwd_row_coef_kernel, range(len(head)), True, coef_kwargs)
-
-    def make():
-        cfg = backward_config(n, x.dtype, max_fused_n, sums=int(has_w) + int(has_b))
-        looped = wide_backward_fallback(cfg, n, x.dtype)
-        cfg, kwargs, coef = plan(cfg)
-        fused = ldr_bwd_wide_kernel if is_wide_backward(cfg, n) else ldr_bwd_fused_kernel
-        return plan_rows_backward(
-            fused, ldr_bwd_chunk_kernel, coef, cfg, m, n, x.device, acc, head, (grad_x,), t, has_w, has_b, kwargs,
-            sm_count=sm_count, facts=facts, looped=plan(looped) if looped is not None else None,
-            holds=wide_holds(cfg, n),
-        )  # fmt: skip
-
-    if cacheable(m, facts):
+    head = _backward_head(grad_out, x, weight, bias, mean, rstd, seed, rms)
+    if plan is None:
         key = (
-            "ldr_bwd", m, n, grad_out.dtype, x.dtype, w.dtype, b.dtype, rstd.dtype, grad_x.dtype, has_w, has_b, t,
-            bool(rms), bool(relu), mapped, x.device, sm_count, max_fused_n, tunables(),
+            ldr_bwd_fused_kernel, m, n, grad_out.dtype, x.dtype, head[2].dtype, head[3].dtype, rstd.dtype,
+            grad_x.dtype, has_w, has_b, t, bool(rms), bool(relu), seed_mapped(seed), x.device, plans.row_limits(None),
         )  # fmt: skip
-        rows_plan = cached_plan(key, make)
-    else:
-        rows_plan = make()
-    run_rows_backward(
-        rows_plan, head, (grad_x,), grad_w if has_w else None, grad_b if has_b else None, m, n, t, x.device, acc,
-        wrap=wrap,
-    )  # fmt: skip
+        args = (grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w, grad_b, p)
+        plan = planned(m, key, lambda: plan_backward(*args, rms=rms, relu=relu))
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    grads = (grad_w if has_w else None, grad_b if has_b else None)
+    run_rows_backward(plan, head, (grad_x,), *grads, m, n, t, x.device, acc, wrap=wrap)
