@@ -251,26 +251,48 @@ def _norm_backward(op: str, n: int, param_dtype, grad_out, x, weight, bias, mean
     grad_b = torch.empty((n,) if bias is not None else (0,), dtype=param_dtype, device=x.device)
     if not _skip_launch(x, op):
         _LDR.launch_backward(
-            grad_out.contiguous(), x, _contig(weight), _contig(bias), mean.contiguous(), rstd.contiguous(), seed,
-            grad_x, grad_w, grad_b, p, rms=rms, relu=relu, wrap=_WRAP,
-        )  # fmt: skip
+            grad_out.contiguous(),
+            x,
+            _contig(weight),
+            _contig(bias),
+            mean.contiguous(),
+            rstd.contiguous(),
+            seed,
+            grad_x,
+            grad_w,
+            grad_b,
+            p,
+            rms=rms,
+            relu=relu,
+            wrap=_WRAP,
+        )
     return grad_x, grad_w, grad_b
 
 
 @_triton_op("gpuopt::triton_layer_norm_dropout_relu")
 def _ldr_forward(
-    x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], seed: torch.Tensor, p: float,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    seed: torch.Tensor,
+    p: float,
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     m, _, _ = V.check_ldr_forward(x, weight, bias, seed, p, eps)
     return _norm_forward("layer_norm_dropout_relu", m, x, weight, bias, seed, p, eps, False, True)
 
 
 @_triton_op("gpuopt::triton_layer_norm_dropout_relu_backward")
 def _ldr_backward(
-    grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-    mean: torch.Tensor, rstd: torch.Tensor, seed: torch.Tensor, p: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    seed: torch.Tensor,
+    p: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _, n, param_dtype = V.check_ldr_backward(grad_out, x, weight, bias, mean, rstd, seed, p)
     args = (grad_out, x, weight, bias, mean, rstd, seed, p, False, True)
     return _norm_backward("layer_norm_dropout_relu_backward", n, param_dtype, *args)
@@ -278,18 +300,32 @@ def _ldr_backward(
 
 @_triton_op("gpuopt::triton_norm_dropout")
 def _nd_forward(
-    x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], seed: torch.Tensor, p: float,
-    eps: float, rms: bool, relu: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    seed: torch.Tensor,
+    p: float,
+    eps: float,
+    rms: bool,
+    relu: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     m, _, _ = V.check_norm_dropout(x, weight, bias, seed, p, eps, rms, relu)
     return _norm_forward("norm_dropout", m, x, weight, bias, seed, p, eps, rms, relu)
 
 
 @_triton_op("gpuopt::triton_norm_dropout_backward")
 def _nd_backward(
-    grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-    mean: torch.Tensor, rstd: torch.Tensor, seed: torch.Tensor, p: float, rms: bool, relu: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    seed: torch.Tensor,
+    p: float,
+    rms: bool,
+    relu: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _, n, param_dtype = V.check_norm_dropout_backward(grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu)
     args = (grad_out, x, weight, bias, mean, rstd, seed, p, rms, relu)
     return _norm_backward("norm_dropout_backward", n, param_dtype, *args)
@@ -392,9 +428,22 @@ def _dan_backward(
     grad_b = torch.empty((n,) if bias is not None else (0,), dtype=param_dtype, device=dev)
     if not _skip_launch(grad_out, "dropout_add_norm_backward"):
         _DAN.launch_backward(
-            grad_out, _contig(grad_sum), sum.contiguous(), _contig(weight), _contig(bias), mean.contiguous(),
-            rstd.contiguous(), seed, grad_x, grad_res if has_residual else None, grad_w, grad_b, p, rms, wrap=_WRAP,
-        )  # fmt: skip
+            grad_out,
+            _contig(grad_sum),
+            sum.contiguous(),
+            _contig(weight),
+            _contig(bias),
+            mean.contiguous(),
+            rstd.contiguous(),
+            seed,
+            grad_x,
+            grad_res if has_residual else None,
+            grad_w,
+            grad_b,
+            p,
+            rms,
+            wrap=_WRAP,
+        )
     return grad_x, grad_res, grad_w, grad_b
 
 

@@ -274,7 +274,7 @@ class BiasActBackwardPlan:
 
 def plan_backward(
     grad_out, out, grad_x, grad_b, *, bias=None, act: int = 0, sm_count: Optional[int] = None, facts=None
-) -> BiasActBackwardPlan:  # fmt: skip
+) -> BiasActBackwardPlan:
     """The backward's launches (launch_backward's arguments): the grid (column tiles x G row groups) holds at
     most SMs x the resident programs per SM of the compiled kernel (common.programs_per_sm, asked with a
     one-element stand-in for the partial buffer: only its dtype counts), G chosen by common.column_groups so that
@@ -299,9 +299,7 @@ def plan_backward(
     return BiasActBackwardPlan(grid=(col_tiles, groups), kwargs=kwargs, groups=groups, acc=acc, stage2=stage2)
 
 
-def launch_backward(
-    grad_out, out, grad_x, grad_b, *, bias=None, act: int = 0, wrap=launch_directly, plan=None
-) -> None:  # fmt: skip
+def launch_backward(grad_out, out, grad_x, grad_b, *, bias=None, act: int = 0, wrap=launch_directly, plan=None) -> None:
     """grad_x = grad_out * [out > 0] (act 0; `out` the saved output) or grad_out * act'(out + bias) (act 1-3;
     `out` the saved x) and grad_b = its column sums (grad_b in the accumulation dtype), contiguous
     inputs into uninitialised outputs, under out's device. `plan`: plan_backward's; by default kept per (M, N,

@@ -295,7 +295,7 @@ def launch_forward(
 
 def launch_backward(
     grad_out, gate, up, seed, grad_gate, grad_up, p: float, *, act: int, wrap=launch_directly, plan=None
-) -> None:  # fmt: skip
+) -> None:
     """grad_gate and grad_up of gated_act from contiguous grad_out (M, F), gate and up (None: gate is (M, 2F) and
     grad_gate receives [grad_gate | grad_up]; grad_up is then not written), into uninitialised outputs, under
     gate's device; one pass, one launch. `plan`: plan_backward's; by default kept per call key."""

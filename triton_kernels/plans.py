@@ -237,7 +237,16 @@ def row_forward_plan(fused_kernel, looped_kernel, x, args, flags: dict, *, sm_co
         num_warps=cfg.num_warps,
     )
     kernel, grid, kwargs = plan_rows_forward(
-        fused_kernel, looped_kernel, cfg, m, n, x.device, args, kwargs,
-        sm_count=sm_count, facts=facts, looped_cfg=wide_fallback(cfg, n, x.dtype, limits),
-    )  # fmt: skip
+        fused_kernel,
+        looped_kernel,
+        cfg,
+        m,
+        n,
+        x.device,
+        args,
+        kwargs,
+        sm_count=sm_count,
+        facts=facts,
+        looped_cfg=wide_fallback(cfg, n, x.dtype, limits),
+    )
     return LaunchPlan(kernel=kernel, grid=grid, kwargs=kwargs)
