@@ -161,10 +161,12 @@ def _bwd_chunks(
 
 @triton.jit
 def bwd_acc_tiles(CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_FP64: tl.constexpr):
-    """A tuple of CHUNKS zero tiles [BLOCK_M, BLOCK_N] in the accumulation dtype: a backward's dgamma / dbeta
-    accumulators, added to element-wise per tile and reduced over the rows once at the end."""
+    """A backward's dgamma / dbeta accumulators: a tuple of 2 x CHUNKS zero tiles [BLOCK_M, BLOCK_N] in the
+    accumulation dtype, each chunk's dgamma tile then its dbeta tile (the order of the persistent loop's carried
+    values, which the compiled kernels were measured with), added to element-wise per tile and reduced over the
+    rows once at the end (bwd_store_partials)."""
     z = ()
-    for _ in tl.static_range(CHUNKS):
+    for _ in tl.static_range(2 * CHUNKS):
         z = z + (to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64),)
     return z
 
@@ -229,20 +231,31 @@ def bwd_row_coefs(dxhats, xhats, inv_n, CHUNKS: tl.constexpr, RMS: tl.constexpr)
 
 
 @triton.jit
-def bwd_accumulate(dw, db, dys, xhats, HAS_W: tl.constexpr, HAS_B: tl.constexpr, CHUNKS: tl.constexpr):
-    """The dgamma / dbeta accumulators (tuples of CHUNKS tiles) after one more tile: dw + dy * xhat and db + dy."""
-    ndw = ()
-    ndb = ()
-    for c in tl.static_range(CHUNKS):
+def bwd_accumulate(
+    acc, dys, xhats, HAS_W: tl.constexpr, HAS_B: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr, CHUNKS: tl.constexpr
+):
+    """The accumulators of bwd_acc_tiles with one more tile's chunks LO to HI - 1 added: dgamma + dy * xhat of
+    each, then dbeta + dy of each. The fused backwards add chunk 0's right after its dx and the others' after all
+    of the tile's dx: the order of operations the compiled kernels were measured with."""
+    dws = ()
+    dbs = ()
+    for c in tl.static_range(LO, HI):
         if HAS_W:
-            ndw = ndw + (dw[c] + dys[c] * xhats[c],)
+            dws = dws + (acc[2 * c] + dys[c] * xhats[c],)
         else:
-            ndw = ndw + (dw[c],)
+            dws = dws + (acc[2 * c],)
+    for c in tl.static_range(LO, HI):
         if HAS_B:
-            ndb = ndb + (db[c] + dys[c],)
+            dbs = dbs + (acc[2 * c + 1] + dys[c],)
         else:
-            ndb = ndb + (db[c],)
-    return ndw, ndb
+            dbs = dbs + (acc[2 * c + 1],)
+    new = ()
+    for c in tl.static_range(CHUNKS):
+        if c >= LO and c < HI:
+            new = new + (dws[c - LO], dbs[c - LO])
+        else:
+            new = new + (acc[2 * c], acc[2 * c + 1])
+    return new
 
 
 @triton.jit
@@ -252,20 +265,20 @@ def bwd_store_partials(
     prow,
     cols,
     cmask,
-    dw,
-    db,
+    acc,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     CHUNKS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """The program's dgamma / dbeta partial row at prow: each accumulator tile reduced over its rows."""
+    """The program's dgamma / dbeta partial row at prow: each accumulator tile of bwd_acc_tiles reduced over its
+    rows, the dgamma chunks then the dbeta chunks."""
     if HAS_W:
         for c in tl.static_range(CHUNKS):
-            tl.store(PDW + prow + c * BLOCK_N + cols, tl.sum(dw[c], axis=0), mask=cmask)
+            tl.store(PDW + prow + c * BLOCK_N + cols, tl.sum(acc[2 * c], axis=0), mask=cmask)
     if HAS_B:
         for c in tl.static_range(CHUNKS):
-            tl.store(PDB + prow + c * BLOCK_N + cols, tl.sum(db[c], axis=0), mask=cmask)
+            tl.store(PDB + prow + c * BLOCK_N + cols, tl.sum(acc[2 * c + 1], axis=0), mask=cmask)
 
 
 @triton.jit
@@ -307,8 +320,7 @@ def ldr_bwd_fused_kernel(
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
-    dw = bwd_acc_tiles(CHUNKS, BLOCK_M, BLOCK_N, IS_FP64)
-    db = bwd_acc_tiles(CHUNKS, BLOCK_M, BLOCK_N, IS_FP64)
+    acc = bwd_acc_tiles(CHUNKS, BLOCK_M, BLOCK_N, IS_FP64)  # dgamma and dbeta tiles of each chunk
     seed0 = row_load_seed(SEED, DROPOUT)
     mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     for tile in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
@@ -346,8 +358,10 @@ def ldr_bwd_fused_kernel(
         for c in tl.static_range(CHUNKS):
             dx = bwd_dx(dxhats[c], xhats[c], rstd, c1, c2, RMS)
             tl.store(DX + offs + c * BLOCK_N, to_out(dx, DX, RTNE_BF16), mask=mask)
-        dw, db = bwd_accumulate(dw, db, dys, xhats, HAS_W, HAS_B, CHUNKS)
-    bwd_store_partials(PDW, PDB, pid.to(tl.int64) * N, cols, cmask, dw, db, HAS_W, HAS_B, CHUNKS, BLOCK_N)
+            if c == 0:
+                acc = bwd_accumulate(acc, dys, xhats, HAS_W, HAS_B, 0, 1, CHUNKS)
+        acc = bwd_accumulate(acc, dys, xhats, HAS_W, HAS_B, 1, CHUNKS, CHUNKS)
+    bwd_store_partials(PDW, PDB, pid.to(tl.int64) * N, cols, cmask, acc, HAS_W, HAS_B, CHUNKS, BLOCK_N)
 
 
 @triton.jit
@@ -651,8 +665,7 @@ def ldr_bwd_chunk_kernel(
     cmask = (col0 + cols) < N
     w = row_load_param(W, col0, cols, cmask, HAS_W)[None, :]
     b = row_load_param(B, col0, cols, cmask, HAS_B)[None, :]
-    dw = bwd_acc_tiles(1, BLOCK_M, BLOCK_N, IS_FP64)
-    db = bwd_acc_tiles(1, BLOCK_M, BLOCK_N, IS_FP64)
+    acc = bwd_acc_tiles(1, BLOCK_M, BLOCK_N, IS_FP64)  # dgamma and dbeta tiles
     seed0 = row_load_seed(SEED, DROPOUT)
     mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
     for tile in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(1)):
@@ -689,5 +702,5 @@ def ldr_bwd_chunk_kernel(
             RELU,
         )
         tl.store(DX + offs, to_out(bwd_dx(dxhat, xhat, rstd, c1, c2, RMS), DX, RTNE_BF16), mask=mask)
-        dw, db = bwd_accumulate(dw, db, (dy,), (xhat,), HAS_W, HAS_B, 1)
-    bwd_store_partials(PDW, PDB, pid.to(tl.int64) * N + col0, cols, cmask, dw, db, HAS_W, HAS_B, 1, BLOCK_N)
+        acc = bwd_accumulate(acc, (dy,), (xhat,), HAS_W, HAS_B, 0, 1, 1)
+    bwd_store_partials(PDW, PDB, pid.to(tl.int64) * N + col0, cols, cmask, acc, HAS_W, HAS_B, 1, BLOCK_N)
