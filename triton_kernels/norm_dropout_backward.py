@@ -309,12 +309,11 @@ def ldr_bwd_fused_kernel(
     RELU: tl.constexpr,
     MAPPED: tl.constexpr,
 ):
-    """Single-block backward, persistent: program p handles row tiles p, p + G, ...; rows are 1 chunk of
-    BLOCK_N >= N columns or 3 chunks of N / 3 (tuples under tl.static_range), as the forward. A tile's loads (x,
-    grad_out, mean, rstd, weight and bias of every chunk) are all issued before its reductions; xhat, dy and dxhat
-    are computed once. dgamma/dbeta accumulate element-wise in [BLOCK_M, BLOCK_N] register tiles per chunk,
-    reduced over the rows once at the end into the program's partial row. RMS: RMSNorm (MEAN is not read, no c2
-    term); RELU: the ReLU after the dropout."""
+    """Single-block backward, persistent: program p takes row tiles p, p + G, ...; a row is 1 chunk of BLOCK_N >= N
+    columns or 3 chunks of N / 3 (tuples under tl.static_range), as the forward. A tile's loads (x, grad_out, mean,
+    rstd, weight and bias of every chunk) all come before its reductions; xhat, dy and dxhat are computed once;
+    dgamma/dbeta accumulate in [BLOCK_M, BLOCK_N] register tiles per chunk, reduced over the rows once at the end
+    into the program's partial row. RMS: RMSNorm (MEAN is not read, no c2 term); RELU: the ReLU after the dropout."""
     scale = row_dropout_scale(threshold, IS_FP64)
     inv_n = row_inv_n(N, IS_FP64)
     pid = tl.program_id(0)
@@ -331,8 +330,7 @@ def ldr_bwd_fused_kernel(
         rng = row_map_index(rows * N, mbase, period, jump, MAPPED)  # each row's first dropout index
         xs, gs = bwd_load_tiles(X, DY, offs, mask, CHUNKS, BLOCK_N, IS_FP64)
         mean, rstd = bwd_tile_stats(MEAN, RSTD, rows, row_mask, xs[0], RMS)
-        # weight and bias per tile (L1 hits): held across the loop they cost ~10-20 registers per thread, which
-        # at N = 4096 halves the resident programs (the dgamma/dbeta accumulators are live across it too)
+        # weight and bias per tile (L1 hits): held across the loop, ~10-20 more registers (half the programs at 4096)
         ws, bs = row_param_tiles(W, B, cols, cmask, HAS_W, HAS_B, CHUNKS, BLOCK_M, BLOCK_N)
         xhats, dys, dxhats = _bwd_chunks(
             xs,
