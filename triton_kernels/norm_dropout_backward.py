@@ -50,26 +50,25 @@ def _bwd_chunk(
     rstd,
     w,
     b,
-    seed,
-    base,
+    drop,
     col0,
-    cols,
     mask,
-    threshold,
-    scale,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     DROPOUT: tl.constexpr,
     FAST_RNG: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
     RMS: tl.constexpr,
     RELU: tl.constexpr,
 ):
-    """From a tile's loaded x and grad_out (accumulation dtype) and its rows' mean (unused for RMS) and rstd: xhat,
-    the keep and ReLU bits, and returns (xhat, dy, dxhat), each computed once, where dy is the gradient with
-    respect to the pre-dropout y (ldr_backward_element; without RELU keep ? g * scale : 0) and dxhat = dy * w
-    (w, b: [1, BLOCK_N] or the tile's shape)."""
+    """From a [BLOCK_M, BLOCK_N] tile's (mask's shape; columns col0 + arange(BLOCK_N)) loaded x and grad_out
+    (accumulation dtype) and its rows' mean (unused for RMS) and rstd: xhat, the keep and ReLU bits, and returns
+    (xhat, dy, dxhat), each computed once, where dy is the gradient with respect to the pre-dropout y
+    (ldr_backward_element; without RELU keep ? g * scale : 0) and dxhat = dy * w (w, b: [1, BLOCK_N] or the tile's
+    shape). drop: the dropout's (seed, the rows' first indices, threshold, scale)."""
+    seed, base, threshold, scale = drop
+    BLOCK_M: tl.constexpr = mask.shape[0]
+    BLOCK_N: tl.constexpr = mask.shape[1]
+    cols = tl.arange(0, BLOCK_N)
     if RMS:
         xhat = x * rstd[:, None]
     else:
@@ -108,11 +107,8 @@ def _bwd_chunks(
     rstd,
     ws,
     bs,
-    seed,
-    base,
+    drop,
     mask,
-    threshold,
-    scale,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     DROPOUT: tl.constexpr,
@@ -121,37 +117,15 @@ def _bwd_chunks(
     RMS: tl.constexpr,
     RELU: tl.constexpr,
 ):
-    """_bwd_chunk of every chunk of a [BLOCK_M, BLOCK_N] tile (mask's shape; tuples xs, gs, ws, bs, chunk c at
-    columns c * BLOCK_N + cols): tuples (xhats, dys, dxhats)."""
-    BLOCK_M: tl.constexpr = mask.shape[0]
-    BLOCK_N: tl.constexpr = mask.shape[1]
-    cols = tl.arange(0, BLOCK_N)
+    """_bwd_chunk of every chunk of a tile (tuples xs, gs, ws, bs; chunk c at columns c * BLOCK_N + arange(BLOCK_N),
+    BLOCK_N mask's width): tuples (xhats, dys, dxhats)."""
     xhats = ()
     dys = ()
     dxhats = ()
     for c in tl.static_range(CHUNKS):
+        col0 = c * mask.shape[1]
         xhat, dy, dxhat = _bwd_chunk(
-            xs[c],
-            gs[c],
-            mean,
-            rstd,
-            ws[c],
-            bs[c],
-            seed,
-            base,
-            c * BLOCK_N,
-            cols,
-            mask,
-            threshold,
-            scale,
-            HAS_W,
-            HAS_B,
-            DROPOUT,
-            FAST_RNG,
-            BLOCK_M,
-            BLOCK_N,
-            RMS,
-            RELU,
+            xs[c], gs[c], mean, rstd, ws[c], bs[c], drop, col0, mask, HAS_W, HAS_B, DROPOUT, FAST_RNG, RMS, RELU
         )
         xhats = xhats + (xhat,)
         dys = dys + (dy,)
@@ -282,6 +256,35 @@ def bwd_store_partials(
 
 
 @triton.jit
+def _bwd_outputs(
+    DX,
+    offs,
+    mask,
+    acc,
+    xhats,
+    dys,
+    dxhats,
+    rstd,
+    c1,
+    c2,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    RMS: tl.constexpr,
+    RTNE_BF16: tl.constexpr,
+):
+    """dx of every chunk of a tile (tuples; offs, mask: chunk 0's) stored, and the accumulators of bwd_acc_tiles
+    returned with the tile added: chunk 0's right after its dx, the others' after all of the tile's dx
+    (bwd_accumulate)."""
+    for c in tl.static_range(CHUNKS):
+        dx = bwd_dx(dxhats[c], xhats[c], rstd, c1, c2, RMS)
+        tl.store(DX + offs + c * mask.shape[1], to_out(dx, DX, RTNE_BF16), mask=mask)
+        if c == 0:
+            acc = bwd_accumulate(acc, dys, xhats, HAS_W, HAS_B, 0, 1, CHUNKS)
+    return bwd_accumulate(acc, dys, xhats, HAS_W, HAS_B, 1, CHUNKS, CHUNKS)
+
+
+@triton.jit
 def ldr_bwd_fused_kernel(
     DY,
     X,
@@ -332,33 +335,12 @@ def ldr_bwd_fused_kernel(
         mean, rstd = bwd_tile_stats(MEAN, RSTD, rows, row_mask, xs[0], RMS)
         # weight and bias per tile (L1 hits): held across the loop, ~10-20 more registers (half the programs at 4096)
         ws, bs = row_param_tiles(W, B, cols, cmask, HAS_W, HAS_B, CHUNKS, BLOCK_M, BLOCK_N)
+        drop = (seed, rng, threshold, scale)
         xhats, dys, dxhats = _bwd_chunks(
-            xs,
-            gs,
-            mean,
-            rstd,
-            ws,
-            bs,
-            seed,
-            rng,
-            mask,
-            threshold,
-            scale,
-            HAS_W,
-            HAS_B,
-            DROPOUT,
-            FAST_RNG,
-            CHUNKS,
-            RMS,
-            RELU,
+            xs, gs, mean, rstd, ws, bs, drop, mask, HAS_W, HAS_B, DROPOUT, FAST_RNG, CHUNKS, RMS, RELU
         )
         c1, c2 = bwd_row_coefs(dxhats, xhats, inv_n, CHUNKS, RMS)
-        for c in tl.static_range(CHUNKS):
-            dx = bwd_dx(dxhats[c], xhats[c], rstd, c1, c2, RMS)
-            tl.store(DX + offs + c * BLOCK_N, to_out(dx, DX, RTNE_BF16), mask=mask)
-            if c == 0:
-                acc = bwd_accumulate(acc, dys, xhats, HAS_W, HAS_B, 0, 1, CHUNKS)
-        acc = bwd_accumulate(acc, dys, xhats, HAS_W, HAS_B, 1, CHUNKS, CHUNKS)
+        acc = _bwd_outputs(DX, offs, mask, acc, xhats, dys, dxhats, rstd, c1, c2, HAS_W, HAS_B, CHUNKS, RMS, RTNE_BF16)
     bwd_store_partials(PDW, PDB, pid.to(tl.int64) * N, cols, cmask, acc, HAS_W, HAS_B, CHUNKS, BLOCK_N)
 
 
@@ -593,28 +575,9 @@ def ldr_bwd_row_coef_kernel(
         g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
         w = row_load_param_tile(W, col0, cols, cmask, HAS_W, 1)
         b = row_load_param_tile(B, col0, cols, cmask, HAS_B, 1)
+        drop = (seed, rng, threshold, scale)
         xhat, dy, dxhat = _bwd_chunk(
-            x,
-            g,
-            mean,
-            rstd,
-            w,
-            b,
-            seed,
-            rng,
-            col0,
-            cols,
-            mask,
-            threshold,
-            scale,
-            HAS_W,
-            HAS_B,
-            DROPOUT,
-            FAST_RNG,
-            1,
-            BLOCK_N,
-            RMS,
-            RELU,
+            x, g, mean, rstd, w, b, drop, col0, mask, HAS_W, HAS_B, DROPOUT, FAST_RNG, RMS, RELU
         )
         s1 += tl.sum(dxhat * xhat, axis=1)
         if not RMS:
@@ -676,29 +639,9 @@ def ldr_bwd_chunk_kernel(
         g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
         mean, rstd = bwd_tile_stats(MEAN, RSTD, rows, row_mask, x, RMS)
         c1, c2 = bwd_tile_coefs(C1, C2, rows, row_mask, RMS)
+        drop = (seed, rng, threshold, scale)
         xhat, dy, dxhat = _bwd_chunk(
-            x,
-            g,
-            mean,
-            rstd,
-            w,
-            b,
-            seed,
-            rng,
-            col0,
-            cols,
-            mask,
-            threshold,
-            scale,
-            HAS_W,
-            HAS_B,
-            DROPOUT,
-            FAST_RNG,
-            BLOCK_M,
-            BLOCK_N,
-            RMS,
-            RELU,
+            x, g, mean, rstd, w, b, drop, col0, mask, HAS_W, HAS_B, DROPOUT, FAST_RNG, RMS, RELU
         )
-        tl.store(DX + offs, to_out(bwd_dx(dxhat, xhat, rstd, c1, c2, RMS), DX, RTNE_BF16), mask=mask)
-        acc = bwd_accumulate(acc, (dy,), (xhat,), HAS_W, HAS_B, 0, 1, 1)
+        acc = _bwd_outputs(DX, offs, mask, acc, (xhat,), (dy,), (dxhat,), rstd, c1, c2, HAS_W, HAS_B, 1, RMS, RTNE_BF16)
     bwd_store_partials(PDW, PDB, pid.to(tl.int64) * N + col0, cols, cmask, acc, HAS_W, HAS_B, 1, BLOCK_N)
