@@ -52,6 +52,14 @@ from .common import (
     to_out,
     zero_sums,
 )
+from .norm_dropout_backward import (
+    bwd_acc_tiles,
+    bwd_accumulate,
+    bwd_load_tiles,
+    bwd_row_coefs,
+    bwd_store_partials,
+    bwd_tile_stats,
+)
 from .rows import (
     RowsBackwardPlan,
     RowTiling,
@@ -270,90 +278,49 @@ def dan_bwd_fused_kernel(
     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, RTNE_BF16: tl.constexpr,
     MAPPED: tl.constexpr,
 ):  # fmt: skip
-    """Single-block backward, persistent over row tiles (1 chunk of BLOCK_N >= N columns or 3 chunks of N / 3):
-    the sum and grad_out of every chunk are loaded before the reductions (c1, c2), xhat and dxhat computed once;
-    grad_sum is read as each chunk's dS is formed. dgamma / dbeta accumulate element-wise in [BLOCK_M, BLOCK_N]
-    register tiles, reduced over the rows once at the end into the program's partial row."""
+    """Single-block backward, persistent over row tiles (1 chunk of BLOCK_N >= N columns or 3 chunks of N / 3, as
+    tuples under tl.static_range): the sum and grad_out of every chunk are loaded before the reductions (c1, c2),
+    xhat and dxhat computed once; grad_sum is read as each chunk's dS is formed. dgamma / dbeta accumulate
+    element-wise in [BLOCK_M, BLOCK_N] register tiles, reduced over the rows once at the end into the program's
+    partial row. The tile's steps are layer_norm_dropout_relu's fused backward's helpers (bwd_*)."""
     scale = row_dropout_scale(threshold, IS_FP64)
     inv_n = row_inv_n(N, IS_FP64)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
-    dw0 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-    db0 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-    if CHUNKS == 3:
-        dw1 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-        db1 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-        dw2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-        db2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    acc = bwd_acc_tiles(CHUNKS, BLOCK_M, BLOCK_N, IS_FP64)  # dgamma and dbeta tiles of each chunk
     seed0 = row_load_seed(SEED, DROPOUT)
     mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
-    num_tiles = tl.cdiv(M, BLOCK_M)
-    for tile in range(pid, num_tiles, tl.num_programs(0)):
+    for tile in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         row_mask = rows < M
         offs, mask = row_tile_offsets(rows, row_mask, 0, cols, cmask, N)
-        base = rows * N
         seed = row_tile_seed(seed0, tile, threshold)
-        rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
-        if RMS:
-            mean = tl.zeros([BLOCK_M], dtype=dw0.dtype)
-        else:
-            mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
-        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-        s0 = to_acc(tl.load(S + offs, mask=mask, other=0.0), IS_FP64)
-        g0 = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
-        if CHUNKS == 3:
-            s1 = to_acc(tl.load(S + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
-            g1 = to_acc(tl.load(DY + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
-            s2 = to_acc(tl.load(S + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
-            g2 = to_acc(tl.load(DY + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
-        w0 = row_load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)  # per tile (L1 hits), as the LayerNorm kernels
-        xhat0, dxhat0 = _xhat_dxhat(s0, g0, mean, rstd, w0, HAS_W, RMS)
-        if CHUNKS == 3:
-            w1 = row_load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-            w2 = row_load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-            xhat1, dxhat1 = _xhat_dxhat(s1, g1, mean, rstd, w1, HAS_W, RMS)
-            xhat2, dxhat2 = _xhat_dxhat(s2, g2, mean, rstd, w2, HAS_W, RMS)
-            c1 = tl.sum(dxhat0 * xhat0 + dxhat1 * xhat1 + dxhat2 * xhat2, axis=1) * inv_n
-            c2 = tl.sum(dxhat0 + dxhat1 + dxhat2, axis=1) * inv_n
-        else:
-            c1 = tl.sum(dxhat0 * xhat0, axis=1) * inv_n
-            c2 = tl.sum(dxhat0, axis=1) * inv_n
-        _grad_chunk(
-            DX, DRES, GS, offs, mask, xhat0, dxhat0, rstd, c1, c2, seed, rng, 0, cols, threshold, scale,
-            HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
-        )  # fmt: skip
-        if HAS_W:
-            dw0 += g0 * xhat0
-        if HAS_B:
-            db0 += g0
-        if CHUNKS == 3:
+        rng = row_map_index(rows * N, mbase, period, jump, MAPPED)  # each row's first dropout index
+        mean, rstd = bwd_tile_stats(MEAN, RSTD, rows, row_mask, acc[0], RMS)
+        ss, gs = bwd_load_tiles(S, DY, offs, mask, CHUNKS, BLOCK_N, IS_FP64)
+        # per tile (L1 hits), as ldr's; chunk 0's xhat and dxhat before the other chunks' weights are loaded
+        w = row_load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
+        xhat, dxhat = _xhat_dxhat(ss[0], gs[0], mean, rstd, w, HAS_W, RMS)
+        xhats = (xhat,)
+        dxhats = (dxhat,)
+        ws = ()
+        for c in tl.static_range(1, CHUNKS):
+            ws = ws + (row_load_param_tile(W, c * BLOCK_N, cols, cmask, HAS_W, BLOCK_M),)
+        for c in tl.static_range(1, CHUNKS):
+            xhat, dxhat = _xhat_dxhat(ss[c], gs[c], mean, rstd, ws[c - 1], HAS_W, RMS)
+            xhats = xhats + (xhat,)
+            dxhats = dxhats + (dxhat,)
+        c1, c2 = bwd_row_coefs(dxhats, xhats, inv_n, CHUNKS, RMS)
+        for c in tl.static_range(CHUNKS):
             _grad_chunk(
-                DX, DRES, GS, offs, mask, xhat1, dxhat1, rstd, c1, c2, seed, rng, BLOCK_N, cols, threshold, scale,
-                HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
-            )  # fmt: skip
-            _grad_chunk(
-                DX, DRES, GS, offs, mask, xhat2, dxhat2, rstd, c1, c2, seed, rng, 2 * BLOCK_N, cols, threshold,
+                DX, DRES, GS, offs, mask, xhats[c], dxhats[c], rstd, c1, c2, seed, rng, c * BLOCK_N, cols, threshold,
                 scale, HAS_GS, HAS_R, RMS, DROPOUT, FAST_RNG, IS_FP64, BLOCK_M, BLOCK_N, RTNE_BF16,
             )  # fmt: skip
-            if HAS_W:
-                dw1 += g1 * xhat1
-                dw2 += g2 * xhat2
-            if HAS_B:
-                db1 += g1
-                db2 += g2
-    prow = pid.to(tl.int64) * N
-    if HAS_W:
-        tl.store(PDW + prow + cols, tl.sum(dw0, axis=0), mask=cmask)
-        if CHUNKS == 3:
-            tl.store(PDW + prow + BLOCK_N + cols, tl.sum(dw1, axis=0), mask=cmask)
-            tl.store(PDW + prow + 2 * BLOCK_N + cols, tl.sum(dw2, axis=0), mask=cmask)
-    if HAS_B:
-        tl.store(PDB + prow + cols, tl.sum(db0, axis=0), mask=cmask)
-        if CHUNKS == 3:
-            tl.store(PDB + prow + BLOCK_N + cols, tl.sum(db1, axis=0), mask=cmask)
-            tl.store(PDB + prow + 2 * BLOCK_N + cols, tl.sum(db2, axis=0), mask=cmask)
+            if c == 0:
+                acc = bwd_accumulate(acc, gs, xhats, HAS_W, HAS_B, 0, 1, CHUNKS)
+        acc = bwd_accumulate(acc, gs, xhats, HAS_W, HAS_B, 1, CHUNKS, CHUNKS)
+    bwd_store_partials(PDW, PDB, pid.to(tl.int64) * N, cols, cmask, acc, HAS_W, HAS_B, CHUNKS, BLOCK_N)
 
 
 @triton.jit

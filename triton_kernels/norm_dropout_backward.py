@@ -17,6 +17,8 @@ from .common import (
 # The jit helpers are called by their own names (row_*), never through an alias: Inductor re-emits a triton_op
 # kernel's helpers under each helper's __name__, so an alias would be undefined there.
 from .rows import (
+    row_chunks_dot,
+    row_chunks_sum,
     row_dropout_scale,
     row_held_chunk,
     row_hold,
@@ -30,6 +32,7 @@ from .rows import (
     row_load_seed,
     row_load_stats,
     row_map_index,
+    row_param_tiles,
     row_raw_chunk,
     row_thread_sums,
     row_tile_offsets,
@@ -47,26 +50,25 @@ def _bwd_chunk(
     rstd,
     w,
     b,
-    seed,
-    base,
+    drop,
     col0,
-    cols,
     mask,
-    threshold,
-    scale,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     DROPOUT: tl.constexpr,
     FAST_RNG: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
     RMS: tl.constexpr,
     RELU: tl.constexpr,
 ):
-    """From a tile's loaded x and grad_out (accumulation dtype) and its rows' mean (unused for RMS) and rstd: xhat,
-    the keep and ReLU bits, and returns (xhat, dy, dxhat), each computed once, where dy is the gradient with
-    respect to the pre-dropout y (ldr_backward_element; without RELU keep ? g * scale : 0) and dxhat = dy * w
-    (w, b: [1, BLOCK_N] or the tile's shape)."""
+    """From a [BLOCK_M, BLOCK_N] tile's (mask's shape; columns col0 + arange(BLOCK_N)) loaded x and grad_out
+    (accumulation dtype) and its rows' mean (unused for RMS) and rstd: xhat, the keep and ReLU bits, and returns
+    (xhat, dy, dxhat), each computed once, where dy is the gradient with respect to the pre-dropout y
+    (ldr_backward_element; without RELU keep ? g * scale : 0) and dxhat = dy * w (w, b: [1, BLOCK_N] or the tile's
+    shape). drop: the dropout's (seed, the rows' first indices, threshold, scale)."""
+    seed, base, threshold, scale = drop
+    BLOCK_M: tl.constexpr = mask.shape[0]
+    BLOCK_N: tl.constexpr = mask.shape[1]
+    cols = tl.arange(0, BLOCK_N)
     if RMS:
         xhat = x * rstd[:, None]
     else:
@@ -98,6 +100,191 @@ def _bwd_chunk(
 
 
 @triton.jit
+def _bwd_chunks(
+    xs,
+    gs,
+    mean,
+    rstd,
+    ws,
+    bs,
+    drop,
+    mask,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    FAST_RNG: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    RMS: tl.constexpr,
+    RELU: tl.constexpr,
+):
+    """_bwd_chunk of every chunk of a tile (tuples xs, gs, ws, bs; chunk c at columns c * BLOCK_N + arange(BLOCK_N),
+    BLOCK_N mask's width): tuples (xhats, dys, dxhats)."""
+    xhats = ()
+    dys = ()
+    dxhats = ()
+    for c in tl.static_range(CHUNKS):
+        col0 = c * mask.shape[1]
+        xhat, dy, dxhat = _bwd_chunk(
+            xs[c], gs[c], mean, rstd, ws[c], bs[c], drop, col0, mask, HAS_W, HAS_B, DROPOUT, FAST_RNG, RMS, RELU
+        )
+        xhats = xhats + (xhat,)
+        dys = dys + (dy,)
+        dxhats = dxhats + (dxhat,)
+    return xhats, dys, dxhats
+
+
+@triton.jit
+def bwd_acc_tiles(CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_FP64: tl.constexpr):
+    """A backward's dgamma / dbeta accumulators: a tuple of 2 x CHUNKS zero tiles [BLOCK_M, BLOCK_N] in the
+    accumulation dtype, each chunk's dgamma tile then its dbeta tile (the order of the persistent loop's carried
+    values, which the compiled kernels were measured with), added to element-wise per tile and reduced over the
+    rows once at the end (bwd_store_partials)."""
+    z = ()
+    for _ in tl.static_range(2 * CHUNKS):
+        z = z + (to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64),)
+    return z
+
+
+@triton.jit
+def bwd_load_tiles(A, B, offs, mask, CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, IS_FP64: tl.constexpr):
+    """Tuples of the CHUNKS chunks of a tile of A and of B (offs, mask: chunk 0's), in the accumulation dtype,
+    loaded chunk by chunk, A then B: every load of a tile issued before its reductions."""
+    a = ()
+    b = ()
+    for c in tl.static_range(CHUNKS):
+        a = a + (to_acc(tl.load(A + offs + c * BLOCK_N, mask=mask, other=0.0), IS_FP64),)
+        b = b + (to_acc(tl.load(B + offs + c * BLOCK_N, mask=mask, other=0.0), IS_FP64),)
+    return a, b
+
+
+@triton.jit
+def bwd_tile_stats(MEAN, RSTD, rows, row_mask, like, RMS: tl.constexpr):
+    """A tile's row statistics: mean (zeros of like's dtype, unused, for RMSNorm: MEAN is not read) and rstd."""
+    if RMS:
+        mean = tl.zeros(rows.shape, dtype=like.dtype)
+    else:
+        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+    return mean, tl.load(RSTD + rows, mask=row_mask, other=0.0)
+
+
+@triton.jit
+def bwd_tile_coefs(C1, C2, rows, row_mask, RMS: tl.constexpr):
+    """A tile's row coefficients c1, c2 from the looped backward's first kernel (RMS: C2 is not read; c1 stands in
+    for the unused c2)."""
+    c1 = tl.load(C1 + rows, mask=row_mask, other=0.0)
+    if RMS:
+        c2 = c1
+    else:
+        c2 = tl.load(C2 + rows, mask=row_mask, other=0.0)
+    return c1, c2
+
+
+@triton.jit
+def bwd_dx(dxhat, xhat, rstd, c1, c2, RMS: tl.constexpr):
+    """rstd * (dxhat - xhat * c1 - c2) of a chunk, from its rows' rstd and coefficients (RMS: no c2 term)."""
+    if RMS:
+        dx = rstd[:, None] * (dxhat - xhat * c1[:, None])
+    else:
+        dx = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
+    return dx
+
+
+@triton.jit
+def bwd_row_coefs(dxhats, xhats, inv_n, CHUNKS: tl.constexpr, RMS: tl.constexpr):
+    """c1 = mean(dxhat * xhat) and c2 = mean(dxhat) of a tile's rows from its chunks (tuples), the chunks added
+    element-wise first: one cross-thread reduction per coefficient. RMS: c2 is not needed (c1 stands in)."""
+    c1 = tl.sum(row_chunks_dot(dxhats, xhats, CHUNKS), axis=1)
+    if RMS:
+        c1 = c1 * inv_n
+        c2 = c1
+    else:
+        c2 = tl.sum(row_chunks_sum(dxhats, CHUNKS), axis=1)
+        c1 = c1 * inv_n
+        c2 = c2 * inv_n
+    return c1, c2
+
+
+@triton.jit
+def bwd_accumulate(
+    acc, dys, xhats, HAS_W: tl.constexpr, HAS_B: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr, CHUNKS: tl.constexpr
+):
+    """The accumulators of bwd_acc_tiles with one more tile's chunks LO to HI - 1 added: dgamma + dy * xhat of
+    each, then dbeta + dy of each. The fused backwards add chunk 0's right after its dx and the others' after all
+    of the tile's dx: the order of operations the compiled kernels were measured with."""
+    dws = ()
+    dbs = ()
+    for c in tl.static_range(LO, HI):
+        if HAS_W:
+            dws = dws + (acc[2 * c] + dys[c] * xhats[c],)
+        else:
+            dws = dws + (acc[2 * c],)
+    for c in tl.static_range(LO, HI):
+        if HAS_B:
+            dbs = dbs + (acc[2 * c + 1] + dys[c],)
+        else:
+            dbs = dbs + (acc[2 * c + 1],)
+    new = ()
+    for c in tl.static_range(CHUNKS):
+        if c >= LO and c < HI:
+            new = new + (dws[c - LO], dbs[c - LO])
+        else:
+            new = new + (acc[2 * c], acc[2 * c + 1])
+    return new
+
+
+@triton.jit
+def bwd_store_partials(
+    PDW,
+    PDB,
+    prow,
+    cols,
+    cmask,
+    acc,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The program's dgamma / dbeta partial row at prow: each accumulator tile of bwd_acc_tiles reduced over its
+    rows, the dgamma chunks then the dbeta chunks."""
+    if HAS_W:
+        for c in tl.static_range(CHUNKS):
+            tl.store(PDW + prow + c * BLOCK_N + cols, tl.sum(acc[2 * c], axis=0), mask=cmask)
+    if HAS_B:
+        for c in tl.static_range(CHUNKS):
+            tl.store(PDB + prow + c * BLOCK_N + cols, tl.sum(acc[2 * c + 1], axis=0), mask=cmask)
+
+
+@triton.jit
+def _bwd_outputs(
+    DX,
+    offs,
+    mask,
+    acc,
+    xhats,
+    dys,
+    dxhats,
+    rstd,
+    c1,
+    c2,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    RMS: tl.constexpr,
+    RTNE_BF16: tl.constexpr,
+):
+    """dx of every chunk of a tile (tuples; offs, mask: chunk 0's) stored, and the accumulators of bwd_acc_tiles
+    returned with the tile added: chunk 0's right after its dx, the others' after all of the tile's dx
+    (bwd_accumulate)."""
+    for c in tl.static_range(CHUNKS):
+        dx = bwd_dx(dxhats[c], xhats[c], rstd, c1, c2, RMS)
+        tl.store(DX + offs + c * mask.shape[1], to_out(dx, DX, RTNE_BF16), mask=mask)
+        if c == 0:
+            acc = bwd_accumulate(acc, dys, xhats, HAS_W, HAS_B, 0, 1, CHUNKS)
+    return bwd_accumulate(acc, dys, xhats, HAS_W, HAS_B, 1, CHUNKS, CHUNKS)
+
+
+@triton.jit
 def ldr_bwd_fused_kernel(
     DY,
     X,
@@ -125,209 +312,150 @@ def ldr_bwd_fused_kernel(
     RELU: tl.constexpr,
     MAPPED: tl.constexpr,
 ):
-    """Single-block backward, persistent: program p handles row tiles p, p + G, ...; rows are 1 chunk of
-    BLOCK_N >= N columns or 3 chunks of N / 3, as the forward. A tile's loads (x, grad_out, mean, rstd, weight
-    and bias of every chunk) are all issued before its reductions; xhat, dy and dxhat are computed once.
-    dgamma/dbeta accumulate element-wise in [BLOCK_M, BLOCK_N] register tiles per chunk, reduced over the rows
-    once at the end into the program's partial row. RMS: RMSNorm (MEAN is not read, no c2 term); RELU: the ReLU
-    after the dropout."""
+    """Single-block backward, persistent: program p takes row tiles p, p + G, ...; a row is 1 chunk of BLOCK_N >= N
+    columns or 3 chunks of N / 3 (tuples under tl.static_range), as the forward. A tile's loads (x, grad_out, mean,
+    rstd, weight and bias of every chunk) all come before its reductions; xhat, dy and dxhat are computed once;
+    dgamma/dbeta accumulate in [BLOCK_M, BLOCK_N] register tiles per chunk, reduced over the rows once at the end
+    into the program's partial row. RMS: RMSNorm (MEAN is not read, no c2 term); RELU: the ReLU after the dropout."""
     scale = row_dropout_scale(threshold, IS_FP64)
     inv_n = row_inv_n(N, IS_FP64)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
-    dw0 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-    db0 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-    if CHUNKS == 3:  # N == 3 * BLOCK_N: every chunk is full
-        dw1 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-        db1 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-        dw2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-        db2 = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    acc = bwd_acc_tiles(CHUNKS, BLOCK_M, BLOCK_N, IS_FP64)  # dgamma and dbeta tiles of each chunk
     seed0 = row_load_seed(SEED, DROPOUT)
     mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
-    num_tiles = tl.cdiv(M, BLOCK_M)
-    for tile in range(pid, num_tiles, tl.num_programs(0)):
+    for tile in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         row_mask = rows < M
         offs, mask = row_tile_offsets(rows, row_mask, 0, cols, cmask, N)
-        base = rows * N
         seed = row_tile_seed(seed0, tile, threshold)
-        rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
-        x0 = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
-        g0 = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
-        if CHUNKS == 3:
-            x1 = to_acc(tl.load(X + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
-            g1 = to_acc(tl.load(DY + offs + BLOCK_N, mask=mask, other=0.0), IS_FP64)
-            x2 = to_acc(tl.load(X + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
-            g2 = to_acc(tl.load(DY + offs + 2 * BLOCK_N, mask=mask, other=0.0), IS_FP64)
-        if RMS:
-            mean = tl.zeros([BLOCK_M], dtype=x0.dtype)  # unused
-        else:
-            mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
-        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-        # weight and bias per tile (L1 hits): held across the loop they cost ~10-20 registers per thread, which
-        # at N = 4096 halves the resident programs (the dgamma/dbeta accumulators are live across it too)
-        w0 = row_load_param_tile(W, 0, cols, cmask, HAS_W, BLOCK_M)
-        b0 = row_load_param_tile(B, 0, cols, cmask, HAS_B, BLOCK_M)
-        if CHUNKS == 3:
-            w1 = row_load_param_tile(W, BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-            b1 = row_load_param_tile(B, BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
-            w2 = row_load_param_tile(W, 2 * BLOCK_N, cols, cmask, HAS_W, BLOCK_M)
-            b2 = row_load_param_tile(B, 2 * BLOCK_N, cols, cmask, HAS_B, BLOCK_M)
-        xhat0, dy0, dxhat0 = _bwd_chunk(
-            x0,
-            g0,
-            mean,
-            rstd,
-            w0,
-            b0,
-            seed,
-            rng,
-            0,
-            cols,
-            mask,
-            threshold,
-            scale,
-            HAS_W,
-            HAS_B,
-            DROPOUT,
-            FAST_RNG,
-            BLOCK_M,
-            BLOCK_N,
-            RMS,
-            RELU,
+        rng = row_map_index(rows * N, mbase, period, jump, MAPPED)  # each row's first dropout index
+        xs, gs = bwd_load_tiles(X, DY, offs, mask, CHUNKS, BLOCK_N, IS_FP64)
+        mean, rstd = bwd_tile_stats(MEAN, RSTD, rows, row_mask, xs[0], RMS)
+        # weight and bias per tile (L1 hits): held across the loop, ~10-20 more registers (half the programs at 4096)
+        ws, bs = row_param_tiles(W, B, cols, cmask, HAS_W, HAS_B, CHUNKS, BLOCK_M, BLOCK_N)
+        drop = (seed, rng, threshold, scale)
+        xhats, dys, dxhats = _bwd_chunks(
+            xs, gs, mean, rstd, ws, bs, drop, mask, HAS_W, HAS_B, DROPOUT, FAST_RNG, CHUNKS, RMS, RELU
         )
-        if CHUNKS == 1:
-            c1 = tl.sum(dxhat0 * xhat0, axis=1)
-            if not RMS:
-                c2 = tl.sum(dxhat0, axis=1)
-        else:
-            xhat1, dy1, dxhat1 = _bwd_chunk(
-                x1,
-                g1,
-                mean,
-                rstd,
-                w1,
-                b1,
-                seed,
-                rng,
-                BLOCK_N,
-                cols,
-                mask,
-                threshold,
-                scale,
-                HAS_W,
-                HAS_B,
-                DROPOUT,
-                FAST_RNG,
-                BLOCK_M,
-                BLOCK_N,
-                RMS,
-                RELU,
-            )
-            xhat2, dy2, dxhat2 = _bwd_chunk(
-                x2,
-                g2,
-                mean,
-                rstd,
-                w2,
-                b2,
-                seed,
-                rng,
-                2 * BLOCK_N,
-                cols,
-                mask,
-                threshold,
-                scale,
-                HAS_W,
-                HAS_B,
-                DROPOUT,
-                FAST_RNG,
-                BLOCK_M,
-                BLOCK_N,
-                RMS,
-                RELU,
-            )
-            # chunks added element-wise first: one cross-thread reduction per coefficient
-            c1 = tl.sum(dxhat0 * xhat0 + dxhat1 * xhat1 + dxhat2 * xhat2, axis=1)
-            if not RMS:
-                c2 = tl.sum(dxhat0 + dxhat1 + dxhat2, axis=1)
-        c1 = c1 * inv_n
-        if RMS:
-            dx = rstd[:, None] * (dxhat0 - xhat0 * c1[:, None])
-        else:
-            c2 = c2 * inv_n
-            dx = rstd[:, None] * (dxhat0 - xhat0 * c1[:, None] - c2[:, None])
-        tl.store(DX + offs, to_out(dx, DX, RTNE_BF16), mask=mask)
-        if HAS_W:
-            dw0 += dy0 * xhat0
-        if HAS_B:
-            db0 += dy0
-        if CHUNKS == 3:
-            if RMS:
-                dx = rstd[:, None] * (dxhat1 - xhat1 * c1[:, None])
-            else:
-                dx = rstd[:, None] * (dxhat1 - xhat1 * c1[:, None] - c2[:, None])
-            tl.store(DX + offs + BLOCK_N, to_out(dx, DX, RTNE_BF16), mask=mask)
-            if RMS:
-                dx = rstd[:, None] * (dxhat2 - xhat2 * c1[:, None])
-            else:
-                dx = rstd[:, None] * (dxhat2 - xhat2 * c1[:, None] - c2[:, None])
-            tl.store(DX + offs + 2 * BLOCK_N, to_out(dx, DX, RTNE_BF16), mask=mask)
-            if HAS_W:
-                dw1 += dy1 * xhat1
-                dw2 += dy2 * xhat2
-            if HAS_B:
-                db1 += dy1
-                db2 += dy2
-    prow = pid.to(tl.int64) * N
-    if HAS_W:
-        tl.store(PDW + prow + cols, tl.sum(dw0, axis=0), mask=cmask)
-        if CHUNKS == 3:
-            tl.store(PDW + prow + BLOCK_N + cols, tl.sum(dw1, axis=0), mask=cmask)
-            tl.store(PDW + prow + 2 * BLOCK_N + cols, tl.sum(dw2, axis=0), mask=cmask)
-    if HAS_B:
-        tl.store(PDB + prow + cols, tl.sum(db0, axis=0), mask=cmask)
-        if CHUNKS == 3:
-            tl.store(PDB + prow + BLOCK_N + cols, tl.sum(db1, axis=0), mask=cmask)
-            tl.store(PDB + prow + 2 * BLOCK_N + cols, tl.sum(db2, axis=0), mask=cmask)
+        c1, c2 = bwd_row_coefs(dxhats, xhats, inv_n, CHUNKS, RMS)
+        acc = _bwd_outputs(DX, offs, mask, acc, xhats, dys, dxhats, rstd, c1, c2, HAS_W, HAS_B, CHUNKS, RMS, RTNE_BF16)
+    bwd_store_partials(PDW, PDB, pid.to(tl.int64) * N, cols, cmask, acc, HAS_W, HAS_B, CHUNKS, BLOCK_N)
 
 
 @triton.jit
-def _wide_bwd_sums(
-    xr, gr, W, B, mean, rstd, seed, base, col0, cols, threshold,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, BLOCK_N: tl.constexpr,
-    VEC: tl.constexpr, RMS: tl.constexpr, RELU: tl.constexpr, OPAQUE: tl.constexpr,
+def _wide_bwd_pass1(
+    X, DY, W, B, offs, mean, rstd, seed, base, cols, threshold,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, CHUNKS: tl.constexpr,
+    BLOCK_N: tl.constexpr, VEC: tl.constexpr, RMS: tl.constexpr, RELU: tl.constexpr, OPAQUE: tl.constexpr,
+    HOLD: tl.constexpr,
 ):  # fmt: skip
-    """The wide backward's first pass over one chunk of raw x and grad_out (xr, gr): the keep and ReLU bits select
-    grad_out in its own dtype (gm: exact, a select), and the row sums' per-thread parts of gm * w * xhat and
-    gm * w, without the dropout scale (applied to the row coefficients). Returns (x, gm) held (row_hold) and the
-    two partial sums."""
-    if RMS:
-        xhat = xr.to(tl.float32) * rstd[:, None]
-    else:
-        xhat = (xr.to(tl.float32) - mean[:, None]) * rstd[:, None]
-    w = row_load_chunk_param(W, col0, cols, HAS_W, "").to(tl.float32)
-    if RELU:  # the ReLU bit from y recomputed
-        y = xhat
+    """The wide backward's first pass over one row (offs: chunk 0's [1, BLOCK_N] offsets), chunk by chunk: the raw
+    x and grad_out (every chunk loaded first where the whole row is held, HOLD == CHUNKS; else where the pass
+    reaches it), the keep and ReLU bits, which select grad_out in its own dtype (gm: exact, a select), and the row
+    sums' per-thread parts (row_thread_sums) of gm * w * xhat and gm * w, without the dropout scale (applied to the
+    row coefficients). Returns the tuples xs (the last HOLD chunks of the raw x) and gs (every chunk's gm), both
+    held two to a register for 16-bit data (row_hold), and the two sums."""
+    UPFRONT: tl.constexpr = HOLD == CHUNKS
+    xr, gr = row_load_raw_chunks(X, DY, offs, CHUNKS, BLOCK_N, UPFRONT)
+    xs = ()
+    gs = ()
+    s1 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
+    s2 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
+    for c in tl.static_range(CHUNKS):
+        col0 = c * BLOCK_N
+        x_c = row_raw_chunk(X, offs, xr, c, BLOCK_N, UPFRONT)
+        g_c = row_raw_chunk(DY, offs, gr, c, BLOCK_N, UPFRONT)
+        if RMS:
+            xhat = x_c.to(tl.float32) * rstd[:, None]
+        else:
+            xhat = (x_c.to(tl.float32) - mean[:, None]) * rstd[:, None]
+        w = row_load_chunk_param(W, col0, cols, HAS_W, "").to(tl.float32)
+        if RELU:  # the ReLU bit from y recomputed
+            y = xhat
+            if HAS_W:
+                y = y * w
+            if HAS_B:
+                y = y + row_load_chunk_param(B, col0, cols, HAS_B, "").to(tl.float32)
+            pass_grad = y > 0.0
+            if DROPOUT:
+                pass_grad = pass_grad & row_keep_tile(seed, base, col0, cols, threshold, 1, BLOCK_N, FAST_RNG)
+            gm = tl.where(pass_grad, g_c, tl.zeros_like(g_c))
+        elif DROPOUT:
+            gm = tl.where(
+                row_keep_tile(seed, base, col0, cols, threshold, 1, BLOCK_N, FAST_RNG), g_c, tl.zeros_like(g_c)
+            )
+        else:
+            gm = g_c
+        gw = gm.to(tl.float32)
         if HAS_W:
-            y = y * w
-        if HAS_B:
-            y = y + row_load_chunk_param(B, col0, cols, HAS_B, "").to(tl.float32)
-        pass_grad = y > 0.0
-        if DROPOUT:
-            pass_grad = pass_grad & row_keep_tile(seed, base, col0, cols, threshold, 1, BLOCK_N, FAST_RNG)
-        gm = tl.where(pass_grad, gr, tl.zeros_like(gr))
-    elif DROPOUT:
-        gm = tl.where(row_keep_tile(seed, base, col0, cols, threshold, 1, BLOCK_N, FAST_RNG), gr, tl.zeros_like(gr))
-    else:
-        gm = gr
-    gw = gm.to(tl.float32)
-    if HAS_W:
-        gw = gw * w
-    s1 = row_thread_sums(gw * xhat, BLOCK_N, VEC)
-    s2 = row_thread_sums(gw, BLOCK_N, VEC)
-    return row_hold(xr, OPAQUE), row_hold(gm, OPAQUE), s1, s2
+            gw = gw * w
+        t1 = row_thread_sums(gw * xhat, BLOCK_N, VEC)
+        t2 = row_thread_sums(gw, BLOCK_N, VEC)
+        if c >= CHUNKS - HOLD:
+            xs = xs + (row_hold(x_c, OPAQUE),)
+        gs = gs + (row_hold(gm, OPAQUE),)
+        s1 += t1
+        s2 += t2
+    return xs, gs, s1, s2
+
+
+@triton.jit
+def _wide_bwd_pass2(
+    X,
+    W,
+    DX,
+    offs,
+    xs,
+    gs,
+    mean,
+    rstd,
+    s1,
+    s2,
+    scale,
+    inv_n,
+    dw,
+    db,
+    HAS_W: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    HOLD: tl.constexpr,
+    RMS: tl.constexpr,
+    RTNE_BF16: tl.constexpr,
+):
+    """The wide backward's second pass over one row (offs: chunk 0's [1, BLOCK_N] offsets), after one reduction
+    per row coefficient of pass 1's sums s1, s2: x (held, or read again: row_held_chunk) and gm converted again,
+    the weight reloaded (L1 hits; a cache modifier of its own, so that the compiler does not merge it with pass 1's
+    load and hold the weight across the reductions), dx stored, and the dgamma / dbeta accumulators dw, db
+    (tuples) returned with the row added, without the dropout scale (applied to the program's partial row)."""
+    BLOCK_N: tl.constexpr = offs.shape[1]
+    cols = tl.arange(0, BLOCK_N)
+    # dx = rstd * (dxhat - xhat * c1 - c2) with dxhat = scale * gm * w: k1 = rstd * scale, k2 = rstd * c1,
+    # k3 = rstd * c2, each c the row's sum x scale / N
+    k1 = rstd * scale
+    k2 = rstd * (tl.sum(s1, axis=0) * scale * inv_n)
+    if not RMS:
+        k3 = rstd * (tl.sum(s2, axis=0) * scale * inv_n)
+    ndw = ()
+    ndb = ()
+    for c in tl.static_range(CHUNKS):
+        x_c = row_held_chunk(X, offs, xs, c, CHUNKS, HOLD, BLOCK_N)
+        if RMS:
+            xhat = x_c.to(tl.float32) * rstd[:, None]
+        else:
+            xhat = (x_c.to(tl.float32) - mean[:, None]) * rstd[:, None]
+        g = gs[c].to(tl.float32)
+        gw = g
+        if HAS_W:  # its own cache modifier: not merged with pass 1's load
+            gw = g * row_load_chunk_param(W, c * BLOCK_N, cols, HAS_W, ".ca").to(tl.float32)
+        if RMS:
+            dx = gw * k1[:, None] - xhat * k2[:, None]
+        else:
+            dx = gw * k1[:, None] - (xhat * k2[:, None] + k3[:, None])
+        tl.store(DX + offs + c * BLOCK_N, to_out(dx, DX, RTNE_BF16))
+        ndw = ndw + (dw[c] + g * xhat,)
+        ndb = ndb + (db[c] + g,)
+    return ndw, ndb
 
 
 @triton.jit
@@ -362,17 +490,12 @@ def ldr_bwd_wide_kernel(
     MAPPED: tl.constexpr,
 ):
     """Single-block backward of the widest rows (N = CHUNKS x BLOCK_N, 12288 and 16384; not fp64), persistent, one
-    row a tile. Per row: every chunk of x and grad_out is loaded first; pass 1 forms each chunk's keep and ReLU
-    bits, keeps grad_out selected by them in its own dtype (gm) and the raw x, both held two to a register for
-    16-bit data (row_hold), and adds per-thread parts of the row sums (row_thread_sums); one reduction per
-    coefficient; pass 2 converts x and gm again, with the weight reloaded (L1 hits; a cache modifier of its own,
-    so that the compiler does not merge it with pass 1's load and hold the weight across the reductions), stores
-    dx and accumulates dgamma / dbeta without the dropout scale (applied to the program's partial row). Live
-    across the row sums: the raw row (1 register an element for 16-bit data) and the accumulators (1 or 2), where
-    the fused kernel holds xhat, dy and dxhat in fp32. VEC: the elements a thread holds side by side. HOLD: the
-    chunks of x held (the last HOLD); below CHUNKS, pass 2 reads the others again (row_held_chunk) and pass 1
-    loads chunk by chunk, for the registers that the held row and all of a row's loads in flight would take."""
-    UPFRONT: tl.constexpr = HOLD == CHUNKS
+    row a tile, in two passes over the row's chunks (_wide_bwd_pass1: the keep and ReLU bits and the row sums'
+    per-thread parts; one reduction per coefficient; _wide_bwd_pass2: dx and dgamma / dbeta). Live across the row
+    sums: the raw row (1 register an element for 16-bit data) and the accumulators (1 or 2), where the fused
+    kernel holds xhat, dy and dxhat in fp32. VEC: the elements a thread holds side by side. HOLD: the chunks of x
+    held (the last HOLD); below CHUNKS, pass 2 reads the others again (row_held_chunk) and pass 1 loads chunk by
+    chunk, for the registers that the held row and all of a row's loads in flight would take."""
     scale = row_dropout_scale(threshold, False)
     inv_n = row_inv_n(N, False)
     pid = tl.program_id(0)
@@ -388,49 +511,13 @@ def ldr_bwd_wide_kernel(
         seed = row_tile_seed(seed0, row, threshold)
         rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
         mean, rstd = row_load_stats(MEAN, RSTD, rows, RMS)
-        xr, gr = row_load_raw_chunks(X, DY, offs, CHUNKS, BLOCK_N, UPFRONT)
-        xs = ()
-        gs = ()
-        s1 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
-        s2 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
-        for c in tl.static_range(CHUNKS):
-            x_c, g_c, t1, t2 = _wide_bwd_sums(
-                row_raw_chunk(X, offs, xr, c, BLOCK_N, UPFRONT), row_raw_chunk(DY, offs, gr, c, BLOCK_N, UPFRONT),
-                W, B, mean, rstd, seed, rng, c * BLOCK_N, cols, threshold,
-                HAS_W, HAS_B, DROPOUT, FAST_RNG, BLOCK_N, VEC, RMS, RELU, OPAQUE,
-            )  # fmt: skip
-            if c >= CHUNKS - HOLD:
-                xs = xs + (x_c,)
-            gs = gs + (g_c,)
-            s1 += t1
-            s2 += t2
-        # dx = rstd * (dxhat - xhat * c1 - c2) with dxhat = scale * gm * w: k1 = rstd * scale, k2 = rstd * c1,
-        # k3 = rstd * c2, each c the row's sum x scale / N
-        k1 = rstd * scale
-        k2 = rstd * (tl.sum(s1, axis=0) * scale * inv_n)
-        if not RMS:
-            k3 = rstd * (tl.sum(s2, axis=0) * scale * inv_n)
-        ndw = ()
-        ndb = ()
-        for c in tl.static_range(CHUNKS):
-            x_c = row_held_chunk(X, offs, xs, c, CHUNKS, HOLD, BLOCK_N)
-            if RMS:
-                xhat = x_c.to(tl.float32) * rstd[:, None]
-            else:
-                xhat = (x_c.to(tl.float32) - mean[:, None]) * rstd[:, None]
-            g = gs[c].to(tl.float32)
-            gw = g
-            if HAS_W:  # its own cache modifier: not merged with pass 1's load
-                gw = g * row_load_chunk_param(W, c * BLOCK_N, cols, HAS_W, ".ca").to(tl.float32)
-            if RMS:
-                dx = gw * k1[:, None] - xhat * k2[:, None]
-            else:
-                dx = gw * k1[:, None] - (xhat * k2[:, None] + k3[:, None])
-            tl.store(DX + offs + c * BLOCK_N, to_out(dx, DX, RTNE_BF16))
-            ndw = ndw + (dw[c] + g * xhat,)
-            ndb = ndb + (db[c] + g,)
-        dw = ndw
-        db = ndb
+        xs, gs, s1, s2 = _wide_bwd_pass1(
+            X, DY, W, B, offs, mean, rstd, seed, rng, cols, threshold,
+            HAS_W, HAS_B, DROPOUT, FAST_RNG, CHUNKS, BLOCK_N, VEC, RMS, RELU, OPAQUE, HOLD,
+        )  # fmt: skip
+        dw, db = _wide_bwd_pass2(
+            X, W, DX, offs, xs, gs, mean, rstd, s1, s2, scale, inv_n, dw, db, HAS_W, CHUNKS, HOLD, RMS, RTNE_BF16
+        )
     prow = pid.to(tl.int64) * N
     for c in tl.static_range(CHUNKS):
         if HAS_W:
@@ -488,28 +575,9 @@ def ldr_bwd_row_coef_kernel(
         g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
         w = row_load_param_tile(W, col0, cols, cmask, HAS_W, 1)
         b = row_load_param_tile(B, col0, cols, cmask, HAS_B, 1)
+        drop = (seed, rng, threshold, scale)
         xhat, dy, dxhat = _bwd_chunk(
-            x,
-            g,
-            mean,
-            rstd,
-            w,
-            b,
-            seed,
-            rng,
-            col0,
-            cols,
-            mask,
-            threshold,
-            scale,
-            HAS_W,
-            HAS_B,
-            DROPOUT,
-            FAST_RNG,
-            1,
-            BLOCK_N,
-            RMS,
-            RELU,
+            x, g, mean, rstd, w, b, drop, col0, mask, HAS_W, HAS_B, DROPOUT, FAST_RNG, RMS, RELU
         )
         s1 += tl.sum(dxhat * xhat, axis=1)
         if not RMS:
@@ -558,12 +626,10 @@ def ldr_bwd_chunk_kernel(
     cmask = (col0 + cols) < N
     w = row_load_param(W, col0, cols, cmask, HAS_W)[None, :]
     b = row_load_param(B, col0, cols, cmask, HAS_B)[None, :]
-    dw_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-    db_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
+    acc = bwd_acc_tiles(1, BLOCK_M, BLOCK_N, IS_FP64)  # dgamma and dbeta tiles
     seed0 = row_load_seed(SEED, DROPOUT)
     mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
-    num_tiles = tl.cdiv(M, BLOCK_M)
-    for tile in range(pid, num_tiles, tl.num_programs(1)):
+    for tile in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(1)):
         rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
         row_mask = rows < M
         offs, mask = row_tile_offsets(rows, row_mask, col0, cols, cmask, N)
@@ -571,48 +637,11 @@ def ldr_bwd_chunk_kernel(
         rng = row_map_index(rows * N, mbase, period, jump, MAPPED)  # each row's first dropout index
         x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
         g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
-        if RMS:
-            mean = tl.zeros([BLOCK_M], dtype=x.dtype)  # unused
-        else:
-            mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
-        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-        c1 = tl.load(C1 + rows, mask=row_mask, other=0.0)
-        if not RMS:
-            c2 = tl.load(C2 + rows, mask=row_mask, other=0.0)
+        mean, rstd = bwd_tile_stats(MEAN, RSTD, rows, row_mask, x, RMS)
+        c1, c2 = bwd_tile_coefs(C1, C2, rows, row_mask, RMS)
+        drop = (seed, rng, threshold, scale)
         xhat, dy, dxhat = _bwd_chunk(
-            x,
-            g,
-            mean,
-            rstd,
-            w,
-            b,
-            seed,
-            rng,
-            col0,
-            cols,
-            mask,
-            threshold,
-            scale,
-            HAS_W,
-            HAS_B,
-            DROPOUT,
-            FAST_RNG,
-            BLOCK_M,
-            BLOCK_N,
-            RMS,
-            RELU,
+            x, g, mean, rstd, w, b, drop, col0, mask, HAS_W, HAS_B, DROPOUT, FAST_RNG, RMS, RELU
         )
-        if RMS:
-            dx = rstd[:, None] * (dxhat - xhat * c1[:, None])
-        else:
-            dx = rstd[:, None] * (dxhat - xhat * c1[:, None] - c2[:, None])
-        tl.store(DX + offs, to_out(dx, DX, RTNE_BF16), mask=mask)
-        if HAS_W:
-            dw_acc += dy * xhat
-        if HAS_B:
-            db_acc += dy
-    prow = pid.to(tl.int64) * N + col0
-    if HAS_W:
-        tl.store(PDW + prow + cols, tl.sum(dw_acc, axis=0), mask=cmask)
-    if HAS_B:
-        tl.store(PDB + prow + cols, tl.sum(db_acc, axis=0), mask=cmask)
+        acc = _bwd_outputs(DX, offs, mask, acc, (xhat,), (dy,), (dxhat,), rstd, c1, c2, HAS_W, HAS_B, 1, RMS, RTNE_BF16)
+    bwd_store_partials(PDW, PDB, pid.to(tl.int64) * N + col0, cols, cmask, acc, HAS_W, HAS_B, 1, BLOCK_N)
