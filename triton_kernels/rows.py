@@ -677,18 +677,6 @@ def plan_rows_forward(
     return looped_kernel, (m,), kwargs
 
 
-def launch_rows_forward(
-    fused_kernel, looped_kernel, cfg, m: int, n: int, device, args, kwargs, *, wrap, sm_count, facts, looped_cfg=None
-):
-    """The forward launch of a row-normalization op: plan_rows_forward's kernel and grid, under the device."""
-    kernel, grid, kwargs = plan_rows_forward(
-        fused_kernel, looped_kernel, cfg, m, n, device, args, kwargs, sm_count=sm_count, facts=facts,
-        looped_cfg=looped_cfg,
-    )  # fmt: skip
-    with device_guard(device):
-        wrap(kernel)[grid](*args, **kwargs)
-
-
 @dataclass(frozen=True)
 class RowsBackwardPlan:
     """What a row-normalization backward launches (plan_rows_backward): `kernel` (the single-block kernel, or the
@@ -807,34 +795,3 @@ def run_rows_backward(plan: RowsBackwardPlan, head, outs, grad_w, grad_b, m, n, 
             wrap(plan.kernel)[plan.grid](*head, *outs, *tail, **plan.kwargs)
         if plan.stage2 is not None:
             run_sum_partials(buf, [g for g in (grad_w, grad_b) if g is not None], plan.stage2, wrap=wrap)
-
-
-def launch_rows_backward(
-    fused_kernel,
-    chunk_kernel,
-    coef,
-    cfg,
-    m: int,
-    n: int,
-    device,
-    acc: torch.dtype,
-    head,
-    outs,
-    threshold: int,
-    grad_w,
-    grad_b,
-    kwargs,
-    *,
-    wrap,
-    sm_count,
-    facts,
-    looped=None,
-    holds=(),
-) -> None:
-    """The backward launches of a row-normalization op, planned and run at once (plan_rows_backward,
-    run_rows_backward; grad_w / grad_b None where the op has no weight / bias)."""
-    plan = plan_rows_backward(
-        fused_kernel, chunk_kernel, coef, cfg, m, n, device, acc, head, outs, threshold,
-        grad_w is not None, grad_b is not None, kwargs, sm_count=sm_count, facts=facts, looped=looped, holds=holds,
-    )  # fmt: skip
-    run_rows_backward(plan, head, outs, grad_w, grad_b, m, n, threshold, device, acc, wrap=wrap)
