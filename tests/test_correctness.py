@@ -32,21 +32,27 @@ EPS = 1e-5
 
 # ---------------------------------------------------------------------------------------------- the matrix
 def _backend_op_params():
-    """Every backend of the default list for every op, plus the extra backends an entry names (newer ops: the
-    emulated CUDA source). A backend without the op's kernel skips at run time, with the reason (require_op)."""
-    for op in OPS:
-        for variant in op.variants:
-            for dtype in variant.dtypes or DTYPES:
-                for p in backend_params(*DEFAULT, *op.extra_backends):
-                    marks = list(p.marks)
-                    if p.id == "cuda-emulated" and dtype in (torch.float16, torch.float64):
-                        marks.append(pytest.mark.slow)  # the emulator's fast lane: fp32 and bf16
-                    ident = f"{p.id}-{op.name}-{variant.name}-{str(dtype)[6:]}"
-                    yield pytest.param(p.values[0], op, variant, dtype, marks=marks, id=ident)
+    """Every shape of SHAPES on every backend of the default list for every op, plus the extra backends an entry
+    names (newer ops: the emulated CUDA source). A backend without the op's kernel skips at run time, with the
+    reason (require_op). The fast lane gives the two slow backends (the emulated CUDA source, Triton's interpreter)
+    the shapes up to N = 123; N = 1000 (every row over several warps) runs for them in the full suite, and for the
+    CPU kernels in both."""
+    for prefix, n in SHAPES:
+        shape = f"{'x'.join(map(str, prefix))}x{n}"
+        for op in OPS:
+            for variant in op.variants:
+                for dtype in variant.dtypes or DTYPES:
+                    for p in backend_params(*DEFAULT, *op.extra_backends):
+                        marks = list(p.marks)
+                        if p.id == "cuda-emulated" and dtype in (torch.float16, torch.float64):
+                            marks.append(pytest.mark.slow)  # the emulator's fast lane: fp32 and bf16
+                        elif p.id in ("cuda-emulated", "triton-interpret") and n > 123:
+                            marks.append(pytest.mark.slow)
+                        ident = f"{shape}-{p.id}-{op.name}-{variant.name}-{str(dtype)[6:]}"
+                        yield pytest.param(p.values[0], op, variant, dtype, prefix, n, marks=marks, id=ident)
 
 
-@pytest.mark.parametrize("backend,op,variant,dtype", list(_backend_op_params()))
-@pytest.mark.parametrize("prefix,n", SHAPES, ids=[f"{'x'.join(map(str, p))}x{n}" for p, n in SHAPES])
+@pytest.mark.parametrize("backend,op,variant,dtype,prefix,n", list(_backend_op_params()))
 def test_matches_reference(backend, op, variant, dtype, prefix, n):
     """Outputs and every gradient against the fp64 reference (2x PyTorch's own error), dtypes and shapes."""
     require_op(backend, op.name)
@@ -540,7 +546,12 @@ def test_triton_real_long_row(backend):
 
 @pytest.mark.parametrize("backend", TRITON)
 @pytest.mark.parametrize("m,n", [(300, 96), (70, 768)])  # 3 chunks of 32 / 256 columns; more tiles than programs
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize(
+    "dtype",
+    # the tiling is the dtype's own only through the plan's checks above; the fast lane runs fp32
+    [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
+    ids=lambda d: str(d)[6:],
+)
 def test_triton_three_chunk_rows_on_persistent_grids(backend, m, n, dtype):
     """N = 3 x 2^k takes the single-block kernels with three chunks of N / 3 columns (no padded lanes), and the
     persistent grids give each program several row tiles (8 programs under the interpreter): the reference, and
@@ -666,20 +677,34 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
 @pytest.mark.parametrize("backend", TRITON)
 @pytest.mark.parametrize(
     "n,dtype,op,extra",
+    # the fast lane runs the first case of each op; the full suite the variants after them
     [
         (12288, torch.bfloat16, "norm_dropout", dict(rms=True)),
         (12288, torch.bfloat16, "layer_norm_dropout_relu", {}),
         (12288, torch.bfloat16, "dropout_add_norm", dict(rms=False)),
-        (16384, torch.float16, "layer_norm_dropout_relu", dict(affine=False)),
-        (16384, torch.float32, "norm_dropout", dict(rms=False, relu=True, p=0.0, affine=False)),
-        (
+        pytest.param(16384, torch.float16, "layer_norm_dropout_relu", dict(affine=False), marks=pytest.mark.slow),
+        pytest.param(
+            16384,
+            torch.float32,
+            "norm_dropout",
+            dict(rms=False, relu=True, p=0.0, affine=False),
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
             16384,
             torch.bfloat16,
             "dropout_add_norm",
             dict(rms=True, prenorm=True, residual_in_fp32=True, params="bias", param_dtype=torch.float32),
+            marks=pytest.mark.slow,
         ),
-        (12288, torch.float32, "layer_norm_dropout_relu", dict(hold="half")),
-        (12288, torch.bfloat16, "dropout_add_norm", dict(rms=False, residual_in_fp32=True, hold="half")),
+        pytest.param(12288, torch.float32, "layer_norm_dropout_relu", dict(hold="half"), marks=pytest.mark.slow),
+        pytest.param(
+            12288,
+            torch.bfloat16,
+            "dropout_add_norm",
+            dict(rms=False, residual_in_fp32=True, hold="half"),
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_triton_wide_backward_matches_reference(backend, n, dtype, op, extra, monkeypatch):

@@ -280,8 +280,17 @@ def test_dropout_add_norm_mask_is_layer_norm_dropout_relus(backend, m, n):
             assert torch.equal(kept, torch.full_like(kept, R.dropout_scale(p)))
 
 
-@pytest.mark.parametrize("backend", backend_params(*DEFAULT, "cuda-emulated"))
-@pytest.mark.parametrize("m,n", [(3, 7), (5, 37), (16, 123), (6, 40), (3, 4099), (1, 8195)])
+def _gated_mask_params():
+    """Every backend at every (M, N); the tile-crossing shapes run on the slow backends (the emulated CUDA source,
+    Triton's interpreter) in the full suite only, and on the CPU kernels, whose tiles they cross, in both."""
+    for m, n in [(3, 7), (5, 37), (16, 123), (6, 40), (3, 4099), (1, 8195)]:
+        for p in backend_params(*DEFAULT, "cuda-emulated"):
+            slow = n > 4096 and p.id in ("cuda-emulated", "triton-interpret")
+            marks = [*p.marks, pytest.mark.slow] if slow else p.marks
+            yield pytest.param(p.values[0], m, n, id=f"{m}-{n}-{p.id}", marks=marks)
+
+
+@pytest.mark.parametrize("backend,m,n", list(_gated_mask_params()))
 def test_gated_act_mask_is_layer_norm_dropout_relus(backend, m, n):
     """gated_act keeps output element (r, c) exactly when layer_norm_dropout_relu keeps linear index r*F + c at the
     same seed, in both layouts, forward (act relu, gate and up 1: out = scale where kept) and backward (grad_up =

@@ -199,6 +199,15 @@ def _examples(backend):
     return max(10, n // 20) if backend.interpreted or backend.name == "cuda-emulated" else n
 
 
+def _fuzz_backends(*names):
+    """backend_params(*names), with Triton's interpreter in the full suite only: an example costs it many times what
+    it costs the CPU kernels, and the fast lane's own Triton cases (test_correctness) cover each kernel path."""
+    return [
+        pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.slow] if p.id == "triton-interpret" else p.marks)
+        for p in backend_params(*names)
+    ]
+
+
 def _fuzz(check, backend, strategy=ldr_case):
     @settings(max_examples=_examples(backend), deadline=None, suppress_health_check=_HEALTH)
     @given(case=strategy(interpreted=backend.interpreted))
@@ -208,17 +217,17 @@ def _fuzz(check, backend, strategy=ldr_case):
     inner()
 
 
-@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("backend", _fuzz_backends())
 def test_fuzz_layer_norm_dropout_relu(backend):
     _fuzz(check_ldr, backend)
 
 
-@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("backend", _fuzz_backends())
 def test_fuzz_bias_relu(backend):
     _fuzz(check_bias_relu, backend)
 
 
-@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("backend", _fuzz_backends())
 def test_fuzz_bias_act(backend):
     _fuzz(check_bias_act, backend, bias_act_case)
 
@@ -302,7 +311,7 @@ def _case_params(case, dev):
     return (w if keep_w else None), (b if keep_b else None)
 
 
-@pytest.mark.parametrize("backend", backend_params(*DEFAULT, "cuda-emulated"))
+@pytest.mark.parametrize("backend", _fuzz_backends(*DEFAULT, "cuda-emulated"))
 def test_fuzz_dropout_add_norm(backend):
     _fuzz_with_emulator("dropout_add_norm", check_dan, backend, dan_case)
 
@@ -338,7 +347,7 @@ def check_nd(be, case):
     assert torch.equal(probe.cpu() != 0, keep), "dropout keep mask differs from DESIGN 2's Philox"
 
 
-@pytest.mark.parametrize("backend", backend_params(*DEFAULT, "cuda-emulated"))
+@pytest.mark.parametrize("backend", _fuzz_backends(*DEFAULT, "cuda-emulated"))
 def test_fuzz_norm_dropout(backend):
     _fuzz_with_emulator("norm_dropout", check_nd, backend, nd_case)
 
@@ -387,7 +396,7 @@ def check_gated(be, case):
     check_against_reference(GATED_ACT, be, Sample(dict(args, act=case["act"]), grad_out.to(dev)))
 
 
-@pytest.mark.parametrize("backend", backend_params(*DEFAULT, "cuda-emulated"))
+@pytest.mark.parametrize("backend", _fuzz_backends(*DEFAULT, "cuda-emulated"))
 def test_fuzz_gated_act(backend):
     require_op(backend, "gated_act")
     _fuzz(check_gated, backend, gated_case)

@@ -57,7 +57,10 @@ EXPECTED = {  # forward gpuopt ops per model (each runs its _backward once in a 
     "qwen2": {"dropout_add_norm": 2 * LAYERS, "bias_act": 0, "norm_dropout": 0, "bias_relu": 0, "gated_act": LAYERS},
     "phi3": {"dropout_add_norm": 2 * LAYERS, "bias_act": 0, "norm_dropout": 0, "bias_relu": 0, "gated_act": LAYERS},
 }
-MODELS = list(EXPECTED)
+# the fast lane runs four architectures that between them meet every fused op and both gated layouts; the full
+# suite runs each
+FAST_LANE_MODELS = ("bert", "llama", "opt", "phi3")
+MODELS = [pytest.param(m, marks=() if m in FAST_LANE_MODELS else pytest.mark.slow) for m in EXPECTED]
 
 
 def _model(name: str, dropout: float):
@@ -165,7 +168,9 @@ def test_inductor_compiles_the_rewritten_gpt2():
         torch.testing.assert_close(p.grad, expected[k], atol=1e-5, rtol=1e-3, msg=k)
 
 
-@pytest.mark.parametrize("name", ["llama", "phi3", "bert"])
+@pytest.mark.parametrize(
+    "name", ["llama", pytest.param("phi3", marks=pytest.mark.slow), pytest.param("bert", marks=pytest.mark.slow)]
+)
 def test_autocast_fuses_the_sites_of_fp32_with_eager_numerics(name, capsys):
     """Under torch.autocast(bf16), the way most people train: the sites of fp32 run fused, except the linear →
     activation ones (a bf16 linear adds its bias before its one rounding, so it keeps it), and the output (eval) and

@@ -228,7 +228,11 @@ _SWEEP = [
 ]
 
 
-@pytest.mark.parametrize("family,perturb,i", _SWEEP, ids=[f"{f}-{p}-{i}" for f, p, i in _SWEEP])
+# the fast lane runs the first program of each (family, perturbation), the full suite every one
+@pytest.mark.parametrize(
+    "family,perturb,i",
+    [pytest.param(f, p, i, id=f"{f}-{p}-{i}", marks=pytest.mark.slow if i else ()) for f, p, i in _SWEEP],
+)
 def test_rewriter_sweep_matches_eager(family, perturb, i):
     for attempt in range(5):  # where eager cannot run a draw (Rejected), the next one
         try:

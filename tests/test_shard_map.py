@@ -173,22 +173,26 @@ DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, i
 def row_matrix():
     """(backend, op, n, dtype, box) over every op, N and box; the backends that run here slowly (Triton's
     interpreter, the emulated CUDA source) take fp32 and bf16 in turn, so each dtype meets every op, N and box
-    somewhere at half the cost."""
+    somewhere at half the cost. Of theirs, the fast lane keeps one diagonal of each op's N x box square (each N
+    meets one box, each box one N); the full suite runs the whole square."""
     out = []
     for bp in ALL:
         backend = bp.values[0]
         slow = backend.name in ("triton-interpret", "cuda-emulated")
         i = 0
         for op in ROW_OPS:
-            for n in (37, 64, 1000):
-                for box in BOXES:
+            for j, n in enumerate((37, 64, 1000)):
+                for k, box in enumerate(BOXES):
                     i += 1
+                    marks = list(bp.marks)
+                    if slow and (j + k) % 3:
+                        marks.append(pytest.mark.slow)
                     for dtype in DTYPES:
                         dt = dtype.values[0]
                         if slow and dt != (torch.float32, torch.bfloat16)[i % 2]:
                             continue
                         name = f"{bp.id}-{op}-{n}-{dtype.id}-{box}"
-                        out.append(pytest.param(backend, op, n, dt, box, id=name, marks=bp.marks))
+                        out.append(pytest.param(backend, op, n, dt, box, id=name, marks=marks))
     return out
 
 
@@ -197,6 +201,7 @@ def test_row_ops_on_a_box_give_the_whole_tensors_bits(backend, op, n, dtype, box
     check_row_op(backend, op, n, dtype, box_name)
 
 
+@pytest.mark.slow  # the looped kernels under Triton's interpreter; the fast lane's box cases run the one-block ones
 @pytest.mark.parametrize("op", ["ldr", "dan-layer-res"])
 @pytest.mark.parametrize("n", [37, 64])
 @pytest.mark.parametrize("backend", backend_params("triton-interpret"))
@@ -206,6 +211,7 @@ def test_triton_looped_kernels_on_a_box(backend, triton_plan, op, n):  # noqa: F
     check_row_op(backend, op, n, torch.float32, "seq")
 
 
+@pytest.mark.slow  # the interpreter's slowest box cases (rows of up to 12288 columns); the full suite runs them
 @pytest.mark.parametrize("op,n", [("ldr", 768), ("ldr", 12288), ("dan-rms", 12288)])
 @pytest.mark.parametrize("backend", backend_params("triton-interpret"))
 def test_triton_chunked_and_wide_kernels_on_a_box(backend, op, n):
