@@ -62,8 +62,33 @@ def pytest_xdist_make_scheduler(config, log):
     return FileGroupScheduling(config, log)
 
 
-# Entries of a kept Triton store that no run has read for this long are dropped (a store read refreshes an entry).
-TRITON_STORE_KEEP_DAYS = 14
+# Entries of a kept store ($GPUOPT_TRITON_STORE, $GPUOPT_TOOL_STORE) that no run has read for this long are dropped
+# (a store read refreshes an entry).
+STORE_KEEP_DAYS = 14
+
+
+def prune_kept_store(folder) -> None:
+    """Drops the entries of a kept store that no run has read for STORE_KEEP_DAYS."""
+    import time
+    from pathlib import Path
+
+    store = Path(folder)
+    cutoff = time.time() - STORE_KEEP_DAYS * 86400
+    for entry in store.glob("*.pkl") if store.is_dir() else ():
+        try:
+            if entry.stat().st_mtime < cutoff:
+                entry.unlink()
+        except FileNotFoundError:  # another worker dropped it first
+            pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kept_tool_store():
+    """$GPUOPT_TOOL_STORE (scripts/run_tests.sh: build/tool-store), which the static CUDA gate and the performance
+    model read through tools.cuda_resources.analyze, pruned once a test process."""
+    kept = os.environ.get("GPUOPT_TOOL_STORE", "").strip()
+    if kept:
+        prune_kept_store(kept)
 
 
 @pytest.fixture(scope="session")
@@ -72,21 +97,13 @@ def triton_store(tmp_path_factory):
     of tools.triton_resources. The folder the environment names, kept between runs (scripts/run_tests.sh:
     build/triton-store; entries are named by everything a compile reads, so a changed kernel compiles afresh),
     else one inside this test process's temporary folder (shared by the files of one xdist worker)."""
-    import time
     from pathlib import Path
 
     kept = os.environ.get("GPUOPT_TRITON_STORE", "").strip()
     if not kept:
         return tmp_path_factory.getbasetemp() / "triton-store"
-    store = Path(kept)
-    cutoff = time.time() - TRITON_STORE_KEEP_DAYS * 86400
-    for entry in store.glob("*.pkl") if store.is_dir() else ():
-        try:
-            if entry.stat().st_mtime < cutoff:
-                entry.unlink()
-        except FileNotFoundError:  # another worker dropped it first
-            pass
-    return store
+    prune_kept_store(kept)
+    return Path(kept)
 
 
 @pytest.fixture(scope="session")

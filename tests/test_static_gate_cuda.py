@@ -644,3 +644,30 @@ def test_every_declared_kernel_is_in_the_gated_build():
     built = {r.kernel.split("<")[0].split("::")[-1] for r in rows if r.kind == "kernel" and not r.fp64}
     missing = sorted(declared_kernels() - built)
     assert not missing, f"kernels declared in csrc/cuda but not in {ext.name} (rebuild the extension?): {missing}"
+
+
+def test_analysis_store_keeps_a_result_per_build_and_arguments(tmp_path, monkeypatch):
+    """$GPUOPT_TOOL_STORE: analyze reads a kept result for the same ELF bytes, arch, SM limits and cuobjdump, and
+    analyzes afresh when any of them changes; without the variable nothing is kept."""
+    elf, tool = tmp_path / "ext.so", tmp_path / "cuobjdump"
+    elf.write_bytes(b"\x7fELF one build")
+    tool.write_text("#!/bin/sh\n")
+    calls = []
+
+    def analyze_now(elf_path, arch, tool_path, sm):
+        calls.append((elf_path.read_bytes(), arch, sm.name))
+        return "sm_90", [f"row {len(calls)}"]
+
+    monkeypatch.setattr(CR, "_analyze_now", analyze_now)
+    monkeypatch.delenv(CR.TOOL_STORE_ENV, raising=False)
+    CR.analyze(elf, cuobjdump=str(tool))
+    assert len(calls) == 1 and not list(tmp_path.glob("**/*.pkl"))
+    store = tmp_path / "store"
+    monkeypatch.setenv(CR.TOOL_STORE_ENV, str(store))
+    first = CR.analyze(elf, cuobjdump=str(tool))
+    assert CR.analyze(elf, cuobjdump=str(tool)) == first == ("sm_90", ["row 2"]) and len(calls) == 2
+    CR.analyze(elf, arch="sm_90", cuobjdump=str(tool))  # another arch argument
+    CR.analyze(elf, cuobjdump=str(tool), sm=CR.SMLimits(name="other"))  # other SM limits
+    elf.write_bytes(b"\x7fELF another build")
+    assert CR.analyze(elf, cuobjdump=str(tool)) == ("sm_90", ["row 5"])
+    assert len(calls) == 5 and len(list(store.glob("cuda-resources-*.pkl"))) == 4

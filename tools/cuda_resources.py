@@ -646,14 +646,62 @@ def build_rows(
     return arch, rows
 
 
+# GPUOPT_TOOL_STORE=<folder>: analyze's results kept between runs (scripts/run_tests.sh: build/tool-store), for the
+# callers that read the same build: the static gate, the performance model and this tool's README command. Reading
+# a whole extension costs a minute of CPU on 2 cores (`cuobjdump -elf` prints ~450 MB for it); an entry is named by
+# everything the result depends on (_analysis_path), so another build, arch, cuobjdump or parser is read afresh.
+TOOL_STORE_ENV = "GPUOPT_TOOL_STORE"
+
+
+def _analysis_path(elf: Path, arch: Optional[str], tool: str, sm: SMLimits) -> Optional[Path]:
+    """Where analyze's result for these arguments is kept under $GPUOPT_TOOL_STORE (None without it): the name
+    hashes the ELF's bytes, the arch asked for, the SM limits, cuobjdump (path, size, mtime) and this module's
+    source (the parsers and the occupancy model)."""
+    import hashlib
+
+    folder = os.environ.get(TOOL_STORE_ENV, "").strip()
+    if not folder:
+        return None
+    h = hashlib.sha256()
+    with open(elf, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    st = os.stat(tool)
+    ident = (h.hexdigest(), arch, repr(sm), tool, st.st_size, st.st_mtime_ns, Path(__file__).read_bytes())
+    return Path(folder) / f"cuda-resources-{hashlib.sha256(repr(ident).encode()).hexdigest()[:40]}.pkl"
+
+
 def analyze(
     elf: os.PathLike, arch: Optional[str] = None, cuobjdump: Optional[str] = None, sm: SMLimits = SM90
 ) -> tuple[str, list[Row]]:
-    """Run cuobjdump on `elf` and return (arch, rows)."""
+    """Run cuobjdump on `elf` and return (arch, rows); under $GPUOPT_TOOL_STORE a result kept for the same ELF,
+    arguments, cuobjdump and parser is read instead."""
+    import pickle
+
     elf = Path(elf)
     if not elf.is_file():
         raise ToolError(f"no such file: {elf}")
     tool = cuobjdump or find_cuobjdump()
+    path = _analysis_path(elf, arch, tool, sm)
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                result = pickle.load(f)
+            os.utime(path)  # last read now: the test suite drops entries no run has read for a while
+            return result
+        except FileNotFoundError:
+            pass
+    result = _analyze_now(elf, arch, tool, sm)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(result, f)
+        os.replace(tmp, path)  # whole or absent, for a concurrent reader
+    return result
+
+
+def _analyze_now(elf: Path, arch: Optional[str], tool: str, sm: SMLimits) -> tuple[str, list[Row]]:
     res = _run([tool, "--dump-resource-usage", str(elf)])
     if "Fatbin elf code" not in res.stdout:
         msg = (res.stderr or res.stdout).strip()
@@ -863,4 +911,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # main of the module under its importable name: the results analyze keeps then name their classes as every
+    # reader of the store does (tools.cuda_resources.Row, not __main__.Row)
+    try:
+        from tools import cuda_resources as _module
+    except ImportError:
+        _module = sys.modules[__name__]
+    sys.exit(_module.main())
