@@ -466,11 +466,11 @@ def _wide_bwd_pass2(
 @triton.jit
 def ldr_bwd_wide_kernel(
     DY,  # (M, N) grad_out, x's dtype
-    X,  # (M, N) x
+    X,  # (M, N) x, 16-bit or fp32 (never fp64 here)
     W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
     B,  # (N,) bias, the weight's dtype, read for the ReLU bit (RELU); X without HAS_B, never read
-    MEAN,  # (M,) mean, fp32 (fp64 for fp64 x); RSTD for RMS, never read
-    RSTD,  # (M,) rstd, fp32 (fp64 for fp64 x)
+    MEAN,  # (M,) mean, fp32; RSTD for RMS, never read
+    RSTD,  # (M,) rstd, fp32
     SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
     DX,  # (M, N) grad_x, x's dtype
     PDW,  # (G, N) fp32 dgamma partial rows, G the grid's programs; not written without HAS_W

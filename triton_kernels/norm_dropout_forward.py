@@ -167,7 +167,7 @@ def ldr_fwd_looped_kernel(
     W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
     B,  # (N,) bias, the weight's dtype; X without HAS_B, never read
     SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
-    OUT,  # (M, N) out, x's dtype
+    OUT,  # (M, N) out, x's dtype, written in pass 2
     MEAN,  # (M,) mean, fp32 (fp64 for fp64 x); RSTD for RMS, never written
     RSTD,  # (M,) rstd, fp32 (fp64 for fp64 x)
     M,
