@@ -189,7 +189,7 @@ def bias_relu_bwd_kernel(
     ACT: tl.constexpr,
 ):
     """grad_x = out > 0 ? grad_out : 0 (ACT 0: the mask from the saved output) or grad_out * act'(x + b) (ACT 1-3);
-    PDB[g, j] = the sum of grad_x[r, j] over the rows r of row tiles g, g + G, ... (the grad_bias partials).
+    PDB[g, j] = the sum of grad_x[r, j], unrounded, over the rows r of row tiles g, g + G, ... (the grad_bias partials).
 
     Grid (column tiles, G row groups). OUT: the saved tensor, the output for ACT 0 (B unused: the launcher passes
     OUT), x for the others (B: the bias). Every argument is passed at every launch (Inductor's analysis of the kernel

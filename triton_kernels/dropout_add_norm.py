@@ -174,7 +174,7 @@ def _grad_chunk(
 @triton.jit
 def dan_fwd_fused_kernel(
     X, R,  # (M, N) x; (M, N) residual in S (x's dtype, or fp32 with residual_in_fp32), X without HAS_R: never read
-    W, B,  # (N,) weight (x's dtype or fp32) and bias (the weight's dtype); X where absent, never read
+    W, B,  # (N,) weight and bias, one dtype: x's or fp32; X where absent, never read
     SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
     OUT, SUM,  # (M, N) out in x's dtype; (M, N) the sum s in S, kept in registers as stored
     MEAN, RSTD,  # (M,) mean (RSTD for RMS, never written) and rstd, fp32 (fp64 for fp64 x)
@@ -237,7 +237,7 @@ def dan_fwd_fused_kernel(
 @triton.jit
 def dan_fwd_looped_kernel(
     X, R,  # (M, N) x; (M, N) residual in S (x's dtype, or fp32 with residual_in_fp32), X without HAS_R: never read
-    W, B,  # (N,) weight (x's dtype or fp32) and bias (the weight's dtype); X where absent, never read
+    W, B,  # (N,) weight and bias, one dtype: x's or fp32; X where absent, never read
     SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
     OUT, SUM,  # (M, N) out in x's dtype; (M, N) the sum s in S, written in pass 1 and read back in pass 2
     MEAN, RSTD,  # (M,) mean (RSTD for RMS, never written) and rstd, fp32 (fp64 for fp64 x)

@@ -289,7 +289,7 @@ def ldr_bwd_fused_kernel(
     DY,  # (M, N) grad_out, x's dtype
     X,  # (M, N) x
     W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
-    B,  # (N,) bias, the weight's dtype, read for the ReLU bit (RELU); X without HAS_B, never read
+    B,  # (N,) bias, x's dtype or fp32 (the weight's), read for the ReLU bit (RELU); X without HAS_B, never read
     MEAN,  # (M,) mean, fp32 (fp64 for fp64 x); RSTD for RMS, never read
     RSTD,  # (M,) rstd, fp32 (fp64 for fp64 x)
     SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
@@ -468,7 +468,7 @@ def ldr_bwd_wide_kernel(
     DY,  # (M, N) grad_out, x's dtype
     X,  # (M, N) x, 16-bit or fp32 (never fp64 here)
     W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
-    B,  # (N,) bias, the weight's dtype, read for the ReLU bit (RELU); X without HAS_B, never read
+    B,  # (N,) bias, x's dtype or fp32 (the weight's), read for the ReLU bit (RELU); X without HAS_B, never read
     MEAN,  # (M,) mean, fp32; RSTD for RMS, never read
     RSTD,  # (M,) rstd, fp32
     SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
@@ -540,7 +540,7 @@ def ldr_bwd_row_coef_kernel(
     DY,  # (M, N) grad_out, x's dtype
     X,  # (M, N) x
     W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
-    B,  # (N,) bias, the weight's dtype, read for the ReLU bit (RELU); X without HAS_B, never read
+    B,  # (N,) bias, x's dtype or fp32 (the weight's), read for the ReLU bit (RELU); X without HAS_B, never read
     MEAN,  # (M,) mean, fp32 (fp64 for fp64 x); RSTD for RMS, never read
     RSTD,  # (M,) rstd, fp32 (fp64 for fp64 x)
     SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
@@ -602,7 +602,7 @@ def ldr_bwd_chunk_kernel(
     DY,  # (M, N) grad_out, x's dtype
     X,  # (M, N) x
     W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
-    B,  # (N,) bias, the weight's dtype, read for the ReLU bit (RELU); X without HAS_B, never read
+    B,  # (N,) bias, x's dtype or fp32 (the weight's), read for the ReLU bit (RELU); X without HAS_B, never read
     MEAN,  # (M,) mean, fp32 (fp64 for fp64 x); RSTD for RMS, never read
     RSTD,  # (M,) rstd, fp32 (fp64 for fp64 x)
     SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT

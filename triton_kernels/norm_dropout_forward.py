@@ -84,7 +84,7 @@ def _fwd_chunk(
 def ldr_fwd_fused_kernel(
     X,  # (M, N) x
     W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
-    B,  # (N,) bias, the weight's dtype; X without HAS_B, never read
+    B,  # (N,) bias, x's dtype or fp32 (the weight's); X without HAS_B, never read
     SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
     OUT,  # (M, N) out, x's dtype
     MEAN,  # (M,) mean, fp32 (fp64 for fp64 x); RSTD for RMS, never written
@@ -165,7 +165,7 @@ def ldr_fwd_fused_kernel(
 def ldr_fwd_looped_kernel(
     X,  # (M, N) x, read twice (statistics, then the output)
     W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
-    B,  # (N,) bias, the weight's dtype; X without HAS_B, never read
+    B,  # (N,) bias, x's dtype or fp32 (the weight's); X without HAS_B, never read
     SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
     OUT,  # (M, N) out, x's dtype, written in pass 2
     MEAN,  # (M,) mean, fp32 (fp64 for fp64 x); RSTD for RMS, never written
