@@ -147,9 +147,9 @@ def act_derivative(z, ACT: tl.constexpr, IS_FP64: tl.constexpr):
 
 @triton.jit
 def bias_relu_fwd_kernel(
-    X,
-    B,
-    OUT,
+    X,  # (M, N) x
+    B,  # (N,) bias, x's dtype or fp32
+    OUT,  # (M, N) out, x's dtype
     M,
     N,
     IS_FP64: tl.constexpr,
@@ -158,6 +158,10 @@ def bias_relu_fwd_kernel(
     RTNE_BF16: tl.constexpr,
     ACT: tl.constexpr,
 ):
+    """out = act(x + b) in the accumulation dtype (fp32; fp64 for fp64 x), act by ACT: 0 relu (z <= 0 ? 0 : z, a NaN
+    passes), 1 gelu z * cdf(z), 2 gelu_tanh z * sigmoid(2u), 3 silu z * sigmoid(z) (act_forward).
+
+    Grid (row tiles, column tiles): a program takes one [BLOCK_M, BLOCK_N] tile."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -171,21 +175,25 @@ def bias_relu_fwd_kernel(
 
 @triton.jit
 def bias_relu_bwd_kernel(
-    DY,
-    OUT,
-    DX,
-    PDB,
+    DY,  # (M, N) grad_out, x's dtype
+    OUT,  # (M, N) the saved tensor, x's dtype: out for ACT 0, x for the others
+    DX,  # (M, N) grad_x, x's dtype
+    PDB,  # (G, N) grad_bias partial rows in the accumulation dtype (fp32; fp64 for fp64), G: the grid's row groups
     M,
     N,
     IS_FP64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     RTNE_BF16: tl.constexpr,
-    B,
+    B,  # (N,) bias, x's dtype or fp32, for ACT 1-3; OUT again for ACT 0, never read
     ACT: tl.constexpr,
 ):
-    """OUT: the saved tensor, the output for ACT 0 (B unused: the launcher passes OUT), x for the others (B: the
-    bias). Every argument is passed at every launch (Inductor's analysis of the kernel takes no defaults)."""
+    """grad_x = out > 0 ? grad_out : 0 (ACT 0: the mask from the saved output) or grad_out * act'(x + b) (ACT 1-3);
+    PDB[g, j] = the sum of grad_x[r, j], unrounded, over the rows r of row tiles g, g + G, ... (the grad_bias partials).
+
+    Grid (column tiles, G row groups). OUT: the saved tensor, the output for ACT 0 (B unused: the launcher passes
+    OUT), x for the others (B: the bias). Every argument is passed at every launch (Inductor's analysis of the kernel
+    takes no defaults)."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     pid = tl.program_id(1)
     num_groups = tl.num_programs(1)

@@ -45,9 +45,9 @@ def to_out(v, PTR, RTNE_BF16: tl.constexpr):
 
 @triton.jit
 def sum_partials_kernel(
-    P,
-    OUT,
-    OUT2,
+    P,  # (G, N) partial rows in the accumulation dtype (fp32; fp64 for fp64 data); with TWO a second set at P + SLAB
+    OUT,  # (N,) the first sum in its own dtype (dgamma, or the one sum: dbeta, or bias_act's grad_bias)
+    OUT2,  # (N,) the second sum (dbeta) with TWO; otherwise OUT again, never written
     G,
     N,
     SLAB,

@@ -173,13 +173,21 @@ def _grad_chunk(
 # -------------------------------------------------------------------------------------------------- forward
 @triton.jit
 def dan_fwd_fused_kernel(
-    X, R, W, B, SEED, OUT, SUM, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold,
+    X, R,  # (M, N) x; (M, N) residual in S (x's dtype, or fp32 with residual_in_fp32), X without HAS_R: never read
+    W, B,  # (N,) weight and bias, one dtype: x's or fp32; X where absent, never read
+    SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
+    OUT, SUM,  # (M, N) out in x's dtype; (M, N) the sum s in S, kept in registers as stored
+    MEAN, RSTD,  # (M,) mean (RSTD for RMS, never written) and rstd, fp32 (fp64 for fp64 x)
+    M, N, eps_hi, eps_lo, threshold,
     HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr, DROPOUT: tl.constexpr,
     FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CHUNKS: tl.constexpr, HOIST_PARAMS: tl.constexpr, EVEN_N: tl.constexpr, RTNE_BF16: tl.constexpr,
     MAPPED: tl.constexpr,
 ):  # fmt: skip
-    """Single-block forward, persistent: program p takes row tiles p, p + G, ... of BLOCK_M whole rows, one chunk
+    """s = (keep ? x * scale : 0) + r, stored in S and used as stored; out = xhat * w + b, xhat = (s - mean) * rstd,
+    rstd = 1 / sqrt(mean((s - mean)^2) + eps); RMS: xhat = s * rstd, rstd = 1 / sqrt(mean(s^2) + eps).
+
+    Single-block forward, persistent: program p takes row tiles p, p + G, ... of BLOCK_M whole rows, one chunk
     of BLOCK_N >= N columns or CHUNKS = 3 or 4 chunks of N / CHUNKS. Per tile: every chunk's x and residual are
     loaded and the sum stored before the first reduction; the statistics come from the registers, so x, the
     residual and the sum each cross DRAM once. The weight and bias are held across the loop with HOIST_PARAMS."""
@@ -228,12 +236,20 @@ def dan_fwd_fused_kernel(
 
 @triton.jit
 def dan_fwd_looped_kernel(
-    X, R, W, B, SEED, OUT, SUM, MEAN, RSTD, M, N, eps_hi, eps_lo, threshold,
+    X, R,  # (M, N) x; (M, N) residual in S (x's dtype, or fp32 with residual_in_fp32), X without HAS_R: never read
+    W, B,  # (N,) weight and bias, one dtype: x's or fp32; X where absent, never read
+    SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
+    OUT, SUM,  # (M, N) out in x's dtype; (M, N) the sum s in S, written in pass 1 and read back in pass 2
+    MEAN, RSTD,  # (M,) mean (RSTD for RMS, never written) and rstd, fp32 (fp64 for fp64 x)
+    M, N, eps_hi, eps_lo, threshold,
     HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr, DROPOUT: tl.constexpr,
     FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr,
     MAPPED: tl.constexpr,
 ):  # fmt: skip
-    """Looped forward for long rows: one row per program in BLOCK_N-column chunks. Pass 1 stores the sum and
+    """s = (keep ? x * scale : 0) + r, stored in S and used as stored; out = xhat * w + b, xhat = (s - mean) * rstd,
+    rstd = 1 / sqrt(mean((s - mean)^2) + eps); RMS: xhat = s * rstd, rstd = 1 / sqrt(mean(s^2) + eps).
+
+    Looped forward for long rows: one row per program in BLOCK_N-column chunks. Pass 1 stores the sum and
     merges the chunks' statistics (Chan's formula for LayerNorm, the sum of squares for RMSNorm); pass 2 re-reads
     the stored sum (the same threads' own stores) and writes the output."""
     scale = row_dropout_scale(threshold, IS_FP64)
@@ -272,13 +288,24 @@ def dan_fwd_looped_kernel(
 # ------------------------------------------------------------------------------------------------- backward
 @triton.jit
 def dan_bwd_fused_kernel(
-    DY, GS, S, W, MEAN, RSTD, SEED, DX, DRES, PDW, PDB, M, N, threshold,
+    DY, GS, S,  # (M, N) grad_out in x's dtype; (M, N) grad_sum and the saved sum s in S (GS: S without HAS_GS)
+    W,  # (N,) weight, x's dtype or fp32; S without HAS_W, never read
+    MEAN, RSTD,  # (M,) mean (RSTD for RMS, never read) and rstd, fp32 (fp64 for fp64 x)
+    SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
+    DX, DRES,  # (M, N) grad_x in x's dtype; (M, N) grad_residual in S (DX without HAS_R, never written)
+    PDW,  # (G, N) dgamma partial rows, fp32 (fp64 for fp64 x), G the grid's programs; not written without HAS_W
+    PDB,  # (G, N) dbeta partial rows, the set after PDW's (PDW's where there is no weight); written with HAS_B
+    M, N, threshold,
     HAS_GS: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
     DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, RTNE_BF16: tl.constexpr,
     MAPPED: tl.constexpr,
 ):  # fmt: skip
-    """Single-block backward, persistent over row tiles (1 chunk of BLOCK_N >= N columns or 3 chunks of N / 3, as
+    """dS = rstd * (dxhat - xhat * c1 - c2) + grad_sum, c1 = mean(dxhat * xhat), c2 = mean(dxhat) (RMS: no c2 term),
+    dxhat = dy * w, xhat = (s - mean) * rstd (RMS: s * rstd) of the stored sum s; grad_residual = dS, grad_x =
+    (keep ? dS : 0) * scale, the keep bits drawn again; PDW[g] = sum(dy * xhat), PDB[g] = sum(dy) over program g's rows.
+
+    Single-block backward, persistent over row tiles (1 chunk of BLOCK_N >= N columns or 3 chunks of N / 3, as
     tuples under tl.static_range): the sum and grad_out of every chunk are loaded before the reductions (c1, c2),
     xhat and dxhat computed once; grad_sum is read as each chunk's dS is formed. dgamma / dbeta accumulate
     element-wise in [BLOCK_M, BLOCK_N] register tiles, reduced over the rows once at the end into the program's
@@ -325,13 +352,16 @@ def dan_bwd_fused_kernel(
 
 @triton.jit
 def dan_bwd_wide_kernel(
-    DY, GS, S, W, MEAN, RSTD, SEED, DX, DRES, PDW, PDB, M, N, threshold,
+    DY, GS, S, W,  # (M, N) grad_out in x's dtype; grad_sum, sum s in S (GS: S without HAS_GS); (N,) weight (or S)
+    MEAN, RSTD, SEED,  # (M,) fp32 mean (RSTD for RMS) and rstd; (1,) int64 seed, or (4,) with the shard map (MAPPED)
+    DX, DRES, PDW, PDB, M, N, threshold,  # (M, N) grad_x, grad_residual in S (DX without HAS_R); (G, N) fp32 partials
     HAS_GS: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
     DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, RTNE_BF16: tl.constexpr, VEC: tl.constexpr, OPAQUE: tl.constexpr,
     HOLD: tl.constexpr, MAPPED: tl.constexpr,
 ):  # fmt: skip
-    """Single-block backward of the widest rows (N = CHUNKS x BLOCK_N, 12288 and 16384; not fp64), persistent, one
+    """dS = rstd * (dxhat - xhat * c1 - c2) + grad_sum, grad_x = (keep ? dS : 0) * scale: dan_bwd_fused_kernel's (fp32).
+    Single-block backward of the widest rows (N = CHUNKS x BLOCK_N, 12288 and 16384; not fp64), persistent, one
     row a tile, as layer_norm_dropout_relu's ldr_bwd_wide_kernel: every chunk of the sum and grad_out is loaded
     first and held raw (row_hold) across the row sums, which add per-thread parts chunk by chunk (row_thread_sums);
     after them each chunk's xhat and grad_out are converted again, the weight reloaded (its own cache modifier, so
@@ -404,10 +434,13 @@ def dan_bwd_wide_kernel(
 
 @triton.jit
 def dan_bwd_row_coef_kernel(
-    DY, S, W, MEAN, RSTD, C1, C2, M, N,
+    DY, S, W,  # (M, N) grad_out in x's dtype; (M, N) the saved sum s in S; (N,) weight (S without HAS_W, never read)
+    MEAN, RSTD,  # (M,) mean (RSTD for RMS, never read) and rstd, fp32 (fp64 for fp64 x)
+    C1, C2, M, N,  # (M,) c1 and c2 of each row, fp32 (fp64 for fp64 x)
     HAS_W: tl.constexpr, RMS: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program."""
+    """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program, dxhat = dy * w,
+    xhat = (s - mean) * rstd (RMS: s * rstd; c2 is written but not used)."""
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)
     row_mask = rows < M
     if RMS:
@@ -434,13 +467,23 @@ def dan_bwd_row_coef_kernel(
 
 @triton.jit
 def dan_bwd_chunk_kernel(
-    DY, GS, S, W, MEAN, RSTD, SEED, C1, C2, DX, DRES, PDW, PDB, M, N, threshold,
+    DY, GS, S,  # (M, N) grad_out in x's dtype; (M, N) grad_sum and the saved sum s in S (GS: S without HAS_GS)
+    W, MEAN, RSTD,  # (N,) weight (x's dtype or fp32; S if absent); (M,) mean (or RSTD for RMS) and rstd, fp32/fp64
+    SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
+    C1, C2,  # (M,) c1 and c2 of each row (dan_bwd_row_coef_kernel), fp32 (fp64 for fp64 x)
+    DX, DRES,  # (M, N) grad_x in x's dtype; (M, N) grad_residual in S (DX without HAS_R, never written)
+    PDW, PDB,  # (G, N) dgamma, dbeta partials, fp32 (fp64 for fp64 x), G the row groups; PDB = PDW when one is written
+    M, N, threshold,
     HAS_GS: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
     DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr,
     MAPPED: tl.constexpr,
 ):  # fmt: skip
-    """Looped backward, kernel B: grid (column chunks, row groups); grad_x, grad_residual and the dgamma / dbeta
+    """dS = rstd * (dxhat - xhat * c1 - c2) + grad_sum (RMS: no c2 term) with each row's c1, c2 from
+    dan_bwd_row_coef_kernel, dxhat = dy * w; grad_residual = dS, grad_x = (keep ? dS : 0) * scale; PDW[g] =
+    sum(dy * xhat), PDB[g] = sum(dy) over the rows of row tiles g, g + G, ..., in this program's column chunk.
+
+    Looped backward, kernel B: grid (column chunks, row groups); grad_x, grad_residual and the dgamma / dbeta
     partials. A program keeps one column chunk, so its weight columns are loaded once."""
     scale = row_dropout_scale(threshold, IS_FP64)
     col0 = tl.program_id(0) * BLOCK_N

@@ -118,10 +118,10 @@ def gated_keep(
 
 @triton.jit
 def gated_act_fwd_kernel(
-    GATE,
-    UP,
-    SEED,
-    OUT,
+    GATE,  # (M, F) gate, or with PACKED (M, 2F) = [gate | up]
+    UP,  # (M, F) up, gate's dtype; with PACKED GATE again, never read
+    SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
+    OUT,  # (M, F) out, gate's dtype
     M,
     F,
     NUMEL,
@@ -136,7 +136,8 @@ def gated_act_fwd_kernel(
     ACT: tl.constexpr,
     MAPPED: tl.constexpr,
 ):
-    """out = keep ? (act(gate) * up) * scale : 0. PACKED: up is GATE's second half (UP is not read)."""
+    """out = keep ? (act(gate) * up) * scale : 0, scale = 65536 / (65536 - t), in the accumulation dtype (fp32; fp64
+    for fp64). PACKED: up is GATE's second half (UP is not read)."""
     offs, in_offs, mask, base, col0 = gated_tile_offsets(M, F, NUMEL, PACKED, BLOCK_M, BLOCK_N)
     g, u = gated_load_inputs(GATE, UP, in_offs, mask, F, PACKED, IS_FP64)
     h = act_forward(g, ACT, IS_FP64) * u
@@ -148,12 +149,12 @@ def gated_act_fwd_kernel(
 
 @triton.jit
 def gated_act_bwd_kernel(
-    DY,
-    GATE,
-    UP,
-    SEED,
-    DGATE,
-    DUP,
+    DY,  # (M, F) grad_out, gate's dtype
+    GATE,  # (M, F) gate, or with PACKED (M, 2F) = [gate | up]
+    UP,  # (M, F) up, gate's dtype; with PACKED GATE again, never read
+    SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
+    DGATE,  # (M, F) grad_gate, or with PACKED (M, 2F) = [grad_gate | grad_up]; gate's dtype
+    DUP,  # (M, F) grad_up, gate's dtype; with PACKED the op's (0,) grad_up (or DGATE), never written
     M,
     F,
     NUMEL,
@@ -168,7 +169,10 @@ def gated_act_bwd_kernel(
     ACT: tl.constexpr,
     MAPPED: tl.constexpr,
 ):
-    """grad_gate and grad_up in one pass from grad_out and the saved inputs (the activation and keep bits
+    """gh = keep ? grad_out * scale : 0; grad_up = gh * act(gate); grad_gate = (gh * up) * act'(gate) (ACT 0:
+    gate > 0 ? gh * up : 0), in the accumulation dtype.
+
+    grad_gate and grad_up in one pass from grad_out and the saved inputs (the activation and keep bits
     recomputed). PACKED: up is GATE's second half and grad_up DGATE's (UP and DUP are neither read nor written)."""
     offs, in_offs, mask, base, col0 = gated_tile_offsets(M, F, NUMEL, PACKED, BLOCK_M, BLOCK_N)
     dy = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)

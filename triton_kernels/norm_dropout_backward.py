@@ -286,16 +286,16 @@ def _bwd_outputs(
 
 @triton.jit
 def ldr_bwd_fused_kernel(
-    DY,
-    X,
-    W,
-    B,
-    MEAN,
-    RSTD,
-    SEED,
-    DX,
-    PDW,
-    PDB,
+    DY,  # (M, N) grad_out, x's dtype
+    X,  # (M, N) x
+    W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
+    B,  # (N,) bias, x's dtype or fp32 (the weight's), read for the ReLU bit (RELU); X without HAS_B, never read
+    MEAN,  # (M,) mean, fp32 (fp64 for fp64 x); RSTD for RMS, never read
+    RSTD,  # (M,) rstd, fp32 (fp64 for fp64 x)
+    SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
+    DX,  # (M, N) grad_x, x's dtype
+    PDW,  # (G, N) dgamma partial rows, fp32 (fp64 for fp64 x), G the grid's programs; not written without HAS_W
+    PDB,  # (G, N) dbeta partial rows, the set after PDW's (PDW's where there is no weight); written with HAS_B
     M,
     N,
     threshold,
@@ -312,7 +312,12 @@ def ldr_bwd_fused_kernel(
     RELU: tl.constexpr,
     MAPPED: tl.constexpr,
 ):
-    """Single-block backward, persistent: program p takes row tiles p, p + G, ...; a row is 1 chunk of BLOCK_N >= N
+    """dx = rstd * (dxhat - xhat * c1 - c2), c1 = mean(dxhat * xhat), c2 = mean(dxhat) (RMS: no c2 term), dxhat =
+    dy' * w, dy' = keep & (y > 0) ? dy * scale : 0 (no RELU: keep ? dy * scale : 0), xhat = (x - mean) * rstd (RMS:
+    x * rstd), the ReLU bit from y = xhat * w + b recomputed, the keep bits drawn again; PDW[g] = sum(dy' * xhat),
+    PDB[g] = sum(dy') over program g's rows.
+
+    Single-block backward, persistent: program p takes row tiles p, p + G, ...; a row is 1 chunk of BLOCK_N >= N
     columns or 3 chunks of N / 3 (tuples under tl.static_range), as the forward. A tile's loads (x, grad_out, mean,
     rstd, weight and bias of every chunk) all come before its reductions; xhat, dy and dxhat are computed once;
     dgamma/dbeta accumulate in [BLOCK_M, BLOCK_N] register tiles per chunk, reduced over the rows once at the end
@@ -460,16 +465,16 @@ def _wide_bwd_pass2(
 
 @triton.jit
 def ldr_bwd_wide_kernel(
-    DY,
-    X,
-    W,
-    B,
-    MEAN,
-    RSTD,
-    SEED,
-    DX,
-    PDW,
-    PDB,
+    DY,  # (M, N) grad_out, x's dtype
+    X,  # (M, N) x, 16-bit or fp32 (never fp64 here)
+    W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
+    B,  # (N,) bias, x's dtype or fp32 (the weight's), read for the ReLU bit (RELU); X without HAS_B, never read
+    MEAN,  # (M,) mean, fp32; RSTD for RMS, never read
+    RSTD,  # (M,) rstd, fp32
+    SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
+    DX,  # (M, N) grad_x, x's dtype
+    PDW,  # (G, N) fp32 dgamma partial rows, G the grid's programs; not written without HAS_W
+    PDB,  # (G, N) fp32 dbeta partial rows, the set after PDW's (PDW's where there is no weight); written with HAS_B
     M,
     N,
     threshold,
@@ -489,7 +494,11 @@ def ldr_bwd_wide_kernel(
     HOLD: tl.constexpr,
     MAPPED: tl.constexpr,
 ):
-    """Single-block backward of the widest rows (N = CHUNKS x BLOCK_N, 12288 and 16384; not fp64), persistent, one
+    """ldr_bwd_fused_kernel's dx and partials with the dropout scale factored out: gm = keep & (y > 0) ? dy : 0 in
+    dy's dtype (no RELU: keep ? dy : 0), c1 = scale * mean(gm * w * xhat), c2 = scale * mean(gm * w) (not for RMS);
+    dx = rstd * (scale * gm * w - xhat * c1 - c2); PDW[g] = scale * sum(gm * xhat), PDB[g] = scale * sum(gm).
+
+    Single-block backward of the widest rows (N = CHUNKS x BLOCK_N, 12288 and 16384; not fp64), persistent, one
     row a tile, in two passes over the row's chunks (_wide_bwd_pass1: the keep and ReLU bits and the row sums'
     per-thread parts; one reduction per coefficient; _wide_bwd_pass2: dx and dgamma / dbeta). Live across the row
     sums: the raw row (1 register an element for 16-bit data) and the accumulators (1 or 2), where the fused
@@ -528,15 +537,15 @@ def ldr_bwd_wide_kernel(
 
 @triton.jit
 def ldr_bwd_row_coef_kernel(
-    DY,
-    X,
-    W,
-    B,
-    MEAN,
-    RSTD,
-    SEED,
-    C1,
-    C2,
+    DY,  # (M, N) grad_out, x's dtype
+    X,  # (M, N) x
+    W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
+    B,  # (N,) bias, x's dtype or fp32 (the weight's), read for the ReLU bit (RELU); X without HAS_B, never read
+    MEAN,  # (M,) mean, fp32 (fp64 for fp64 x); RSTD for RMS, never read
+    RSTD,  # (M,) rstd, fp32 (fp64 for fp64 x)
+    SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
+    C1,  # (M,) c1 of each row, fp32 (fp64 for fp64 x)
+    C2,  # (M,) c2 of each row, fp32 (fp64 for fp64 x); not written for RMS
     M,
     N,
     threshold,
@@ -552,7 +561,7 @@ def ldr_bwd_row_coef_kernel(
     MAPPED: tl.constexpr,
 ):
     """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program (RMS: c1 only,
-    C2 is not written)."""
+    C2 is not written), dxhat = dy' * w and xhat as in ldr_bwd_fused_kernel (the ReLU and keep bits recomputed)."""
     scale = row_dropout_scale(threshold, IS_FP64)
     seed = row_load_seed(SEED, DROPOUT)
     mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
@@ -590,18 +599,18 @@ def ldr_bwd_row_coef_kernel(
 
 @triton.jit
 def ldr_bwd_chunk_kernel(
-    DY,
-    X,
-    W,
-    B,
-    MEAN,
-    RSTD,
-    SEED,
-    C1,
-    C2,
-    DX,
-    PDW,
-    PDB,
+    DY,  # (M, N) grad_out, x's dtype
+    X,  # (M, N) x
+    W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
+    B,  # (N,) bias, x's dtype or fp32 (the weight's), read for the ReLU bit (RELU); X without HAS_B, never read
+    MEAN,  # (M,) mean, fp32 (fp64 for fp64 x); RSTD for RMS, never read
+    RSTD,  # (M,) rstd, fp32 (fp64 for fp64 x)
+    SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
+    C1,  # (M,) c1 of each row (ldr_bwd_row_coef_kernel), fp32 (fp64 for fp64 x)
+    C2,  # (M,) c2 of each row, fp32 (fp64 for fp64 x); not read for RMS
+    DX,  # (M, N) grad_x, x's dtype
+    PDW,  # (G, N) dgamma partial rows, fp32 (fp64 for fp64 x), G the row groups; not written without HAS_W
+    PDB,  # (G, N) dbeta partial rows, the set after PDW's (PDW's where there is no weight); written with HAS_B
     M,
     N,
     threshold,
@@ -617,7 +626,11 @@ def ldr_bwd_chunk_kernel(
     RELU: tl.constexpr,
     MAPPED: tl.constexpr,
 ):
-    """Looped backward, kernel B: grid (column chunks, row groups); dx and the dgamma/dbeta partials. A program
+    """dx = rstd * (dxhat - xhat * c1 - c2) (RMS: no c2 term) with each row's c1, c2 from ldr_bwd_row_coef_kernel,
+    dxhat = dy' * w as in ldr_bwd_fused_kernel; PDW[g] = sum(dy' * xhat), PDB[g] = sum(dy') over the rows of row
+    tiles g, g + G, ..., in this program's column chunk.
+
+    Looped backward, kernel B: grid (column chunks, row groups); dx and the dgamma/dbeta partials. A program
     keeps one column chunk, so its weight and bias columns are loaded once. RMS: MEAN and C2 are not read."""
     scale = row_dropout_scale(threshold, IS_FP64)
     col0 = tl.program_id(0) * BLOCK_N

@@ -82,13 +82,13 @@ def _fwd_chunk(
 # -------------------------------------------------------------------------------------------------- forward
 @triton.jit
 def ldr_fwd_fused_kernel(
-    X,
-    W,
-    B,
-    SEED,
-    OUT,
-    MEAN,
-    RSTD,
+    X,  # (M, N) x
+    W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
+    B,  # (N,) bias, x's dtype or fp32 (the weight's); X without HAS_B, never read
+    SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
+    OUT,  # (M, N) out, x's dtype
+    MEAN,  # (M,) mean, fp32 (fp64 for fp64 x); RSTD for RMS, never written
+    RSTD,  # (M,) rstd, fp32 (fp64 for fp64 x)
     M,
     N,
     eps_hi,
@@ -109,7 +109,10 @@ def ldr_fwd_fused_kernel(
     RELU: tl.constexpr,
     MAPPED: tl.constexpr,
 ):
-    """Single-block forward, persistent: program p takes row tiles p, p + G, ... of BLOCK_M whole rows. A row is
+    """out = keep ? relu(y) * scale : 0 (no RELU: keep ? y * scale : 0), y = xhat * w + b, xhat = (x - mean) * rstd,
+    rstd = 1 / sqrt(mean((x - mean)^2) + eps); RMS: xhat = x * rstd, rstd = 1 / sqrt(mean(x^2) + eps).
+
+    Single-block forward, persistent: program p takes row tiles p, p + G, ... of BLOCK_M whole rows. A row is
     one chunk of BLOCK_N >= N columns, or CHUNKS = 3 or 4 chunks of BLOCK_N = N / CHUNKS (no padded lanes at
     N = 3 x 2^k; a chunk as wide as one warp's vectors at N = 4 x 2^k, so that the rows lie along the warps and
     each thread holds more of a row). The dropout scale, 1/N and eps are computed once per program; with
@@ -160,13 +163,13 @@ def ldr_fwd_fused_kernel(
 
 @triton.jit
 def ldr_fwd_looped_kernel(
-    X,
-    W,
-    B,
-    SEED,
-    OUT,
-    MEAN,
-    RSTD,
+    X,  # (M, N) x, read twice (statistics, then the output)
+    W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
+    B,  # (N,) bias, x's dtype or fp32 (the weight's); X without HAS_B, never read
+    SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
+    OUT,  # (M, N) out, x's dtype, written in pass 2
+    MEAN,  # (M,) mean, fp32 (fp64 for fp64 x); RSTD for RMS, never written
+    RSTD,  # (M,) rstd, fp32 (fp64 for fp64 x)
     M,
     N,
     eps_hi,
@@ -183,7 +186,10 @@ def ldr_fwd_looped_kernel(
     RELU: tl.constexpr,
     MAPPED: tl.constexpr,
 ):
-    """Looped forward for long rows: one row per program, BLOCK_N-column chunks, two passes over x. Pass 1 merges
+    """out = keep ? relu(y) * scale : 0 (no RELU: keep ? y * scale : 0), y = xhat * w + b, xhat = (x - mean) * rstd,
+    rstd = 1 / sqrt(mean((x - mean)^2) + eps); RMS: xhat = x * rstd, rstd = 1 / sqrt(mean(x^2) + eps).
+
+    Looped forward for long rows: one row per program, BLOCK_N-column chunks, two passes over x. Pass 1 merges
     the chunks' statistics (Chan's formula for LayerNorm, the running sum of squares for RMSNorm)."""
     scale = row_dropout_scale(threshold, IS_FP64)
     seed = row_load_seed(SEED, DROPOUT)
