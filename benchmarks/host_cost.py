@@ -48,9 +48,9 @@ class _Counter:
 
 def cases(dtype: torch.dtype, n: int, mbytes: float):
     """(op, direction, ideal bytes, launcher call(wrap)) for one shape."""
-    from gpuopt_ops.triton_kernels import bias_relu as BR
+    from gpuopt_ops.triton_kernels import bias_act as BR
     from gpuopt_ops.triton_kernels import dropout_add_norm as DAN
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as LDR
+    from gpuopt_ops.triton_kernels import norm_dropout as LDR
 
     m = max(1, int(mbytes * 2**20) // (n * dtype.itemsize))
     e = dtype.itemsize * m * n
@@ -164,7 +164,7 @@ class _MetaCase:
 
 def _ldr_case(c: _MetaCase, name, fwd_op, bwd_op, check, flags, flag_kw):
     """layer_norm_dropout_relu, or norm_dropout with its flags: layer_norm_dropout_relu's kernels."""
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as LDR
+    from gpuopt_ops.triton_kernels import norm_dropout as LDR
 
     m, n, t, seed, p, eps = c.m, c.n, c.t, c.seed, c.p, c.eps
 
@@ -190,7 +190,7 @@ def _bias_case(c: _MetaCase, name, act):
     """bias_relu (act None) or bias_act with act code `act`: bias_relu's kernels."""
     from gpuopt_ops import checks as V
     from gpuopt_ops import triton_ops as T
-    from gpuopt_ops.triton_kernels import bias_relu as BR
+    from gpuopt_ops.triton_kernels import bias_act as BR
 
     m, n, t, f32 = c.m, c.n, c.t, torch.float32
 

@@ -77,11 +77,11 @@ from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
 from torch._subclasses.functional_tensor import FunctionalTensorMode  # noqa: E402
 from torch.library import triton_op, wrap_triton  # noqa: E402
 
-from gpuopt_ops.triton_kernels import bias_relu as _BR  # noqa: E402
+from gpuopt_ops.triton_kernels import bias_act as _BR  # noqa: E402
 from gpuopt_ops.triton_kernels import common as _COMMON  # noqa: E402
 from gpuopt_ops.triton_kernels import dropout_add_norm as _DAN  # noqa: E402
 from gpuopt_ops.triton_kernels import gated_act as _GA  # noqa: E402
-from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as _LDR  # noqa: E402
+from gpuopt_ops.triton_kernels import norm_dropout as _ND  # noqa: E402
 
 from . import checks as V  # noqa: E402
 from . import dtensor  # noqa: E402
@@ -106,7 +106,7 @@ def _launch_wrapper():
     loses nothing, since under the interpreter the ops are opaque to torch.compile anyway. Decided by trying
     wrap_triton once (capability, not version)."""
     try:
-        wrap_triton(_LDR.ldr_fwd_fused_kernel)
+        wrap_triton(_ND.nd_fwd_fused_kernel)
     except RuntimeError:
         if INTERPRETED:
             return _COMMON.launch_directly
@@ -131,24 +131,24 @@ def _kept_wrappers(wrap):
 _WRAP = _launch_wrapper()
 
 _KERNELS = {
-    "gpuopt::triton_layer_norm_dropout_relu": [_LDR.ldr_fwd_fused_kernel, _LDR.ldr_fwd_looped_kernel],
+    "gpuopt::triton_layer_norm_dropout_relu": [_ND.nd_fwd_fused_kernel, _ND.nd_fwd_looped_kernel],
     "gpuopt::triton_layer_norm_dropout_relu_backward": [
-        _LDR.ldr_bwd_fused_kernel,
-        _LDR.ldr_bwd_row_coef_kernel,
-        _LDR.ldr_bwd_chunk_kernel,
+        _ND.nd_bwd_fused_kernel,
+        _ND.nd_bwd_row_coef_kernel,
+        _ND.nd_bwd_chunk_kernel,
         _COMMON.sum_partials_kernel,
     ],
-    "gpuopt::triton_norm_dropout": [_LDR.ldr_fwd_fused_kernel, _LDR.ldr_fwd_looped_kernel],
+    "gpuopt::triton_norm_dropout": [_ND.nd_fwd_fused_kernel, _ND.nd_fwd_looped_kernel],
     "gpuopt::triton_norm_dropout_backward": [
-        _LDR.ldr_bwd_fused_kernel,
-        _LDR.ldr_bwd_row_coef_kernel,
-        _LDR.ldr_bwd_chunk_kernel,
+        _ND.nd_bwd_fused_kernel,
+        _ND.nd_bwd_row_coef_kernel,
+        _ND.nd_bwd_chunk_kernel,
         _COMMON.sum_partials_kernel,
     ],
-    "gpuopt::triton_bias_relu": [_BR.bias_relu_fwd_kernel],
-    "gpuopt::triton_bias_relu_backward": [_BR.bias_relu_bwd_kernel, _COMMON.sum_partials_kernel],
-    "gpuopt::triton_bias_act": [_BR.bias_relu_fwd_kernel],
-    "gpuopt::triton_bias_act_backward": [_BR.bias_relu_bwd_kernel, _COMMON.sum_partials_kernel],
+    "gpuopt::triton_bias_relu": [_BR.bias_act_fwd_kernel],
+    "gpuopt::triton_bias_relu_backward": [_BR.bias_act_bwd_kernel, _COMMON.sum_partials_kernel],
+    "gpuopt::triton_bias_act": [_BR.bias_act_fwd_kernel],
+    "gpuopt::triton_bias_act_backward": [_BR.bias_act_bwd_kernel, _COMMON.sum_partials_kernel],
     "gpuopt::triton_dropout_add_norm": [_DAN.dan_fwd_fused_kernel, _DAN.dan_fwd_looped_kernel],
     "gpuopt::triton_dropout_add_norm_backward": [
         _DAN.dan_bwd_fused_kernel,
@@ -236,7 +236,7 @@ def _norm_forward(op: str, m: int, x, weight, bias, seed, p: float, eps: float, 
     mean = torch.empty((0,) if rms else (m,), dtype=acc, device=x.device)
     rstd = torch.empty((m,), dtype=acc, device=x.device)
     if not _skip_launch(x, op):
-        _LDR.launch_forward(
+        _ND.launch_forward(
             x, _contig(weight), _contig(bias), seed, out, mean, rstd, p, eps, rms=rms, relu=relu, wrap=_WRAP
         )
     return out, mean, rstd
@@ -250,7 +250,7 @@ def _norm_backward(op: str, n: int, param_dtype, grad_out, x, weight, bias, mean
     grad_w = torch.empty((n,) if weight is not None else (0,), dtype=param_dtype, device=x.device)
     grad_b = torch.empty((n,) if bias is not None else (0,), dtype=param_dtype, device=x.device)
     if not _skip_launch(x, op):
-        _LDR.launch_backward(
+        _ND.launch_backward(
             grad_out.contiguous(),
             x,
             _contig(weight),

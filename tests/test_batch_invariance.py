@@ -592,7 +592,7 @@ def test_triton_wide_and_looped_backward_agree(backend, triton_plan):
 
 @pytest.mark.xfail(
     strict=True,
-    reason=WIDE_DIFFERS.format(wide="ldr_bwd_wide_kernel", looped="ldr_bwd_row_coef_kernel + ldr_bwd_chunk_kernel"),
+    reason=WIDE_DIFFERS.format(wide="nd_bwd_wide_kernel", looped="nd_bwd_row_coef_kernel + nd_bwd_chunk_kernel"),
 )
 @pytest.mark.parametrize("backend", backend_params("triton-interpret"))
 def test_triton_wide_and_looped_backward_bits(backend, triton_plan):

@@ -239,7 +239,7 @@ def test_inductor_sees_the_triton_kernels(backend):
     x = torch.randn(33, 256, device="cuda")
     _, codes = run_and_get_code(torch.compile(model, fullgraph=True), x, seed_tensor(3, "cuda"))
     code = "\n".join(codes)
-    assert "ldr_fwd_fused_kernel" in code and "bias_relu_fwd_kernel" in code
+    assert "nd_fwd_fused_kernel" in code and "bias_act_fwd_kernel" in code
 
 
 def test_triton_helpers_are_called_by_their_own_names():

@@ -585,7 +585,7 @@ def test_triton_n16384_forward_is_one_pass_unless_the_compiled_kernel_spills(op)
     pytest.importorskip("triton")
     from gpuopt_ops.triton_kernels import common, plans
     from gpuopt_ops.triton_kernels import dropout_add_norm as dan_kernels
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+    from gpuopt_ops.triton_kernels import norm_dropout as ldr_kernels
 
     bf16 = torch.bfloat16
     capped = plans.ROW_LIMITS.capped(8192)
@@ -606,7 +606,7 @@ def test_triton_n16384_forward_is_one_pass_unless_the_compiled_kernel_spills(op)
 
     meta = lambda *s, dt=torch.bfloat16: torch.empty(s, device="meta", dtype=dt)  # noqa: E731
     m, n, f32 = 64, 16384, torch.float32
-    prefix = "ldr" if op == "layer_norm_dropout_relu" else "dan"
+    prefix = "nd" if op == "layer_norm_dropout_relu" else "dan"
     fused, looped = f"{prefix}_fwd_fused_kernel", f"{prefix}_fwd_looped_kernel"
     cases = (  # (spills of the kernel holding the parameters, without them), what launches
         ((0, 0), (fused, (64,), 16, True)),
@@ -638,7 +638,7 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
     columns of dgamma and of dbeta."""
     pytest.importorskip("triton")
     from gpuopt_ops.triton_kernels import common, plans
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+    from gpuopt_ops.triton_kernels import norm_dropout as ldr_kernels
 
     cfg = plans.backward_config(8192, dtype)
     assert cfg.fused and cfg.block_m == 1 and cfg.block_n == 8192 and cfg.num_warps == 16
@@ -670,8 +670,8 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
         # without a compiled kernel to ask (meta tensors, no hook): the planning rule, PLANNING_REGS registers
         assert per_sm == common.resident_programs_per_sm(common.KernelFacts(64 if hook else 128, 1024, 16))
         block_n = common.sum_partials_config(sms * per_sm, 8192, 2)[1]  # stage 2: <= 264 programs
-        assert launched == [("ldr_bwd_fused_kernel", (sms * per_sm,)), ("sum_partials_kernel", (8192 // block_n, 2))]
-    assert asked == [("ldr_bwd_fused_kernel", 16)]
+        assert launched == [("nd_bwd_fused_kernel", (sms * per_sm,)), ("sum_partials_kernel", (8192 // block_n, 2))]
+    assert asked == [("nd_bwd_fused_kernel", 16)]
 
 
 @pytest.mark.parametrize("backend", TRITON)
@@ -708,7 +708,7 @@ def test_triton_n8192_takes_the_fused_backward_with_a_grid_from_the_sm_count(dty
     ],
 )
 def test_triton_wide_backward_matches_reference(backend, n, dtype, op, extra, monkeypatch):
-    """N = 12288 and 16384 plan the wide single-block backward (ldr_bwd_wide_kernel / dan_bwd_wide_kernel: 4096-column
+    """N = 12288 and 16384 plan the wide single-block backward (nd_bwd_wide_kernel / dan_bwd_wide_kernel: 4096-column
     chunks at 16 warps; the interpreter has no compiled kernel to report spills, so it always runs it, where a GPU
     runs the looped kernels for the kinds that spill): the fp64 reference, every output and gradient; ReLU or
     not, no parameters, bias only in fp32, p = 0, prenorm and an fp32 sum. hold="half": the kernel holding half
@@ -753,7 +753,7 @@ def test_triton_wide_backward_is_one_pass_unless_the_compiled_kernel_spills(op, 
     pytest.importorskip("triton")
     from gpuopt_ops.triton_kernels import common, plans
     from gpuopt_ops.triton_kernels import dropout_add_norm as dan_kernels
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+    from gpuopt_ops.triton_kernels import norm_dropout as ldr_kernels
 
     bf16, f32 = torch.bfloat16, torch.float32
     capped = plans.ROW_LIMITS.capped(8192)
@@ -780,7 +780,7 @@ def test_triton_wide_backward_is_one_pass_unless_the_compiled_kernel_spills(op, 
         return Launch()
 
     meta = lambda *s, dt=bf16: torch.empty(s, device="meta", dtype=dt)  # noqa: E731
-    prefix = "ldr" if op == "layer_norm_dropout_relu" else "dan"
+    prefix = "nd" if op == "layer_norm_dropout_relu" else "dan"
     looped = [f"{prefix}_bwd_row_coef_kernel", f"{prefix}_bwd_chunk_kernel", "sum_partials_kernel"]
     chunks = n // 4096
     rungs = plans.wide_holds(cfg, n)  # one chunk fewer at a time, down to half the row
@@ -829,7 +829,7 @@ def test_triton_bias_act_tiles_and_row_groups():
     (N = 768: 256 columns, not 1024 with a quarter masked off); the backward's row groups fill whole waves, taking
     two waves where one leaves more than 3 % of the slots idle (N = 12288: 48 tiles x 5 = 240 on 264 slots)."""
     pytest.importorskip("triton")
-    from gpuopt_ops.triton_kernels import bias_relu as br_kernels
+    from gpuopt_ops.triton_kernels import bias_act as br_kernels
     from gpuopt_ops.triton_kernels import common
 
     assert br_kernels._tile(768) == (16, 256)
@@ -850,9 +850,9 @@ def test_triton_every_launch_runs_under_the_tensors_device(monkeypatch):
     pytest.importorskip("triton")
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from gpuopt_ops.triton_kernels import bias_relu as br_kernels
+    from gpuopt_ops.triton_kernels import bias_act as br_kernels
     from gpuopt_ops.triton_kernels import common
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+    from gpuopt_ops.triton_kernels import norm_dropout as ldr_kernels
 
     monkeypatch.setattr(torch.cuda, "device", GuardRecorder)
     launched = []
@@ -880,14 +880,14 @@ def test_triton_every_launch_runs_under_the_tensors_device(monkeypatch):
             br_kernels.launch_forward(x, w, x, wrap=wrap)
             br_kernels.launch_backward(x, x, x, w, wrap=wrap)
     assert {k for k, _ in launched} == {
-        "ldr_fwd_fused_kernel",
-        "ldr_fwd_looped_kernel",
-        "ldr_bwd_fused_kernel",
-        "ldr_bwd_row_coef_kernel",
-        "ldr_bwd_chunk_kernel",
+        "nd_fwd_fused_kernel",
+        "nd_fwd_looped_kernel",
+        "nd_bwd_fused_kernel",
+        "nd_bwd_row_coef_kernel",
+        "nd_bwd_chunk_kernel",
         "sum_partials_kernel",
-        "bias_relu_fwd_kernel",
-        "bias_relu_bwd_kernel",
+        "bias_act_fwd_kernel",
+        "bias_act_bwd_kernel",
     }
     assert all(d == dev for _, d in launched), launched
     assert not GuardRecorder.current

@@ -228,7 +228,7 @@ def test_threshold_and_scale_match_the_reference(backend):
     n = 256
     op = backend.op("layer_norm_dropout_relu")
     if backend.triton:
-        from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+        from gpuopt_ops.triton_kernels import norm_dropout as ldr_kernels
     for p in [0.0, 1e-6, 0.5 / 65536, 0.49999 / 65536, 0.1, 0.25, 1 / 3, 0.5, 0.9, 1 - 1e-6, 1 - 0.5 / 65536, 1.0]:
         t = R.dropout_threshold(p)
         if backend.triton:
@@ -426,7 +426,7 @@ def off_by_one_triton_kernels(tmp_path):
     """The Triton LayerNorm kernels rebuilt from their own source with the Philox group counter off by one (both
     RNG paths, in the shared row helpers of triton_kernels/rows.py), as modules of the installed package: a
     deliberately wrong kernel that nothing in the product can switch on."""
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as ldr_kernels
+    from gpuopt_ops.triton_kernels import norm_dropout as ldr_kernels
     from gpuopt_ops.triton_kernels import norm_dropout_forward as fwd_kernels
     from gpuopt_ops.triton_kernels import rows as row_helpers
 

@@ -89,7 +89,7 @@ def test_triton_kernels_install_inside_gpuopt_ops():
         assert "'gpuopt_ops.triton_kernels'" in mapping or "'gpuopt_ops'" in mapping, mapping
         assert not re.search(r"['\"]triton_kernels['\"]\s*:", mapping), mapping
     else:
-        assert "gpuopt_ops/triton_kernels/layer_norm_dropout_relu.py" in files
+        assert "gpuopt_ops/triton_kernels/norm_dropout.py" in files
         assert not [f for f in files if f.startswith("triton_kernels/")]
     top = installed_distribution().read_text("top_level.txt") or ""
     assert "triton_kernels" not in top.split(), top

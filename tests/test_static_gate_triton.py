@@ -33,11 +33,11 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 PERSISTENT = (
-    "ldr_fwd_fused_kernel",
-    "ldr_bwd_fused_kernel",
-    "ldr_bwd_wide_kernel",
-    "ldr_bwd_chunk_kernel",
-    "bias_relu_bwd_kernel",
+    "nd_fwd_fused_kernel",
+    "nd_bwd_fused_kernel",
+    "nd_bwd_wide_kernel",
+    "nd_bwd_chunk_kernel",
+    "bias_act_bwd_kernel",
     "dan_fwd_fused_kernel",
     "dan_bwd_fused_kernel",
     "dan_bwd_wide_kernel",
@@ -45,25 +45,25 @@ PERSISTENT = (
 )
 # grid (G,): exactly SMs x programs per SM
 ONE_AXIS = (
-    "ldr_fwd_fused_kernel",
-    "ldr_bwd_fused_kernel",
-    "ldr_bwd_wide_kernel",
+    "nd_fwd_fused_kernel",
+    "nd_bwd_fused_kernel",
+    "nd_bwd_wide_kernel",
     "dan_fwd_fused_kernel",
     "dan_bwd_fused_kernel",
     "dan_bwd_wide_kernel",
 )
 # the wide backwards (N = 12288, 16384) hold the raw row in registers: compiled without alignment hints (scalar
 # loads) they spill, as the fused N = 8192 backward does, so the unhinted checks leave them out
-WIDE = {"ldr_bwd_wide_kernel", "dan_bwd_wide_kernel"}
+WIDE = {"nd_bwd_wide_kernel", "dan_bwd_wide_kernel"}
 KERNELS = WIDE | {
-    "ldr_fwd_fused_kernel",
-    "ldr_fwd_looped_kernel",
-    "ldr_bwd_fused_kernel",
-    "ldr_bwd_row_coef_kernel",
-    "ldr_bwd_chunk_kernel",
+    "nd_fwd_fused_kernel",
+    "nd_fwd_looped_kernel",
+    "nd_bwd_fused_kernel",
+    "nd_bwd_row_coef_kernel",
+    "nd_bwd_chunk_kernel",
     "sum_partials_kernel",
-    "bias_relu_fwd_kernel",
-    "bias_relu_bwd_kernel",
+    "bias_act_fwd_kernel",
+    "bias_act_bwd_kernel",
     "dan_fwd_fused_kernel",
     "dan_fwd_looped_kernel",
     "dan_bwd_fused_kernel",
@@ -130,7 +130,7 @@ def test_no_spills_and_shared_memory_within_the_sm90_limit(gate):
 
 def test_n8192_takes_the_fused_backward(gate):
     rows = gate[0]["rows"]
-    for op, prefix in (("ldr_bwd", "ldr"), ("dan_bwd", "dan"), ("dan_rms_bwd", "dan"), ("nd_rms_bwd", "ldr")):
+    for op, prefix in (("ldr_bwd", "nd"), ("dan_bwd", "dan"), ("dan_rms_bwd", "dan"), ("nd_rms_bwd", "nd")):
         for dtype in ("fp16", "bf16", "fp32") if op != "nd_rms_bwd" else ("bf16", "fp32"):
             kernels = [r["kernel"] for r in rows if r["op"] == op and r["dtype"] == dtype and r["n"] == 8192]
             assert any(k.startswith(f"{prefix}_bwd_fused_kernel") for k in kernels), kernels
@@ -187,8 +187,8 @@ def test_kernels_compile_with_inductor_typed_float_arguments(gate):
     torch.compile before the kernels converted eps to their accumulation dtype)."""
     floats = gate[0]["fp64_floats"]
     assert {r["kernel"] for r in floats} == {
-        "ldr_fwd_fused_kernel",
-        "ldr_fwd_looped_kernel",
+        "nd_fwd_fused_kernel",
+        "nd_fwd_looped_kernel",
         "dan_fwd_fused_kernel",
         "dan_fwd_looped_kernel",
     }

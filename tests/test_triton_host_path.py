@@ -16,10 +16,10 @@ import torch
 pytest.importorskip("triton")
 
 import gpuopt_ops.triton_ops  # noqa: E402, F401  (maps the kernels to gpuopt_ops.triton_kernels)
-from gpuopt_ops.triton_kernels import bias_relu as BR  # noqa: E402
+from gpuopt_ops.triton_kernels import bias_act as BR  # noqa: E402
 from gpuopt_ops.triton_kernels import common as C  # noqa: E402
 from gpuopt_ops.triton_kernels import dropout_add_norm as DAN  # noqa: E402
-from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as LDR  # noqa: E402
+from gpuopt_ops.triton_kernels import norm_dropout as LDR  # noqa: E402
 from gpuopt_ops.triton_kernels import plans as P  # noqa: E402
 
 BF16, F32 = torch.bfloat16, torch.float32
@@ -197,7 +197,7 @@ def test_a_plan_with_knobs_is_never_kept(asked):
     for _ in range(2):
         run("ldr_bwd", 512, 1024, facts=facts, sm_count=132)
         run("bias_relu_bwd", 512, 1024, facts=facts, sm_count=132)
-    assert hooked == ["ldr_bwd_fused_kernel", "bias_relu_bwd_kernel"] * 2 and not asked
+    assert hooked == ["nd_bwd_fused_kernel", "bias_act_bwd_kernel"] * 2 and not asked
     assert C.PLAN_STATS == stats
 
 
@@ -205,11 +205,11 @@ def test_changed_limits_plan_again(asked, monkeypatch):
     """The row limits are part of the key: lowering bwd_max_fused_n (as tests do to reach the looped kernels)
     plans the looped kernels at once, and restoring them reuses the single-block plan."""
     fused = run("ldr_bwd", 64, 1024)
-    assert [k[0] for k in fused] == ["ldr_bwd_fused_kernel", "sum_partials_kernel"]
+    assert [k[0] for k in fused] == ["nd_bwd_fused_kernel", "sum_partials_kernel"]
     default = P.ROW_LIMITS
     monkeypatch.setattr(P, "ROW_LIMITS", P.RowLimits(bwd_max_fused_n=16))
     looped = run("ldr_bwd", 64, 1024)
-    assert [k[0] for k in looped] == ["ldr_bwd_row_coef_kernel", "ldr_bwd_chunk_kernel", "sum_partials_kernel"]
+    assert [k[0] for k in looped] == ["nd_bwd_row_coef_kernel", "nd_bwd_chunk_kernel", "sum_partials_kernel"]
     monkeypatch.setattr(P, "ROW_LIMITS", default)
     queries = len(asked)
     assert run("ldr_bwd", 64, 1024) == fused and len(asked) == queries

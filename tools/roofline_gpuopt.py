@@ -440,8 +440,8 @@ _NORM_KERNEL_LOOPS = {
 TRITON_LOOPS = {
     **{f"{family}_{k}_kernel": loops for family in ("ldr", "dan") for k, loops in _NORM_KERNEL_LOOPS.items()},
     "sum_partials_kernel": ("partials", 0),
-    "bias_relu_fwd_kernel": ("rows", 0),
-    "bias_relu_bwd_kernel": ("rows", 1),
+    "bias_act_fwd_kernel": ("rows", 0),
+    "bias_act_bwd_kernel": ("rows", 1),
     # gated_act: one program a tile, no loop (the trips are not needed; a loop in their code raises)
     "gated_act_fwd_kernel": ("none", 0),
     "gated_act_bwd_kernel": ("none", 0),
@@ -454,12 +454,12 @@ def _triton_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
     params = n * e * (int(bool(a.get("HAS_W"))) + int(bool(a.get("HAS_B"))))
     sums = int(bool(a.get("HAS_W"))) + int(bool(a.get("HAS_B")))
     k = 1 if a.get("RMS") else 2  # row statistics: rstd (RMSNorm, norm_dropout) or mean and rstd; c1 (and c2)
-    if kernel == "ldr_fwd_fused_kernel":
+    if kernel == "nd_fwd_fused_kernel":
         return 2 * mn * e + k * m * ACC + params, mn * e + params
-    if kernel == "ldr_fwd_looped_kernel":  # x read twice: the output pass re-reads the program's row
+    if kernel == "nd_fwd_looped_kernel":  # x read twice: the output pass re-reads the program's row
         return 3 * mn * e + k * m * ACC + params, 2 * mn * e + params, mn * e, n * e
-    if kernel in ("ldr_bwd_fused_kernel", "ldr_bwd_wide_kernel", "ldr_bwd_chunk_kernel"):
-        one_pass = kernel != "ldr_bwd_chunk_kernel"  # the parameters' reloads per row: L1 hits
+    if kernel in ("nd_bwd_fused_kernel", "nd_bwd_wide_kernel", "nd_bwd_chunk_kernel"):
+        one_pass = kernel != "nd_bwd_chunk_kernel"  # the parameters' reloads per row: L1 hits
         groups = a["_grid"][0] if one_pass else a["_grid"][1]
         stats = k * m * ACC if one_pass else 2 * k * m * ACC
         partials = sums * groups * n * ACC
@@ -467,14 +467,14 @@ def _triton_bytes(kernel: str, a: dict, m: int, n: int, e: int) -> tuple:
         if rr:  # the wide kernel's pass 2 reads the chunks of x it does not hold again
             return 3 * mn * e + rr + stats + params + partials, 2 * mn * e + rr + stats + params, rr, n * e
         return 3 * mn * e + stats + params + partials, 2 * mn * e + stats + params
-    if kernel == "ldr_bwd_row_coef_kernel":
+    if kernel == "nd_bwd_row_coef_kernel":
         return 2 * mn * e + 2 * k * m * ACC + params, 2 * mn * e + k * m * ACC + params
     if kernel == "sum_partials_kernel":  # grid (column blocks, 1 or 2 outputs): G partial rows each
         sets, g = a["_grid"][1], int(a["G"])
         return sets * (g * n * ACC + n * int(a["OUT"].element_size())), sets * g * n * ACC
-    if kernel == "bias_relu_fwd_kernel":
+    if kernel == "bias_act_fwd_kernel":
         return 2 * mn * e + n * e, mn * e + n * e
-    if kernel == "bias_relu_bwd_kernel":  # acts 1-3 read the bias too
+    if kernel == "bias_act_bwd_kernel":  # acts 1-3 read the bias too
         bias = n * e if a.get("ACT", 0) else 0
         return 3 * mn * e + bias + a["_grid"][1] * n * ACC, 2 * mn * e + bias
     if kernel.startswith("dan_"):

@@ -88,9 +88,9 @@ _DTYPE_NAME = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp
 
 def _kernels():
     import gpuopt_ops.triton_ops  # noqa: F401  (makes gpuopt_ops.triton_kernels importable from a source tree)
-    from gpuopt_ops.triton_kernels import bias_relu as BR
+    from gpuopt_ops.triton_kernels import bias_act as BR
     from gpuopt_ops.triton_kernels import common as C
-    from gpuopt_ops.triton_kernels import layer_norm_dropout_relu as L
+    from gpuopt_ops.triton_kernels import norm_dropout as L
 
     if C.INTERPRETED:
         raise RuntimeError(
@@ -712,15 +712,15 @@ UNHINTED_GATED = [
 
 # What each kernel may write (its output pointers); anything else written makes torch.compile clone that input.
 EXPECTED_WRITES = {
-    "ldr_fwd_fused_kernel": {"OUT", "MEAN", "RSTD"},
-    "ldr_fwd_looped_kernel": {"OUT", "MEAN", "RSTD"},
-    "ldr_bwd_fused_kernel": {"DX", "PDW", "PDB"},
-    "ldr_bwd_wide_kernel": {"DX", "PDW", "PDB"},
-    "ldr_bwd_row_coef_kernel": {"C1", "C2"},
-    "ldr_bwd_chunk_kernel": {"DX", "PDW", "PDB"},
+    "nd_fwd_fused_kernel": {"OUT", "MEAN", "RSTD"},
+    "nd_fwd_looped_kernel": {"OUT", "MEAN", "RSTD"},
+    "nd_bwd_fused_kernel": {"DX", "PDW", "PDB"},
+    "nd_bwd_wide_kernel": {"DX", "PDW", "PDB"},
+    "nd_bwd_row_coef_kernel": {"C1", "C2"},
+    "nd_bwd_chunk_kernel": {"DX", "PDW", "PDB"},
     "sum_partials_kernel": {"OUT", "OUT2"},
-    "bias_relu_fwd_kernel": {"OUT"},
-    "bias_relu_bwd_kernel": {"DX", "PDB"},
+    "bias_act_fwd_kernel": {"OUT"},
+    "bias_act_bwd_kernel": {"DX", "PDB"},
     "dan_fwd_fused_kernel": {"OUT", "SUM", "MEAN", "RSTD"},
     "dan_fwd_looped_kernel": {"OUT", "SUM", "MEAN", "RSTD"},
     "dan_bwd_fused_kernel": {"DX", "DRES", "PDW", "PDB"},

@@ -5,6 +5,6 @@ on CPU tensors under Triton's interpreter: set TRITON_INTERPRET=1 before this pa
 reads it when it decorates a kernel).
 """
 
-from . import bias_relu, common, dropout_add_norm, gated_act, layer_norm_dropout_relu, plans, rows  # noqa: F401
+from . import bias_act, common, dropout_add_norm, gated_act, norm_dropout, plans, rows  # noqa: F401
 
-__all__ = ["bias_relu", "common", "dropout_add_norm", "gated_act", "layer_norm_dropout_relu", "plans", "rows"]
+__all__ = ["bias_act", "common", "dropout_add_norm", "gated_act", "norm_dropout", "plans", "rows"]

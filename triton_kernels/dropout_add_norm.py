@@ -362,12 +362,12 @@ def dan_bwd_wide_kernel(
 ):  # fmt: skip
     """dS = rstd * (dxhat - xhat * c1 - c2) + grad_sum, grad_x = (keep ? dS : 0) * scale: dan_bwd_fused_kernel's (fp32).
     Single-block backward of the widest rows (N = CHUNKS x BLOCK_N, 12288 and 16384; not fp64), persistent, one
-    row a tile, as layer_norm_dropout_relu's ldr_bwd_wide_kernel: every chunk of the sum and grad_out is loaded
+    row a tile, as layer_norm_dropout_relu's nd_bwd_wide_kernel: every chunk of the sum and grad_out is loaded
     first and held raw (row_hold) across the row sums, which add per-thread parts chunk by chunk (row_thread_sums);
     after them each chunk's xhat and grad_out are converted again, the weight reloaded (its own cache modifier, so
     not merged with the first load), and dS, grad_residual, grad_x (the keep bits drawn here) and the dgamma /
     dbeta accumulators follow. VEC: the elements a thread holds side by side. HOLD: the chunks of the sum held, as
-    in ldr_bwd_wide_kernel (grad_out is always held)."""
+    in nd_bwd_wide_kernel (grad_out is always held)."""
     UPFRONT: tl.constexpr = HOLD == CHUNKS
     scale = row_dropout_scale(threshold, False)
     inv_n = row_inv_n(N, False)
@@ -629,7 +629,7 @@ def launch_forward(
     wrap=launch_directly, plan: Optional[plans.LaunchPlan] = None,
 ) -> None:  # fmt: skip
     """Runs the forward on contiguous x (M, N) (and residual) into the preallocated out, sum_, mean (LayerNorm
-    only; (0,) for RMSNorm) and rstd, under x's device. `wrap` as in layer_norm_dropout_relu's launch_forward;
+    only; (0,) for RMSNorm) and rstd, under x's device. `wrap` as in norm_dropout.py's launch_forward;
     `plan`: plan_forward's for these arguments; by default plan_forward's without knobs, kept per call key
     (common.planned)."""
     call = (x, residual, weight, bias, seed, out, sum_, mean, rstd, p, eps, rms)
@@ -653,7 +653,7 @@ def launch_backward(
 ) -> None:  # fmt: skip
     """Runs the backward on contiguous inputs into the uninitialised grad_x, grad_res (None without a residual)
     and, when weight / bias exist, grad_w / grad_b, under x's device: the dgamma / dbeta partials and their one
-    stage-2 launch as in layer_norm_dropout_relu's launch_backward. `plan`: plan_backward's for these arguments; by
+    stage-2 launch as in norm_dropout.py's launch_backward. `plan`: plan_backward's for these arguments; by
     default plan_backward's without knobs, kept per call key (common.planned)."""
     n = int(sum_.shape[-1])
     m = sum_.numel() // n

@@ -2,7 +2,7 @@
 forward and backward, + launch helpers.
 
 Pure ``@triton.jit`` code; the torch.library registrations are in gpuopt_ops/triton_ops.py. The math is
-csrc/fused_math.h's gated_forward_element / gated_backward_element, through bias_relu.py's activation functions
+csrc/fused_math.h's gated_forward_element / gated_backward_element, through bias_act.py's activation functions
 (act_forward, act_derivative: the same fp32 arithmetic as bias_act, fp64 for fp64 inputs), in the accumulation
 dtype:
 
@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .bias_relu import act_derivative, act_forward
+from .bias_act import act_derivative, act_forward
 from .common import INTERPRETED, device_guard, launch_directly, num_warps_for, planned, to_acc, to_out
 from .plans import LaunchPlan
 from .rows import dropout_threshold, row_dropout_scale, row_keep_tile_mapped, row_load_map, row_load_seed, seed_mapped

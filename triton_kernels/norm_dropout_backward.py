@@ -2,7 +2,7 @@
 (row chunks as tuples under tl.static_range), the wide kernel of the longest rows (12288, 16384 columns) that holds
 the raw row, and the looped pair (row coefficients, then a column-chunk x row-group grid). Each writes dx and the
 dgamma / dbeta partial rows that common.sum_partials_kernel reduces. The contract, the RNG and the tiling are
-described in layer_norm_dropout_relu.py, whose launchers plan and launch these."""
+described in norm_dropout.py, whose launchers plan and launch these."""
 
 from __future__ import annotations
 
@@ -285,7 +285,7 @@ def _bwd_outputs(
 
 
 @triton.jit
-def ldr_bwd_fused_kernel(
+def nd_bwd_fused_kernel(
     DY,  # (M, N) grad_out, x's dtype
     X,  # (M, N) x
     W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
@@ -464,7 +464,7 @@ def _wide_bwd_pass2(
 
 
 @triton.jit
-def ldr_bwd_wide_kernel(
+def nd_bwd_wide_kernel(
     DY,  # (M, N) grad_out, x's dtype
     X,  # (M, N) x, 16-bit or fp32 (never fp64 here)
     W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
@@ -494,7 +494,7 @@ def ldr_bwd_wide_kernel(
     HOLD: tl.constexpr,
     MAPPED: tl.constexpr,
 ):
-    """ldr_bwd_fused_kernel's dx and partials with the dropout scale factored out: gm = keep & (y > 0) ? dy : 0 in
+    """nd_bwd_fused_kernel's dx and partials with the dropout scale factored out: gm = keep & (y > 0) ? dy : 0 in
     dy's dtype (no RELU: keep ? dy : 0), c1 = scale * mean(gm * w * xhat), c2 = scale * mean(gm * w) (not for RMS);
     dx = rstd * (scale * gm * w - xhat * c1 - c2); PDW[g] = scale * sum(gm * xhat), PDB[g] = scale * sum(gm).
 
@@ -536,7 +536,7 @@ def ldr_bwd_wide_kernel(
 
 
 @triton.jit
-def ldr_bwd_row_coef_kernel(
+def nd_bwd_row_coef_kernel(
     DY,  # (M, N) grad_out, x's dtype
     X,  # (M, N) x
     W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
@@ -561,7 +561,7 @@ def ldr_bwd_row_coef_kernel(
     MAPPED: tl.constexpr,
 ):
     """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program (RMS: c1 only,
-    C2 is not written), dxhat = dy' * w and xhat as in ldr_bwd_fused_kernel (the ReLU and keep bits recomputed)."""
+    C2 is not written), dxhat = dy' * w and xhat as in nd_bwd_fused_kernel (the ReLU and keep bits recomputed)."""
     scale = row_dropout_scale(threshold, IS_FP64)
     seed = row_load_seed(SEED, DROPOUT)
     mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
@@ -598,7 +598,7 @@ def ldr_bwd_row_coef_kernel(
 
 
 @triton.jit
-def ldr_bwd_chunk_kernel(
+def nd_bwd_chunk_kernel(
     DY,  # (M, N) grad_out, x's dtype
     X,  # (M, N) x
     W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
@@ -606,7 +606,7 @@ def ldr_bwd_chunk_kernel(
     MEAN,  # (M,) mean, fp32 (fp64 for fp64 x); RSTD for RMS, never read
     RSTD,  # (M,) rstd, fp32 (fp64 for fp64 x)
     SEED,  # (1,) int64 seed, or (4,) with the shard map (MAPPED); read only with DROPOUT
-    C1,  # (M,) c1 of each row (ldr_bwd_row_coef_kernel), fp32 (fp64 for fp64 x)
+    C1,  # (M,) c1 of each row (nd_bwd_row_coef_kernel), fp32 (fp64 for fp64 x)
     C2,  # (M,) c2 of each row, fp32 (fp64 for fp64 x); not read for RMS
     DX,  # (M, N) grad_x, x's dtype
     PDW,  # (G, N) dgamma partial rows, fp32 (fp64 for fp64 x), G the row groups; not written without HAS_W
@@ -626,8 +626,8 @@ def ldr_bwd_chunk_kernel(
     RELU: tl.constexpr,
     MAPPED: tl.constexpr,
 ):
-    """dx = rstd * (dxhat - xhat * c1 - c2) (RMS: no c2 term) with each row's c1, c2 from ldr_bwd_row_coef_kernel,
-    dxhat = dy' * w as in ldr_bwd_fused_kernel; PDW[g] = sum(dy' * xhat), PDB[g] = sum(dy') over the rows of row
+    """dx = rstd * (dxhat - xhat * c1 - c2) (RMS: no c2 term) with each row's c1, c2 from nd_bwd_row_coef_kernel,
+    dxhat = dy' * w as in nd_bwd_fused_kernel; PDW[g] = sum(dy' * xhat), PDB[g] = sum(dy') over the rows of row
     tiles g, g + G, ..., in this program's column chunk.
 
     Looped backward, kernel B: grid (column chunks, row groups); dx and the dgamma/dbeta partials. A program

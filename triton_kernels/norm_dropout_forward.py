@@ -1,7 +1,7 @@
 """Forward kernels of the row normalizations layer_norm_dropout_relu and norm_dropout: LayerNorm or RMSNorm (RMS),
 then the dropout, then the ReLU (RELU). The single-block kernel holds whole rows (one chunk, or 3 or 4 chunks as a
 tuple under tl.static_range); the looped kernel takes one row a program in chunks, two passes over x. The contract,
-the RNG and the tiling are described in layer_norm_dropout_relu.py, whose launchers plan and launch these."""
+the RNG and the tiling are described in norm_dropout.py, whose launchers plan and launch these."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def _fwd_chunk(
 
 # -------------------------------------------------------------------------------------------------- forward
 @triton.jit
-def ldr_fwd_fused_kernel(
+def nd_fwd_fused_kernel(
     X,  # (M, N) x
     W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
     B,  # (N,) bias, x's dtype or fp32 (the weight's); X without HAS_B, never read
@@ -162,7 +162,7 @@ def ldr_fwd_fused_kernel(
 
 
 @triton.jit
-def ldr_fwd_looped_kernel(
+def nd_fwd_looped_kernel(
     X,  # (M, N) x, read twice (statistics, then the output)
     W,  # (N,) weight, x's dtype or fp32; X without HAS_W, never read
     B,  # (N,) bias, x's dtype or fp32 (the weight's); X without HAS_B, never read

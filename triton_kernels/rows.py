@@ -3,8 +3,9 @@ the exact arithmetic helpers (correctly rounded 1/N, rstd, divisions, eps as an 
 docs/DESIGN.md section 2 (the fast bit-identical Philox of 8-element groups, the generic per-element path, the
 per-tile seed), parameter loads, tile offsets, and the host-side dropout threshold and single-block row tiling.
 
-Pure ``@triton.jit`` code and plain-Python helpers; the kernels using them are in layer_norm_dropout_relu.py and
-dropout_add_norm.py (whose module docstrings describe the RNG and the tiling rules).
+Pure ``@triton.jit`` code and plain-Python helpers; the kernels using them are in norm_dropout_forward.py,
+norm_dropout_backward.py and dropout_add_norm.py (norm_dropout.py's and dropout_add_norm.py's module docstrings
+describe the RNG and the tiling rules).
 """
 
 from __future__ import annotations

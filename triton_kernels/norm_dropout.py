@@ -1,11 +1,12 @@
-"""Triton kernels of LayerNorm -> Dropout -> ReLU (forward and backward) and their launch helpers.
+"""Launch helpers of the norm-rows Triton kernels (norm_dropout_forward.py, norm_dropout_backward.py): LayerNorm ->
+Dropout -> ReLU (layer_norm_dropout_relu) and norm_dropout, forward and backward.
 
-The same kernels are norm_dropout's, through two constexprs: RMS (RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps),
+The kernels serve both ops through two constexprs: RMS (RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps),
 xhat = x * rstd, the mean output not written; the looped forward keeps a running sum of squares; the backward has
 no c2 term) and RELU (the ReLU after the dropout; without it out = keep ? y * scale : 0, dropped elements selected
 to zero). layer_norm_dropout_relu launches RMS=False, RELU=True: its code is that of the kernels without the flags.
 
-Pure ``@triton.jit`` code plus plain-Python launchers: no torch.library here (the registrations live in
+Plain-Python planners and launchers: no torch.library here (the registrations live in
 gpuopt_ops/triton_ops.py). The math is that of csrc/fused_math.h, the dropout RNG that of docs/DESIGN.md:
 
 - Philox4x32-10 through ``tl.philox(seed, c0, c1, c2, c3)`` with uint32 counters; tl.philox splits the 64-bit
@@ -78,7 +79,7 @@ tests): no configuration spills. Not yet timed on a GPU. Every launch runs under
   ``sum_partials_kernel`` reduces the G partial rows of dgamma and dbeta in one launch, in a fixed order
   (deterministic: no float atomics; the bits depend on (shape, dtype, device, Triton version), never on
   timing).
-- Backward, wide path (ldr_bwd_wide_kernel) for N = 12288 and 16384 (not fp64): one row a tile in 4096-column
+- Backward, wide path (nd_bwd_wide_kernel) for N = 12288 and 16384 (not fp64): one row a tile in 4096-column
   chunks at 16 warps (2048 at 8 warps for fp32 x). The raw x and grad_out of every chunk are loaded first and
   held as loaded (16-bit data two to a register, row_hold), grad_out selected by the keep and ReLU bits in pass
   1, which adds the row sums' per-thread parts; pass 2 converts them again and reloads the weight. Where the
@@ -101,12 +102,12 @@ import torch
 from . import plans
 from .common import INTERPRETED, device_guard, launch_directly, num_warps_for, planned, zero_sums
 from .norm_dropout_backward import (  # noqa: F401  (the kernels: re-exported here)
-    ldr_bwd_chunk_kernel,
-    ldr_bwd_fused_kernel,
-    ldr_bwd_row_coef_kernel,
-    ldr_bwd_wide_kernel,
+    nd_bwd_chunk_kernel,
+    nd_bwd_fused_kernel,
+    nd_bwd_row_coef_kernel,
+    nd_bwd_wide_kernel,
 )
-from .norm_dropout_forward import ldr_fwd_fused_kernel, ldr_fwd_looped_kernel  # noqa: F401
+from .norm_dropout_forward import nd_fwd_fused_kernel, nd_fwd_looped_kernel  # noqa: F401
 from .rows import (  # noqa: F401  (RowTiling, dropout_threshold, eps_pair: re-exported here)
     RowsBackwardPlan,
     RowTiling,
@@ -145,7 +146,7 @@ def plan_forward(
         MAPPED=seed_mapped(seed),
     )  # fmt: skip
     knobs = dict(sm_count=sm_count, facts=facts, limits=limits)
-    return plans.row_forward_plan(ldr_fwd_fused_kernel, ldr_fwd_looped_kernel, x, args, flags, **knobs)
+    return plans.row_forward_plan(nd_fwd_fused_kernel, nd_fwd_looped_kernel, x, args, flags, **knobs)
 
 
 def _backward_kwargs(cfg: RowTiling, n: int, x, has_w: bool, has_b: bool, t: int, rms, relu, mapped, limits):
@@ -164,12 +165,12 @@ def _backward_kwargs(cfg: RowTiling, n: int, x, has_w: bool, has_b: bool, t: int
         MAPPED=mapped,
         num_warps=cfg.num_warps,
     )
-    if plans.is_wide_backward(cfg, n, limits):  # ldr_bwd_wide_kernel
+    if plans.is_wide_backward(cfg, n, limits):  # nd_bwd_wide_kernel
         kwargs.update(plans.wide_kwargs(cfg, x.dtype))
     coef_kwargs = {k: v for k, v in kwargs.items() if k not in ("BLOCK_M", "VEC", "OPAQUE")}
     coef_kwargs["num_warps"] = num_warps_for(cfg.block_n, 8)
-    # ldr_bwd_row_coef_kernel(*head, c1, c2, M, N, threshold)
-    return cfg, kwargs, (ldr_bwd_row_coef_kernel, range(7), True, coef_kwargs)
+    # nd_bwd_row_coef_kernel(*head, c1, c2, M, N, threshold)
+    return cfg, kwargs, (nd_bwd_row_coef_kernel, range(7), True, coef_kwargs)
 
 
 def _backward_head(grad_out, x, weight, bias, mean, rstd, seed, rms: bool) -> tuple:
@@ -198,9 +199,9 @@ def plan_backward(
     cfg = plans.backward_config(n, x.dtype, limits, sums=int(has_w) + int(has_b))
     looped = plans.wide_backward_fallback(cfg, n, x.dtype, limits)
     cfg, kwargs, coef = _backward_kwargs(cfg, n, *flags)
-    fused = ldr_bwd_wide_kernel if plans.is_wide_backward(cfg, n, limits) else ldr_bwd_fused_kernel
+    fused = nd_bwd_wide_kernel if plans.is_wide_backward(cfg, n, limits) else nd_bwd_fused_kernel
     return plan_rows_backward(
-        fused, ldr_bwd_chunk_kernel, coef, cfg, m, n, x.device, acc, head, (grad_x,), t, has_w, has_b, kwargs,
+        fused, nd_bwd_chunk_kernel, coef, cfg, m, n, x.device, acc, head, (grad_x,), t, has_w, has_b, kwargs,
         sm_count=sm_count, facts=facts, looped=_backward_kwargs(looped, n, *flags) if looped is not None else None,
         holds=plans.wide_holds(cfg, n, limits),
     )  # fmt: skip
@@ -224,7 +225,7 @@ def launch_forward(
         return
     if plan is None:  # keyed by this module's kernel first: a copy of the module with other kernels plans its own
         key = (
-            ldr_fwd_fused_kernel, m, n, x.dtype, args[1].dtype, args[2].dtype, out.dtype, rstd.dtype, weight is None,
+            nd_fwd_fused_kernel, m, n, x.dtype, args[1].dtype, args[2].dtype, out.dtype, rstd.dtype, weight is None,
             bias is None, t, bool(rms), bool(relu), seed_mapped(seed), x.device, plans.row_limits(None),
         )  # fmt: skip
         make = lambda: plan_forward(x, weight, bias, seed, out, mean, rstd, p, eps, rms=rms, relu=relu)  # noqa: E731
@@ -253,7 +254,7 @@ def launch_backward(
     head = _backward_head(grad_out, x, weight, bias, mean, rstd, seed, rms)
     if plan is None:
         key = (
-            ldr_bwd_fused_kernel, m, n, grad_out.dtype, x.dtype, head[2].dtype, head[3].dtype, rstd.dtype,
+            nd_bwd_fused_kernel, m, n, grad_out.dtype, x.dtype, head[2].dtype, head[3].dtype, rstd.dtype,
             grad_x.dtype, has_w, has_b, t, bool(rms), bool(relu), seed_mapped(seed), x.device, plans.row_limits(None),
         )  # fmt: skip
         args = (grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w, grad_b, p)

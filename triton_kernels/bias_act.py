@@ -146,7 +146,7 @@ def act_derivative(z, ACT: tl.constexpr, IS_FP64: tl.constexpr):
 
 
 @triton.jit
-def bias_relu_fwd_kernel(
+def bias_act_fwd_kernel(
     X,  # (M, N) x
     B,  # (N,) bias, x's dtype or fp32
     OUT,  # (M, N) out, x's dtype
@@ -174,7 +174,7 @@ def bias_relu_fwd_kernel(
 
 
 @triton.jit
-def bias_relu_bwd_kernel(
+def bias_act_bwd_kernel(
     DY,  # (M, N) grad_out, x's dtype
     OUT,  # (M, N) the saved tensor, x's dtype: out for ACT 0, x for the others
     DX,  # (M, N) grad_x, x's dtype
@@ -245,7 +245,7 @@ def plan_forward(x, bias, out, *, act: int = 0) -> LaunchPlan:
         num_warps=num_warps_for(block_m * block_n),
     )
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    return LaunchPlan(kernel=bias_relu_fwd_kernel, grid=grid, kwargs=kwargs)
+    return LaunchPlan(kernel=bias_act_fwd_kernel, grid=grid, kwargs=kwargs)
 
 
 def launch_forward(x, bias, out, *, act: int = 0, wrap=launch_directly, plan: Optional[LaunchPlan] = None) -> None:
@@ -270,7 +270,7 @@ def backward_tile(n: int):
 
 @dataclass(frozen=True, kw_only=True)
 class BiasActBackwardPlan:
-    """The backward's launches: bias_relu_bwd_kernel on `grid` (column tiles x `groups` row groups) with `kwargs`,
+    """The backward's launches: bias_act_bwd_kernel on `grid` (column tiles x `groups` row groups) with `kwargs`,
     writing `groups` partial rows of grad_b in `acc`, then stage 2 (`stage2`: common.sum_partials_plan)."""
 
     grid: tuple
@@ -300,7 +300,7 @@ def plan_backward(
         args = [grad_out, out, grad_x, stand_in, m, n]
         kwargs = dict(IS_FP64=is_fp64, BLOCK_M=block_m, BLOCK_N=block_n, RTNE_BF16=INTERPRETED, num_warps=warps)
         kwargs.update(B=bias if act != 0 else out, ACT=act)  # relu reads no bias
-        resident = sms * programs_per_sm(bias_relu_bwd_kernel, out.device, args, kwargs, facts)
+        resident = sms * programs_per_sm(bias_act_bwd_kernel, out.device, args, kwargs, facts)
     groups = persistent_programs(triton.cdiv(m, block_m), out.device, 1, column_groups(col_tiles, resident, sms))
     del kwargs["B"]  # a tensor of the call, not of the plan
     stage2 = sum_partials_plan(groups, n, 1, acc.itemsize)
@@ -324,5 +324,5 @@ def launch_backward(grad_out, out, grad_x, grad_b, *, bias=None, act: int = 0, w
         plan = planned(m, key, lambda: plan_backward(grad_out, out, grad_x, grad_b, bias=bias, act=act))
     with device_guard(out.device):
         partial = torch.empty((plan.groups * n,), dtype=plan.acc, device=out.device)
-        wrap(bias_relu_bwd_kernel)[plan.grid](grad_out, out, grad_x, partial, m, n, B=b, **plan.kwargs)
+        wrap(bias_act_bwd_kernel)[plan.grid](grad_out, out, grad_x, partial, m, n, B=b, **plan.kwargs)
         run_sum_partials(partial, (grad_b,), plan.stage2, wrap=wrap)
