@@ -556,10 +556,7 @@ def plan_backward(
     row-normalization ops (plans.backward_config, whose wide kernels hold the sum and grad_out: the wider of the
     two dtypes counts). Knobs as in plan_forward."""
     limits = plans.row_limits(limits)
-    n = int(sum_.shape[-1])
-    m = sum_.numel() // n
-    has_w, has_b = weight is not None, bias is not None
-    t = dropout_threshold(p)
+    m, n, has_w, has_b, t = plans.backward_facts(sum_, weight, bias, p)
     is_fp64 = grad_out.dtype == torch.float64
     head = _backward_head(grad_out, grad_sum, sum_, weight, mean, rstd, seed, rms)
     flags = dict(
@@ -594,11 +591,8 @@ def launch_forward(
     if m == 0:
         return
     if plan is None:  # keyed by this module's kernel first, as layer_norm_dropout_relu's
-        key = (
-            dan_fwd_fused_kernel, m, n, x.dtype, args[1].dtype, args[2].dtype, args[3].dtype, out.dtype, sum_.dtype,
-            rstd.dtype, residual is None, weight is None, bias is None, t, bool(rms), seed_mapped(seed), x.device,
-            plans.row_limits(None),
-        )  # fmt: skip
+        flags = (residual is None, weight is None, bias is None, t, bool(rms))
+        key = plans.plan_key(dan_fwd_fused_kernel, m, n, (x, *args[1:4], out, sum_, rstd), flags, seed, x.device)
         plan = planned(m, key, lambda: plan_forward(*call))
     with device_guard(x.device):
         wrap(plan.kernel)[plan.grid](*args, **plan.kwargs)
@@ -612,21 +606,16 @@ def launch_backward(
     and, when weight / bias exist, grad_w / grad_b, under x's device: the dgamma / dbeta partials and their one
     stage-2 launch as in layer_norm_dropout_relu's launch_backward. `plan`: plan_backward's for these arguments; by
     default plan_backward's without knobs, kept per call key (common.planned)."""
-    n = int(sum_.shape[-1])
-    m = sum_.numel() // n
-    has_w, has_b = weight is not None, bias is not None
+    m, n, has_w, has_b, t = plans.backward_facts(sum_, weight, bias, p)
     if m == 0:
         zero_sums(grad_w, grad_b)
         return
-    t = dropout_threshold(p)
     head = _backward_head(grad_out, grad_sum, sum_, weight, mean, rstd, seed, rms)
     outs = (grad_x, grad_res if grad_res is not None else grad_x)  # grad_res never written without a residual
     if plan is None:
-        key = (
-            dan_bwd_fused_kernel, m, n, grad_out.dtype, head[1].dtype, sum_.dtype, head[3].dtype, rstd.dtype,
-            grad_x.dtype, outs[1].dtype, grad_sum is None, grad_res is None, has_w, has_b, t, bool(rms),
-            seed_mapped(seed), sum_.device, plans.row_limits(None),
-        )  # fmt: skip
+        flags = (grad_sum is None, grad_res is None, has_w, has_b, t, bool(rms))
+        tensors = (grad_out, head[1], sum_, head[3], rstd, *outs)
+        key = plans.plan_key(dan_bwd_fused_kernel, m, n, tensors, flags, seed, sum_.device)
         call = (grad_out, grad_sum, sum_, weight, bias, mean, rstd, seed, grad_x, grad_res, grad_w, grad_b, p, rms)
         plan = planned(m, key, lambda: plan_backward(*call))
     acc = torch.float64 if grad_out.dtype == torch.float64 else torch.float32

@@ -188,10 +188,7 @@ def plan_backward(
     dgamma / dbeta, is fixed by (shape, dtype, device): SMs x the resident programs per SM of the compiled
     persistent kernel, 8 on the interpreter. Knobs as in plan_forward."""
     limits = plans.row_limits(limits)
-    n = int(x.shape[-1])
-    m = x.numel() // n
-    has_w, has_b = weight is not None, bias is not None
-    t = dropout_threshold(p)
+    m, n, has_w, has_b, t = plans.backward_facts(x, weight, bias, p)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     head = _backward_head(grad_out, x, weight, bias, mean, rstd, seed, rms)
     flags = (x, has_w, has_b, t, rms, relu, seed_mapped(seed), limits)
@@ -223,10 +220,8 @@ def launch_forward(
     if m == 0:
         return
     if plan is None:  # keyed by this module's kernel first: a copy of the module with other kernels plans its own
-        key = (
-            ldr_fwd_fused_kernel, m, n, x.dtype, args[1].dtype, args[2].dtype, out.dtype, rstd.dtype, weight is None,
-            bias is None, t, bool(rms), bool(relu), seed_mapped(seed), x.device, plans.row_limits(None),
-        )  # fmt: skip
+        flags = (weight is None, bias is None, t, bool(rms), bool(relu))
+        key = plans.plan_key(ldr_fwd_fused_kernel, m, n, (x, *args[1:3], out, rstd), flags, seed, x.device)
         make = lambda: plan_forward(x, weight, bias, seed, out, mean, rstd, p, eps, rms=rms, relu=relu)  # noqa: E731
         plan = planned(m, key, make)
     with device_guard(x.device):
@@ -243,19 +238,14 @@ def launch_backward(
     The dgamma/dbeta partials go to one buffer of two (G, N) sets in the accumulation dtype, reduced in a fixed
     order by one stage-2 launch (plan_backward). `plan`: plan_backward's for these arguments; by default
     plan_backward's without knobs, kept per call key (common.planned)."""
-    n = int(x.shape[-1])
-    m = x.numel() // n
-    has_w, has_b = weight is not None, bias is not None
+    m, n, has_w, has_b, t = plans.backward_facts(x, weight, bias, p)
     if m == 0:
         zero_sums(grad_w, grad_b)
         return
-    t = dropout_threshold(p)
     head = _backward_head(grad_out, x, weight, bias, mean, rstd, seed, rms)
     if plan is None:
-        key = (
-            ldr_bwd_fused_kernel, m, n, grad_out.dtype, x.dtype, head[2].dtype, head[3].dtype, rstd.dtype,
-            grad_x.dtype, has_w, has_b, t, bool(rms), bool(relu), seed_mapped(seed), x.device, plans.row_limits(None),
-        )  # fmt: skip
+        flags = (has_w, has_b, t, bool(rms), bool(relu))
+        key = plans.plan_key(ldr_bwd_fused_kernel, m, n, (grad_out, *head[1:4], rstd, grad_x), flags, seed, x.device)
         args = (grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w, grad_b, p)
         plan = planned(m, key, lambda: plan_backward(*args, rms=rms, relu=relu))
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
