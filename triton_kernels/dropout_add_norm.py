@@ -508,9 +508,13 @@ def plan_forward(
     plans.ROW_LIMITS)."""
     _, _, t, args = _forward_args(x, residual, weight, bias, seed, out, sum_, mean, rstd, p, eps, rms)
     flags = dict(
-        HAS_R=residual is not None, HAS_W=weight is not None, HAS_B=bias is not None, RMS=bool(rms), DROPOUT=t != 0,
+        HAS_R=residual is not None,
+        HAS_W=weight is not None,
+        HAS_B=bias is not None,
+        RMS=bool(rms),
+        DROPOUT=t != 0,
         MAPPED=seed_mapped(seed),
-    )  # fmt: skip
+    )
     knobs = dict(sm_count=sm_count, facts=facts, limits=limits)
     return plans.row_forward_plan(dan_fwd_fused_kernel, dan_fwd_looped_kernel, x, args, flags, **knobs)
 
@@ -560,9 +564,14 @@ def plan_backward(
     is_fp64 = grad_out.dtype == torch.float64
     head = _backward_head(grad_out, grad_sum, sum_, weight, mean, rstd, seed, rms)
     flags = dict(
-        HAS_GS=grad_sum is not None, HAS_R=grad_res is not None, HAS_W=has_w, HAS_B=has_b, RMS=bool(rms),
-        DROPOUT=t != 0, MAPPED=seed_mapped(seed),
-    )  # fmt: skip
+        HAS_GS=grad_sum is not None,
+        HAS_R=grad_res is not None,
+        HAS_W=has_w,
+        HAS_B=has_b,
+        RMS=bool(rms),
+        DROPOUT=t != 0,
+        MAPPED=seed_mapped(seed),
+    )
     held = sum_.dtype if sum_.dtype.itemsize > grad_out.dtype.itemsize else grad_out.dtype
     cfg = plans.backward_config(n, grad_out.dtype, limits, held=held, sums=int(has_w) + int(has_b))
     looped = plans.wide_backward_fallback(cfg, n, grad_out.dtype, limits)
@@ -570,11 +579,11 @@ def plan_backward(
     fused = dan_bwd_wide_kernel if plans.is_wide_backward(cfg, n, limits) else dan_bwd_fused_kernel
     outs = (grad_x, grad_res if grad_res is not None else grad_x)  # grad_res never written without a residual
     acc = torch.float64 if is_fp64 else torch.float32
+    looped_kwargs = _backward_kwargs(looped, n, sum_, flags, is_fp64, limits) if looped is not None else None
+    knobs = dict(sm_count=sm_count, facts=facts, looped=looped_kwargs, holds=plans.wide_holds(cfg, n, limits))
     return plan_rows_backward(
-        fused, dan_bwd_chunk_kernel, coef, cfg, m, n, sum_.device, acc, head, outs, t, has_w, has_b, kwargs,
-        sm_count=sm_count, facts=facts, holds=plans.wide_holds(cfg, n, limits),
-        looped=_backward_kwargs(looped, n, sum_, flags, is_fp64, limits) if looped is not None else None,
-    )  # fmt: skip
+        fused, dan_bwd_chunk_kernel, coef, cfg, m, n, sum_.device, acc, head, outs, t, has_w, has_b, kwargs, **knobs
+    )
 
 
 # ----------------------------------------------------------------------------------------------- launchers

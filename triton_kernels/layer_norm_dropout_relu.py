@@ -141,9 +141,13 @@ def plan_forward(
     plans.ROW_LIMITS)."""
     _, _, t, args = _forward_args(x, weight, bias, seed, out, mean, rstd, p, eps, rms)
     flags = dict(
-        HAS_W=weight is not None, HAS_B=bias is not None, DROPOUT=t != 0, RMS=bool(rms), RELU=bool(relu),
+        HAS_W=weight is not None,
+        HAS_B=bias is not None,
+        DROPOUT=t != 0,
+        RMS=bool(rms),
+        RELU=bool(relu),
         MAPPED=seed_mapped(seed),
-    )  # fmt: skip
+    )
     knobs = dict(sm_count=sm_count, facts=facts, limits=limits)
     return plans.row_forward_plan(ldr_fwd_fused_kernel, ldr_fwd_looped_kernel, x, args, flags, **knobs)
 
@@ -196,11 +200,11 @@ def plan_backward(
     looped = plans.wide_backward_fallback(cfg, n, x.dtype, limits)
     cfg, kwargs, coef = _backward_kwargs(cfg, n, *flags)
     fused = ldr_bwd_wide_kernel if plans.is_wide_backward(cfg, n, limits) else ldr_bwd_fused_kernel
+    looped_kwargs = _backward_kwargs(looped, n, *flags) if looped is not None else None
+    knobs = dict(sm_count=sm_count, facts=facts, looped=looped_kwargs, holds=plans.wide_holds(cfg, n, limits))
     return plan_rows_backward(
-        fused, ldr_bwd_chunk_kernel, coef, cfg, m, n, x.device, acc, head, (grad_x,), t, has_w, has_b, kwargs,
-        sm_count=sm_count, facts=facts, looped=_backward_kwargs(looped, n, *flags) if looped is not None else None,
-        holds=plans.wide_holds(cfg, n, limits),
-    )  # fmt: skip
+        fused, ldr_bwd_chunk_kernel, coef, cfg, m, n, x.device, acc, head, (grad_x,), t, has_w, has_b, kwargs, **knobs
+    )
 
 
 # ----------------------------------------------------------------------------------------------- launchers
