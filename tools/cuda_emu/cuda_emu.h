@@ -246,29 +246,30 @@ inline T atomicCAS(T* p, T compare, T v) {
 //   "misaligned 16-byte load at 0x7f12... = buffer 'x' + 6 bytes in kernel K, block (0,0,0), thread (5,0,0)".
 // Outside a launch the same checks (device buffers only) throw std::runtime_error.
 
-inline uint4 gpuopt_emu_load16(const void* p) {
-  gpuopt_emu::detail::check_vector_access(p, 16, false);
-  uint4 v;
-  std::memcpy(&v, p, 16);
+namespace gpuopt_emu {
+namespace detail {
+
+// A checked load / store of one vector V (its size is the access's width).
+template <typename V>
+inline V checked_load(const void* p) {
+  check_vector_access(p, sizeof(V), false);
+  V v;
+  std::memcpy(&v, p, sizeof(V));
   return v;
 }
-
-inline void gpuopt_emu_store16(void* p, const uint4& v) {
-  gpuopt_emu::detail::check_vector_access(p, 16, true);
-  std::memcpy(p, &v, 16);
+template <typename V>
+inline void checked_store(void* p, const V& v) {
+  check_vector_access(p, sizeof(V), true);
+  std::memcpy(p, &v, sizeof(V));
 }
 
-inline uint2 gpuopt_emu_load8(const void* p) {
-  gpuopt_emu::detail::check_vector_access(p, 8, false);
-  uint2 v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
+}  // namespace detail
+}  // namespace gpuopt_emu
 
-inline void gpuopt_emu_store8(void* p, const uint2& v) {
-  gpuopt_emu::detail::check_vector_access(p, 8, true);
-  std::memcpy(p, &v, 8);
-}
+inline uint4 gpuopt_emu_load16(const void* p) { return gpuopt_emu::detail::checked_load<uint4>(p); }
+inline void gpuopt_emu_store16(void* p, const uint4& v) { gpuopt_emu::detail::checked_store(p, v); }
+inline uint2 gpuopt_emu_load8(const void* p) { return gpuopt_emu::detail::checked_load<uint2>(p); }
+inline void gpuopt_emu_store8(void* p, const uint2& v) { gpuopt_emu::detail::checked_store(p, v); }
 
 namespace gpuopt_emu {
 
