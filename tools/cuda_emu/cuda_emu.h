@@ -148,22 +148,28 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, unsigned line = __builtin_LI
   gpuopt_emu::detail::warp_op(gpuopt_emu::detail::WarpOp::syncwarp, mask, 0, 0, 0, 32, line, file);
 }
 
+namespace gpuopt_emu {
+namespace detail {
+
 // The four shuffles: one warp op each (shfl_idx, shfl_up, shfl_down, shfl_xor) whose lane operand is the source
 // lane, the delta or the lane mask, of the CUDA parameter type Lane; T is any trivially copyable type of at most
 // 8 bytes. Called as the CUDA functions are: __shfl_xor_sync(mask, v, lane_mask[, width]).
-template <gpuopt_emu::detail::WarpOp kOp, typename Lane>
+template <WarpOp kOp, typename Lane>
 struct ShuffleSync {
   template <typename T>
   T operator()(unsigned mask, T v, Lane lane, int width = 32, unsigned line = __builtin_LINE(),
                const char* file = __builtin_FILE()) const {
-    using namespace gpuopt_emu::detail;
     return from_bits<T>(warp_op(kOp, mask, to_bits(v), sizeof(T), static_cast<int>(lane), width, line, file));
   }
 };
-inline constexpr ShuffleSync<gpuopt_emu::detail::WarpOp::shfl_idx, int> __shfl_sync{};
-inline constexpr ShuffleSync<gpuopt_emu::detail::WarpOp::shfl_up, unsigned> __shfl_up_sync{};
-inline constexpr ShuffleSync<gpuopt_emu::detail::WarpOp::shfl_down, unsigned> __shfl_down_sync{};
-inline constexpr ShuffleSync<gpuopt_emu::detail::WarpOp::shfl_xor, int> __shfl_xor_sync{};
+
+}  // namespace detail
+}  // namespace gpuopt_emu
+
+inline constexpr gpuopt_emu::detail::ShuffleSync<gpuopt_emu::detail::WarpOp::shfl_idx, int> __shfl_sync{};
+inline constexpr gpuopt_emu::detail::ShuffleSync<gpuopt_emu::detail::WarpOp::shfl_up, unsigned> __shfl_up_sync{};
+inline constexpr gpuopt_emu::detail::ShuffleSync<gpuopt_emu::detail::WarpOp::shfl_down, unsigned> __shfl_down_sync{};
+inline constexpr gpuopt_emu::detail::ShuffleSync<gpuopt_emu::detail::WarpOp::shfl_xor, int> __shfl_xor_sync{};
 
 inline unsigned __ballot_sync(unsigned mask, int pred, unsigned line = __builtin_LINE(),
                               const char* file = __builtin_FILE()) {
