@@ -551,9 +551,13 @@ def plan_forward(
     plans.ROW_LIMITS)."""
     _, _, t, args = _forward_args(x, residual, weight, bias, seed, out, sum_, mean, rstd, p, eps, rms)
     flags = dict(
-        HAS_R=residual is not None, HAS_W=weight is not None, HAS_B=bias is not None, RMS=bool(rms), DROPOUT=t != 0,
+        HAS_R=residual is not None,
+        HAS_W=weight is not None,
+        HAS_B=bias is not None,
+        RMS=bool(rms),
+        DROPOUT=t != 0,
         MAPPED=seed_mapped(seed),
-    )  # fmt: skip
+    )
     knobs = dict(sm_count=sm_count, facts=facts, limits=limits)
     return plans.row_forward_plan(dan_fwd_fused_kernel, dan_fwd_looped_kernel, x, args, flags, **knobs)
 
@@ -599,16 +603,18 @@ def plan_backward(
     row-normalization ops (plans.backward_config, whose wide kernels hold the sum and grad_out: the wider of the
     two dtypes counts). Knobs as in plan_forward."""
     limits = plans.row_limits(limits)
-    n = int(sum_.shape[-1])
-    m = sum_.numel() // n
-    has_w, has_b = weight is not None, bias is not None
-    t = dropout_threshold(p)
+    m, n, has_w, has_b, t = plans.backward_facts(sum_, weight, bias, p)
     is_fp64 = grad_out.dtype == torch.float64
     head = _backward_head(grad_out, grad_sum, sum_, weight, mean, rstd, seed, rms)
     flags = dict(
-        HAS_GS=grad_sum is not None, HAS_R=grad_res is not None, HAS_W=has_w, HAS_B=has_b, RMS=bool(rms),
-        DROPOUT=t != 0, MAPPED=seed_mapped(seed),
-    )  # fmt: skip
+        HAS_GS=grad_sum is not None,
+        HAS_R=grad_res is not None,
+        HAS_W=has_w,
+        HAS_B=has_b,
+        RMS=bool(rms),
+        DROPOUT=t != 0,
+        MAPPED=seed_mapped(seed),
+    )
     held = sum_.dtype if sum_.dtype.itemsize > grad_out.dtype.itemsize else grad_out.dtype
     cfg = plans.backward_config(n, grad_out.dtype, limits, held=held, sums=int(has_w) + int(has_b))
     looped = plans.wide_backward_fallback(cfg, n, grad_out.dtype, limits)
@@ -616,11 +622,11 @@ def plan_backward(
     fused = dan_bwd_wide_kernel if plans.is_wide_backward(cfg, n, limits) else dan_bwd_fused_kernel
     outs = (grad_x, grad_res if grad_res is not None else grad_x)  # grad_res never written without a residual
     acc = torch.float64 if is_fp64 else torch.float32
+    looped_kwargs = _backward_kwargs(looped, n, sum_, flags, is_fp64, limits) if looped is not None else None
+    knobs = dict(sm_count=sm_count, facts=facts, looped=looped_kwargs, holds=plans.wide_holds(cfg, n, limits))
     return plan_rows_backward(
-        fused, dan_bwd_chunk_kernel, coef, cfg, m, n, sum_.device, acc, head, outs, t, has_w, has_b, kwargs,
-        sm_count=sm_count, facts=facts, holds=plans.wide_holds(cfg, n, limits),
-        looped=_backward_kwargs(looped, n, sum_, flags, is_fp64, limits) if looped is not None else None,
-    )  # fmt: skip
+        fused, dan_bwd_chunk_kernel, coef, cfg, m, n, sum_.device, acc, head, outs, t, has_w, has_b, kwargs, **knobs
+    )
 
 
 # ----------------------------------------------------------------------------------------------- launchers
@@ -637,11 +643,8 @@ def launch_forward(
     if m == 0:
         return
     if plan is None:  # keyed by this module's kernel first, as layer_norm_dropout_relu's
-        key = (
-            dan_fwd_fused_kernel, m, n, x.dtype, args[1].dtype, args[2].dtype, args[3].dtype, out.dtype, sum_.dtype,
-            rstd.dtype, residual is None, weight is None, bias is None, t, bool(rms), seed_mapped(seed), x.device,
-            plans.row_limits(None),
-        )  # fmt: skip
+        flags = (residual is None, weight is None, bias is None, t, bool(rms))
+        key = plans.plan_key(dan_fwd_fused_kernel, m, n, (x, *args[1:4], out, sum_, rstd), flags, seed, x.device)
         plan = planned(m, key, lambda: plan_forward(*call))
     with device_guard(x.device):
         wrap(plan.kernel)[plan.grid](*args, **plan.kwargs)
@@ -655,21 +658,16 @@ def launch_backward(
     and, when weight / bias exist, grad_w / grad_b, under x's device: the dgamma / dbeta partials and their one
     stage-2 launch as in norm_dropout.py's launch_backward. `plan`: plan_backward's for these arguments; by
     default plan_backward's without knobs, kept per call key (common.planned)."""
-    n = int(sum_.shape[-1])
-    m = sum_.numel() // n
-    has_w, has_b = weight is not None, bias is not None
+    m, n, has_w, has_b, t = plans.backward_facts(sum_, weight, bias, p)
     if m == 0:
         zero_sums(grad_w, grad_b)
         return
-    t = dropout_threshold(p)
     head = _backward_head(grad_out, grad_sum, sum_, weight, mean, rstd, seed, rms)
     outs = (grad_x, grad_res if grad_res is not None else grad_x)  # grad_res never written without a residual
     if plan is None:
-        key = (
-            dan_bwd_fused_kernel, m, n, grad_out.dtype, head[1].dtype, sum_.dtype, head[3].dtype, rstd.dtype,
-            grad_x.dtype, outs[1].dtype, grad_sum is None, grad_res is None, has_w, has_b, t, bool(rms),
-            seed_mapped(seed), sum_.device, plans.row_limits(None),
-        )  # fmt: skip
+        flags = (grad_sum is None, grad_res is None, has_w, has_b, t, bool(rms))
+        tensors = (grad_out, head[1], sum_, head[3], rstd, *outs)
+        key = plans.plan_key(dan_bwd_fused_kernel, m, n, tensors, flags, seed, sum_.device)
         call = (grad_out, grad_sum, sum_, weight, bias, mean, rstd, seed, grad_x, grad_res, grad_w, grad_b, p, rms)
         plan = planned(m, key, lambda: plan_backward(*call))
     acc = torch.float64 if grad_out.dtype == torch.float64 else torch.float32

@@ -142,9 +142,13 @@ def plan_forward(
     plans.ROW_LIMITS)."""
     _, _, t, args = _forward_args(x, weight, bias, seed, out, mean, rstd, p, eps, rms)
     flags = dict(
-        HAS_W=weight is not None, HAS_B=bias is not None, DROPOUT=t != 0, RMS=bool(rms), RELU=bool(relu),
+        HAS_W=weight is not None,
+        HAS_B=bias is not None,
+        DROPOUT=t != 0,
+        RMS=bool(rms),
+        RELU=bool(relu),
         MAPPED=seed_mapped(seed),
-    )  # fmt: skip
+    )
     knobs = dict(sm_count=sm_count, facts=facts, limits=limits)
     return plans.row_forward_plan(nd_fwd_fused_kernel, nd_fwd_looped_kernel, x, args, flags, **knobs)
 
@@ -189,10 +193,7 @@ def plan_backward(
     dgamma / dbeta, is fixed by (shape, dtype, device): SMs x the resident programs per SM of the compiled
     persistent kernel, 8 on the interpreter. Knobs as in plan_forward."""
     limits = plans.row_limits(limits)
-    n = int(x.shape[-1])
-    m = x.numel() // n
-    has_w, has_b = weight is not None, bias is not None
-    t = dropout_threshold(p)
+    m, n, has_w, has_b, t = plans.backward_facts(x, weight, bias, p)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     head = _backward_head(grad_out, x, weight, bias, mean, rstd, seed, rms)
     flags = (x, has_w, has_b, t, rms, relu, seed_mapped(seed), limits)
@@ -200,11 +201,11 @@ def plan_backward(
     looped = plans.wide_backward_fallback(cfg, n, x.dtype, limits)
     cfg, kwargs, coef = _backward_kwargs(cfg, n, *flags)
     fused = nd_bwd_wide_kernel if plans.is_wide_backward(cfg, n, limits) else nd_bwd_fused_kernel
+    looped_kwargs = _backward_kwargs(looped, n, *flags) if looped is not None else None
+    knobs = dict(sm_count=sm_count, facts=facts, looped=looped_kwargs, holds=plans.wide_holds(cfg, n, limits))
     return plan_rows_backward(
-        fused, nd_bwd_chunk_kernel, coef, cfg, m, n, x.device, acc, head, (grad_x,), t, has_w, has_b, kwargs,
-        sm_count=sm_count, facts=facts, looped=_backward_kwargs(looped, n, *flags) if looped is not None else None,
-        holds=plans.wide_holds(cfg, n, limits),
-    )  # fmt: skip
+        fused, nd_bwd_chunk_kernel, coef, cfg, m, n, x.device, acc, head, (grad_x,), t, has_w, has_b, kwargs, **knobs
+    )
 
 
 # ----------------------------------------------------------------------------------------------- launchers
@@ -224,10 +225,8 @@ def launch_forward(
     if m == 0:
         return
     if plan is None:  # keyed by this module's kernel first: a copy of the module with other kernels plans its own
-        key = (
-            nd_fwd_fused_kernel, m, n, x.dtype, args[1].dtype, args[2].dtype, out.dtype, rstd.dtype, weight is None,
-            bias is None, t, bool(rms), bool(relu), seed_mapped(seed), x.device, plans.row_limits(None),
-        )  # fmt: skip
+        flags = (weight is None, bias is None, t, bool(rms), bool(relu))
+        key = plans.plan_key(nd_fwd_fused_kernel, m, n, (x, *args[1:3], out, rstd), flags, seed, x.device)
         make = lambda: plan_forward(x, weight, bias, seed, out, mean, rstd, p, eps, rms=rms, relu=relu)  # noqa: E731
         plan = planned(m, key, make)
     with device_guard(x.device):
@@ -244,19 +243,14 @@ def launch_backward(
     The dgamma/dbeta partials go to one buffer of two (G, N) sets in the accumulation dtype, reduced in a fixed
     order by one stage-2 launch (plan_backward). `plan`: plan_backward's for these arguments; by default
     plan_backward's without knobs, kept per call key (common.planned)."""
-    n = int(x.shape[-1])
-    m = x.numel() // n
-    has_w, has_b = weight is not None, bias is not None
+    m, n, has_w, has_b, t = plans.backward_facts(x, weight, bias, p)
     if m == 0:
         zero_sums(grad_w, grad_b)
         return
-    t = dropout_threshold(p)
     head = _backward_head(grad_out, x, weight, bias, mean, rstd, seed, rms)
     if plan is None:
-        key = (
-            nd_bwd_fused_kernel, m, n, grad_out.dtype, x.dtype, head[2].dtype, head[3].dtype, rstd.dtype,
-            grad_x.dtype, has_w, has_b, t, bool(rms), bool(relu), seed_mapped(seed), x.device, plans.row_limits(None),
-        )  # fmt: skip
+        flags = (has_w, has_b, t, bool(rms), bool(relu))
+        key = plans.plan_key(nd_bwd_fused_kernel, m, n, (grad_out, *head[1:4], rstd, grad_x), flags, seed, x.device)
         args = (grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w, grad_b, p)
         plan = planned(m, key, lambda: plan_backward(*args, rms=rms, relu=relu))
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32

@@ -21,7 +21,7 @@ import torch
 import triton
 
 from .common import INTERPRETED, num_warps_for
-from .rows import RowTiling, plan_rows_forward, row_chunks, row_fused_config
+from .rows import RowTiling, dropout_threshold, plan_rows_forward, row_chunks, row_fused_config, seed_mapped
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +84,21 @@ WIDE_BWD_REGS = {16: 80, 8: 192}
 def row_limits(limits: Optional[RowLimits]) -> RowLimits:
     """limits, or where None the product's (ROW_LIMITS as it is now)."""
     return limits if limits is not None else ROW_LIMITS
+
+
+def plan_key(kernel, m: int, n: int, tensors: tuple, flags: tuple, seed, device) -> tuple:
+    """The key a row-normalization launcher keeps its default plan under (common.planned): its module's kernel
+    first (a copy of the module with other kernels plans its own), (M, N), the dtypes of `tensors` (the kernels'
+    arguments, stand-ins included), the call's `flags` (absent inputs, p's threshold, rms / relu), whether the
+    seed is mapped, the device and the row limits."""
+    return (kernel, m, n, *(t.dtype for t in tensors), *flags, seed_mapped(seed), device, row_limits(None))
+
+
+def backward_facts(rows, weight, bias, p: float) -> tuple[int, int, bool, bool, int]:
+    """(M, N, whether weight and bias exist, p's threshold) of a row-normalization backward over `rows` (x, or
+    dropout_add_norm's sum) viewed as (M, N): what its planner and its launcher start from."""
+    n = int(rows.shape[-1])
+    return rows.numel() // n, n, weight is not None, bias is not None, dropout_threshold(p)
 
 
 def forward_config(n: int, dtype: torch.dtype, limits: Optional[RowLimits] = None) -> RowTiling:

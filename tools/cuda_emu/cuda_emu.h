@@ -148,35 +148,28 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, unsigned line = __builtin_LI
   gpuopt_emu::detail::warp_op(gpuopt_emu::detail::WarpOp::syncwarp, mask, 0, 0, 0, 32, line, file);
 }
 
-template <typename T>
-inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32, unsigned line = __builtin_LINE(),
-                     const char* file = __builtin_FILE()) {
-  using namespace gpuopt_emu::detail;
-  return from_bits<T>(warp_op(WarpOp::shfl_idx, mask, to_bits(v), sizeof(T), src_lane, width, line, file));
-}
+namespace gpuopt_emu {
+namespace detail {
 
-template <typename T>
-inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32, unsigned line = __builtin_LINE(),
-                        const char* file = __builtin_FILE()) {
-  using namespace gpuopt_emu::detail;
-  return from_bits<T>(
-      warp_op(WarpOp::shfl_up, mask, to_bits(v), sizeof(T), static_cast<int>(delta), width, line, file));
-}
+// The four shuffles: one warp op each (shfl_idx, shfl_up, shfl_down, shfl_xor) whose lane operand is the source
+// lane, the delta or the lane mask, of the CUDA parameter type Lane; T is any trivially copyable type of at most
+// 8 bytes. Called as the CUDA functions are: __shfl_xor_sync(mask, v, lane_mask[, width]).
+template <WarpOp kOp, typename Lane>
+struct ShuffleSync {
+  template <typename T>
+  T operator()(unsigned mask, T v, Lane lane, int width = 32, unsigned line = __builtin_LINE(),
+               const char* file = __builtin_FILE()) const {
+    return from_bits<T>(warp_op(kOp, mask, to_bits(v), sizeof(T), static_cast<int>(lane), width, line, file));
+  }
+};
 
-template <typename T>
-inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32, unsigned line = __builtin_LINE(),
-                          const char* file = __builtin_FILE()) {
-  using namespace gpuopt_emu::detail;
-  return from_bits<T>(
-      warp_op(WarpOp::shfl_down, mask, to_bits(v), sizeof(T), static_cast<int>(delta), width, line, file));
-}
+}  // namespace detail
+}  // namespace gpuopt_emu
 
-template <typename T>
-inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32, unsigned line = __builtin_LINE(),
-                         const char* file = __builtin_FILE()) {
-  using namespace gpuopt_emu::detail;
-  return from_bits<T>(warp_op(WarpOp::shfl_xor, mask, to_bits(v), sizeof(T), lane_mask, width, line, file));
-}
+inline constexpr gpuopt_emu::detail::ShuffleSync<gpuopt_emu::detail::WarpOp::shfl_idx, int> __shfl_sync{};
+inline constexpr gpuopt_emu::detail::ShuffleSync<gpuopt_emu::detail::WarpOp::shfl_up, unsigned> __shfl_up_sync{};
+inline constexpr gpuopt_emu::detail::ShuffleSync<gpuopt_emu::detail::WarpOp::shfl_down, unsigned> __shfl_down_sync{};
+inline constexpr gpuopt_emu::detail::ShuffleSync<gpuopt_emu::detail::WarpOp::shfl_xor, int> __shfl_xor_sync{};
 
 inline unsigned __ballot_sync(unsigned mask, int pred, unsigned line = __builtin_LINE(),
                               const char* file = __builtin_FILE()) {
@@ -259,29 +252,30 @@ inline T atomicCAS(T* p, T compare, T v) {
 //   "misaligned 16-byte load at 0x7f12... = buffer 'x' + 6 bytes in kernel K, block (0,0,0), thread (5,0,0)".
 // Outside a launch the same checks (device buffers only) throw std::runtime_error.
 
-inline uint4 gpuopt_emu_load16(const void* p) {
-  gpuopt_emu::detail::check_vector_access(p, 16, false);
-  uint4 v;
-  std::memcpy(&v, p, 16);
+namespace gpuopt_emu {
+namespace detail {
+
+// A checked load / store of one vector V (its size is the access's width).
+template <typename V>
+inline V checked_load(const void* p) {
+  check_vector_access(p, sizeof(V), false);
+  V v;
+  std::memcpy(&v, p, sizeof(V));
   return v;
 }
-
-inline void gpuopt_emu_store16(void* p, const uint4& v) {
-  gpuopt_emu::detail::check_vector_access(p, 16, true);
-  std::memcpy(p, &v, 16);
+template <typename V>
+inline void checked_store(void* p, const V& v) {
+  check_vector_access(p, sizeof(V), true);
+  std::memcpy(p, &v, sizeof(V));
 }
 
-inline uint2 gpuopt_emu_load8(const void* p) {
-  gpuopt_emu::detail::check_vector_access(p, 8, false);
-  uint2 v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
+}  // namespace detail
+}  // namespace gpuopt_emu
 
-inline void gpuopt_emu_store8(void* p, const uint2& v) {
-  gpuopt_emu::detail::check_vector_access(p, 8, true);
-  std::memcpy(p, &v, 8);
-}
+inline uint4 gpuopt_emu_load16(const void* p) { return gpuopt_emu::detail::checked_load<uint4>(p); }
+inline void gpuopt_emu_store16(void* p, const uint4& v) { gpuopt_emu::detail::checked_store(p, v); }
+inline uint2 gpuopt_emu_load8(const void* p) { return gpuopt_emu::detail::checked_load<uint2>(p); }
+inline void gpuopt_emu_store8(void* p, const uint2& v) { gpuopt_emu::detail::checked_store(p, v); }
 
 namespace gpuopt_emu {
 

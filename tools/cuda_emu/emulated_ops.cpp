@@ -215,6 +215,26 @@ std::string missing_arch_message(int64_t major, int64_t minor, int64_t device, s
                                     name, built_for);
 }
 
+// Registers an op's entry and its backward's (the CUDA backend's glue on EmuBackend) as the kernels of `name` and
+// `backward_name`.
+template <auto kForward, auto kBackward>
+void impl_with_backward(torch::stable::detail::StableLibrary& m, const char* name, const char* backward_name) {
+  m.impl(name, TORCH_BOX(kForward));
+  m.impl(backward_name, TORCH_BOX(kBackward));
+}
+
+// The ops of the CUDA backend, each with its backward, as the CPU kernels of gpuopt_emu.
+void impl_emulated_ops(torch::stable::detail::StableLibrary& m) {
+  using B = EmuBackend;
+  impl_with_backward<&ldr_forward_op<B>, &ldr_backward_op<B>>(m, "layer_norm_dropout_relu",
+                                                              "layer_norm_dropout_relu_backward");
+  impl_with_backward<&bias_relu_op<B>, &bias_relu_backward_op<B>>(m, "bias_relu", "bias_relu_backward");
+  impl_with_backward<&bias_act_op<B>, &bias_act_backward_op<B>>(m, "bias_act", "bias_act_backward");
+  impl_with_backward<&dan_forward_op<B>, &dan_backward_op<B>>(m, "dropout_add_norm", "dropout_add_norm_backward");
+  impl_with_backward<&nd_forward_op<B>, &nd_backward_op<B>>(m, "norm_dropout", "norm_dropout_backward");
+  impl_with_backward<&gated_act_op<B>, &gated_act_backward_op<B>>(m, "gated_act", "gated_act_backward");
+}
+
 }  // namespace
 }  // namespace gpuopt
 
@@ -230,20 +250,7 @@ STABLE_TORCH_LIBRARY(gpuopt_emu, m) {
   m.def("gated_walk_offsets(int n, int row, int ld, int step, int first, int count) -> int[]");
 }
 
-STABLE_TORCH_LIBRARY_IMPL(gpuopt_emu, CPU, m) {
-  m.impl("layer_norm_dropout_relu", TORCH_BOX(&gpuopt::ldr_forward_op<gpuopt::EmuBackend>));
-  m.impl("layer_norm_dropout_relu_backward", TORCH_BOX(&gpuopt::ldr_backward_op<gpuopt::EmuBackend>));
-  m.impl("bias_relu", TORCH_BOX(&gpuopt::bias_relu_op<gpuopt::EmuBackend>));
-  m.impl("bias_relu_backward", TORCH_BOX(&gpuopt::bias_relu_backward_op<gpuopt::EmuBackend>));
-  m.impl("bias_act", TORCH_BOX(&gpuopt::bias_act_op<gpuopt::EmuBackend>));
-  m.impl("bias_act_backward", TORCH_BOX(&gpuopt::bias_act_backward_op<gpuopt::EmuBackend>));
-  m.impl("dropout_add_norm", TORCH_BOX(&gpuopt::dan_forward_op<gpuopt::EmuBackend>));
-  m.impl("dropout_add_norm_backward", TORCH_BOX(&gpuopt::dan_backward_op<gpuopt::EmuBackend>));
-  m.impl("norm_dropout", TORCH_BOX(&gpuopt::nd_forward_op<gpuopt::EmuBackend>));
-  m.impl("norm_dropout_backward", TORCH_BOX(&gpuopt::nd_backward_op<gpuopt::EmuBackend>));
-  m.impl("gated_act", TORCH_BOX(&gpuopt::gated_act_op<gpuopt::EmuBackend>));
-  m.impl("gated_act_backward", TORCH_BOX(&gpuopt::gated_act_backward_op<gpuopt::EmuBackend>));
-}
+STABLE_TORCH_LIBRARY_IMPL(gpuopt_emu, CPU, m) { gpuopt::impl_emulated_ops(m); }
 
 // Ops without tensor arguments dispatch to CompositeExplicitAutograd (no dispatch key comes from their inputs).
 STABLE_TORCH_LIBRARY_IMPL(gpuopt_emu, CompositeExplicitAutograd, m) {
