@@ -69,6 +69,10 @@ from .norm_dropout_backward import (
     bwd_wide_row_state,
     bwd_wide_setup,
 )
+from .norm_dropout_forward import (
+    fwd_looped_start,
+    fwd_store_stats,
+)
 from .rows import (
     RowsBackwardPlan,
     RowTiling,
@@ -107,12 +111,14 @@ from .rows import (
 # ----------------------------------------------------------------------------------------------- jit helpers
 @triton.jit
 def _sum_chunk(
-    X, R, SUM, offs, mask, seed, base, col0, cols, threshold, scale,
+    X, R, SUM, offs, mask, drop, col0, cols,
     HAS_R: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr,
 ):  # fmt: skip
     """s = dropout(x) + residual of the chunk at offs + col0, stored at SUM; returns s as stored (rounded to SUM's
-    dtype), in the accumulation dtype. Dropped elements are selected to zero before the add (p = 1: s = residual)."""
+    dtype), in the accumulation dtype. Dropped elements are selected to zero before the add (p = 1: s = residual).
+    drop: the dropout's (seed, the rows' first indices, threshold, scale)."""
+    seed, base, threshold, scale = drop
     x = to_acc(tl.load(X + offs + col0, mask=mask, other=0.0), IS_FP64)
     if HAS_R:
         r = to_acc(tl.load(R + offs + col0, mask=mask, other=0.0), IS_FP64)
@@ -200,18 +206,16 @@ def dan_fwd_fused_kernel(
         offs = base[:, None] + cols[None, :]
         ss = ()
         for c in tl.static_range(CHUNKS):
+            drop = (seed, rng, threshold, scale)
             s_c = _sum_chunk(
                 X,
                 R,
                 SUM,
                 offs,
                 mask,
-                seed,
-                rng,
+                drop,
                 c * BLOCK_N,
                 cols,
-                threshold,
-                scale,
                 HAS_R,
                 DROPOUT,
                 FAST_RNG,
@@ -224,9 +228,7 @@ def dan_fwd_fused_kernel(
         mean, ds, rstd = row_moments(ss, mask, inv_n, eps, RMS, EVEN_N, IS_FP64, CHUNKS)
         if not HOIST_PARAMS:
             ws, bs = row_param_tiles(W, B, cols, cmask, HAS_W, HAS_B, CHUNKS, BLOCK_M, BLOCK_N)
-        if not RMS:
-            tl.store(MEAN + rows, mean, mask=row_mask)
-        tl.store(RSTD + rows, rstd, mask=row_mask)
+        fwd_store_stats(MEAN, RSTD, rows, row_mask, mean, rstd, RMS)
         for c in tl.static_range(CHUNKS):
             _out_chunk(OUT, offs, mask, ds[c], rstd, ws[c], bs[c], c * BLOCK_N, HAS_W, HAS_B, RTNE_BF16)
 
@@ -247,17 +249,15 @@ def dan_fwd_looped_kernel(
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)  # [1]: the helpers work on [rows, cols]
     base = rows * N
     rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
-    cols = tl.arange(0, BLOCK_N)
-    mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
-    m2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    cols, mean, m2 = fwd_looped_start(BLOCK_N, IS_FP64)
     for col0 in range(0, N, BLOCK_N):
         cmask = (col0 + cols) < N
         offs = base[:, None] + cols[None, :]
         mask = cmask[None, :]
+        drop = (seed, rng, threshold, scale)
         s = _sum_chunk(
-            X, R, SUM, offs, mask, seed, rng, col0, cols, threshold, scale,
-            HAS_R, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N, RTNE_BF16,
-        )  # fmt: skip
+            X, R, SUM, offs, mask, drop, col0, cols, HAS_R, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N, RTNE_BF16
+        )
         mean, m2 = row_merge_stats(mean, m2, s, mask, col0, N, BLOCK_N, RMS, IS_FP64)
     rstd = row_rsqrt(m2 * row_inv_n(N, IS_FP64) + row_eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
     if not RMS:
