@@ -53,12 +53,25 @@ from .common import (
     zero_sums,
 )
 from .norm_dropout_backward import (
-    bwd_acc_tiles,
     bwd_accumulate,
+    bwd_chunk_setup,
+    bwd_chunk_tile,
+    bwd_coef_start,
+    bwd_fused_setup,
+    bwd_load_rng,
     bwd_load_tiles,
     bwd_row_coefs,
     bwd_store_partials,
+    bwd_tile_rng,
+    bwd_tile_rows,
     bwd_tile_stats,
+    bwd_wide_row,
+    bwd_wide_row_state,
+    bwd_wide_setup,
+)
+from .norm_dropout_forward import (
+    fwd_looped_start,
+    fwd_store_stats,
 )
 from .rows import (
     RowsBackwardPlan,
@@ -81,7 +94,6 @@ from .rows import (
     row_load_param_tile,
     row_load_raw_chunks,
     row_load_seed,
-    row_load_stats,
     row_map_index,
     row_merge_stats,
     row_moments,
@@ -89,11 +101,8 @@ from .rows import (
     row_raw_chunk,
     row_rsqrt,
     row_thread_sums,
-    row_tile_offsets,
     row_tile_rng,
     row_tile_rows,
-    row_tile_seed,
-    row_zero_chunks,
     run_rows_backward,
     seed_mapped,
 )
@@ -102,12 +111,14 @@ from .rows import (
 # ----------------------------------------------------------------------------------------------- jit helpers
 @triton.jit
 def _sum_chunk(
-    X, R, SUM, offs, mask, seed, base, col0, cols, threshold, scale,
+    X, R, SUM, offs, mask, drop, col0, cols,
     HAS_R: tl.constexpr, DROPOUT: tl.constexpr, FAST_RNG: tl.constexpr, IS_FP64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RTNE_BF16: tl.constexpr,
 ):  # fmt: skip
     """s = dropout(x) + residual of the chunk at offs + col0, stored at SUM; returns s as stored (rounded to SUM's
-    dtype), in the accumulation dtype. Dropped elements are selected to zero before the add (p = 1: s = residual)."""
+    dtype), in the accumulation dtype. Dropped elements are selected to zero before the add (p = 1: s = residual).
+    drop: the dropout's (seed, the rows' first indices, threshold, scale)."""
+    seed, base, threshold, scale = drop
     x = to_acc(tl.load(X + offs + col0, mask=mask, other=0.0), IS_FP64)
     if HAS_R:
         r = to_acc(tl.load(R + offs + col0, mask=mask, other=0.0), IS_FP64)
@@ -203,18 +214,16 @@ def dan_fwd_fused_kernel(
         offs = base[:, None] + cols[None, :]
         ss = ()
         for c in tl.static_range(CHUNKS):
+            drop = (seed, rng, threshold, scale)
             s_c = _sum_chunk(
                 X,
                 R,
                 SUM,
                 offs,
                 mask,
-                seed,
-                rng,
+                drop,
                 c * BLOCK_N,
                 cols,
-                threshold,
-                scale,
                 HAS_R,
                 DROPOUT,
                 FAST_RNG,
@@ -227,9 +236,7 @@ def dan_fwd_fused_kernel(
         mean, ds, rstd = row_moments(ss, mask, inv_n, eps, RMS, EVEN_N, IS_FP64, CHUNKS)
         if not HOIST_PARAMS:
             ws, bs = row_param_tiles(W, B, cols, cmask, HAS_W, HAS_B, CHUNKS, BLOCK_M, BLOCK_N)
-        if not RMS:
-            tl.store(MEAN + rows, mean, mask=row_mask)
-        tl.store(RSTD + rows, rstd, mask=row_mask)
+        fwd_store_stats(MEAN, RSTD, rows, row_mask, mean, rstd, RMS)
         for c in tl.static_range(CHUNKS):
             _out_chunk(OUT, offs, mask, ds[c], rstd, ws[c], bs[c], c * BLOCK_N, HAS_W, HAS_B, RTNE_BF16)
 
@@ -258,17 +265,15 @@ def dan_fwd_looped_kernel(
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)  # [1]: the helpers work on [rows, cols]
     base = rows * N
     rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
-    cols = tl.arange(0, BLOCK_N)
-    mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
-    m2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    cols, mean, m2 = fwd_looped_start(BLOCK_N, IS_FP64)
     for col0 in range(0, N, BLOCK_N):
         cmask = (col0 + cols) < N
         offs = base[:, None] + cols[None, :]
         mask = cmask[None, :]
+        drop = (seed, rng, threshold, scale)
         s = _sum_chunk(
-            X, R, SUM, offs, mask, seed, rng, col0, cols, threshold, scale,
-            HAS_R, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N, RTNE_BF16,
-        )  # fmt: skip
+            X, R, SUM, offs, mask, drop, col0, cols, HAS_R, DROPOUT, FAST_RNG, IS_FP64, 1, BLOCK_N, RTNE_BF16
+        )
         mean, m2 = row_merge_stats(mean, m2, s, mask, col0, N, BLOCK_N, RMS, IS_FP64)
     rstd = row_rsqrt(m2 * row_inv_n(N, IS_FP64) + row_eps(eps_hi, eps_lo, IS_FP64), IS_FP64)
     if not RMS:
@@ -310,20 +315,11 @@ def dan_bwd_fused_kernel(
     xhat and dxhat computed once; grad_sum is read as each chunk's dS is formed. dgamma / dbeta accumulate
     element-wise in [BLOCK_M, BLOCK_N] register tiles, reduced over the rows once at the end into the program's
     partial row. The tile's steps are layer_norm_dropout_relu's fused backward's helpers (bwd_*)."""
-    scale = row_dropout_scale(threshold, IS_FP64)
-    inv_n = row_inv_n(N, IS_FP64)
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    acc = bwd_acc_tiles(CHUNKS, BLOCK_M, BLOCK_N, IS_FP64)  # dgamma and dbeta tiles of each chunk
-    seed0 = row_load_seed(SEED, DROPOUT)
-    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
+    scale, inv_n, pid, cols, cmask, acc = bwd_fused_setup(N, threshold, IS_FP64, CHUNKS, BLOCK_M, BLOCK_N)
+    seed0, mbase, period, jump = bwd_load_rng(SEED, DROPOUT, MAPPED)
     for tile in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
-        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
-        row_mask = rows < M
-        offs, mask = row_tile_offsets(rows, row_mask, 0, cols, cmask, N)
-        seed = row_tile_seed(seed0, tile, threshold)
-        rng = row_map_index(rows * N, mbase, period, jump, MAPPED)  # each row's first dropout index
+        rows, row_mask, offs, mask = bwd_tile_rows(tile, 0, cols, cmask, M, N, BLOCK_M)
+        seed, rng = bwd_tile_rng(seed0, tile, threshold, rows, N, mbase, period, jump, MAPPED)
         mean, rstd = bwd_tile_stats(MEAN, RSTD, rows, row_mask, acc[0], RMS)
         ss, gs = bwd_load_tiles(S, DY, offs, mask, CHUNKS, BLOCK_N, IS_FP64)
         # per tile (L1 hits), as ldr's; chunk 0's xhat and dxhat before the other chunks' weights are loaded
@@ -369,21 +365,13 @@ def dan_bwd_wide_kernel(
     dbeta accumulators follow. VEC: the elements a thread holds side by side. HOLD: the chunks of the sum held, as
     in nd_bwd_wide_kernel (grad_out is always held)."""
     UPFRONT: tl.constexpr = HOLD == CHUNKS
-    scale = row_dropout_scale(threshold, False)
-    inv_n = row_inv_n(N, False)
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    dw = row_zero_chunks(CHUNKS, BLOCK_N)
-    db = row_zero_chunks(CHUNKS, BLOCK_N)
-    seed0 = row_load_seed(SEED, DROPOUT)
-    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
+    scale, inv_n, pid, cols, dw, db = bwd_wide_setup(N, threshold, CHUNKS, BLOCK_N)
+    seed0, mbase, period, jump = bwd_load_rng(SEED, DROPOUT, MAPPED)
     for row in range(pid, M, tl.num_programs(0)):
-        rows = row + tl.zeros([1], dtype=tl.int64)  # int64: row * N may pass 2**31
-        offs = rows[:, None] * N + cols[None, :]
-        base = rows * N
-        seed = row_tile_seed(seed0, row, threshold)
-        rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
-        mean, rstd = row_load_stats(MEAN, RSTD, rows, RMS)
+        rows, offs, base = bwd_wide_row(row, N, cols)
+        seed, rng, mean, rstd = bwd_wide_row_state(
+            MEAN, RSTD, rows, base, seed0, row, threshold, mbase, period, jump, RMS, MAPPED
+        )
         sr, gr = row_load_raw_chunks(S, DY, offs, CHUNKS, BLOCK_N, UPFRONT)
         s1 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
         s2 = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
@@ -443,21 +431,12 @@ def dan_bwd_row_coef_kernel(
     xhat = (s - mean) * rstd (RMS: s * rstd; c2 is written but not used)."""
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)
     row_mask = rows < M
-    if RMS:
-        mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
-    else:
-        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
-    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-    cols = tl.arange(0, BLOCK_N)
-    s1 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
-    s2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    mean, rstd, cols, s1, s2 = bwd_coef_start(MEAN, RSTD, rows, row_mask, RMS, IS_FP64, BLOCK_N)
     for col0 in range(0, N, BLOCK_N):
-        cmask = (col0 + cols) < N
-        offs, mask = row_tile_offsets(rows, row_mask, col0, cols, cmask, N)
-        s = to_acc(tl.load(S + offs, mask=mask, other=0.0), IS_FP64)
-        g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
+        cmask, offs, mask = bwd_chunk_tile(rows, row_mask, col0, cols, N)
+        ss, gs = bwd_load_tiles(S, DY, offs, mask, 1, BLOCK_N, IS_FP64)
         w = row_load_param_tile(W, col0, cols, cmask, HAS_W, 1)
-        xhat, dxhat = _xhat_dxhat(s, g, mean, rstd, w, HAS_W, RMS)
+        xhat, dxhat = _xhat_dxhat(ss[0], gs[0], mean, rstd, w, HAS_W, RMS)
         s1 += tl.sum(dxhat * xhat, axis=1)
         s2 += tl.sum(dxhat, axis=1)
     inv_n = row_inv_n(N, IS_FP64)
@@ -485,23 +464,15 @@ def dan_bwd_chunk_kernel(
 
     Looped backward, kernel B: grid (column chunks, row groups); grad_x, grad_residual and the dgamma / dbeta
     partials. A program keeps one column chunk, so its weight columns are loaded once."""
-    scale = row_dropout_scale(threshold, IS_FP64)
-    col0 = tl.program_id(0) * BLOCK_N
-    pid = tl.program_id(1)
-    cols = tl.arange(0, BLOCK_N)
-    cmask = (col0 + cols) < N
+    scale, col0, pid, cols, cmask = bwd_chunk_setup(N, threshold, IS_FP64, BLOCK_N)
     w = row_load_param(W, col0, cols, cmask, HAS_W)[None, :]
     dw_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
     db_acc = to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IS_FP64)
-    seed0 = row_load_seed(SEED, DROPOUT)
-    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
+    seed0, mbase, period, jump = bwd_load_rng(SEED, DROPOUT, MAPPED)
     num_tiles = tl.cdiv(M, BLOCK_M)
     for tile in range(pid, num_tiles, tl.num_programs(1)):
-        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        row_mask = rows < M
-        offs, mask = row_tile_offsets(rows, row_mask, 0, cols, cmask, N)
-        seed = row_tile_seed(seed0, tile, threshold)
-        rng = row_map_index(rows * N, mbase, period, jump, MAPPED)  # each row's first dropout index
+        rows, row_mask, offs, mask = bwd_tile_rows(tile, 0, cols, cmask, M, N, BLOCK_M)
+        seed, rng = bwd_tile_rng(seed0, tile, threshold, rows, N, mbase, period, jump, MAPPED)
         s = to_acc(tl.load(S + offs + col0, mask=mask, other=0.0), IS_FP64)
         g = to_acc(tl.load(DY + offs + col0, mask=mask, other=0.0), IS_FP64)
         if RMS:

@@ -134,6 +134,121 @@ def _bwd_chunks(
 
 
 @triton.jit
+def bwd_load_rng(SEED, DROPOUT: tl.constexpr, MAPPED: tl.constexpr):
+    """A backward program's dropout state, read once: the seed (row_load_seed) and its shard map (row_load_map).
+    Loaded values: never part of a store's offsets (Inductor's TTIR analysis would take SEED for a written
+    pointer), so the set-up helpers below, whose offsets the kernels store through, take none of them."""
+    seed0 = row_load_seed(SEED, DROPOUT)
+    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
+    return seed0, mbase, period, jump
+
+
+@triton.jit
+def bwd_fused_setup(
+    N, threshold, IS_FP64: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """A single-block backward's per-program set-up, from the launch's values only: the dropout scale, 1/N, the
+    program id, a chunk's columns and their mask, and the dgamma / dbeta accumulators (bwd_acc_tiles)."""
+    scale = row_dropout_scale(threshold, IS_FP64)
+    inv_n = row_inv_n(N, IS_FP64)
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    acc = bwd_acc_tiles(CHUNKS, BLOCK_M, BLOCK_N, IS_FP64)  # dgamma and dbeta tiles of each chunk
+    return scale, inv_n, pid, cols, cmask, acc
+
+
+@triton.jit
+def bwd_chunk_setup(N, threshold, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A looped backward's chunk kernel's per-program set-up (grid: column chunks x row groups), from the launch's
+    values only: the dropout scale, the chunk's first column, the row group, the columns and their mask."""
+    scale = row_dropout_scale(threshold, IS_FP64)
+    col0 = tl.program_id(0) * BLOCK_N
+    pid = tl.program_id(1)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = (col0 + cols) < N
+    return scale, col0, pid, cols, cmask
+
+
+@triton.jit
+def bwd_tile_rows(tile, col0, cols, cmask, M, N, BLOCK_M: tl.constexpr):
+    """Row tile `tile` of a persistent backward: its rows (int64; < M < 2**31, no int32 overflow), the rows' mask,
+    and the offsets and mask of its columns col0 + cols (row_tile_offsets). From the launch's sizes only: the
+    kernels store through these offsets."""
+    rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    row_mask = rows < M
+    offs, mask = row_tile_offsets(rows, row_mask, col0, cols, cmask, N)
+    return rows, row_mask, offs, mask
+
+
+@triton.jit
+def bwd_tile_rng(seed0, tile, threshold, rows, N, mbase, period, jump, MAPPED: tl.constexpr):
+    """The seed of a persistent backward's tile (row_tile_seed) and each row's first dropout index."""
+    seed = row_tile_seed(seed0, tile, threshold)
+    rng = row_map_index(rows * N, mbase, period, jump, MAPPED)
+    return seed, rng
+
+
+@triton.jit
+def bwd_wide_setup(N, threshold, CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A wide backward's per-program set-up (never fp64), from the launch's values only: the dropout scale, 1/N,
+    the program id, a chunk's columns and the dgamma / dbeta accumulators of every chunk (row_zero_chunks)."""
+    scale = row_dropout_scale(threshold, False)
+    inv_n = row_inv_n(N, False)
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    dw = row_zero_chunks(CHUNKS, BLOCK_N)
+    db = row_zero_chunks(CHUNKS, BLOCK_N)
+    return scale, inv_n, pid, cols, dw, db
+
+
+@triton.jit
+def bwd_wide_row(row, N, cols):
+    """Row `row` of a wide backward as a [1] int64 tile (row * N may pass 2**31), its [1, BLOCK_N] offsets of
+    chunk 0 and its linear index. From the launch's sizes only: the kernels store through these offsets."""
+    rows = row + tl.zeros([1], dtype=tl.int64)
+    offs = rows[:, None] * N + cols[None, :]
+    base = rows * N
+    return rows, offs, base
+
+
+@triton.jit
+def bwd_wide_row_state(
+    MEAN, RSTD, rows, base, seed0, row, threshold, mbase, period, jump, RMS: tl.constexpr, MAPPED: tl.constexpr
+):
+    """A wide backward's row state: its seed (row_tile_seed), its first dropout index and its statistics
+    (row_load_stats: mean, unused for RMSNorm, and rstd)."""
+    seed = row_tile_seed(seed0, row, threshold)
+    rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
+    mean, rstd = row_load_stats(MEAN, RSTD, rows, RMS)
+    return seed, rng, mean, rstd
+
+
+@triton.jit
+def bwd_coef_start(MEAN, RSTD, rows, row_mask, RMS: tl.constexpr, IS_FP64: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A looped backward's row coefficient kernel's start (rows: its [1] row): the row's mean (zeros, unused, for
+    RMSNorm: MEAN is not read) and rstd, a chunk's columns, and the two row sums at zero."""
+    if RMS:
+        mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)  # unused
+    else:
+        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+    cols = tl.arange(0, BLOCK_N)
+    s1 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    s2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    return mean, rstd, cols, s1, s2
+
+
+@triton.jit
+def bwd_chunk_tile(rows, row_mask, col0, cols, N):
+    """The mask of the columns col0 + cols of a looped kernel's row and the chunk's offsets and mask
+    (row_tile_offsets)."""
+    cmask = (col0 + cols) < N
+    offs, mask = row_tile_offsets(rows, row_mask, col0, cols, cmask, N)
+    return cmask, offs, mask
+
+
+@triton.jit
 def bwd_acc_tiles(CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_FP64: tl.constexpr):
     """A backward's dgamma / dbeta accumulators: a tuple of 2 x CHUNKS zero tiles [BLOCK_M, BLOCK_N] in the
     accumulation dtype, each chunk's dgamma tile then its dbeta tile (the order of the persistent loop's carried
@@ -322,20 +437,11 @@ def nd_bwd_fused_kernel(
     rstd, weight and bias of every chunk) all come before its reductions; xhat, dy and dxhat are computed once;
     dgamma/dbeta accumulate in [BLOCK_M, BLOCK_N] register tiles per chunk, reduced over the rows once at the end
     into the program's partial row. RMS: RMSNorm (MEAN is not read, no c2 term); RELU: the ReLU after the dropout."""
-    scale = row_dropout_scale(threshold, IS_FP64)
-    inv_n = row_inv_n(N, IS_FP64)
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    acc = bwd_acc_tiles(CHUNKS, BLOCK_M, BLOCK_N, IS_FP64)  # dgamma and dbeta tiles of each chunk
-    seed0 = row_load_seed(SEED, DROPOUT)
-    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
+    scale, inv_n, pid, cols, cmask, acc = bwd_fused_setup(N, threshold, IS_FP64, CHUNKS, BLOCK_M, BLOCK_N)
+    seed0, mbase, period, jump = bwd_load_rng(SEED, DROPOUT, MAPPED)
     for tile in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
-        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
-        row_mask = rows < M
-        offs, mask = row_tile_offsets(rows, row_mask, 0, cols, cmask, N)
-        seed = row_tile_seed(seed0, tile, threshold)
-        rng = row_map_index(rows * N, mbase, period, jump, MAPPED)  # each row's first dropout index
+        rows, row_mask, offs, mask = bwd_tile_rows(tile, 0, cols, cmask, M, N, BLOCK_M)
+        seed, rng = bwd_tile_rng(seed0, tile, threshold, rows, N, mbase, period, jump, MAPPED)
         xs, gs = bwd_load_tiles(X, DY, offs, mask, CHUNKS, BLOCK_N, IS_FP64)
         mean, rstd = bwd_tile_stats(MEAN, RSTD, rows, row_mask, xs[0], RMS)
         # weight and bias per tile (L1 hits): held across the loop, ~10-20 more registers (half the programs at 4096)
@@ -505,21 +611,13 @@ def nd_bwd_wide_kernel(
     kernel holds xhat, dy and dxhat in fp32. VEC: the elements a thread holds side by side. HOLD: the chunks of x
     held (the last HOLD); below CHUNKS, pass 2 reads the others again (row_held_chunk) and pass 1 loads chunk by
     chunk, for the registers that the held row and all of a row's loads in flight would take."""
-    scale = row_dropout_scale(threshold, False)
-    inv_n = row_inv_n(N, False)
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    dw = row_zero_chunks(CHUNKS, BLOCK_N)
-    db = row_zero_chunks(CHUNKS, BLOCK_N)
-    seed0 = row_load_seed(SEED, DROPOUT)
-    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
+    scale, inv_n, pid, cols, dw, db = bwd_wide_setup(N, threshold, CHUNKS, BLOCK_N)
+    seed0, mbase, period, jump = bwd_load_rng(SEED, DROPOUT, MAPPED)
     for row in range(pid, M, tl.num_programs(0)):
-        rows = row + tl.zeros([1], dtype=tl.int64)  # int64: row * N may pass 2**31
-        offs = rows[:, None] * N + cols[None, :]
-        base = rows * N
-        seed = row_tile_seed(seed0, row, threshold)
-        rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
-        mean, rstd = row_load_stats(MEAN, RSTD, rows, RMS)
+        rows, offs, base = bwd_wide_row(row, N, cols)
+        seed, rng, mean, rstd = bwd_wide_row_state(
+            MEAN, RSTD, rows, base, seed0, row, threshold, mbase, period, jump, RMS, MAPPED
+        )
         xs, gs, s1, s2 = _wide_bwd_pass1(
             X, DY, W, B, offs, mean, rstd, seed, rng, cols, threshold,
             HAS_W, HAS_B, DROPOUT, FAST_RNG, CHUNKS, BLOCK_N, VEC, RMS, RELU, OPAQUE, HOLD,
@@ -563,30 +661,20 @@ def nd_bwd_row_coef_kernel(
     """Looped backward, kernel A: c1 = mean(dxhat * xhat), c2 = mean(dxhat) of one row per program (RMS: c1 only,
     C2 is not written), dxhat = dy' * w and xhat as in nd_bwd_fused_kernel (the ReLU and keep bits recomputed)."""
     scale = row_dropout_scale(threshold, IS_FP64)
-    seed = row_load_seed(SEED, DROPOUT)
-    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
+    seed, mbase, period, jump = bwd_load_rng(SEED, DROPOUT, MAPPED)
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1).to(tl.int64)
     row_mask = rows < M
     base = rows * N
     rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
-    if RMS:
-        mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)  # unused
-    else:
-        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
-    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-    cols = tl.arange(0, BLOCK_N)
-    s1 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
-    s2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    mean, rstd, cols, s1, s2 = bwd_coef_start(MEAN, RSTD, rows, row_mask, RMS, IS_FP64, BLOCK_N)
     for col0 in range(0, N, BLOCK_N):
-        cmask = (col0 + cols) < N
-        offs, mask = row_tile_offsets(rows, row_mask, col0, cols, cmask, N)
-        x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
-        g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
+        cmask, offs, mask = bwd_chunk_tile(rows, row_mask, col0, cols, N)
+        xs, gs = bwd_load_tiles(X, DY, offs, mask, 1, BLOCK_N, IS_FP64)
         w = row_load_param_tile(W, col0, cols, cmask, HAS_W, 1)
         b = row_load_param_tile(B, col0, cols, cmask, HAS_B, 1)
         drop = (seed, rng, threshold, scale)
         xhat, dy, dxhat = _bwd_chunk(
-            x, g, mean, rstd, w, b, drop, col0, mask, HAS_W, HAS_B, DROPOUT, FAST_RNG, RMS, RELU
+            xs[0], gs[0], mean, rstd, w, b, drop, col0, mask, HAS_W, HAS_B, DROPOUT, FAST_RNG, RMS, RELU
         )
         s1 += tl.sum(dxhat * xhat, axis=1)
         if not RMS:
@@ -632,22 +720,14 @@ def nd_bwd_chunk_kernel(
 
     Looped backward, kernel B: grid (column chunks, row groups); dx and the dgamma/dbeta partials. A program
     keeps one column chunk, so its weight and bias columns are loaded once. RMS: MEAN and C2 are not read."""
-    scale = row_dropout_scale(threshold, IS_FP64)
-    col0 = tl.program_id(0) * BLOCK_N
-    pid = tl.program_id(1)
-    cols = tl.arange(0, BLOCK_N)
-    cmask = (col0 + cols) < N
+    scale, col0, pid, cols, cmask = bwd_chunk_setup(N, threshold, IS_FP64, BLOCK_N)
     w = row_load_param(W, col0, cols, cmask, HAS_W)[None, :]
     b = row_load_param(B, col0, cols, cmask, HAS_B)[None, :]
     acc = bwd_acc_tiles(1, BLOCK_M, BLOCK_N, IS_FP64)  # dgamma and dbeta tiles
-    seed0 = row_load_seed(SEED, DROPOUT)
-    mbase, period, jump = row_load_map(SEED, DROPOUT, MAPPED)
+    seed0, mbase, period, jump = bwd_load_rng(SEED, DROPOUT, MAPPED)
     for tile in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(1)):
-        rows = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # < M < 2**31: no int32 overflow
-        row_mask = rows < M
-        offs, mask = row_tile_offsets(rows, row_mask, col0, cols, cmask, N)
-        seed = row_tile_seed(seed0, tile, threshold)
-        rng = row_map_index(rows * N, mbase, period, jump, MAPPED)  # each row's first dropout index
+        rows, row_mask, offs, mask = bwd_tile_rows(tile, col0, cols, cmask, M, N, BLOCK_M)
+        seed, rng = bwd_tile_rng(seed0, tile, threshold, rows, N, mbase, period, jump, MAPPED)
         x = to_acc(tl.load(X + offs, mask=mask, other=0.0), IS_FP64)
         g = to_acc(tl.load(DY + offs, mask=mask, other=0.0), IS_FP64)
         mean, rstd = bwd_tile_stats(MEAN, RSTD, rows, row_mask, x, RMS)

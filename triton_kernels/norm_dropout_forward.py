@@ -41,12 +41,9 @@ def _fwd_chunk(
     y,
     w,
     b,
-    seed,
-    base,
+    drop,
     col0,
     cols,
-    threshold,
-    scale,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     DROPOUT: tl.constexpr,
@@ -58,7 +55,9 @@ def _fwd_chunk(
     """ldr_forward_element on a tile of normalized values y (rows from linear index base, columns col0 + cols) with
     its weight and bias columns w, b already loaded ([1, BLOCK_N] or the tile's shape): affine, then
     keep ? (y <= 0 ? 0 : y * scale) : 0 (a NaN that survives dropout stays NaN). Without RELU (norm_dropout):
-    keep ? y * scale : 0, the dropped elements selected to zero before the multiply."""
+    keep ? y * scale : 0, the dropped elements selected to zero before the multiply. drop: the dropout's (seed, the
+    rows' first indices, threshold, scale)."""
+    seed, base, threshold, scale = drop
     if HAS_W:
         y = y * w.to(y.dtype)
     if HAS_B:
@@ -77,6 +76,23 @@ def _fwd_chunk(
     else:
         out = y
     return out
+
+
+@triton.jit
+def fwd_store_stats(MEAN, RSTD, rows, row_mask, mean, rstd, RMS: tl.constexpr):
+    """A single-block forward's tile statistics stored: the rows' mean (LayerNorm only) and rstd."""
+    if not RMS:
+        tl.store(MEAN + rows, mean, mask=row_mask)
+    tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def fwd_looped_start(BLOCK_N: tl.constexpr, IS_FP64: tl.constexpr):
+    """A looped forward's chunk columns and its row's running statistics at zero (mean, m2: row_merge_stats)."""
+    cols = tl.arange(0, BLOCK_N)
+    mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    m2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    return cols, mean, m2
 
 
 # -------------------------------------------------------------------------------------------------- forward
@@ -136,20 +152,16 @@ def nd_fwd_fused_kernel(
         mean, ds, rstd = row_moments(xs, mask, inv_n, eps, RMS, EVEN_N, IS_FP64, CHUNKS)
         if not HOIST_PARAMS:
             ws, bs = row_param_tiles(W, B, cols, cmask, HAS_W, HAS_B, CHUNKS, BLOCK_M, BLOCK_N)
-        if not RMS:
-            tl.store(MEAN + rows, mean, mask=row_mask)
-        tl.store(RSTD + rows, rstd, mask=row_mask)
+        fwd_store_stats(MEAN, RSTD, rows, row_mask, mean, rstd, RMS)
         for c in tl.static_range(CHUNKS):
+            drop = (seed, rng, threshold, scale)
             out = _fwd_chunk(
                 ds[c] * rstd[:, None],
                 ws[c],
                 bs[c],
-                seed,
-                rng,
+                drop,
                 c * BLOCK_N,
                 cols,
-                threshold,
-                scale,
                 HAS_W,
                 HAS_B,
                 DROPOUT,
@@ -198,9 +210,7 @@ def nd_fwd_looped_kernel(
     rows = row + tl.arange(0, 1).to(tl.int64)  # [1]: the tile helpers work on [rows, cols]
     base = rows * N
     rng = row_map_index(base, mbase, period, jump, MAPPED)  # each row's first dropout index
-    cols = tl.arange(0, BLOCK_N)
-    mean = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
-    m2 = to_acc(tl.zeros([1], dtype=tl.float32), IS_FP64)
+    cols, mean, m2 = fwd_looped_start(BLOCK_N, IS_FP64)
     for col0 in range(0, N, BLOCK_N):
         cmask = (col0 + cols) < N
         x = to_acc(tl.load(X + base[:, None] + col0 + cols[None, :], mask=cmask[None, :], other=0.0), IS_FP64)
@@ -220,22 +230,6 @@ def nd_fwd_looped_kernel(
             xhat = x * rstd[:, None]
         else:
             xhat = (x - mean[:, None]) * rstd[:, None]
-        out = _fwd_chunk(
-            xhat,
-            w,
-            b,
-            seed,
-            rng,
-            col0,
-            cols,
-            threshold,
-            scale,
-            HAS_W,
-            HAS_B,
-            DROPOUT,
-            FAST_RNG,
-            1,
-            BLOCK_N,
-            RELU,
-        )
+        drop = (seed, rng, threshold, scale)
+        out = _fwd_chunk(xhat, w, b, drop, col0, cols, HAS_W, HAS_B, DROPOUT, FAST_RNG, 1, BLOCK_N, RELU)
         tl.store(OUT + offs, to_out(out, OUT, RTNE_BF16), mask=cmask[None, :])
