@@ -14,7 +14,7 @@ namespace gpuopt {
 namespace dev {
 
 template <typename S, typename B>
-struct BiasReluParams {
+struct BiasActParams {
   const S* x;     // (M, N)
   const B* bias;  // (N)
   S* out;         // (M, N)
@@ -23,15 +23,15 @@ struct BiasReluParams {
 
 // Rows a thread loads before it computes and stores any of them: U loads in flight per thread (predicated on
 // row < M), so a block of 256 threads keeps 256 x U x 16 bytes (or x 32 for fp32) of reads in flight.
-constexpr int kBiasReluRows = 4;
+constexpr int kBiasActRows = 4;
 
 // out = act(x + bias) (bias broadcast over the rows; act: fused_math.h's act codes, kActRelu for bias_relu).
 // kVec (the launcher's choice: N % 8 == 0 and x, out, bias 16-byte aligned) makes every group 16-byte vectors
 // at compile time; otherwise element by element, with the row's last group partial.
 template <typename S, typename B, bool kVec, int kAct>
-__global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_forward_kernel(BiasReluParams<S, B> p) {
+__global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_forward_kernel(BiasActParams<S, B> p) {
   using A = acc_t_of<S>;
-  constexpr int U = kBiasReluRows;
+  constexpr int U = kBiasActRows;
   const int64_t N = p.N, M = p.M;
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kGroup;
   if (c0 >= N) return;  // no barrier in this kernel
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_forward_kernel(B
 
 // saved: the output for relu (mask out > 0; bias unused, may be nullptr), x for the other activations.
 template <typename S, typename B>
-struct BiasReluBackwardParams {
+struct BiasActBackwardParams {
   const S* grad_out;     // (M, N)
   const S* saved;        // (M, N)
   const B* bias;         // (N)
@@ -75,9 +75,9 @@ struct BiasReluBackwardParams {
 // grad_x = grad_out * act'(.) (relu: from the saved output, out > 0; the other activations from x + bias) and
 // dbias = the column sums of grad_x, as per-block partial rows (column_sums.cuh adds them).
 template <typename S, typename B, bool kVec, int kAct>
-__global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_backward_kernel(BiasReluBackwardParams<S, B> p) {
+__global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_backward_kernel(BiasActBackwardParams<S, B> p) {
   using A = acc_t_of<S>;
-  constexpr int U = kBiasReluRows;
+  constexpr int U = kBiasActRows;
   GPUOPT_SHARED_ARRAY(A, comb, cuda::kTiledThreads * kGroup);
   const int64_t N = p.N, M = p.M;
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kGroup;
