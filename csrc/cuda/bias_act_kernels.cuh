@@ -43,21 +43,13 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_forward_kernel(B
   S* __restrict__ out = p.out + c0;
   for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < M; row += U * stride) {
     Group<S> v[U];
+    for_each_below<U>(row, stride, M, [&](int u, int64_t r) { load_raw_group(x + r * N, valid, kVec, v[u]); });
+    for_each_below<U>(row, stride, M, [&](int u, int64_t r) {
+      A o[kGroup];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t r = row + u * stride;
-      if (r < M) load_raw_group(x + r * N, valid, kVec, v[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t r = row + u * stride;
-      if (r < M) {
-        A o[kGroup];
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j) o[j] = act_forward<kAct, A>(to_acc(v[u].v[j]) + b[j]);
-        store_group(out + r * N, valid, kVec, o);
-      }
-    }
+      for (int j = 0; j < kGroup; ++j) o[j] = act_forward<kAct, A>(to_acc(v[u].v[j]) + b[j]);
+      store_group(out + r * N, valid, kVec, o);
+    });
   }
 }
 
@@ -99,27 +91,19 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_backward_kernel(
     S* __restrict__ grad_x = p.grad_x + c0;
     for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < M; row += U * stride) {
       Group<S> g[U], o[U];
+      for_each_below<U>(row, stride, M, [&](int u, int64_t r) {
+        load_raw_group(grad_out + r * N, valid, kVec, g[u]);
+        load_raw_group(out + r * N, valid, kVec, o[u]);
+      });
+      for_each_below<U>(row, stride, M, [&](int u, int64_t r) {
+        A d[kGroup];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t r = row + u * stride;
-        if (r < M) {
-          load_raw_group(grad_out + r * N, valid, kVec, g[u]);
-          load_raw_group(out + r * N, valid, kVec, o[u]);
+        for (int j = 0; j < kGroup; ++j) {
+          d[j] = act_backward_element<kAct, A>(to_acc(g[u].v[j]), to_acc(o[u].v[j]), b[j]);
+          db[j] += d[j];
         }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t r = row + u * stride;
-        if (r < M) {
-          A d[kGroup];
-#pragma unroll
-          for (int j = 0; j < kGroup; ++j) {
-            d[j] = act_backward_element<kAct, A>(to_acc(g[u].v[j]), to_acc(o[u].v[j]), b[j]);
-            db[j] += d[j];
-          }
-          store_group(grad_x + r * N, valid, kVec, d);
-        }
-      }
+        store_group(grad_x + r * N, valid, kVec, d);
+      });
     }
   }
   write_tile_partials(db, p.partial, p.ldp, N, comb);
