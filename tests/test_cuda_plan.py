@@ -100,7 +100,7 @@ def test_a_64m_element_case_is_planned_without_running(planner):
 
     big = CP.Planner(132, occupancy=occupancy)
     launches = big.plan(G.plan_call("layer_norm_dropout_relu", "backward", "bf16", 16384, G.rows_of(16384)))
-    assert [p.base for p in launches] == ["ldr_backward_wide_kernel", "column_sum_kernel"]
+    assert [p.base for p in launches] == ["nd_backward_wide_kernel", "column_sum_kernel"]
     assert asked == [(launches[0].kernel, 352, 352 * 37 * 16)]
     # 4096 rows on 3 x 132 resident blocks: 11 rows a block, so ceil(4096 / 11) blocks (the balanced one-wave grid)
     assert launches[0].grid == (373, 1, 1) and launches[0].dynamic_shared == 352 * 37 * 16
@@ -129,13 +129,13 @@ def wide_plan(n, dtype=torch.bfloat16, aligned=True, shared_per_block=CP.SHARED_
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     mean, rstd, seed = torch.empty(64, dtype=acc), torch.empty(64, dtype=acc), torch.zeros(1, dtype=torch.int64)
     p = planner.plan(lambda ops: ops.layer_norm_dropout_relu_backward(x, x, w, b, mean, rstd, seed, 0.1))[0]
-    if p.base == "ldr_backward_row_stats_kernel":
+    if p.base == "nd_backward_row_stats_kernel":
         return "looped"
-    return (p.base == "ldr_backward_wide_kernel", int(p.args[-1]), p.block[0], p.dynamic_shared)
+    return (p.base == "nd_backward_wide_kernel", int(p.args[-1]), p.block[0], p.dynamic_shared)
 
 
 def test_wide_backward_plan():
-    """The backward past 8192 (csrc/cuda/launch_config.h plan_ldr_rows): the wide kernel, a block of up to 384
+    """The backward past 8192 (csrc/cuda/launch_config.h plan_norm_rows): the wide kernel, a block of up to 384
     threads a row with 3, 4 or 6 groups a thread, where the device's shared memory a block (less the kernel's 1 KiB
     of static arrays) holds its sums; else (or fp64, the scalar path, past 6 x 384 groups) the looped kernels."""
     assert wide_plan(8192)[:3] == (False, 4, 256)  # a block a row of 256 threads
@@ -153,10 +153,10 @@ def test_wide_backward_plan():
 
 def test_kernel_names_of_the_symbol_table():
     name = CP.kernel_name(
-        "void gpuopt::dev::ldr_forward_rows_kernel<c10::BFloat16, c10::Half, float, true, false, 2>"
-        "(gpuopt::dev::LdrForwardParams<c10::BFloat16, c10::Half, float>)"
+        "void gpuopt::dev::nd_forward_rows_kernel<c10::BFloat16, c10::Half, float, true, false, 2>"
+        "(gpuopt::dev::NdForwardParams<c10::BFloat16, c10::Half, float>)"
     )
-    assert name == "ldr_forward_rows_kernel<__nv_bfloat16, __half, float, true, false, 2>"
+    assert name == "nd_forward_rows_kernel<__nv_bfloat16, __half, float, true, false, 2>"
     assert (
         CP.kernel_name("gpuopt::dev::column_sum_kernel<float, float, 4>(gpuopt::dev::ColumnSumParams<float, float>)")
         == "column_sum_kernel<float, float, 4>"
@@ -168,11 +168,11 @@ def test_kernel_names_of_the_symbol_table():
 
 def test_model_constants_match_the_kernels():
     """Rows (or groups) a thread takes per loop trip, as the kernels define them (the model's trip counts use them)."""
-    src = (ROOT / "csrc" / "cuda" / "bias_relu_kernels.cuh").read_text()
-    assert int(re.search(r"constexpr int kBiasReluRows = (\d+);", src).group(1)) == G.BIAS_RELU_ROWS
+    src = (ROOT / "csrc" / "cuda" / "bias_act_kernels.cuh").read_text()
+    assert int(re.search(r"constexpr int kBiasActRows = (\d+);", src).group(1)) == G.BIAS_ACT_ROWS
     src = (ROOT / "csrc" / "cuda" / "norm_looped.cuh").read_text()
-    assert int(re.search(r"constexpr int kLdrTiledRows = (\d+);", src).group(1)) == G.TILED_LDR_ROWS
-    stats = re.search(r"ldr_stats_groups\(\) \{\s*return (.*?);", src, re.S).group(1)
+    assert int(re.search(r"constexpr int kTiledRows = (\d+);", src).group(1)) == G.TILED_ROWS
+    stats = re.search(r"row_stats_groups\(\) \{\s*return (.*?);", src, re.S).group(1)
     assert stats.split() == "!kVec || sizeof(S) == 8 ? 1 : (sizeof(S) == 2 && sizeof(P) == 2 ? 4 : 2)".split()
     assert [G.stats_groups(e, u) for e in (2, 4) for u in (2, 4)] == [4, 2, 2, 2]
     src = (ROOT / "csrc" / "cuda" / "gated_act_kernels.cuh").read_text()

@@ -241,7 +241,7 @@ def test_ldr_rows_more_than_grid(small_device, m, n):
     check_ldr(small_device, m, n, torch.float32, "x", 0.3)
     launches = small_device.take_launches()
     assert launches and all("grid=(" in s for s in launches)
-    grid_x = [int(s.split("grid=(")[1].split(",")[0]) for s in launches if "ldr_forward" in s]
+    grid_x = [int(s.split("grid=(")[1].split(",")[0]) for s in launches if "nd_forward" in s]
     assert max(grid_x) <= 8
 
 
@@ -256,35 +256,35 @@ def test_ldr_paths_taken(small_device):
     # stage 2 has one row of 32 threads per partial row up to 32 (G = the 4 rows' blocks here, 1 when one block
     # holds them all)
     assert kernels(512) == [
-        "ldr_forward_rows_kernel (32,4,1)",
-        "ldr_backward_rows_kernel (32,4,1)",
+        "nd_forward_rows_kernel (32,4,1)",
+        "nd_backward_rows_kernel (32,4,1)",
         "column_sum_kernel (32,1,1)",
     ]
     assert kernels(768) == [
-        "ldr_forward_rows_kernel (32,4,1)",
-        "ldr_backward_rows_kernel (32,1,1)",  # a block of one warp a row, 3 groups a thread: none idle
+        "nd_forward_rows_kernel (32,4,1)",
+        "nd_backward_rows_kernel (32,1,1)",  # a block of one warp a row, 3 groups a thread: none idle
         "column_sum_kernel (32,4,1)",
     ]
     assert kernels(8192) == [
-        "ldr_forward_rows_kernel (512,1,1)",  # fp32: 2 groups a thread, so its fp32 weight and bias stay in registers
-        "ldr_backward_rows_kernel (256,1,1)",
+        "nd_forward_rows_kernel (512,1,1)",  # fp32: 2 groups a thread, so its fp32 weight and bias stay in registers
+        "nd_backward_rows_kernel (256,1,1)",
         "column_sum_kernel (32,4,1)",
     ]
-    assert kernels(8200)[1] == "ldr_backward_wide_kernel (352,1,1)"  # 3 groups a thread: 31 idle, 4 would idle 127
-    assert kernels(12288)[1] == "ldr_backward_wide_kernel (384,1,1)"
+    assert kernels(8200)[1] == "nd_backward_wide_kernel (352,1,1)"  # 3 groups a thread: 31 idle, 4 would idle 127
+    assert kernels(12288)[1] == "nd_backward_wide_kernel (384,1,1)"
     assert kernels(16384, torch.bfloat16)[:2] == [
-        "ldr_forward_rows_kernel (512,1,1)",
-        "ldr_backward_wide_kernel (352,1,1)",  # 6 groups a thread
+        "nd_forward_rows_kernel (512,1,1)",
+        "nd_backward_wide_kernel (352,1,1)",  # 6 groups a thread
     ]
-    assert kernels(18440)[1] == "ldr_backward_row_stats_kernel (512,1,1)"  # past 6 x 384 groups
+    assert kernels(18440)[1] == "nd_backward_row_stats_kernel (512,1,1)"  # past 6 x 384 groups
     assert kernels(4096, torch.float64)[:2] == [
-        "ldr_forward_rows_kernel (128,1,1)",
-        "ldr_backward_row_stats_kernel (512,1,1)",
+        "nd_forward_rows_kernel (128,1,1)",
+        "nd_backward_row_stats_kernel (512,1,1)",
     ]
     assert kernels(65536) == [
-        "ldr_forward_looped_kernel (512,1,1)",
-        "ldr_backward_row_stats_kernel (512,1,1)",
-        "ldr_backward_tiled_kernel (32,8,1)",
+        "nd_forward_looped_kernel (512,1,1)",
+        "nd_backward_row_stats_kernel (512,1,1)",
+        "nd_backward_tiled_kernel (32,8,1)",
         "column_sum_kernel (32,1,1)",
     ]
 
@@ -337,9 +337,9 @@ def test_wide_backward_follows_the_devices_shared_memory(emu):
         finally:
             emu.configure(*old)
 
-    assert backward_kernel(12288, 164 * 1024) == "ldr_backward_wide_kernel (384,1,1)"  # 150 KiB
-    assert backward_kernel(16384, 164 * 1024) == "ldr_backward_row_stats_kernel (512,1,1)"  # needs 203.5 KiB
-    assert backward_kernel(8200, 99 * 1024) == "ldr_backward_row_stats_kernel (512,1,1)"  # needs 104.5 KiB
+    assert backward_kernel(12288, 164 * 1024) == "nd_backward_wide_kernel (384,1,1)"  # 150 KiB
+    assert backward_kernel(16384, 164 * 1024) == "nd_backward_row_stats_kernel (512,1,1)"  # needs 203.5 KiB
+    assert backward_kernel(8200, 99 * 1024) == "nd_backward_row_stats_kernel (512,1,1)"  # needs 104.5 KiB
 
 
 def test_ldr_empty_rows(emu):

@@ -250,7 +250,7 @@ def test_sass_of_built_extension():
     except ToolError as e:
         pytest.skip(f"needs cuobjdump, nvdisasm and the built CUDA extension: {e}")
     # bias_act_forward_kernel<__nv_bfloat16, __nv_bfloat16, true, 0> (bias_relu: act 0; the 16-byte vector path)
-    name = "_ZN6gpuopt3dev23bias_act_forward_kernelI13__nv_bfloat16S2_Lb1ELi0EEEvNS0_14BiasReluParamsIT_T0_EE"
+    name = "_ZN6gpuopt3dev23bias_act_forward_kernelI13__nv_bfloat16S2_Lb1ELi0EEEvNS0_13BiasActParamsIT_T0_EE"
     try:
         fns = S.sass_of(so, [name])
     except ToolError as e:

@@ -466,7 +466,7 @@ def test_table_and_markdown():
 
 
 def test_grouped_table_one_row_per_family():
-    assert CR._family("ldr_backward_rows_kernel<__half, float, float, 2>") == "ldr_backward_rows_kernel<2>"
+    assert CR._family("nd_backward_rows_kernel<__half, float, float, 2>") == "nd_backward_rows_kernel<2>"
     assert CR._family("bias_relu_backward_kernel<float>") == "bias_relu_backward_kernel"
     _, rows = _rows()
     md = CR.format_grouped(rows).splitlines()
@@ -626,7 +626,7 @@ def test_declared_kernels_are_found():
     names = declared_kernels()
     for expect in (
         "bias_act_forward_kernel",
-        "ldr_forward_rows_kernel",
+        "nd_forward_rows_kernel",
         "dan_backward_wide_kernel",
         "column_sum_kernel",
         "gated_act_forward_kernel",

@@ -7,7 +7,7 @@ a 64M-element case costs nothing.
 The device's SM count is the caller's; the blocks each kernel keeps resident on an SM come from the emulator's own
 rule (occupancy=None: what an emulated run uses) or from `occupancy(kernel, threads, dynamic_shared)` (the
 performance model: the sm_90 occupancy of the built extension's kernels). Kernels are named as tools.cuda_resources
-names the built extension's (`ldr_forward_rows_kernel<__nv_bfloat16, __nv_bfloat16, float, true, true, 1>`).
+names the built extension's (`nd_forward_rows_kernel<__nv_bfloat16, __nv_bfloat16, float, true, true, 1>`).
 """
 
 from __future__ import annotations

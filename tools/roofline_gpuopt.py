@@ -117,15 +117,15 @@ def ideal_bytes(op: str, direction: str, dtype: str, n: int, m: Optional[int] = 
 GROUP = 8
 # rows (or groups) a thread takes per trip of its loop, all loads first (the kernels' constants; the model's trip
 # counts use them, tests/test_roofline.py reads them from the kernel source)
-BIAS_RELU_ROWS = 4  # kBiasReluRows, bias_relu_kernels.cuh
-TILED_LDR_ROWS = 2  # kLdrTiledRows, norm_looped.cuh
+BIAS_ACT_ROWS = 4  # kBiasActRows, bias_act_kernels.cuh
+TILED_ROWS = 2  # kTiledRows, norm_looped.cuh
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 P = 0.1  # p of the rows with a dropout
 EPS = 1e-5
 
 
 def stats_groups(e: int, u: int) -> int:
-    """Groups of 8 a thread of the row-statistics kernels takes per trip (ldr_stats_groups, norm_looped.cuh): 4 when
+    """Groups of 8 a thread of the row-statistics kernels takes per trip (row_stats_groups, norm_looped.cuh): 4 when
     the row and the parameters are 16-bit, else 2."""
     return 4 if e == 2 and u == 2 else 2
 
@@ -324,7 +324,7 @@ def _dan_rows(c: CudaCase, p, forward: bool) -> dict:
     return _rows(c, p, read + mn * (e + u), read, c.k, reread, c.n * u if reread else 0)
 
 
-def _ldr_backward_rows(c: CudaCase, p, _) -> dict:
+def _nd_backward_rows(c: CudaCase, p, _) -> dict:
     return _rows(c, p, 3 * c.mn * c.e + c.st + c.pb, 2 * c.mn * c.e + c.st + c.pb, c.k)
 
 
@@ -347,27 +347,27 @@ def _gated(c: CudaCase, p, _) -> dict:
 
 def _bias_act_backward(c: CudaCase, p, _) -> dict:
     bias = c.n * c.e if int(p.args[-1]) else 0  # bias_act's backward reads the bias (acts 1-3; bias_relu: act 0)
-    return _tiled(c, p, 3 * c.mn * c.e + bias, 2 * c.mn * c.e + bias, BIAS_RELU_ROWS, partials=1)
+    return _tiled(c, p, 3 * c.mn * c.e + bias, 2 * c.mn * c.e + bias, BIAS_ACT_ROWS, partials=1)
 
 
 # stats: the row statistics (mean and) rstd; pb: the parameters weight (and bias); c1, c2: the row coefficients
 CUDA_TERMS = {
-    "ldr_forward_rows_kernel": lambda c, p, _: _rows(c, p, 2 * c.mn * c.e + c.st + c.pb, c.mn * c.e + c.pb),
+    "nd_forward_rows_kernel": lambda c, p, _: _rows(c, p, 2 * c.mn * c.e + c.st + c.pb, c.mn * c.e + c.pb),
     # x read three times (RMSNorm: twice): the later passes over a block's row
-    "ldr_forward_looped_kernel": lambda c, p, _: _looped(
+    "nd_forward_looped_kernel": lambda c, p, _: _looped(
         c, p, (c.k + 2) * c.mn * c.e + c.st + c.pb, (c.k + 1) * c.mn * c.e + c.pb, c.k * c.mn * c.e
     ),
-    "ldr_backward_rows_kernel": _ldr_backward_rows,
-    "ldr_backward_wide_kernel": _ldr_backward_rows,
-    "ldr_backward_row_stats_kernel": lambda c, p, _: _looped(  # + c1, c2 out
+    "nd_backward_rows_kernel": _nd_backward_rows,
+    "nd_backward_wide_kernel": _nd_backward_rows,
+    "nd_backward_row_stats_kernel": lambda c, p, _: _looped(  # + c1, c2 out
         c, p, 2 * c.mn * c.e + c.st + 2 * c.m * ACC + c.pb, 2 * c.mn * c.e + c.st + c.pb, 0, stats_groups(c.e, c.e)
     ),
-    "ldr_backward_tiled_kernel": lambda c, p, _: _tiled(
+    "nd_backward_tiled_kernel": lambda c, p, _: _tiled(
         c,
         p,
         3 * c.mn * c.e + c.st + 2 * c.m * ACC + c.pb,
         2 * c.mn * c.e + c.st + 2 * c.m * ACC + c.pb,
-        TILED_LDR_ROWS,
+        TILED_ROWS,
         c.k,
     ),
     "dan_forward_rows_kernel": lambda c, p, _: _dan_rows(c, p, True),
@@ -394,11 +394,11 @@ CUDA_TERMS = {
         p,
         c.mn * (2 * c.e + 3 * c.u) + c.st + 2 * c.m * ACC + c.n * c.e,
         c.mn * (c.e + 2 * c.u) + c.st + 2 * c.m * ACC + c.n * c.e,
-        TILED_LDR_ROWS,
+        TILED_ROWS,
         c.k,
     ),
     "bias_act_forward_kernel": lambda c, p, _: _tiled(
-        c, p, 2 * c.mn * c.e + c.n * c.e, c.mn * c.e + c.n * c.e, BIAS_RELU_ROWS
+        c, p, 2 * c.mn * c.e + c.n * c.e, c.mn * c.e + c.n * c.e, BIAS_ACT_ROWS
     ),
     "bias_act_backward_kernel": _bias_act_backward,
     "gated_act_forward_kernel": _gated,

@@ -55,8 +55,8 @@ void row_stats(const acc_t* v, int64_t n, double eps, acc_t& mean, acc_t& rstd) 
 // Rows are read as fp32 (cpu/row_io.h: fp32 rows in place, bf16/fp16 rows through a per-thread buffer).
 
 template <typename scalar_t, typename param_t>
-void ldr_forward_fp32(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& seed, const NormSpec& a, Tensor& out,
-                      Tensor& mean, Tensor& rstd) {
+void nd_forward_fp32(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& seed, const NormSpec& a, Tensor& out,
+                     Tensor& mean, Tensor& rstd) {
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
   scalar_t* y_out = data_as<scalar_t>(out);
@@ -79,14 +79,14 @@ void ldr_forward_fp32(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& se
     if (!a.rms) mean_out[r] = mu;
     rstd_out[r] = rs;
     float* yr = result_row(y_out + r * N, ybuf.data());
-    cpu::ldr_forward_row(xr, w.data(), b.data(), u, drop.threshold, drop.scale, mu, rs, yr, N, a.relu);
+    cpu::nd_forward_row(xr, w.data(), b.data(), u, drop.threshold, drop.scale, mu, rs, yr, N, a.relu);
     store_row(y_out + r * N, yr, N);
   });
 }
 
 template <typename scalar_t, typename param_t>
-void ldr_backward_fp32(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& seed, const NormSpec& a, Tensor& grad_x,
-                       Tensor& grad_w, Tensor& grad_b) {
+void nd_backward_fp32(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& seed, const NormSpec& a, Tensor& grad_x,
+                      Tensor& grad_w, Tensor& grad_b) {
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
   const scalar_t* g = data_as<scalar_t>(a.grad_out);
@@ -108,12 +108,12 @@ void ldr_backward_fp32(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& s
     const float* xr = load_row(x + r * N, xbuf.data(), N);
     const float* gr = load_row(g + r * N, gbuf.data(), N);
     const float rs = rstd[r];
-    cpu::ldr_backward_row_pass1(xr, gr, w.data(), b.data(), u, drop.threshold, drop.scale, a.rms ? 0.0f : mean[r], rs,
-                                xhat.data(), dxhat.data(), pw, pb, N, a.relu);
+    cpu::nd_backward_row_pass1(xr, gr, w.data(), b.data(), u, drop.threshold, drop.scale, a.rms ? 0.0f : mean[r], rs,
+                               xhat.data(), dxhat.data(), pw, pb, N, a.relu);
     const float c1 = cpu::row_dot(dxhat.data(), xhat.data(), N) * inv_n;
     const float c2 = a.rms ? 0.0f : cpu::row_sum(dxhat.data(), N) * inv_n;
     float* dxr = result_row(dx + r * N, dxbuf.data());
-    cpu::ldr_backward_row_pass2(xhat.data(), dxhat.data(), rs, c1, c2, dxr, N);
+    cpu::nd_backward_row_pass2(xhat.data(), dxhat.data(), rs, c1, c2, dxr, N);
     store_row(dx + r * N, dxr, N);
   });
   partials.template sum<param_t>(a.weight, a.bias, grad_w, grad_b);
@@ -123,8 +123,8 @@ void ldr_backward_fp32(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& s
 // The same rows and tiles as the fp32 path, on plain loops in acc_t (fused_math.h's element functions).
 
 template <typename scalar_t, typename param_t>
-void ldr_forward_generic(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& seed, const NormSpec& a, Tensor& out,
-                         Tensor& mean, Tensor& rstd) {
+void nd_forward_generic(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& seed, const NormSpec& a, Tensor& out,
+                        Tensor& mean, Tensor& rstd) {
   using acc_t = acc_type_t<scalar_t>;
   const int64_t M = a.M, N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
@@ -157,8 +157,8 @@ void ldr_forward_generic(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed&
 }
 
 template <typename scalar_t, typename param_t>
-void ldr_backward_generic(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& seed, const NormSpec& a,
-                          Tensor& grad_x, Tensor& grad_w, Tensor& grad_b) {
+void nd_backward_generic(TypeTag<scalar_t>, TypeTag<param_t>, const DropoutSeed& seed, const NormSpec& a,
+                         Tensor& grad_x, Tensor& grad_w, Tensor& grad_b) {
   using acc_t = acc_type_t<scalar_t>;
   const int64_t N = a.N;
   const scalar_t* x = data_as<scalar_t>(a.x);
@@ -199,8 +199,8 @@ std::tuple<Tensor, Tensor, Tensor> norm_forward_cpu(const NormSpec& a) {
   Tensor mean = empty_on(a.x, {a.rms ? 0 : a.M}, a.acc_dtype);
   Tensor rstd = empty_on(a.x, {a.M}, a.acc_dtype);
   run_rows_cpu(
-      a, [&](const auto&... t) { ldr_forward_generic(t..., a, out, mean, rstd); },
-      [&](const auto&... t) { ldr_forward_fp32(t..., a, out, mean, rstd); });
+      a, [&](const auto&... t) { nd_forward_generic(t..., a, out, mean, rstd); },
+      [&](const auto&... t) { nd_forward_fp32(t..., a, out, mean, rstd); });
   return {out, mean, rstd};
 }
 
@@ -210,8 +210,8 @@ std::tuple<Tensor, Tensor, Tensor> norm_backward_cpu(const NormSpec& a) {
   Tensor grad_w = param_grad_on(a.x, a.weight.defined(), a.N, a.param_dtype);
   Tensor grad_b = param_grad_on(a.x, a.bias.defined(), a.N, a.param_dtype);
   run_rows_cpu(
-      a, [&](const auto&... t) { ldr_backward_generic(t..., a, grad_x, grad_w, grad_b); },
-      [&](const auto&... t) { ldr_backward_fp32(t..., a, grad_x, grad_w, grad_b); });
+      a, [&](const auto&... t) { nd_backward_generic(t..., a, grad_x, grad_w, grad_b); },
+      [&](const auto&... t) { nd_backward_fp32(t..., a, grad_x, grad_w, grad_b); });
   return {grad_x, grad_w, grad_b};
 }
 

@@ -94,10 +94,10 @@ GPUOPT_CLONES float row_dot(const float* GPUOPT_RESTRICT a, const float* GPUOPT_
   return combine(acc);
 }
 
-GPUOPT_CLONES void ldr_forward_row(const float* GPUOPT_RESTRICT x, const float* GPUOPT_RESTRICT w,
-                                   const float* GPUOPT_RESTRICT b, const uint16_t* GPUOPT_RESTRICT u, uint32_t t,
-                                   float scale, float mean, float rstd, float* GPUOPT_RESTRICT out, int64_t n,
-                                   bool relu) {
+GPUOPT_CLONES void nd_forward_row(const float* GPUOPT_RESTRICT x, const float* GPUOPT_RESTRICT w,
+                                  const float* GPUOPT_RESTRICT b, const uint16_t* GPUOPT_RESTRICT u, uint32_t t,
+                                  float scale, float mean, float rstd, float* GPUOPT_RESTRICT out, int64_t n,
+                                  bool relu) {
   // Same expression and select as fused_math.h's nd_forward_element (keep ? (relu && y <= 0 ? 0 : y * scale) : 0),
   // written branch-free so it vectorizes; a NaN that survives dropout stays NaN. `linear` is loop-invariant.
   const bool linear = !relu;
@@ -117,11 +117,11 @@ GPUOPT_CLONES void ldr_forward_row(const float* GPUOPT_RESTRICT x, const float* 
   }
 }
 
-GPUOPT_CLONES void ldr_backward_row_pass1(const float* GPUOPT_RESTRICT x, const float* GPUOPT_RESTRICT g,
-                                          const float* GPUOPT_RESTRICT w, const float* GPUOPT_RESTRICT b,
-                                          const uint16_t* GPUOPT_RESTRICT u, uint32_t t, float scale, float mean,
-                                          float rstd, float* GPUOPT_RESTRICT xhat, float* GPUOPT_RESTRICT dxhat,
-                                          float* GPUOPT_RESTRICT pw, float* GPUOPT_RESTRICT pb, int64_t n, bool relu) {
+GPUOPT_CLONES void nd_backward_row_pass1(const float* GPUOPT_RESTRICT x, const float* GPUOPT_RESTRICT g,
+                                         const float* GPUOPT_RESTRICT w, const float* GPUOPT_RESTRICT b,
+                                         const uint16_t* GPUOPT_RESTRICT u, uint32_t t, float scale, float mean,
+                                         float rstd, float* GPUOPT_RESTRICT xhat, float* GPUOPT_RESTRICT dxhat,
+                                         float* GPUOPT_RESTRICT pw, float* GPUOPT_RESTRICT pb, int64_t n, bool relu) {
   // nd_backward_element: dy = (keep && (!relu || y > 0)) ? g * scale : 0
   const bool linear = !relu;
   if (u == nullptr) {
@@ -151,8 +151,8 @@ GPUOPT_CLONES void ldr_backward_row_pass1(const float* GPUOPT_RESTRICT x, const 
   }
 }
 
-GPUOPT_CLONES void ldr_backward_row_pass2(const float* GPUOPT_RESTRICT xhat, const float* GPUOPT_RESTRICT dxhat,
-                                          float rstd, float c1, float c2, float* GPUOPT_RESTRICT dx, int64_t n) {
+GPUOPT_CLONES void nd_backward_row_pass2(const float* GPUOPT_RESTRICT xhat, const float* GPUOPT_RESTRICT dxhat,
+                                         float rstd, float c1, float c2, float* GPUOPT_RESTRICT dx, int64_t n) {
   for (int64_t j = 0; j < n; ++j) dx[j] = rstd * (dxhat[j] - xhat[j] * c1 - c2);
 }
 

@@ -28,18 +28,17 @@ float row_dot(const float* a, const float* b, int64_t n);
 // out[j] = keep_j ? act((x[j] - mean) * rstd * w[j] + b[j]) * scale : 0, where keep_j = (u[j] >= t) and act is
 // ReLU when relu, else the identity; u == nullptr means no dropout (every element kept, scale ignored).
 // RMSNorm passes mean = 0.
-void ldr_forward_row(const float* x, const float* w, const float* b, const uint16_t* u, uint32_t t, float scale,
-                     float mean, float rstd, float* out, int64_t n, bool relu = true);
+void nd_forward_row(const float* x, const float* w, const float* b, const uint16_t* u, uint32_t t, float scale,
+                    float mean, float rstd, float* out, int64_t n, bool relu = true);
 
 // Backward, first pass over a row: xhat = (x - mean) * rstd, dy = keep && (!relu || y > 0) ? g * scale : 0
 // (y = xhat*w + b), dxhat = dy * w; accumulates pw += dy * xhat and pb += dy (the row's contribution to dgamma /
 // dbeta).
-void ldr_backward_row_pass1(const float* x, const float* g, const float* w, const float* b, const uint16_t* u,
-                            uint32_t t, float scale, float mean, float rstd, float* xhat, float* dxhat, float* pw,
-                            float* pb, int64_t n, bool relu = true);
+void nd_backward_row_pass1(const float* x, const float* g, const float* w, const float* b, const uint16_t* u,
+                           uint32_t t, float scale, float mean, float rstd, float* xhat, float* dxhat, float* pw,
+                           float* pb, int64_t n, bool relu = true);
 // dx = rstd * (dxhat - xhat * c1 - c2)
-void ldr_backward_row_pass2(const float* xhat, const float* dxhat, float rstd, float c1, float c2, float* dx,
-                            int64_t n);
+void nd_backward_row_pass2(const float* xhat, const float* dxhat, float rstd, float c1, float c2, float* dx, int64_t n);
 
 // dropout_add_norm, forward: s[j] = d[j] (+ r[j]) with d[j] = u == nullptr ? x[j] : (u[j] >= t ? x[j] * scale : 0);
 // r == nullptr means no residual (s = d itself, so a -0 stays -0).

@@ -21,6 +21,17 @@ GPUOPT_HOST_DEV int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 // Elements of the group starting at column c0 < N of a row of N: 8, or fewer for the last group of a row.
 GPUOPT_HOST_DEV int group_size(int64_t N, int64_t c0) { return static_cast<int>(min64(kGroup, N - c0)); }
 
+// f(u, i + u * stride) for each u < U whose index is below `end`, unrolled: one phase of the kernels that take U
+// rows (or groups) of their stride at a time, all their loads first and then their math.
+template <int U, class F>
+GPUOPT_DEV void for_each_below(int64_t i, int64_t stride, int64_t end, F&& f) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t iu = i + u * stride;
+    if (iu < end) f(u, iu);
+  }
+}
+
 // Loads the group of 8 elements at p, `valid` of which exist (the rest read as 0), into acc_t registers.
 // vec: p is 16-byte aligned and all 8 exist, so the group is sizeof(T) / 2 16-byte loads.
 template <typename T, typename A>

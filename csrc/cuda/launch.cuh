@@ -17,7 +17,7 @@
 #include <string>
 #include <type_traits>
 
-#include "cuda/bias_relu_kernels.cuh"
+#include "cuda/bias_act_kernels.cuh"
 #include "cuda/column_sums.cuh"
 #include "cuda/launch_config.h"
 #include "cuda/norm_looped.cuh"
@@ -57,7 +57,7 @@ template <int kVpt>
 using Vpt = std::integral_constant<int, kVpt>;
 
 // A forward rows kernel for a plan, kernel(std::bool_constant<one warp a row>, Vpt<groups a thread>): a block a row
-// takes 4 groups a thread, or 3, and 2 where kTwo (fp32 data or parameters: plan_ldr_rows); one warp a row 1 to 4.
+// takes 4 groups a thread, or 3, and 2 where kTwo (fp32 data or parameters: plan_norm_rows); one warp a row 1 to 4.
 template <bool kTwo, class Kernel>
 auto forward_rows_kernel(const RowsPlan& plan, const Kernel& kernel) {
   using Block = std::false_type;
@@ -80,47 +80,47 @@ auto forward_rows_kernel(const RowsPlan& plan, const Kernel& kernel) {
   }
 }
 
-// The kernel pointer of ldr_forward_rows_kernel / ldr_backward_rows_kernel for a plan, an access path and a seed.
+// The kernel pointer of nd_forward_rows_kernel / nd_backward_rows_kernel for a plan, an access path and a seed.
 template <typename S, typename P, typename A, bool kVec, bool kMapped>
-auto ldr_forward_rows(const RowsPlan& plan) -> void (*)(dev::LdrForwardParams<S, P, A>) {
-  static_assert(ldr_rows_max_vpt(false) == 4, "instantiate every VPT the plan can pick");
+auto nd_forward_rows(const RowsPlan& plan) -> void (*)(dev::NdForwardParams<S, P, A>) {
+  static_assert(norm_rows_max_vpt(false) == 4, "instantiate every VPT the plan can pick");
   return forward_rows_kernel < sizeof(S) != 8 &&
          (sizeof(S) == 4 || sizeof(P) == 4) > (plan, [](auto warp, auto vpt) {
-           return GPUOPT_ROWS_KERNEL(ldr_forward_rows, S, P, A, kVec, decltype(warp)::value, decltype(vpt)::value);
+           return GPUOPT_ROWS_KERNEL(nd_forward_rows, S, P, A, kVec, decltype(warp)::value, decltype(vpt)::value);
          });
 }
 
 template <typename S, typename P, typename A>
-auto ldr_forward_rows(const RowsPlan& plan, bool vec, bool mapped) -> void (*)(dev::LdrForwardParams<S, P, A>) {
-  if (mapped) return vec ? ldr_forward_rows<S, P, A, true, true>(plan) : ldr_forward_rows<S, P, A, false, true>(plan);
-  return vec ? ldr_forward_rows<S, P, A, true, false>(plan) : ldr_forward_rows<S, P, A, false, false>(plan);
+auto nd_forward_rows(const RowsPlan& plan, bool vec, bool mapped) -> void (*)(dev::NdForwardParams<S, P, A>) {
+  if (mapped) return vec ? nd_forward_rows<S, P, A, true, true>(plan) : nd_forward_rows<S, P, A, false, true>(plan);
+  return vec ? nd_forward_rows<S, P, A, true, false>(plan) : nd_forward_rows<S, P, A, false, false>(plan);
 }
 
 template <typename S, typename P, typename A, bool kVec, bool kMapped>
-auto ldr_backward_rows(const RowsPlan& plan) -> void (*)(dev::LdrBackwardParams<S, P, A>) {
-  static_assert(ldr_rows_max_vpt(true) == 2, "instantiate every VPT the plan can pick");
+auto nd_backward_rows(const RowsPlan& plan) -> void (*)(dev::NdBackwardParams<S, P, A>) {
+  static_assert(norm_rows_max_vpt(true) == 2, "instantiate every VPT the plan can pick");
   if constexpr (kVec && sizeof(S) != 8) {
     if (plan.wide) {
-      if (plan.vpt == 6) return GPUOPT_ROWS_KERNEL(ldr_backward_wide, S, P, A, 6);
-      return plan.vpt == 4 ? GPUOPT_ROWS_KERNEL(ldr_backward_wide, S, P, A, 4)
-                           : GPUOPT_ROWS_KERNEL(ldr_backward_wide, S, P, A, 3);
+      if (plan.vpt == 6) return GPUOPT_ROWS_KERNEL(nd_backward_wide, S, P, A, 6);
+      return plan.vpt == 4 ? GPUOPT_ROWS_KERNEL(nd_backward_wide, S, P, A, 4)
+                           : GPUOPT_ROWS_KERNEL(nd_backward_wide, S, P, A, 3);
     }
   }
-  if (!plan.warp_row) {  // a block a row: 4, 3 or 2 groups a thread (plan_ldr_rows; fp64 and the scalar path: 2)
+  if (!plan.warp_row) {  // a block a row: 4, 3 or 2 groups a thread (plan_norm_rows; fp64 and the scalar path: 2)
     if constexpr (kVec && sizeof(S) != 8) {
-      if (plan.vpt == 4) return GPUOPT_ROWS_KERNEL(ldr_backward_rows, S, P, A, kVec, false, 4);
-      if (plan.vpt == 3) return GPUOPT_ROWS_KERNEL(ldr_backward_rows, S, P, A, kVec, false, 3);
+      if (plan.vpt == 4) return GPUOPT_ROWS_KERNEL(nd_backward_rows, S, P, A, kVec, false, 4);
+      if (plan.vpt == 3) return GPUOPT_ROWS_KERNEL(nd_backward_rows, S, P, A, kVec, false, 3);
     }
-    return GPUOPT_ROWS_KERNEL(ldr_backward_rows, S, P, A, kVec, false, 2);
+    return GPUOPT_ROWS_KERNEL(nd_backward_rows, S, P, A, kVec, false, 2);
   }
-  return plan.vpt == 1 ? GPUOPT_ROWS_KERNEL(ldr_backward_rows, S, P, A, kVec, true, 1)
-                       : GPUOPT_ROWS_KERNEL(ldr_backward_rows, S, P, A, kVec, true, 2);
+  return plan.vpt == 1 ? GPUOPT_ROWS_KERNEL(nd_backward_rows, S, P, A, kVec, true, 1)
+                       : GPUOPT_ROWS_KERNEL(nd_backward_rows, S, P, A, kVec, true, 2);
 }
 
 template <typename S, typename P, typename A>
-auto ldr_backward_rows(const RowsPlan& plan, bool vec, bool mapped) -> void (*)(dev::LdrBackwardParams<S, P, A>) {
-  if (mapped) return vec ? ldr_backward_rows<S, P, A, true, true>(plan) : ldr_backward_rows<S, P, A, false, true>(plan);
-  return vec ? ldr_backward_rows<S, P, A, true, false>(plan) : ldr_backward_rows<S, P, A, false, false>(plan);
+auto nd_backward_rows(const RowsPlan& plan, bool vec, bool mapped) -> void (*)(dev::NdBackwardParams<S, P, A>) {
+  if (mapped) return vec ? nd_backward_rows<S, P, A, true, true>(plan) : nd_backward_rows<S, P, A, false, true>(plan);
+  return vec ? nd_backward_rows<S, P, A, true, false>(plan) : nd_backward_rows<S, P, A, false, false>(plan);
 }
 
 // A rows kernel's persistent grid for a plan: blocks of (threads_x, rows_per_block) threads with plan.shared bytes
@@ -149,15 +149,15 @@ void run_looped(const char* name, void (*kernel)(Pm), const Pm& p, Launcher& lau
 // layer_norm_dropout_relu / norm_dropout forward. mapped: the seed holds a shard map and the RNG runs
 // (dev::read_map).
 template <typename S, typename P, typename A, class Launcher>
-void run_ldr_forward(const dev::LdrForwardParams<S, P, A>& p, bool mapped, Launcher& launcher) {
+void run_nd_forward(const dev::NdForwardParams<S, P, A>& p, bool mapped, Launcher& launcher) {
   const bool vec = p.x_vec && p.p_vec;
-  const RowsPlan plan = plan_ldr_rows(p.M, p.N, sizeof(S), sizeof(P), /*backward=*/false, vec);
+  const RowsPlan plan = plan_norm_rows(p.M, p.N, sizeof(S), sizeof(P), /*backward=*/false, vec);
   if (plan.rows) {
-    auto kernel = ldr_forward_rows<S, P, A>(plan, vec, mapped);
-    run_rows("ldr_forward_rows_kernel", kernel, plan, rows_grid(kernel, plan, launcher), p, launcher);
+    auto kernel = nd_forward_rows<S, P, A>(plan, vec, mapped);
+    run_rows("nd_forward_rows_kernel", kernel, plan, rows_grid(kernel, plan, launcher), p, launcher);
   } else {
-    run_looped("ldr_forward_looped_kernel",
-               mapped ? dev::ldr_forward_looped_mapped_kernel<S, P, A> : dev::ldr_forward_looped_kernel<S, P, A>, p,
+    run_looped("nd_forward_looped_kernel",
+               mapped ? dev::nd_forward_looped_mapped_kernel<S, P, A> : dev::nd_forward_looped_kernel<S, P, A>, p,
                launcher);
   }
 }
@@ -229,26 +229,25 @@ int64_t run_rows_backward(const char* name, void (*kernel)(Pm), const RowsPlan& 
 
 // layer_norm_dropout_relu / norm_dropout backward; grad_weight / grad_bias: nullptr when not wanted.
 template <typename S, typename P, typename A, class Launcher>
-void run_ldr_backward(dev::LdrBackwardParams<S, P, A> p, bool mapped, P* grad_weight, P* grad_bias,
-                      Launcher& launcher) {
+void run_nd_backward(dev::NdBackwardParams<S, P, A> p, bool mapped, P* grad_weight, P* grad_bias, Launcher& launcher) {
   const bool want_w = grad_weight != nullptr, want_b = grad_bias != nullptr;
   const bool vec = p.x_vec && p.p_vec;
-  const RowsPlan plan = plan_ldr_rows(p.M, p.N, sizeof(S), sizeof(P), /*backward=*/true, vec,
-                                      launcher.shared_per_block() - kWideStaticShared);
+  const RowsPlan plan = plan_norm_rows(p.M, p.N, sizeof(S), sizeof(P), /*backward=*/true, vec,
+                                       launcher.shared_per_block() - kWideStaticShared);
   int64_t G = 0;
   if (plan.rows) {
-    G = run_rows_backward(plan.wide ? "ldr_backward_wide_kernel" : "ldr_backward_rows_kernel",
-                          ldr_backward_rows<S, P, A>(plan, vec, mapped), plan, p, want_w, want_b, launcher);
+    G = run_rows_backward(plan.wide ? "nd_backward_wide_kernel" : "nd_backward_rows_kernel",
+                          nd_backward_rows<S, P, A>(plan, vec, mapped), plan, p, want_w, want_b, launcher);
   } else {
-    auto stats = vec ? (mapped ? dev::ldr_backward_row_stats_mapped_kernel<S, P, A, true>
-                               : dev::ldr_backward_row_stats_kernel<S, P, A, true>)
-                     : (mapped ? dev::ldr_backward_row_stats_mapped_kernel<S, P, A, false>
-                               : dev::ldr_backward_row_stats_kernel<S, P, A, false>);
-    auto tiled = vec ? (mapped ? dev::ldr_backward_tiled_mapped_kernel<S, P, A, true>
-                               : dev::ldr_backward_tiled_kernel<S, P, A, true>)
-                     : (mapped ? dev::ldr_backward_tiled_mapped_kernel<S, P, A, false>
-                               : dev::ldr_backward_tiled_kernel<S, P, A, false>);
-    G = run_stats_tiled("ldr_backward_row_stats_kernel", stats, "ldr_backward_tiled_kernel", tiled, p, want_w, want_b,
+    auto stats = vec ? (mapped ? dev::nd_backward_row_stats_mapped_kernel<S, P, A, true>
+                               : dev::nd_backward_row_stats_kernel<S, P, A, true>)
+                     : (mapped ? dev::nd_backward_row_stats_mapped_kernel<S, P, A, false>
+                               : dev::nd_backward_row_stats_kernel<S, P, A, false>);
+    auto tiled = vec ? (mapped ? dev::nd_backward_tiled_mapped_kernel<S, P, A, true>
+                               : dev::nd_backward_tiled_kernel<S, P, A, true>)
+                     : (mapped ? dev::nd_backward_tiled_mapped_kernel<S, P, A, false>
+                               : dev::nd_backward_tiled_kernel<S, P, A, false>);
+    G = run_stats_tiled("nd_backward_row_stats_kernel", stats, "nd_backward_tiled_kernel", tiled, p, want_w, want_b,
                         launcher);
   }
   run_column_sums<A, P>(p.partial_w, grad_weight, p.partial_b, grad_bias, G, p.N, p.ldp, launcher);
@@ -256,7 +255,7 @@ void run_ldr_backward(dev::LdrBackwardParams<S, P, A> p, bool mapped, P* grad_we
 
 // ------------------------------------------------------------------------------------------- dropout_add_norm
 // The rows kernels of dropout_add_norm: the 16-byte vector path of fp16 / bf16 / fp32 x only (the launcher
-// sends the scalar path and fp64 to the looped kernels), every VPT plan_ldr_rows can pick at element size
+// sends the scalar path and fp64 to the looped kernels), every VPT plan_norm_rows can pick at element size
 // dan_elem (the x / sum pair) and the parameters' size.
 template <typename S, typename U, typename P, typename A, bool kMapped>
 auto dan_forward_rows(const RowsPlan& plan) -> void (*)(dev::DanForwardParams<S, U, P, A>) {
@@ -275,7 +274,7 @@ auto dan_backward_rows(const RowsPlan& plan) -> void (*)(dev::DanBackwardParams<
     return plan.vpt == 4 ? GPUOPT_ROWS_KERNEL(dan_backward_wide, S, U, P, A, 4)
                          : GPUOPT_ROWS_KERNEL(dan_backward_wide, S, U, P, A, 3);
   }
-  if (!plan.warp_row) {  // a block a row: 4, 3 or 2 groups a thread (plan_ldr_rows, the vector path)
+  if (!plan.warp_row) {  // a block a row: 4, 3 or 2 groups a thread (plan_norm_rows, the vector path)
     if (plan.vpt == 4) return GPUOPT_ROWS_KERNEL(dan_backward_rows, S, U, P, A, false, 4);
     if (plan.vpt == 3) return GPUOPT_ROWS_KERNEL(dan_backward_rows, S, U, P, A, false, 3);
     return GPUOPT_ROWS_KERNEL(dan_backward_rows, S, U, P, A, false, 2);
@@ -287,7 +286,7 @@ auto dan_backward_rows(const RowsPlan& plan) -> void (*)(dev::DanBackwardParams<
 template <typename S, typename U, typename P, typename A, class Launcher>
 void run_dan_forward(const dev::DanForwardParams<S, U, P, A>& p, bool mapped, Launcher& launcher) {
   if constexpr (sizeof(S) != 8) {
-    const RowsPlan plan = plan_ldr_rows(p.M, p.N, dan_elem(sizeof(S), sizeof(U)), sizeof(P), /*backward=*/false, true);
+    const RowsPlan plan = plan_norm_rows(p.M, p.N, dan_elem(sizeof(S), sizeof(U)), sizeof(P), /*backward=*/false, true);
     if (p.x_vec && p.p_vec && plan.rows) {
       auto kernel = mapped ? dan_forward_rows<S, U, P, A, true>(plan) : dan_forward_rows<S, U, P, A, false>(plan);
       run_rows("dan_forward_rows_kernel", kernel, plan, rows_grid(kernel, plan, launcher), p, launcher);
@@ -338,7 +337,7 @@ void run_dan_backward(dev::DanBackwardParams<S, U, P, A> p, bool mapped, P* grad
 // ------------------------------------------------------------------------------------------- bias_act
 // bias_relu / bias_act forward (kAct: fused_math.h's act code).
 template <int kAct, typename S, typename B, class Launcher>
-void run_bias_act(const dev::BiasReluParams<S, B>& p, Launcher& launcher) {
+void run_bias_act(const dev::BiasActParams<S, B>& p, Launcher& launcher) {
   auto kernel = vector_access(p.N, {p.x, p.out, p.bias}) ? dev::bias_act_forward_kernel<S, B, true, kAct>
                                                          : dev::bias_act_forward_kernel<S, B, false, kAct>;
   const TilePlan t = plan_tiled(p.M, p.N, int64_t(launcher.blocks_per_sm(kernel, kTiledThreads)) * launcher.sm_count());
@@ -349,7 +348,7 @@ void run_bias_act(const dev::BiasReluParams<S, B>& p, Launcher& launcher) {
 
 // bias_relu / bias_act backward: grad_x, and grad_bias (accumulation dtype, (N,)) from the column sums.
 template <int kAct, typename S, typename B, class Launcher>
-void run_bias_act_backward(dev::BiasReluBackwardParams<S, B> p, dev::acc_t_of<S>* grad_bias, Launcher& launcher) {
+void run_bias_act_backward(dev::BiasActBackwardParams<S, B> p, dev::acc_t_of<S>* grad_bias, Launcher& launcher) {
   using A = dev::acc_t_of<S>;
   auto kernel = vector_access(p.N, {p.grad_out, p.saved, p.grad_x, p.bias})
                     ? dev::bias_act_backward_kernel<S, B, true, kAct>

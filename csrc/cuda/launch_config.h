@@ -7,7 +7,7 @@
 //   rows    a row lives in registers as VPT groups per thread: one warp per row (blockDim (32, 4): four rows a
 //           block, no barrier) while 32 lanes x max VPT groups cover it (N <= 1024 forward, 512 backward), else
 //           one row a block of ceil(groups / VPT) threads (forward: 4 groups a thread (3, or 2 for fp32 x or
-//           parameters, see plan_ldr_rows), N <= 16384; backward: 4 (or 2), N <= 8192; fp64 less). The forward
+//           parameters, see plan_norm_rows), N <= 16384; backward: 4 (or 2), N <= 8192; fp64 less). The forward
 //           reads x once; the backward reads x and grad_out once and keeps its columns' dgamma / dbeta in
 //           registers across the rows of a persistent, one-wave grid.
 //   wide    the backward at 8192 < N <= 18432 (16-bit and fp32 x, the 16-byte path): a row a block of up to 384
@@ -45,19 +45,19 @@ constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 // 65536 / max threads (no spills: the static CUDA gate, tools/cuda_resources.py, checks the built binary), and
 // the launcher never asks for more. elem = sizeof(x's dtype). The rows kernels are compiled separately for one
 // warp a row (blockDim (32, 4): 128 threads, so up to 255 registers) and one block a row.
-constexpr int ldr_rows_forward_max_threads(bool warp_row, int elem) { return warp_row || elem > 4 ? 128 : 512; }
+constexpr int norm_rows_forward_max_threads(bool warp_row, int elem) { return warp_row || elem > 4 ? 128 : 512; }
 // Rows of x a forward rows kernel of layer_norm_dropout_relu keeps in flight ahead of the row it reduces: the row
 // loop is a software pipeline, a row's loads issue that many rows before its math (norm_rows_forward.cuh,
 // norm_forward_rows). One warp a row with 16-bit x: 2 (at VPT 4: 12 warps an SM, 4 KB of x in flight a warp, 48 KB
 // an SM); 16-bit block rows and fp32: 1, within their register budgets (a block row at most 128 registers at 512
 // threads, no spills); fp64: 0, the loads start each row (a row ahead spills at VPT 4).
-constexpr int ldr_rows_ahead(bool warp_row, int elem) { return elem == 8 ? 0 : (warp_row && elem == 2 ? 2 : 1); }
+constexpr int nd_rows_ahead(bool warp_row, int elem) { return elem == 8 ? 0 : (warp_row && elem == 2 ? 2 : 1); }
 // The backward holds its groups' xhat, dxhat (fp32) and dgamma / dbeta sums, 32 registers a group, plus the
 // weight, bias and the dropout key schedule: more than 128 registers a thread (512 threads) at two groups, so
 // one block a row has at most 256 threads (255 registers a thread).
-constexpr int ldr_rows_backward_max_threads(bool warp_row, int elem) { return warp_row || elem == 8 ? 128 : 256; }
-constexpr int kLoopedThreads = 512;  // ldr_forward_looped_kernel, ldr_backward_row_stats_kernel
-// ldr_backward_wide_kernel, dan_backward_wide_kernel: 12 warps, 3 on each of an SM's 4 schedulers, so 168
+constexpr int norm_rows_backward_max_threads(bool warp_row, int elem) { return warp_row || elem == 8 ? 128 : 256; }
+constexpr int kLoopedThreads = 512;  // nd_forward_looped_kernel, nd_backward_row_stats_kernel
+// nd_backward_wide_kernel, dan_backward_wide_kernel: 12 warps, 3 on each of an SM's 4 schedulers, so 168
 // registers a thread (13 to 16 warps would leave 128)
 constexpr int kWideThreads = 384;
 // Static shared memory the wide kernels may use next to their dynamic memory (their row-sum scratch: 512 bytes).
@@ -82,7 +82,7 @@ constexpr bool dan_wide_allowed(int vpt, int x_elem, int sum_elem, int param_ele
 }
 
 // Largest VPT (groups a thread) of one warp a row.
-constexpr int ldr_rows_max_vpt(bool backward) { return backward ? 2 : 4; }
+constexpr int norm_rows_max_vpt(bool backward) { return backward ? 2 : 4; }
 
 // Device facts the plans need; the launcher caches them per device.
 struct DeviceFacts {
@@ -133,18 +133,19 @@ struct RowsPlan {
 // e.g. 3 x 352 threads at N = 8200, 4 x 384 at 12288, 6 x 352 at 16384.
 // Every plan keeps (VPT - 1) x T <= groups, so only a thread's last group can lie past the row (the kernels test
 // no other). elem / param_elem: sizeof of x's / the parameters' dtype; vec: the 16-byte vector path.
-inline RowsPlan plan_ldr_rows(int64_t M, int64_t N, int elem, int param_elem, bool backward, bool vec,
-                              int64_t max_shared = 0) {
+inline RowsPlan plan_norm_rows(int64_t M, int64_t N, int elem, int param_elem, bool backward, bool vec,
+                               int64_t max_shared = 0) {
   RowsPlan p;
   const int64_t groups = ceil_div(N, kGroup);
-  const int max_vpt = ldr_rows_max_vpt(backward);
+  const int max_vpt = norm_rows_max_vpt(backward);
   if (groups <= int64_t(kWarpSize) * max_vpt) {
     p.vpt = static_cast<int>(ceil_div(groups, kWarpSize));
     p.threads_x = kWarpSize;
     p.rows_per_block = 4;
     p.warp_row = true;
   } else {
-    const int bound = backward ? ldr_rows_backward_max_threads(false, elem) : ldr_rows_forward_max_threads(false, elem);
+    const int bound =
+        backward ? norm_rows_backward_max_threads(false, elem) : norm_rows_forward_max_threads(false, elem);
     static constexpr int kVpts[][3] = {{4, 3, 0}, {2, 4, 3}, {4, 3, 2}, {2, 0, 0}};
     const int* vpts = kVpts[0];
     if (!backward && elem != 8 && (elem == 4 || param_elem == 4)) vpts = kVpts[1];
@@ -179,16 +180,16 @@ inline RowsPlan plan_ldr_rows(int64_t M, int64_t N, int elem, int param_elem, bo
   }
   p.rows = true;
   p.max_threads =
-      backward ? ldr_rows_backward_max_threads(p.warp_row, elem) : ldr_rows_forward_max_threads(p.warp_row, elem);
+      backward ? norm_rows_backward_max_threads(p.warp_row, elem) : norm_rows_forward_max_threads(p.warp_row, elem);
   p.blocks_needed = ceil_div(M, p.rows_per_block);
   return p;
 }
 
-// dropout_add_norm's backward plan: plan_ldr_rows at dan_elem, except the wide plans dan_wide_allowed sends to
+// dropout_add_norm's backward plan: plan_norm_rows at dan_elem, except the wide plans dan_wide_allowed sends to
 // the looped kernels (which dan_backward_rows therefore never instantiates).
 inline RowsPlan plan_dan_backward(int64_t M, int64_t N, int x_elem, int sum_elem, int param_elem, int64_t max_shared) {
   const RowsPlan plan =
-      plan_ldr_rows(M, N, dan_elem(x_elem, sum_elem), param_elem, /*backward=*/true, true, max_shared);
+      plan_norm_rows(M, N, dan_elem(x_elem, sum_elem), param_elem, /*backward=*/true, true, max_shared);
   return plan.wide && !dan_wide_allowed(plan.vpt, x_elem, sum_elem, param_elem) ? RowsPlan{} : plan;
 }
 

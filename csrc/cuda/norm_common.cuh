@@ -1,5 +1,5 @@
-// The normalised-rows kernels' common part: their launch parameters, the two norm kinds (LayerNorm-dropout-ReLU and
-// dropout-add-norm, NormKind), and the per-row helpers every path uses (row constants, keep bits, dropout index,
+// The normalised-rows kernels' common part: their launch parameters, the two norm kinds (norm-dropout, NdKind, and
+// dropout-add-norm, DanKind: NormKind), and the per-row helpers every path uses (row constants, keep bits, dropout index,
 // held parameters). The kernels serve layer_norm_dropout_relu, norm_dropout (its RMSNorm launch) and
 // dropout_add_norm; DESIGN.md is the contract, launch_config.h describes the paths and their launch shapes. Raw
 // pointers and plain structs only.
@@ -16,7 +16,7 @@ namespace gpuopt {
 namespace dev {
 
 template <typename S, typename P, typename A>
-struct LdrForwardParams {
+struct NdForwardParams {
   const S* x;           // (M, N)
   const P* weight;      // (N); nullptr: no weight (1)
   const P* bias;        // (N); nullptr: no bias (0)
@@ -36,7 +36,7 @@ struct LdrForwardParams {
 };
 
 template <typename S, typename P, typename A>
-struct LdrBackwardParams {
+struct NdBackwardParams {
   const S* grad_out;    // (M, N)
   const S* x;           // (M, N)
   const P* weight;      // (N); nullptr: no weight
@@ -151,14 +151,15 @@ GPUOPT_DEV void load_row_params(const P* __restrict__ weight, const P* __restric
 }
 
 // ---------------------------------------------------------------------------------------------- fused norm kinds
-// The row kernels below serve two ops; K says which, at compile time:
-//   layer_norm_dropout_relu  (LdrKind) LayerNorm of x, then dropout and ReLU of the affine output; norm_dropout
-//                            runs the same kernels with RMSNorm (p.rms) and the ReLU (p.relu) launch arguments
-//                            (one uniform branch a row, a predicate an element): no instantiation of its own.
+// The row kernels below serve two norm kinds (three ops); K says which, at compile time:
+//   norm_dropout             (NdKind, the nd_*_kernel entries) the norm of x, then dropout and (p.relu) ReLU of the
+//                            affine output; layer_norm_dropout_relu is its LayerNorm-with-ReLU case, and both ops
+//                            run the same kernels with RMSNorm (p.rms) and the ReLU (p.relu) launch arguments
+//                            (one uniform branch a row, a predicate an element): no instantiation of either op's.
 //   dropout_add_norm         (DanKind) s = dropout(x) (+ residual), stored as `sum` in dtype U; LayerNorm or
 //                            RMSNorm (p.rms, a launch argument: one uniform branch a row) of s as stored; the
 //                            affine output. The backward adds grad_sum and applies the dropout to dS last.
-// In the bodies, U is the dtype of the norm's input (x for LdrKind, the stored sum for DanKind) and p.x points
+// In the bodies, U is the dtype of the norm's input (x for NdKind, the stored sum for DanKind) and p.x points
 // at it; S is x's (and out's, grad_out's, grad_x's) dtype.
 template <bool kDropPre_, typename U_>
 struct NormKind {
@@ -166,7 +167,7 @@ struct NormKind {
   using U = U_;
 };
 template <typename S>
-using LdrKind = NormKind<false, S>;
+using NdKind = NormKind<false, S>;
 template <typename U>
 using DanKind = NormKind<true, U>;
 
@@ -181,10 +182,10 @@ struct NormTypes {
   using U = typename K_::U;
 };
 
-// dropout_add_norm's launch arguments: layer_norm_dropout_relu's plus the residual, the sum and the norm kind.
+// dropout_add_norm's launch arguments: norm_dropout's (NdKind's) plus the residual, the sum and the norm kind.
 // x: the op's x (dtype S); mean: nullptr for RMSNorm.
 template <typename S, typename U, typename P, typename A>
-struct DanForwardParams : LdrForwardParams<S, P, A> {
+struct DanForwardParams : NdForwardParams<S, P, A> {
   const U* residual;  // (M, N); nullptr: no residual
   U* sum;             // (M, N) s = dropout(x) + residual, dtype U
 };
@@ -202,7 +203,7 @@ struct DanBackwardParams {
   const int64_t* seed;  // (1) or (4), as the forward's
   S* grad_x;            // (M, N)
   U* grad_residual;     // (M, N); nullptr: no residual
-  A* partial_w;         // (G, ldp) as LdrBackwardParams
+  A* partial_w;         // (G, ldp) as NdBackwardParams
   A* partial_b;         // (G, ldp)
   A* row_stats;         // looped path: (M, 2)
   int64_t M, N, ldp;
@@ -214,7 +215,7 @@ struct DanBackwardParams {
   bool rms;
 };
 
-// DanKind's extra row buffers (nullptr for LdrKind, whose params have none).
+// DanKind's extra row buffers (nullptr for NdKind, whose params have none).
 template <class K, class Params>
 GPUOPT_DEV auto grad_sum_of(const Params& p) {
   if constexpr (K::kDropPre) {

@@ -24,7 +24,7 @@ struct LoopedRowAt {
   int64_t row, drop0;
 };
 
-// LdrKind's first pass, group g of the row xr: its share of the sum of x (RMSNorm: of x^2) into `sum`.
+// NdKind's first pass, group g of the row xr: its share of the sum of x (RMSNorm: of x^2) into `sum`.
 template <typename U, typename A, class Params>
 GPUOPT_DEV void looped_group_sum_x(const Params& p, const RowConsts<A>& rc, const U* xr, int64_t g, bool rms,
                                    A (&v)[kGroup], A& sum) {
@@ -69,7 +69,7 @@ GPUOPT_DEV void looped_group_sq(const Params& p, const RowConsts<A>& rc, const U
   }
 }
 
-// The output pass, group g of the row xr: y = (x - mu) * rs * w + b; LdrKind's out = relu(dropout(y)),
+// The output pass, group g of the row xr: y = (x - mu) * rs * w + b; NdKind's out = relu(dropout(y)),
 // DanKind's out = y.
 template <class K, typename U, typename A, class Params>
 GPUOPT_DEV void looped_group_output(const Params& p, const RowConsts<A>& rc, const LoopedRowAt& at, const U* xr,
@@ -149,13 +149,13 @@ GPUOPT_DEV void norm_forward_looped(const Params& p) {
 // out = xhat(sum) * w + b; mean and rstd stored a row. The *_mapped_kernel twins number the dropout lanes
 // through the seed's shard map.
 template <typename S, typename P, typename A>
-__global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_forward_looped_kernel(LdrForwardParams<S, P, A> p) {
-  norm_forward_looped<LdrKind<S>, S, P, A, false>(p);
+__global__ void __launch_bounds__(cuda::kLoopedThreads) nd_forward_looped_kernel(NdForwardParams<S, P, A> p) {
+  norm_forward_looped<NdKind<S>, S, P, A, false>(p);
 }
 
 template <typename S, typename P, typename A>
-__global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_forward_looped_mapped_kernel(LdrForwardParams<S, P, A> p) {
-  norm_forward_looped<LdrKind<S>, S, P, A, true>(p);
+__global__ void __launch_bounds__(cuda::kLoopedThreads) nd_forward_looped_mapped_kernel(NdForwardParams<S, P, A> p) {
+  norm_forward_looped<NdKind<S>, S, P, A, true>(p);
 }
 
 template <typename S, typename U, typename P, typename A>
@@ -170,21 +170,21 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads)
 }
 
 // ------------------------------------------------------------------------------------------ backward, looped
-// Step 1 (one row a block, like ldr_forward_looped_kernel): the row means c1 = mean(dxhat * xhat) and
+// Step 1 (one row a block, like nd_forward_looped_kernel): the row means c1 = mean(dxhat * xhat) and
 // c2 = mean(dxhat) of the grad_x formula (dxhat = dy * w, xhat = (x - mean) * rstd, as the rows backward).
 // A thread takes U of its groups (g, g + T, ...) at a time: all their loads first, then the math. U is what fits
 // its 128 registers: 4 with 16-bit x and parameters on the 16-byte vector path, 2 with 32-bit ones, else 1.
 // kVec: the 16-byte vector path and one Philox call a group (with its key schedule computed once).
 // (dropout_add_norm: S here is the dtype of its norm input, the sum.)
 template <typename S, typename P, bool kVec>
-constexpr int ldr_stats_groups() {
+constexpr int row_stats_groups() {
   return !kVec || sizeof(S) == 8 ? 1 : (sizeof(S) == 2 && sizeof(P) == 2 ? 4 : 2);
 }
 
 template <class K, typename S, typename P, typename A, bool kVec, bool kMapped, class Params>
 GPUOPT_DEV void norm_backward_row_stats(const Params& p) {
   using NT = typename K::U;  // the norm's input
-  constexpr int U = ldr_stats_groups<NT, P, kVec>();
+  constexpr int U = row_stats_groups<NT, P, kVec>();
   GPUOPT_SHARED_ARRAY(A, red, 4 * kWarpSize);
   const RowConsts<A> rc(p);
   const GroupDropout<kVec && sizeof(A) == 4> drop(rc.seed, p.threshold);  // every lane is active here
@@ -254,14 +254,14 @@ GPUOPT_DEV void norm_backward_row_stats(const Params& p) {
 
 // Step 1 of the looped backwards: row_stats[r] = (c1, c2) = (mean(dxhat * xhat), mean(dxhat)) (RMSNorm: c2 = 0).
 template <typename S, typename P, typename A, bool kVec>
-__global__ void __launch_bounds__(cuda::kLoopedThreads) ldr_backward_row_stats_kernel(LdrBackwardParams<S, P, A> p) {
-  norm_backward_row_stats<LdrKind<S>, S, P, A, kVec, false>(p);
+__global__ void __launch_bounds__(cuda::kLoopedThreads) nd_backward_row_stats_kernel(NdBackwardParams<S, P, A> p) {
+  norm_backward_row_stats<NdKind<S>, S, P, A, kVec, false>(p);
 }
 
 template <typename S, typename P, typename A, bool kVec>
 __global__ void __launch_bounds__(cuda::kLoopedThreads)
-    ldr_backward_row_stats_mapped_kernel(LdrBackwardParams<S, P, A> p) {
-  norm_backward_row_stats<LdrKind<S>, S, P, A, kVec, true>(p);
+    nd_backward_row_stats_mapped_kernel(NdBackwardParams<S, P, A> p) {
+  norm_backward_row_stats<NdKind<S>, S, P, A, kVec, true>(p);
 }
 
 template <typename S, typename U, typename P, typename A, bool kVec>
@@ -278,10 +278,10 @@ __global__ void __launch_bounds__(cuda::kLoopedThreads)
 // Step 2, tiled: blockDim (TX, TY), gridDim (column tiles, row blocks). Thread (tx, ty) of block (bx, by) takes
 // the group of columns 8 * (bx * TX + tx) in rows by * TY + ty, + gridDim.y * TY, ...: grad_x, and dgamma /
 // dbeta of its 8 columns over its rows in registers, summed over ty at the end into row by of the partials.
-// It takes kLdrTiledRows rows of its stride at a time: all their loads (predicated on row < M) first, then the
+// It takes kTiledRows rows of its stride at a time: all their loads (predicated on row < M) first, then the
 // math. kVec: the 16-byte vector path and one Philox call a group (with its key schedule computed once).
 // DanKind: grad_sum joins the rows' loads; dS is stored as grad_residual and, through the dropout, as grad_x.
-constexpr int kLdrTiledRows = 2;
+constexpr int kTiledRows = 2;
 
 // The tiled backward's loads of U rows of its stride (row, row + stride, ...; those < M), all issued before any
 // math: the thread's group of x (the norm's input), grad_out and DanKind's grad_sum, and the rows' mean, rstd
@@ -300,7 +300,7 @@ GPUOPT_DEV void load_tiled_rows(const Params& p, int64_t row, int64_t stride, in
       if constexpr (K::kDropPre) {
         if (p.grad_sum != nullptr) load_raw_group(p.grad_sum + r * N + c0, valid, kVec, gsum[u]);
       }
-      // LdrKind reads mean unconditionally (RMSNorm: run_ldr_backward points it at rstd) and drops it below:
+      // NdKind reads mean unconditionally (RMSNorm: run_nd_backward points it at rstd) and drops it below:
       // a load under the flag costs its scalar path 17-24 registers (two blocks a SM become one)
       mu[u] = K::kDropPre && rms ? A(0) : p.mean[r];
       rs[u] = p.rstd[r];
@@ -313,7 +313,7 @@ GPUOPT_DEV void load_tiled_rows(const Params& p, int64_t row, int64_t stride, in
 template <class K, typename S, typename P, typename A, bool kVec, bool kMapped, class Params>
 GPUOPT_DEV void norm_backward_tiled(const Params& p) {
   using NT = typename K::U;  // the norm's input
-  constexpr int U = kLdrTiledRows;
+  constexpr int U = kTiledRows;
   GPUOPT_SHARED_ARRAY(A, comb, cuda::kTiledThreads * kGroup);
   const RowConsts<A> rc(p);
   const GroupDropout<kVec> drop(rc.seed, p.threshold);  // every lane is active here
@@ -392,13 +392,13 @@ GPUOPT_DEV void norm_backward_tiled(const Params& p) {
 // Step 2 of the looped backwards: grad_x = rstd * (dxhat - xhat * c1 - c2) (dropout_add_norm: dS = that +
 // grad_sum, grad_residual = dS, grad_x = dropout(dS)), and the partial column sums of dy * xhat and dy.
 template <typename S, typename P, typename A, bool kVec>
-__global__ void __launch_bounds__(cuda::kTiledThreads) ldr_backward_tiled_kernel(LdrBackwardParams<S, P, A> p) {
-  norm_backward_tiled<LdrKind<S>, S, P, A, kVec, false>(p);
+__global__ void __launch_bounds__(cuda::kTiledThreads) nd_backward_tiled_kernel(NdBackwardParams<S, P, A> p) {
+  norm_backward_tiled<NdKind<S>, S, P, A, kVec, false>(p);
 }
 
 template <typename S, typename P, typename A, bool kVec>
-__global__ void __launch_bounds__(cuda::kTiledThreads) ldr_backward_tiled_mapped_kernel(LdrBackwardParams<S, P, A> p) {
-  norm_backward_tiled<LdrKind<S>, S, P, A, kVec, true>(p);
+__global__ void __launch_bounds__(cuda::kTiledThreads) nd_backward_tiled_mapped_kernel(NdBackwardParams<S, P, A> p) {
+  norm_backward_tiled<NdKind<S>, S, P, A, kVec, true>(p);
 }
 
 template <typename S, typename U, typename P, typename A, bool kVec>

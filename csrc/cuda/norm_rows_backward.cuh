@@ -70,7 +70,7 @@ GPUOPT_DEV void wide_store(A* base, int slot, const A (&v)[kGroup]) {
 }
 
 // ----------------------------------------------------------------------------------------------- backward, rows
-// Launch shape of ldr_forward_rows_kernel; grid = G blocks, each owning the rows (blockIdx.x + i * G) * R + ty.
+// Launch shape of nd_forward_rows_kernel; grid = G blocks, each owning the rows (blockIdx.x + i * G) * R + ty.
 // With xhat = (x - mean) * rstd, y = xhat * w + b, dy the gradient reaching y (LayerNorm-dropout-ReLU: grad_out
 // through the dropout and the ReLU bit of y; dropout-add-norm: grad_out itself) and dxhat = dy * w, a row takes
 //   c1 = mean(dxhat * xhat), c2 = mean(dxhat) (RMSNorm: no mean, c2 = 0)
@@ -302,9 +302,9 @@ GPUOPT_DEV void backward_group_sums(const Params& p, const RowConsts<typename Pl
 // the wide kernel in two FMAs an element, rstd * dxhat - rstd c2 - (rstd c1) xhat (kRecompute: xhat again from
 // x's raw group, rstd * dxhat - rstd c2 - (rstd^2 c1) (x - mean)).
 template <class Plan, class Params>
-GPUOPT_DEV void ldr_backward_grad_x(const Params& p, const NormBackwardRowAt<typename Plan::A>& at, typename Plan::A c1,
-                                    typename Plan::A c2, int tx, int groups, int64_t N, typename Plan::A* wide_acc,
-                                    const NormBackwardRow<Plan>& r) {
+GPUOPT_DEV void nd_backward_grad_x(const Params& p, const NormBackwardRowAt<typename Plan::A>& at, typename Plan::A c1,
+                                   typename Plan::A c2, int tx, int groups, int64_t N, typename Plan::A* wide_acc,
+                                   const NormBackwardRow<Plan>& r) {
   using A = typename Plan::A;
   constexpr int VPT = Plan::VPT;
   constexpr bool kVec = Plan::kVec, kRecompute = Plan::kRecompute;
@@ -449,7 +449,7 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
     const int Tr = kWide ? opaque_block_dim_x() : T;
     const int64_t base = row * N;
     const A mu = rms ? A(0) : p.mean[row], rs = p.rstd[row];
-    // LdrKind's keep bits come with the row's loads: the row's first dropout index (DanKind under a map takes its
+    // NdKind's keep bits come with the row's loads: the row's first dropout index (DanKind under a map takes its
     // own after the row sum)
     Group<typename K::U> xs[VPT];
     Group<S> gs[VPT];
@@ -478,7 +478,7 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
     c1 *= rc.inv_n;
     c2 = rms ? A(0) : c2 * rc.inv_n;
     if constexpr (!K::kDropPre) {
-      ldr_backward_grad_x<Plan>(p, at, c1, c2, tx, groups, N, wide_acc, r);
+      nd_backward_grad_x<Plan>(p, at, c1, c2, tx, groups, N, wide_acc, r);
     } else {
       dan_backward_grads<Plan, kMapped>(p, rc, drop, at, c1, c2, tx, groups, N, wide_acc, r);
     }
@@ -496,25 +496,25 @@ GPUOPT_DEV void norm_backward_rows(const Params& p) {
 // The rows backwards (formulas at the top of this section): layer_norm_dropout_relu's grad_x, dropout_add_norm's
 // grad_x and grad_residual, and both ops' per-block partial sums of dgamma = sum(dy * xhat), dbeta = sum(dy).
 template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
-__global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, sizeof(S)))
-    ldr_backward_rows_kernel(LdrBackwardParams<S, P, A> p) {
-  norm_backward_rows<LdrKind<S>, S, P, A, kVec, kWarpRow, VPT, false, false>(p);
+__global__ void __launch_bounds__(cuda::norm_rows_backward_max_threads(kWarpRow, sizeof(S)))
+    nd_backward_rows_kernel(NdBackwardParams<S, P, A> p) {
+  norm_backward_rows<NdKind<S>, S, P, A, kVec, kWarpRow, VPT, false, false>(p);
 }
 
 template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
-__global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, sizeof(S)))
-    ldr_backward_rows_mapped_kernel(LdrBackwardParams<S, P, A> p) {
-  norm_backward_rows<LdrKind<S>, S, P, A, kVec, kWarpRow, VPT, false, true>(p);
+__global__ void __launch_bounds__(cuda::norm_rows_backward_max_threads(kWarpRow, sizeof(S)))
+    nd_backward_rows_mapped_kernel(NdBackwardParams<S, P, A> p) {
+  norm_backward_rows<NdKind<S>, S, P, A, kVec, kWarpRow, VPT, false, true>(p);
 }
 
 template <typename S, typename U, typename P, typename A, bool kWarpRow, int VPT>
-__global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, cuda::dan_elem(sizeof(S), sizeof(U))))
+__global__ void __launch_bounds__(cuda::norm_rows_backward_max_threads(kWarpRow, cuda::dan_elem(sizeof(S), sizeof(U))))
     dan_backward_rows_kernel(DanBackwardParams<S, U, P, A> p) {
   norm_backward_rows<DanKind<U>, S, P, A, true, kWarpRow, VPT, false, false>(p);
 }
 
 template <typename S, typename U, typename P, typename A, bool kWarpRow, int VPT>
-__global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, cuda::dan_elem(sizeof(S), sizeof(U))))
+__global__ void __launch_bounds__(cuda::norm_rows_backward_max_threads(kWarpRow, cuda::dan_elem(sizeof(S), sizeof(U))))
     dan_backward_rows_mapped_kernel(DanBackwardParams<S, U, P, A> p) {
   norm_backward_rows<DanKind<U>, S, P, A, true, kWarpRow, VPT, false, true>(p);
 }
@@ -522,13 +522,13 @@ __global__ void __launch_bounds__(cuda::ldr_rows_backward_max_threads(kWarpRow, 
 // The wide backwards (8192 < N <= 16384): a block of up to 512 threads a row, dgamma / dbeta in dynamic shared
 // memory (cuda::wide_backward_shared bytes).
 template <typename S, typename P, typename A, int VPT>
-__global__ void __launch_bounds__(cuda::kWideThreads) ldr_backward_wide_kernel(LdrBackwardParams<S, P, A> p) {
-  norm_backward_rows<LdrKind<S>, S, P, A, true, false, VPT, true, false>(p);
+__global__ void __launch_bounds__(cuda::kWideThreads) nd_backward_wide_kernel(NdBackwardParams<S, P, A> p) {
+  norm_backward_rows<NdKind<S>, S, P, A, true, false, VPT, true, false>(p);
 }
 
 template <typename S, typename P, typename A, int VPT>
-__global__ void __launch_bounds__(cuda::kWideThreads) ldr_backward_wide_mapped_kernel(LdrBackwardParams<S, P, A> p) {
-  norm_backward_rows<LdrKind<S>, S, P, A, true, false, VPT, true, true>(p);
+__global__ void __launch_bounds__(cuda::kWideThreads) nd_backward_wide_mapped_kernel(NdBackwardParams<S, P, A> p) {
+  norm_backward_rows<NdKind<S>, S, P, A, true, false, VPT, true, true>(p);
 }
 
 template <typename S, typename U, typename P, typename A, int VPT>

@@ -21,8 +21,8 @@ namespace dev {
 // x, out, weight and bias 16-byte aligned) makes every access a 16-byte vector and every group one Philox call at
 // compile time.
 // Weight and bias are loaded once, before the row loop (a thread's columns are the same in every row).
-// LdrKind: a software pipeline over a warp's (a block's) rows. Each row issues the loads of the row kAhead rows
-// on (ldr_rows_ahead: 2 for one warp a row with 16-bit x, 1 for the other 16-bit and fp32 rows, 0 for fp64)
+// NdKind: a software pipeline over a warp's (a block's) rows. Each row issues the loads of the row kAhead rows
+// on (nd_rows_ahead: 2 for one warp a row with 16-bit x, 1 for the other 16-bit and fp32 rows, 0 for fp64)
 // before its own math, so the warp keeps those rows' loads in flight while it reduces, draws the keep bits and
 // stores, instead of waiting a full load latency at the top of every row. A row is held raw (16-bit x: half the
 // registers of fp32) and converted again where it is used (the same conversion, so the same bits; `opaque` keeps
@@ -45,16 +45,16 @@ struct NormForwardRowsPlan : NormTypes<K, S, P, A> {
   // the key schedule's 20 registers fit next to a block row when it and its parameters are 16-bit (and, for
   // layer_norm_dropout_relu, there is no residual row beside it)
   static constexpr bool kHoistKeys = kWarpRow || (!K::kDropPre && kHold && sizeof(S) == 2);
-  // Rows whose x is in flight while a row is reduced (ldr_rows_ahead; DanKind: none, its loads start each row)
-  static constexpr int kAhead = K::kDropPre ? 0 : cuda::ldr_rows_ahead(kWarpRow, sizeof(S));
+  // Rows whose x is in flight while a row is reduced (nd_rows_ahead; DanKind: none, its loads start each row)
+  static constexpr int kAhead = K::kDropPre ? 0 : cuda::nd_rows_ahead(kWarpRow, sizeof(S));
   static constexpr int kAheadRows = kAhead > 0 ? kAhead : 1;
-  // LdrKind's block rows under a shard map draw their keep bits where their registers are fullest (a 16-bit row
+  // NdKind's block rows under a shard map draw their keep bits where their registers are fullest (a 16-bit row
   // of 4 groups a thread spills there if it holds one more value): thread 0 writes the row's first dropout index
   // at the top of the row into one of two slots of shared memory (row_drop; a row's barriers lie between its
   // write and the reads, the next row writes the other slot), and each group reads it back. Mapped warp rows,
   // whose registers have room, take it at each group; without a map it is the row's base.
   static constexpr bool kSharedDrop = kMapped && !kWarpRow && !K::kDropPre;
-  static constexpr int kValues = K::kDropPre ? VPT : 1;  // DanKind holds s as stored; LdrKind converts x again
+  static constexpr int kValues = K::kDropPre ? VPT : 1;  // DanKind holds s as stored; NdKind converts x again
 };
 
 // A thread's columns of its rows, read by the helpers through a reference (as the kernel's own values): the row
@@ -88,11 +88,11 @@ GPUOPT_DEV void load_forward_row(const Params& p, const RowThread<Plan::VPT>& t,
   }
 }
 
-// LdrKind: group k's share of the sum of the row's x for the mean, into `sum` (h: whether the group is in the row;
+// NdKind: group k's share of the sum of the row's x for the mean, into `sum` (h: whether the group is in the row;
 // absent elements are 0). x is the caller's scratch group, declared in its group loop.
 template <class Plan>
-GPUOPT_DEV void ldr_group_sum_x(const Group<typename Plan::S>& raw, bool h, typename Plan::A (&x)[kGroup],
-                                typename Plan::A& sum) {
+GPUOPT_DEV void nd_group_sum_x(const Group<typename Plan::S>& raw, bool h, typename Plan::A (&x)[kGroup],
+                               typename Plan::A& sum) {
   using A = typename Plan::A;
   if (h) unpack_group(raw, x);
 #pragma unroll
@@ -145,7 +145,7 @@ GPUOPT_DEV void dan_form_row(const Params& p, const RowConsts<typename Plan::A>&
   }
 }
 
-// The centred value of element j of the thread's group k: LdrKind converts x again (exactly, into x) and subtracts
+// The centred value of element j of the thread's group k: NdKind converts x again (exactly, into x) and subtracts
 // the mean again (the same operation, so the same bits as the centred pass); DanKind keeps it in v.
 template <class Plan>
 GPUOPT_DEV typename Plan::A centred(const typename Plan::A (&v)[Plan::kValues][kGroup], int k, int j, int valid,
@@ -157,8 +157,8 @@ GPUOPT_DEV typename Plan::A centred(const typename Plan::A (&v)[Plan::kValues][k
   }
 }
 
-// The row's sum of squares about mu into sq: LdrKind from x converted again (x: the caller's scratch group);
-// DanKind centres v in place (x - mean, kept for the output). LdrKind's RMSNorm skips the mean's sum and takes
+// The row's sum of squares about mu into sq: NdKind from x converted again (x: the caller's scratch group);
+// DanKind centres v in place (x - mean, kept for the output). NdKind's RMSNorm skips the mean's sum and takes
 // this pass with mu = 0 (x - 0 is x: sq is the sum of x^2), so its code is LayerNorm's plus two uniform branches
 // (a shared-memory offset chosen at run time, as DanKind's parity, costs the LayerNorm rows 17 registers on the
 // scalar path).
@@ -186,7 +186,7 @@ GPUOPT_DEV void centred_row_sum_sq(const RowThread<Plan::VPT>& t, Group<typename
   }
 }
 
-// The output pass's scratch groups: the group's weight and bias (converted), its output, LdrKind's x converted
+// The output pass's scratch groups: the group's weight and bias (converted), its output, NdKind's x converted
 // again and its keep bits. Declared by the caller where the kernel declared them before it was split (a helper's
 // own arrays would be placed ahead of the row's arrays, and that order alone changes ptxas's register allocation).
 template <class Plan>
@@ -196,7 +196,7 @@ struct ForwardOutputScratch {
   bool keep[kGroup];
 };
 
-// The row's output: y = (x - mean) * rstd * w + b; LdrKind's out = relu(dropout(y)), the group's keep bits drawn
+// The row's output: y = (x - mean) * rstd * w + b; NdKind's out = relu(dropout(y)), the group's keep bits drawn
 // here, DanKind's out = y. The held parameters are converted again each row, the others reloaded a group at a time.
 template <class Plan, class Params, class Drop>
 GPUOPT_DEV void forward_output_row(const Params& p, const RowConsts<typename Plan::A>& rc, const Drop& drop,
@@ -252,7 +252,7 @@ GPUOPT_DEV void forward_output_row(const Params& p, const RowConsts<typename Pla
   }
 }
 
-// LdrKind's pipeline start: the loads of the thread's first row and of the rows ahead of it but the last (each
+// NdKind's pipeline start: the loads of the thread's first row and of the rows ahead of it but the last (each
 // row issues that one's).
 template <class Plan, class Params>
 GPUOPT_DEV void start_rows_ahead(const Params& p, const RowThread<Plan::VPT>& t, int64_t row, int64_t stride,
@@ -276,7 +276,7 @@ GPUOPT_DEV void shift_rows_ahead(Group<typename Plan::S> (&raw)[Plan::VPT],
   }
 }
 
-// The rows forward: per row, its loads (LdrKind: of the row kAhead rows on), the row sum, the centred pass, the
+// The rows forward: per row, its loads (NdKind: of the row kAhead rows on), the row sum, the centred pass, the
 // row's mean and rstd, and the output.
 template <class K, typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT, bool kMapped, class Params>
 GPUOPT_DEV void norm_forward_rows(const Params& p) {
@@ -313,14 +313,14 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
     } else {
       load_forward_row<Plan>(p, t, row, raw);
     }
-    A v[Plan::kValues][kGroup];  // DanKind: s as stored; LdrKind converts `raw` where it is used
+    A v[Plan::kValues][kGroup];  // DanKind: s as stored; NdKind converts `raw` where it is used
     A sum = A(0);
     if constexpr (!K::kDropPre) {
       if (!rms) {  // RMSNorm skips the mean's sum
 #pragma unroll
         for (int k = 0; k < VPT; ++k) {
           A x[kGroup];
-          ldr_group_sum_x<Plan>(raw[k], t.has(k, tx + k * T), x, sum);
+          nd_group_sum_x<Plan>(raw[k], t.has(k, tx + k * T), x, sum);
         }
       }
     } else {
@@ -359,31 +359,31 @@ GPUOPT_DEV void norm_forward_rows(const Params& p) {
 // layer_norm_dropout_relu (and norm_dropout: p.rms, p.relu), rows path: out = relu(dropout(xhat * w + b)), mean,
 // rstd (the formulas above).
 template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
-__global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, sizeof(S)))
-    ldr_forward_rows_kernel(LdrForwardParams<S, P, A> p) {
-  norm_forward_rows<LdrKind<S>, S, P, A, kVec, kWarpRow, VPT, false>(p);
+__global__ void __launch_bounds__(cuda::norm_rows_forward_max_threads(kWarpRow, sizeof(S)))
+    nd_forward_rows_kernel(NdForwardParams<S, P, A> p) {
+  norm_forward_rows<NdKind<S>, S, P, A, kVec, kWarpRow, VPT, false>(p);
 }
 
 // Every row kernel has a *_mapped_kernel twin (kMapped: the row's dropout lanes numbered through the seed's shard
 // map, row_dropout_index), launched only where the seed holds a map and the RNG runs, so the 1-element seed's
 // instances keep the code and registers they had without maps.
 template <typename S, typename P, typename A, bool kVec, bool kWarpRow, int VPT>
-__global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, sizeof(S)))
-    ldr_forward_rows_mapped_kernel(LdrForwardParams<S, P, A> p) {
-  norm_forward_rows<LdrKind<S>, S, P, A, kVec, kWarpRow, VPT, true>(p);
+__global__ void __launch_bounds__(cuda::norm_rows_forward_max_threads(kWarpRow, sizeof(S)))
+    nd_forward_rows_mapped_kernel(NdForwardParams<S, P, A> p) {
+  norm_forward_rows<NdKind<S>, S, P, A, kVec, kWarpRow, VPT, true>(p);
 }
 
 // dropout_add_norm, rows path: sum = dropout(x) (+ residual), out = xhat(sum) * w + b, mean and rstd of sum.
 // dropout_add_norm runs its rows kernels on the 16-byte vector path only (the launcher sends the rest to the
 // looped kernels), so there is no kVec argument; the bound is that of the wider of x and the sum.
 template <typename S, typename U, typename P, typename A, bool kWarpRow, int VPT>
-__global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, cuda::dan_elem(sizeof(S), sizeof(U))))
+__global__ void __launch_bounds__(cuda::norm_rows_forward_max_threads(kWarpRow, cuda::dan_elem(sizeof(S), sizeof(U))))
     dan_forward_rows_kernel(DanForwardParams<S, U, P, A> p) {
   norm_forward_rows<DanKind<U>, S, P, A, true, kWarpRow, VPT, false>(p);
 }
 
 template <typename S, typename U, typename P, typename A, bool kWarpRow, int VPT>
-__global__ void __launch_bounds__(cuda::ldr_rows_forward_max_threads(kWarpRow, cuda::dan_elem(sizeof(S), sizeof(U))))
+__global__ void __launch_bounds__(cuda::norm_rows_forward_max_threads(kWarpRow, cuda::dan_elem(sizeof(S), sizeof(U))))
     dan_forward_rows_mapped_kernel(DanForwardParams<S, U, P, A> p) {
   norm_forward_rows<DanKind<U>, S, P, A, true, kWarpRow, VPT, true>(p);
 }

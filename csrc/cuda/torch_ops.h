@@ -54,7 +54,7 @@ void set_rows_fields(Pm& p, const Spec& s) {
 // The forward's parameters of both norm ops (dropout_add_norm's extend them): x (or its stand-in), the
 // parameters, the seed, out, mean (nullptr for RMSNorm) and rstd.
 template <typename S, typename P, typename A, class Spec, class Backend>
-void set_forward_fields(dev::LdrForwardParams<S, P, A>& p, const Spec& s, Backend& be, const Tensor& out,
+void set_forward_fields(dev::NdForwardParams<S, P, A>& p, const Spec& s, Backend& be, const Tensor& out,
                         const Tensor& mean, const Tensor& rstd) {
   p.x = device_in<S>(be, "x", s.x);
   p.weight = device_in<P>(be, "weight", s.weight);
@@ -70,9 +70,9 @@ void set_forward_fields(dev::LdrForwardParams<S, P, A>& p, const Spec& s, Backen
 
 // layer_norm_dropout_relu / norm_dropout forward.
 template <typename S, typename P, typename A, class Backend>
-dev::LdrForwardParams<S, P, A> forward_params(const NormSpec& s, Backend& be, const Tensor& out, const Tensor& mean,
-                                              const Tensor& rstd) {
-  dev::LdrForwardParams<S, P, A> p;
+dev::NdForwardParams<S, P, A> forward_params(const NormSpec& s, Backend& be, const Tensor& out, const Tensor& mean,
+                                             const Tensor& rstd) {
+  dev::NdForwardParams<S, P, A> p;
   set_forward_fields(p, s, be, out, mean, rstd);
   p.relu = s.relu;
   p.x_vec = vector_access(s.N, {p.x, p.out});
@@ -94,13 +94,13 @@ dev::DanForwardParams<S, U, P, A> forward_params(const AddNormSpec& s, Backend& 
 
 // layer_norm_dropout_relu / norm_dropout backward (partial sums and row statistics: the launcher's scratch).
 template <typename S, typename P, typename A, class Backend>
-dev::LdrBackwardParams<S, P, A> backward_params(const NormSpec& s, Backend& be, const Tensor& grad_x) {
-  dev::LdrBackwardParams<S, P, A> p;
+dev::NdBackwardParams<S, P, A> backward_params(const NormSpec& s, Backend& be, const Tensor& grad_x) {
+  dev::NdBackwardParams<S, P, A> p;
   p.grad_out = device_in<S>(be, "grad_out", s.grad_out);
   p.x = device_in<S>(be, "x", s.x);
   p.weight = device_in<P>(be, "weight", s.weight);
   p.bias = device_in<P>(be, "bias", s.bias);
-  // RMSNorm has no mean; ldr_backward_tiled_kernel reads it anyway (and drops it): point it at rstd
+  // RMSNorm has no mean; nd_backward_tiled_kernel reads it anyway (and drops it): point it at rstd
   const A* mean = s.rms ? nullptr : device_in<A>(be, "mean", s.mean);
   p.rstd = device_in<A>(be, "rstd", s.rstd);
   p.mean = s.rms ? p.rstd : mean;
@@ -140,8 +140,8 @@ dev::DanBackwardParams<S, U, P, A> backward_params(const AddNormSpec& s, Backend
 
 // bias_relu / bias_act forward.
 template <typename S, typename B, class Backend>
-dev::BiasReluParams<S, B> forward_params(const BiasActSpec& s, Backend& be, const Tensor& out) {
-  dev::BiasReluParams<S, B> p;
+dev::BiasActParams<S, B> forward_params(const BiasActSpec& s, Backend& be, const Tensor& out) {
+  dev::BiasActParams<S, B> p;
   p.x = device_in<S>(be, "x", s.x);
   p.bias = device_in<B>(be, "bias", s.bias);
   p.out = device_out<S>(be, "out", out);
@@ -152,8 +152,8 @@ dev::BiasReluParams<S, B> forward_params(const BiasActSpec& s, Backend& be, cons
 
 // bias_relu / bias_act backward: saved is the output for relu (no bias read), x otherwise.
 template <typename S, typename B, class Backend>
-dev::BiasReluBackwardParams<S, B> backward_params(const BiasActSpec& s, Backend& be, const Tensor& grad_x) {
-  dev::BiasReluBackwardParams<S, B> p;
+dev::BiasActBackwardParams<S, B> backward_params(const BiasActSpec& s, Backend& be, const Tensor& grad_x) {
+  dev::BiasActBackwardParams<S, B> p;
   p.grad_out = device_in<S>(be, "grad_out", s.grad_out);
   p.saved = device_in<S>(be, s.bias.defined() ? "saved" : "out", s.saved);
   p.bias = s.act == kActRelu ? nullptr : device_in<B>(be, "bias", s.bias);
@@ -177,8 +177,8 @@ std::tuple<Tensor, Tensor, Tensor> norm_forward(const NormSpec& s) {
   dispatch_norm_dtypes(s, [&](auto st, auto pt) {
     using S = typename decltype(st)::type;
     using P = typename decltype(pt)::type;
-    cuda::run_ldr_forward(forward_params<S, P, acc_type_t<S>>(s, be, out, mean, rstd), dev::read_map(s.dropout),
-                          be.launcher());
+    cuda::run_nd_forward(forward_params<S, P, acc_type_t<S>>(s, be, out, mean, rstd), dev::read_map(s.dropout),
+                         be.launcher());
   });
   be.finish();
   return {out, mean, rstd};
@@ -202,7 +202,7 @@ std::tuple<Tensor, Tensor, Tensor> norm_backward(const NormSpec& s) {
     const auto params = backward_params<S, P, acc_type_t<S>>(s, be, grad_x);
     P* gw = s.weight.defined() ? device_out<P>(be, "grad_weight", grad_w) : nullptr;
     P* gb = s.bias.defined() ? device_out<P>(be, "grad_bias", grad_b) : nullptr;
-    cuda::run_ldr_backward(params, dev::read_map(s.dropout), gw, gb, be.launcher());
+    cuda::run_nd_backward(params, dev::read_map(s.dropout), gw, gb, be.launcher());
   });
   be.finish();
   return {grad_x, grad_w, grad_b};

@@ -14,7 +14,7 @@ namespace gpuopt {
 namespace dev {
 
 template <typename S, typename B>
-struct BiasReluParams {
+struct BiasActParams {
   const S* x;     // (M, N)
   const B* bias;  // (N)
   S* out;         // (M, N)
@@ -23,15 +23,15 @@ struct BiasReluParams {
 
 // Rows a thread loads before it computes and stores any of them: U loads in flight per thread (predicated on
 // row < M), so a block of 256 threads keeps 256 x U x 16 bytes (or x 32 for fp32) of reads in flight.
-constexpr int kBiasReluRows = 4;
+constexpr int kBiasActRows = 4;
 
 // out = act(x + bias) (bias broadcast over the rows; act: fused_math.h's act codes, kActRelu for bias_relu).
 // kVec (the launcher's choice: N % 8 == 0 and x, out, bias 16-byte aligned) makes every group 16-byte vectors
 // at compile time; otherwise element by element, with the row's last group partial.
 template <typename S, typename B, bool kVec, int kAct>
-__global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_forward_kernel(BiasReluParams<S, B> p) {
+__global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_forward_kernel(BiasActParams<S, B> p) {
   using A = acc_t_of<S>;
-  constexpr int U = kBiasReluRows;
+  constexpr int U = kBiasActRows;
   const int64_t N = p.N, M = p.M;
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kGroup;
   if (c0 >= N) return;  // no barrier in this kernel
@@ -43,27 +43,19 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_forward_kernel(B
   S* __restrict__ out = p.out + c0;
   for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < M; row += U * stride) {
     Group<S> v[U];
+    for_each_below<U>(row, stride, M, [&](int u, int64_t r) { load_raw_group(x + r * N, valid, kVec, v[u]); });
+    for_each_below<U>(row, stride, M, [&](int u, int64_t r) {
+      A o[kGroup];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t r = row + u * stride;
-      if (r < M) load_raw_group(x + r * N, valid, kVec, v[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t r = row + u * stride;
-      if (r < M) {
-        A o[kGroup];
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j) o[j] = act_forward<kAct, A>(to_acc(v[u].v[j]) + b[j]);
-        store_group(out + r * N, valid, kVec, o);
-      }
-    }
+      for (int j = 0; j < kGroup; ++j) o[j] = act_forward<kAct, A>(to_acc(v[u].v[j]) + b[j]);
+      store_group(out + r * N, valid, kVec, o);
+    });
   }
 }
 
 // saved: the output for relu (mask out > 0; bias unused, may be nullptr), x for the other activations.
 template <typename S, typename B>
-struct BiasReluBackwardParams {
+struct BiasActBackwardParams {
   const S* grad_out;     // (M, N)
   const S* saved;        // (M, N)
   const B* bias;         // (N)
@@ -75,9 +67,9 @@ struct BiasReluBackwardParams {
 // grad_x = grad_out * act'(.) (relu: from the saved output, out > 0; the other activations from x + bias) and
 // dbias = the column sums of grad_x, as per-block partial rows (column_sums.cuh adds them).
 template <typename S, typename B, bool kVec, int kAct>
-__global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_backward_kernel(BiasReluBackwardParams<S, B> p) {
+__global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_backward_kernel(BiasActBackwardParams<S, B> p) {
   using A = acc_t_of<S>;
-  constexpr int U = kBiasReluRows;
+  constexpr int U = kBiasActRows;
   GPUOPT_SHARED_ARRAY(A, comb, cuda::kTiledThreads * kGroup);
   const int64_t N = p.N, M = p.M;
   const int64_t c0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kGroup;
@@ -99,27 +91,19 @@ __global__ void __launch_bounds__(cuda::kTiledThreads) bias_act_backward_kernel(
     S* __restrict__ grad_x = p.grad_x + c0;
     for (int64_t row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; row < M; row += U * stride) {
       Group<S> g[U], o[U];
+      for_each_below<U>(row, stride, M, [&](int u, int64_t r) {
+        load_raw_group(grad_out + r * N, valid, kVec, g[u]);
+        load_raw_group(out + r * N, valid, kVec, o[u]);
+      });
+      for_each_below<U>(row, stride, M, [&](int u, int64_t r) {
+        A d[kGroup];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t r = row + u * stride;
-        if (r < M) {
-          load_raw_group(grad_out + r * N, valid, kVec, g[u]);
-          load_raw_group(out + r * N, valid, kVec, o[u]);
+        for (int j = 0; j < kGroup; ++j) {
+          d[j] = act_backward_element<kAct, A>(to_acc(g[u].v[j]), to_acc(o[u].v[j]), b[j]);
+          db[j] += d[j];
         }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t r = row + u * stride;
-        if (r < M) {
-          A d[kGroup];
-#pragma unroll
-          for (int j = 0; j < kGroup; ++j) {
-            d[j] = act_backward_element<kAct, A>(to_acc(g[u].v[j]), to_acc(o[u].v[j]), b[j]);
-            db[j] += d[j];
-          }
-          store_group(grad_x + r * N, valid, kVec, d);
-        }
-      }
+        store_group(grad_x + r * N, valid, kVec, d);
+      });
     }
   }
   write_tile_partials(db, p.partial, p.ldp, N, comb);
