@@ -427,7 +427,7 @@ def cuda_launches(
 # Per kernel: how its loops run. "rows": a persistent loop over row tiles (program axis `axis`), with chunk
 # loops of BLOCK_N columns inside it when BLOCK_N < N; "chunks": passes over one row's BLOCK_N-column chunks;
 # "partials": a loop over the whole BLOCK_G steps of the G partial rows (then the partial last step, once).
-# The two norm families, ldr_* (layer_norm_dropout_relu, norm_dropout) and dan_* (dropout_add_norm), have the
+# The two norm families, nd_* (layer_norm_dropout_relu, norm_dropout) and dan_* (dropout_add_norm), have the
 # same kernels, with the same loops.
 _NORM_KERNEL_LOOPS = {
     "fwd_fused": ("rows", 0),
@@ -438,7 +438,7 @@ _NORM_KERNEL_LOOPS = {
     "bwd_chunk": ("rows", 1),
 }
 TRITON_LOOPS = {
-    **{f"{family}_{k}_kernel": loops for family in ("ldr", "dan") for k, loops in _NORM_KERNEL_LOOPS.items()},
+    **{f"{family}_{k}_kernel": loops for family in ("nd", "dan") for k, loops in _NORM_KERNEL_LOOPS.items()},
     "sum_partials_kernel": ("partials", 0),
     "bias_act_fwd_kernel": ("rows", 0),
     "bias_act_bwd_kernel": ("rows", 1),
