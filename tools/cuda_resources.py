@@ -37,10 +37,12 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import importlib.util
 import json
 import math
 import os
+import pickle
 import re
 import shutil
 import struct
@@ -657,8 +659,6 @@ def _analysis_path(elf: Path, arch: Optional[str], tool: str, sm: SMLimits) -> O
     """Where analyze's result for these arguments is kept under $GPUOPT_TOOL_STORE (None without it): the name
     hashes the ELF's bytes, the arch asked for, the SM limits, cuobjdump (path, size, mtime) and this module's
     source (the parsers and the occupancy model)."""
-    import hashlib
-
     folder = os.environ.get(TOOL_STORE_ENV, "").strip()
     if not folder:
         return None
@@ -676,28 +676,32 @@ def analyze(
 ) -> tuple[str, list[Row]]:
     """Run cuobjdump on `elf` and return (arch, rows); under $GPUOPT_TOOL_STORE a result kept for the same ELF,
     arguments, cuobjdump and parser is read instead."""
-    import pickle
-
     elf = Path(elf)
     if not elf.is_file():
         raise ToolError(f"no such file: {elf}")
     tool = cuobjdump or find_cuobjdump()
-    path = _analysis_path(elf, arch, tool, sm)
+    return kept_result(_analysis_path(elf, arch, tool, sm), lambda: _analyze_now(elf, arch, tool, sm))
+
+
+def kept_result(path: Optional[os.PathLike], compute: Callable[[], object]):
+    """compute()'s result, kept as a pickle at `path` (None: not kept) for the processes that name the same path:
+    read when it is there (a read refreshes the file's time: a store kept between runs drops what no run has read
+    for a while), else computed and written whole or not at all, for a concurrent reader."""
     if path is not None:
         try:
             with open(path, "rb") as f:
                 result = pickle.load(f)
-            os.utime(path)  # last read now: the test suite drops entries no run has read for a while
+            os.utime(path)
             return result
-        except FileNotFoundError:
+        except FileNotFoundError:  # not computed yet, or just dropped as unread
             pass
-    result = _analyze_now(elf, arch, tool, sm)
+    result = compute()
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
             pickle.dump(result, f)
-        os.replace(tmp, path)  # whole or absent, for a concurrent reader
+        os.replace(tmp, path)
     return result
 
 

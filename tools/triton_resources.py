@@ -53,7 +53,6 @@ import io
 import json
 import multiprocessing
 import os
-import pickle
 import re
 import shutil
 import sys
@@ -75,7 +74,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from tools.cuda_resources import SM90, occupancy  # noqa: E402
+from tools.cuda_resources import SM90, kept_result, occupancy  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 SHARED_LIMIT = SM90.shared_per_block  # 227 KiB per block on sm_90
@@ -275,23 +274,7 @@ def _store_path(job) -> Optional[str]:
 def _compile(job) -> tuple[int, int, int, int, int, int, bytes, str]:
     """Compiles a job (or takes its result from $GPUOPT_TRITON_STORE); returns (registers, spill stores, spill
     loads, stack frame, shared bytes, num_warps, cubin, kernel symbol)."""
-    path = _store_path(job)
-    if path:
-        try:
-            with open(path, "rb") as f:
-                result = pickle.load(f)
-            os.utime(path)  # last read now: a store kept between runs drops what no run has read for a while
-            return result
-        except FileNotFoundError:  # not compiled yet, or just dropped as unread
-            pass
-    result = _compile_now(job)
-    if path:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(result, f)
-        os.replace(tmp, path)  # whole or absent, for a concurrent reader
-    return result
+    return kept_result(_store_path(job), lambda: _compile_now(job))
 
 
 def _compile_now(job) -> tuple[int, int, int, int, int, int, bytes, str]:
