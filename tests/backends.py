@@ -97,6 +97,12 @@ class Backend:
     def interpreted(self) -> bool:
         return self.triton and self.device == "cpu"
 
+    @property
+    def runs_slowly(self) -> bool:
+        """Kernel source run on the CPU by a model of the GPU (Triton's interpreter, the emulated CUDA source): the
+        fast lane gives these backends fewer cases than the full suite."""
+        return self.interpreted or self.namespace == "gpuopt_emu"
+
     def __repr__(self) -> str:
         return self.name
 
@@ -132,6 +138,11 @@ def backend_params(*names: str):
             marks.append(pytest.mark.skip(reason=f"backend {b.name}: {reason}"))
         params.append(pytest.param(b, id=b.name, marks=marks))
     return params
+
+
+def marks_for(param, full_suite_only: bool) -> list:
+    """The marks of a backend_params entry, plus `slow` when the case is to run in the full suite only."""
+    return [*param.marks, pytest.mark.slow] if full_suite_only else list(param.marks)
 
 
 def cpu_backends():

@@ -46,7 +46,7 @@ def _backend_op_params():
                         marks = list(p.marks)
                         if p.id == "cuda-emulated" and dtype in (torch.float16, torch.float64):
                             marks.append(pytest.mark.slow)  # the emulator's fast lane: fp32 and bf16
-                        elif p.id in ("cuda-emulated", "triton-interpret") and n > 123:
+                        elif p.values[0].runs_slowly and n > 123:
                             marks.append(pytest.mark.slow)
                         ident = f"{shape}-{p.id}-{op.name}-{variant.name}-{str(dtype)[6:]}"
                         yield pytest.param(p.values[0], op, variant, dtype, prefix, n, marks=marks, id=ident)

@@ -16,7 +16,7 @@ import torch
 import gpuopt_ops
 from gpuopt_ops import reference as R
 
-from backends import BY_NAME, DEFAULT, backend_params, require_op
+from backends import BY_NAME, DEFAULT, backend_params, marks_for, require_op
 from helpers import seed_tensor
 
 CPU = BY_NAME["cpu"]
@@ -285,8 +285,7 @@ def _gated_mask_params():
     Triton's interpreter) in the full suite only, and on the CPU kernels, whose tiles they cross, in both."""
     for m, n in [(3, 7), (5, 37), (16, 123), (6, 40), (3, 4099), (1, 8195)]:
         for p in backend_params(*DEFAULT, "cuda-emulated"):
-            slow = n > 4096 and p.id in ("cuda-emulated", "triton-interpret")
-            marks = [*p.marks, pytest.mark.slow] if slow else p.marks
+            marks = marks_for(p, full_suite_only=n > 4096 and p.values[0].runs_slowly)
             yield pytest.param(p.values[0], m, n, id=f"{m}-{n}-{p.id}", marks=marks)
 
 

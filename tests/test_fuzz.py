@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gpuopt_ops import reference as R
 
-from backends import DEFAULT, backend_params, require_op
+from backends import DEFAULT, backend_params, marks_for, require_op
 from helpers import FLOORS, assert_close_to_reference, ldr_reference_and_grads
 from op_table import DROPOUT_ADD_NORM, GATED_ACT, NORM_DROPOUT, Sample, check_against_reference
 
@@ -203,7 +203,7 @@ def _fuzz_backends(*names):
     """backend_params(*names), with Triton's interpreter in the full suite only: an example costs it many times what
     it costs the CPU kernels, and the fast lane's own Triton cases (test_correctness) cover each kernel path."""
     return [
-        pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.slow] if p.id == "triton-interpret" else p.marks)
+        pytest.param(*p.values, id=p.id, marks=marks_for(p, full_suite_only=p.values[0].interpreted))
         for p in backend_params(*names)
     ]
 

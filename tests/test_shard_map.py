@@ -24,7 +24,7 @@ from gpuopt_ops import reference as R
 from gpuopt_ops.dtensor import shard_map
 from gpuopt_ops.ops import ACTIVATIONS
 
-from backends import DEFAULT, backend_params, require_op
+from backends import DEFAULT, backend_params, marks_for, require_op
 from helpers import load_emulated_ops
 
 SEED = 2**41 + 12345
@@ -178,15 +178,13 @@ def row_matrix():
     out = []
     for bp in ALL:
         backend = bp.values[0]
-        slow = backend.name in ("triton-interpret", "cuda-emulated")
+        slow = backend.runs_slowly
         i = 0
         for op in ROW_OPS:
             for j, n in enumerate((37, 64, 1000)):
                 for k, box in enumerate(BOXES):
                     i += 1
-                    marks = list(bp.marks)
-                    if slow and (j + k) % 3:
-                        marks.append(pytest.mark.slow)
+                    marks = marks_for(bp, full_suite_only=slow and (j + k) % 3 != 0)
                     for dtype in DTYPES:
                         dt = dtype.values[0]
                         if slow and dt != (torch.float32, torch.bfloat16)[i % 2]:
