@@ -3,6 +3,7 @@ sm_90; each .cu names the command that regenerates its .sass). No tool runs here
 reads the built extension with cuobjdump and is skipped without them."""
 
 import glob
+import os
 from pathlib import Path
 
 import pytest
@@ -303,12 +304,13 @@ def test_gated_act_sass_of_built_extension():
         assert philox == drop, (direction, drop)
 
 
-@pytest.mark.slow  # runs cuobjdump over a built cubin, twice (an external tool; the fast lane skips it)
-def test_one_pass_disassembly_matches_cuobjdump(tmp_path, monkeypatch):
+@pytest.mark.slow  # runs cuobjdump over a built cubin (an external tool, ~8 s; the fast lane skips it)
+def test_one_pass_disassembly_matches_cuobjdump(tmp_path):
     """sass_of_cubins (one raw-instruction pass of the disassembler for many cubins, the performance model's way
-    of reading Triton's cubins) gives every function of the built extension's dropout-add-norm forward cubin with
-    the instructions of `cuobjdump -sass` on that cubin: the branch, convergence and return targets that raw mode
-    prints as stream addresses included."""
+    of reading Triton's cubins) gives every function of the built extension's dropout-add-norm forward cubin, and
+    a sample of them (every twelfth, and the first of each kernel template) has the instructions of `cuobjdump
+    -sass` on that cubin: the branch, convergence and return targets that raw mode prints as stream addresses
+    included. (cuobjdump runs the disassembler once a function, ~0.3 s each: the whole cubin took 27 s.)"""
     try:
         so = _built_extension()
         S.find_nvdisasm(S.find_cuobjdump())
@@ -320,13 +322,75 @@ def test_one_pass_disassembly_matches_cuobjdump(tmp_path, monkeypatch):
     (cubin,) = cubins
     alone: list[int] = []
     (batched,) = S.sass_of_cubins([cubin.read_bytes()], alone=alone)
-    ref = S.sass_of(cubin)
-    assert alone == [] and list(batched) == list(ref) and len(ref) > 20
+    first = {n.split("I")[0]: n for n in reversed(list(batched))}  # a kernel template's first instance
+    names = sorted(set(list(batched)[::12]) | set(first.values()))
+    ref = S.sass_of(cubin, names)
+    assert alone == [] and len(batched) > 20 and len(first) >= 4 and set(names) == set(ref)
     assert all(batched[n].instrs == ref[n].instrs for n in ref)
     targets = {i.text.split()[0].split(".")[0] for n in ref for i in ref[n].instrs if i.target is not None}
     assert "BRA" in targets
-    # a listing that is not one line per 16 bytes: every cubin is read on its own instead
+
+
+@pytest.mark.slow  # runs cuobjdump over the extension (an external tool, ~5 s; the fast lane skips it)
+def test_functions_read_by_name_match_cuobjdump():
+    """sass_of_functions (the performance model's way of reading the extension's kernels: the named functions'
+    code alone through one pass of the disassembler) gives the instructions of `cuobjdump -sass -fun` on the
+    extension, for a kernel of each cubin and one that several cubins hold (column_sum_kernel); a name that is
+    not there is a ToolError that names it."""
+    try:
+        so = _built_extension()
+        S.find_nvdisasm(S.find_cuobjdump())
+    except ToolError as e:
+        pytest.skip(f"needs cuobjdump, nvdisasm and the built CUDA extension: {e}")
+    names = [
+        "_ZN6gpuopt3dev23bias_act_forward_kernelI13__nv_bfloat16S2_Lb1ELi0EEEvNS0_13BiasActParamsIT_T0_EE",
+        _gated_name("backward", True),
+        "_ZN6gpuopt3dev23nd_backward_rows_kernelI13__nv_bfloat16S2_fLb1ELb0ELi4EEEvNS0_16NdBackwardParamsIT_T0_T1_EE",
+        "_ZN6gpuopt3dev24dan_backward_wide_kernelIffffLi4EEEvNS0_17DanBackwardParamsIT_T0_T1_T2_EE",
+        "_ZN6gpuopt3dev17column_sum_kernelIffLi4EEEvNS0_15ColumnSumParamsIT_T0_EE",
+    ]
+    alone: list[str] = []
+    try:
+        got = S.sass_of_functions(so, names, alone=alone)
+    except ToolError as e:
+        if "functions not in" in str(e):
+            pytest.skip(f"{so} has no CUDA kernels (a CPU-only build?): {e}")
+        raise
+    ref = S.sass_of(so, names)
+    assert list(got) == names and alone == []
+    assert all(got[n].instrs == ref[n].instrs and len(got[n].instrs) > 50 for n in names)
+    with pytest.raises(ToolError, match="no_such_kernel"):
+        S.sass_of_functions(so, [names[0], "no_such_kernel"])
+
+
+@pytest.mark.slow  # runs the disassembler over a built cubin (an external tool, ~3 s; the fast lane skips it)
+def test_one_pass_falls_back_to_a_run_a_cubin(tmp_path, monkeypatch):
+    """A listing that is not one line per 16 bytes: sass_of_cubins reads every cubin on its own instead, and
+    sass_of_functions every name (both through sass_of, which the tests above check against cuobjdump; here a
+    stand-in records what it was asked)."""
+    try:
+        so = _built_extension()
+        S.find_nvdisasm(S.find_cuobjdump())
+        cubins = S.extract_cubins(so, "sm_90", "bias_act_forward_kernel", tmp_path)
+    except ToolError as e:
+        pytest.skip(f"needs cuobjdump, nvdisasm and the built CUDA extension: {e}")
+    if not cubins:
+        pytest.skip(f"{so} has no sm_90 CUDA kernels (a CPU-only build?)")
+    (cubin,) = cubins
+    blob = cubin.read_bytes()
     listed = S._instr_lines
     monkeypatch.setattr(S, "_instr_lines", lambda proc, what: listed(proc, what)[1:])
-    (again,) = S.sass_of_cubins([cubin.read_bytes()], alone=alone)
-    assert alone == [0] and list(again) == list(ref)
+    asked = []
+
+    def recorded(code, functions=None, arch="sm_90"):
+        asked.append((code, functions))
+        return {n: S.Function(n, []) for n in functions or ()}
+
+    monkeypatch.setattr(S, "sass_of", recorded)
+    alone: list = []
+    (again,) = S.sass_of_cubins([blob], alone=alone)
+    assert alone == [0] and asked == [(blob, None)] and again == {}
+    name = "_ZN6gpuopt3dev23bias_act_forward_kernelIffLb1ELi0EEEvNS0_13BiasActParamsIT_T0_EE"
+    alone, asked[:] = [], []
+    got = S.sass_of_functions(cubin, [name], alone=alone)
+    assert alone == [name] and asked == [(os.fspath(cubin), [name])] and list(got) == [name]

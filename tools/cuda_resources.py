@@ -658,10 +658,12 @@ TOOL_STORE_ENV = "GPUOPT_TOOL_STORE"
 def _analysis_path(elf: Path, arch: Optional[str], tool: str, sm: SMLimits) -> Optional[Path]:
     """Where analyze's result for these arguments is kept under $GPUOPT_TOOL_STORE (None without it): the name
     hashes the ELF's bytes, the arch asked for, the SM limits, cuobjdump (path, size, mtime) and this module's
-    source (the parsers and the occupancy model)."""
+    source (the parsers and the occupancy model). The tool by its real path: a venv reached through a link (the
+    README test's checkout) names the same cuobjdump."""
     folder = os.environ.get(TOOL_STORE_ENV, "").strip()
     if not folder:
         return None
+    tool = os.path.realpath(tool)
     h = hashlib.sha256()
     with open(elf, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -44,7 +44,7 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Union
@@ -252,7 +252,8 @@ def _global_ops(instrs) -> int:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reading the code
-_CODE_CACHE: dict[object, dict[str, S.Function]] = {}
+_CODE_CACHE: dict[object, Mapping[str, S.Function]] = {}
+_NAMED_CACHE: dict[object, dict[str, S.Function]] = {}  # a file's functions read by name (functions_of's names)
 _RES_CACHE: dict[object, dict[str, tuple[int, int]]] = {}
 
 
@@ -273,19 +274,34 @@ def _as_path(code, tmp: tempfile.TemporaryDirectory) -> Path:
     return Path(code)
 
 
-def functions_of(code) -> Mapping[str, S.Function]:
-    """Every function of the code's sm_90 SASS (cached per file / cubin); a `.sass` path is SASS text as cuobjdump
-    printed it (then give the launch's regs and shared)."""
+def functions_of(code, names: Optional[Sequence[str]] = None) -> Mapping[str, S.Function]:
+    """The functions of the code's sm_90 SASS (cached per file / cubin): every one, or of a file (an ELF such as
+    the extension, a .cubin) where `names` are given, at least those (sass.sass_of_functions: the disassembler
+    reads them alone). A `.sass` path is SASS text as cuobjdump printed it (then give the launch's regs and
+    shared)."""
     key = _code_key(code)
-    if key not in _CODE_CACHE:
-        if not isinstance(code, (bytes, bytearray)) and str(code).endswith(".sass"):
-            _CODE_CACHE[key] = S.parse_sass(Path(code).read_text())
-        else:
-            _CODE_CACHE[key] = S.sass_of(code)
+    if key in _CODE_CACHE:
+        return _CODE_CACHE[key]
+    if not isinstance(code, (bytes, bytearray)) and str(code).endswith(".sass"):
+        _CODE_CACHE[key] = S.parse_sass(Path(code).read_text())
+    elif isinstance(code, (bytes, bytearray)) or names is None:
+        _CODE_CACHE[key] = S.sass_of(code)
+    else:
+        got = _NAMED_CACHE.setdefault(key, {})
+        missing = [n for n in names if n not in got]
+        if missing:
+            alone: list[str] = []
+            got.update(S.sass_of_functions(code, missing, alone=alone))
+            SASS_READS["named"] += len(missing)
+            SASS_READS["named_alone"] += len(alone)
+        return got
     return _CODE_CACHE[key]
 
 
-SASS_READS = {"cubins": 0, "alone": 0, "checked": ""}  # prefetch_sass's record, in --json's output
+# how the SASS was read, in --json's output: Triton's cubins in one pass (prefetch_sass) and the functions read by
+# name from files, the extension's kernels (prefetch_functions), with how many went to a disassembler run of their
+# own and the function checked against `cuobjdump -sass` alone
+SASS_READS = {"cubins": 0, "alone": 0, "checked": "", "named": 0, "named_alone": 0, "named_checked": ""}
 
 
 def prefetch_sass(codes, jobs: int) -> None:
@@ -320,6 +336,23 @@ def prefetch_sass(codes, jobs: int) -> None:
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         for key, fns in zip(rest, pool.map(S.sass_of, rest.values())):
             _CODE_CACHE[key] = fns
+
+
+def prefetch_functions(launches: Iterable[Union[KernelLaunch, OpaqueLaunch]]) -> None:
+    """Reads the functions that the kernel launches run from files (the extension) into functions_of's cache, in
+    one pass of the disassembler a file; the largest is checked against `cuobjdump -sass` of it alone."""
+    wanted: dict[object, tuple[object, set[str]]] = {}
+    for launch in launches:
+        code = getattr(launch, "code", None)
+        if code is None or isinstance(code, (bytes, bytearray)) or str(code).endswith(".sass"):
+            continue
+        wanted.setdefault(_code_key(code), (code, set()))[1].add(launch.function)
+    for code, names in wanted.values():
+        fns = functions_of(code, sorted(names))
+        big = max(sorted(names), key=lambda n: len(fns[n].instrs))
+        if S.sass_of(code, [big])[big].instrs != fns[big].instrs:
+            raise CR.ToolError(f"the one-pass disassembly of {big} differs from cuobjdump -sass")
+        SASS_READS["named_checked"] = big
 
 
 def resources_of(code) -> dict[str, tuple[int, int]]:
@@ -567,7 +600,7 @@ def _part_totals(parts, lps, executions) -> list[float]:
 
 
 def estimate_launch(launch: KernelLaunch, gpu: GPU = H200) -> LaunchEstimate:
-    fns = functions_of(launch.code)
+    fns = functions_of(launch.code, [launch.function])
     if launch.function not in fns:
         close = [n for n in fns if launch.function[:40] in n][:3]
         raise CR.ToolError(f"no function {launch.function} in the code (similar: {close})")
@@ -803,7 +836,6 @@ def gpuopt_rows(
         return tuple(ns) if ns else G.op_ns(op)
 
     ops = tuple(ops or G.OPS)
-    rows: list[Row] = []
     code = None
     if "cuda" in backends:
         code = G.CudaCode(so_path or CR.find_installed_extension())
@@ -820,13 +852,13 @@ def gpuopt_rows(
         ]
         triton_cases = G.triton_cases(cases, gpu.sms, jobs=jobs)
         prefetch_sass([launch.code for ls in triton_cases.values() for launch in ls], jobs)
+    cases = []  # (op, direction, backend, dtype, n, launches), in the table's order
     for op in ops:
         for direction in G.DIRECTIONS:
             for dtype in dtypes:
                 if dtype not in G.op_dtypes(op):
                     continue
                 for n in op_ns(op):
-                    ideal = G.ideal_bytes(op, direction, dtype, n)
                     for backend in backends:
                         if backend == "triton" and op not in G.TRITON_OPS:
                             continue
@@ -834,8 +866,12 @@ def gpuopt_rows(
                             launches = G.cuda_launches(code, op, direction, dtype, n, gpu.sms)
                         else:
                             launches = triton_cases[(op, direction, dtype, n)]
-                        est = estimate(launches, ideal, G.ELEMENTS, gpu)
-                        rows.append(row_of(op, direction, backend, dtype, n, est, gpu))
+                        cases.append((op, direction, backend, dtype, n, launches))
+    prefetch_functions(launch for *_, launches in cases for launch in launches)
+    rows: list[Row] = []
+    for op, direction, backend, dtype, n, launches in cases:
+        est = estimate(launches, G.ideal_bytes(op, direction, dtype, n), G.ELEMENTS, gpu)
+        rows.append(row_of(op, direction, backend, dtype, n, est, gpu))
     return rows
 
 
@@ -990,6 +1026,10 @@ def measured_comparison(doc: dict, so_path=None, jobs: int = 1, gpu: Optional[GP
         prefetch_sass([launch.code for ls in triton.values() for launch in ls], jobs)
     cuda = any(r["backend"] == "cuda" for r in modelled)
     code = G.CudaCode(so_path or CR.find_installed_extension()) if cuda else None
+    cuda_cases = {
+        id(r): G.cuda_launches(code, *key(r), gpu.sms, m=int(r["m"])) for r in modelled if r["backend"] == "cuda"
+    }
+    prefetch_functions(launch for launches in cuda_cases.values() for launch in launches)
     ids = {id(r) for r in modelled}
     out = []
     for r in rows:
@@ -1010,10 +1050,7 @@ def measured_comparison(doc: dict, so_path=None, jobs: int = 1, gpu: Optional[GP
         }
         if id(r) in ids:
             op, direction, dtype, n = key(r)
-            if r["backend"] == "cuda":
-                launches = G.cuda_launches(code, op, direction, dtype, n, gpu.sms, m=int(r["m"]))
-            else:
-                launches = triton[(op, direction, dtype, n)]
+            launches = cuda_cases[id(r)] if r["backend"] == "cuda" else triton[(op, direction, dtype, n)]
             est = estimate(launches, int(r["bytes"]), int(r["m"]) * n, gpu)
             t = est.time() + (0.0 if kernel else host_time(r["backend"], direction))
             model = int(r["bytes"]) / gpu.copy_bw / t

@@ -850,7 +850,7 @@ def describe_launch(launch: Launch) -> str:
         return f"  opaque  {launch.label}: {launch.bytes} B"
     from tools.roofline import functions_of
 
-    fn = functions_of(launch.code)[launch.function]
+    fn = functions_of(launch.code, [launch.function])[launch.function]
     lps = S.loops(fn)
     trips = launch.trips(lps) if callable(launch.trips) else dict(launch.trips or {})
     lines = [

@@ -768,45 +768,104 @@ def _rebased(text: str, moved: str, start: int) -> Optional[str]:
     return "".join(parts)
 
 
+def _one_pass(codes: Sequence[bytes], arch: int) -> Optional[list[Optional[list[tuple[int, str]]]]]:
+    """The listings of `codes` (functions' machine code, a multiple of 16 bytes each) from one pass of the
+    disassembler over them laid end to end (see above): per code its (offset, text) lines with the branch targets
+    made relative to it, or None where the two listings differ in more than addresses; None for all when the
+    listing is not one line per 16 bytes."""
+    stream = bytearray()
+    starts = []
+    for code in codes:
+        starts.append(len(stream))
+        stream += code
+    if not stream:
+        return [[] for _ in codes]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "code.bin")
+        with open(path, "wb") as f:
+            f.write(stream)
+        exe = os.path.join(find_nvdisasm(find_cuobjdump()), "nvdisasm")
+        procs = [_raw_listing(exe, path, arch, base) for base in (0, _SECOND_BASE)]
+        listing, moved = (_instr_lines(p, f"--binary SM{arch}") for p in procs)
+    if len(listing) != len(moved) or len(listing) != len(stream) // 16:
+        return None
+    out: list[Optional[list[tuple[int, str]]]] = []
+    for start, code in zip(starts, codes):
+        raw: Optional[list[tuple[int, str]]] = []
+        for k in range(start // 16, (start + len(code)) // 16):
+            (addr, text), (addr2, text2) = listing[k], moved[k]
+            rebased = _rebased(text, text2, start)
+            if addr != start + 16 * (k - start // 16) or addr2 - addr != _SECOND_BASE or rebased is None:
+                raw = None
+                break
+            raw.append((addr - start, rebased))
+        out.append(raw)
+    return out
+
+
 def sass_of_cubins(cubins: Sequence[bytes], arch: int = 90, alone: Optional[list[int]] = None) -> list[ParsedSass]:
     """sass_of for each of `cubins` (bytes), disassembled in one pass of the disassembler (see above); the indices
     of the cubins read by sass_of instead are appended to `alone`."""
     read = [r if r is not None and r[0] == arch else None for r in map(_cubin_texts, cubins)]
-    stream = bytearray()
-    segments: list[tuple[int, str, int, int]] = []  # (cubin, function, offset in the stream, size)
-    for i, r in enumerate(read):
-        if r is not None:
-            for name, code in r[1]:
-                segments.append((i, name, len(stream), len(code)))
-                stream += code
-    listing: list[tuple[int, str]] = []
-    moved: list[tuple[int, str]] = []
-    if stream:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "code.bin")
-            with open(path, "wb") as f:
-                f.write(stream)
-            exe = os.path.join(find_nvdisasm(find_cuobjdump()), "nvdisasm")
-            procs = [_raw_listing(exe, path, arch, base) for base in (0, _SECOND_BASE)]
-            listing, moved = (_instr_lines(p, f"--binary SM{arch}") for p in procs)
+    segments = [(i, name, code) for i, r in enumerate(read) if r is not None for name, code in r[1]]
+    raws = _one_pass([code for _, _, code in segments], arch)
     out: list[Optional[ParsedSass]] = [ParsedSass() if r is not None else None for r in read]
-    if len(listing) != len(moved) or len(listing) != len(stream) // 16:  # not one line per 16 bytes: read each alone
-        segments, out = [], [None] * len(cubins)
-    for i, name, start, size in segments:
-        raw: list[tuple[int, str]] = []
-        for k in range(start // 16, (start + size) // 16):
-            (addr, text), (addr2, text2) = listing[k], moved[k]
-            rebased = _rebased(text, text2, start)
-            if addr != start + 16 * (k - start // 16) or addr2 - addr != _SECOND_BASE or rebased is None:
-                out[i] = None
-                break
-            raw.append((addr - start, rebased))
+    if raws is None:  # not one line per 16 bytes: read each alone
+        segments, raws, out = [], [], [None] * len(cubins)
+    for (i, name, _), raw in zip(segments, raws):
         parsed = out[i]
-        if parsed is not None:
+        if parsed is None:
+            continue
+        if raw is None:
+            out[i] = None
+        else:
             parsed._add(name, raw, {})
     if alone is not None:
         alone += [i for i, p in enumerate(out) if p is None]
     return [p if p is not None else sass_of(c) for p, c in zip(out, cubins)]
+
+
+def sass_of_functions(
+    code: Union[str, os.PathLike], functions: Sequence[str], arch: str = "sm_90", alone: Optional[list[str]] = None
+) -> dict[str, Function]:
+    """sass_of(code, functions) with the disassembler run over those functions alone, in one pass: the `arch`
+    cubins of an ELF (`cuobjdump -xelf`; a .cubin file is read as it is), the named functions' code taken from
+    their sections and laid end to end (see above). `cuobjdump -sass -fun` disassembles every function of the
+    file whatever the names (the extension's sm_90 code, ~2.4M instructions, takes half a minute); a model that
+    reads a hundred of its kernels needs a few seconds. Functions this cannot read the same way (a cubin with
+    relocations, a name with two different codes in the file, a listing the rebasing rejects) go through sass_of
+    and are appended to `alone`."""
+    path = os.fspath(code)
+    if not os.path.isfile(path):
+        raise ToolError(f"no such file: {path}")
+    names = list(dict.fromkeys(functions))
+    cubin = _is_cubin(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        if cubin:
+            with open(path, "rb") as f:
+                blobs = [f.read()]
+        else:
+            _cuobjdump(["-xelf", "all", "-arch", arch, os.path.abspath(path)], cwd=tmp)
+            blobs = [p.read_bytes() for p in sorted(Path(tmp).glob("*.cubin"))]
+    reads = [_cubin_texts(b) for b in blobs]
+    sm = reads[0][0] if cubin and reads[0] is not None else int(arch.removeprefix("sm_"))
+    wanted = set(names)
+    found: dict[str, set[bytes]] = {}
+    for r in reads:
+        for name, text in r[1] if r is not None and r[0] == sm else ():
+            if name in wanted:
+                found.setdefault(name, set()).add(text)
+    # a cubin read otherwise could hold any of the names (first, in cuobjdump's order): all go through sass_of
+    readable = all(r is not None and r[0] == sm for r in reads)
+    one = [n for n in names if readable and len(found.get(n, ())) == 1]
+    raws = _one_pass([next(iter(found[n])) for n in one], sm) or [None] * len(one)
+    out = {n: _finish(n, raw, {}) for n, raw in zip(one, raws) if raw is not None}
+    rest = [n for n in names if n not in out]
+    if rest:
+        out.update(sass_of(path, rest, arch))
+        if alone is not None:
+            alone += rest
+    return {n: out[n] for n in names}
 
 
 def extract_cubins(elf: os.PathLike, arch: str, containing: str, workdir: os.PathLike) -> list[Path]:
