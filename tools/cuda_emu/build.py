@@ -20,6 +20,7 @@ and the emulator are valid C++17 is checked separately with check_cxx17().
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import re
@@ -194,10 +195,13 @@ def check_cxx17(
     return result
 
 
+@functools.cache
 def load_emulated_ops():
     """The CUDA backend's ops (csrc/cuda/torch_ops.h, launch.cuh and the kernels) compiled for the emulator, with
     their real schemas as torch.ops.gpuopt_emu, and the path of the library that holds them. Hidden visibility,
-    as setup.py builds _C: torch::stable's types are hidden."""
+    as setup.py builds _C: torch::stable's types are hidden. Once a process: a process holds one library of the
+    gpuopt_emu namespace, and the build's key reads every source it includes (~30 ms), which the tests' every call
+    of an op had paid."""
     import torch
 
     path = load_extension(
