@@ -127,12 +127,13 @@ def require_op(backend: Backend, name: str) -> None:
         pytest.skip(reason)
 
 
-def backend_params(*names: str):
-    """pytest params of the backends named (default: all), each with its marks, or skipped with its reason."""
+def backend_params(*names: str, slow_in_full_suite: bool = False):
+    """pytest params of the backends named (default: all), each with its marks, or skipped with its reason;
+    slow_in_full_suite: the slow backends' cases (runs_slowly) in the full suite only (marked `slow`)."""
     chosen = [BY_NAME[n] for n in names] if names else BACKENDS
     params = []
     for b in chosen:
-        marks = list(b.marks)
+        marks = list(b.marks) + ([pytest.mark.slow] if slow_in_full_suite and b.runs_slowly else [])
         reason = b.skip_reason()
         if reason:
             marks.append(pytest.mark.skip(reason=f"backend {b.name}: {reason}"))

@@ -161,7 +161,9 @@ def _dan_samples(device):
     yield x, torch.randn(4, 8, device=device, requires_grad=True), w, None, False, True
 
 
-@pytest.mark.parametrize("backend", backend_params())
+# the interpreter's case (5-8 s of gradchecks and opchecks) in the full suite only; the fast lane keeps the CPU
+# kernels' and the Triton ops' gradients against the reference (test_correctness.py)
+@pytest.mark.parametrize("backend", backend_params(slow_in_full_suite=True))
 def test_dropout_add_norm_gradcheck_and_opcheck(backend):
     """gradcheck in fp64 with dropout (out and sum both used), LayerNorm and RMSNorm; opcheck of both ops (schema,
     fake kernel, autograd registration, AOT dispatch) with and without grad_sum; double backward refused."""
@@ -193,7 +195,9 @@ def test_dropout_add_norm_gradcheck_and_opcheck(backend):
 
 
 # ---------------------------------------------------------------------------------------------- norm_dropout
-@pytest.mark.parametrize("backend", backend_params())
+# the interpreter's case (5-8 s of gradchecks and opchecks) in the full suite only; the fast lane keeps the CPU
+# kernels' and the Triton ops' gradients against the reference (test_correctness.py)
+@pytest.mark.parametrize("backend", backend_params(slow_in_full_suite=True))
 def test_norm_dropout_gradcheck_and_opcheck(backend):
     """gradcheck in fp64 with dropout for every (norm, activation); opcheck of both ops (schema, fake kernel,
     autograd registration, AOT dispatch) in fp32 (RMSNorm, identity, the (0,) mean) and bf16 without parameters
@@ -229,7 +233,9 @@ def test_norm_dropout_gradcheck_and_opcheck(backend):
         gx.sum().backward()
 
 
-@pytest.mark.parametrize("backend", backend_params())
+# the interpreter's case (5-8 s of gradchecks and opchecks) in the full suite only; the fast lane keeps the CPU
+# kernels' and the Triton ops' gradients against the reference (test_correctness.py)
+@pytest.mark.parametrize("backend", backend_params(slow_in_full_suite=True))
 def test_gated_act_autograd(backend):
     """gradcheck in fp64 for every activation and both layouts (relu away from its kink, dropout on and off; the
     Triton interpreter: each activation once, each layout and p twice), opcheck of the op pair, autograd equal to
