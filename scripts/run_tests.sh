@@ -39,7 +39,13 @@ set +e
 # files that share a costly fixture on one worker (tests/conftest.py). A later `-n` among the arguments wins.
 WORKERS="${GPUOPT_TEST_WORKERS:-auto}"
 XDIST=()
-if [ "$WORKERS" != "1" ] && [ "$WORKERS" != "0" ]; then XDIST=(-n "$WORKERS" --dist loadgroup); fi
+if [ "$WORKERS" != "1" ] && [ "$WORKERS" != "0" ]; then
+  XDIST=(-n "$WORKERS" --dist loadgroup)
+  # one intra-op thread a worker (a worker per core already fills the cores; tests that vary the thread count set
+  # it themselves): with torch's default of a thread per core, the 2-core machine's fast lane took 128.5 s of
+  # pytest, with one 113.2 s. OMP_NUM_THREADS in the environment wins.
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+fi
 "$VPY" -m pytest -q "${XDIST[@]}" "$@"  # no paths given: pyproject.toml's testpaths (tests/)
 rc=$?
 set -e
