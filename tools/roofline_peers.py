@@ -357,18 +357,27 @@ def _trips_strided(kernel: str, n: int, threads: int, loads_of_running: int) -> 
     return trips
 
 
-def torch_layer_norm(
-    N: int,
-    M: int = M_ROWS,
-    dtype: torch.dtype = torch.float32,
-    direction: str = "forward",
-    l2_rereads: bool = False,
-    harness: bool = False,
-) -> list[Launch]:
-    """The launches nn.LayerNorm (weight and bias, contiguous input, fresh aligned tensors) makes on sm_90 for an
-    (M, N) input, with the kernels of the installed torch wheel; see the module docstring. Modelled: fp32 (the
-    loop structures of the fp16 / bf16 instantiations, with 8-byte vectors, are not mapped); in backward, N % 4 == 0
-    (the vectorized dX kernel) and the aligned GammaBeta grid (M % rows == 0, N % 32 == 0)."""
+@dataclass(frozen=True)
+class LayerNormCase:
+    """The LayerNorm call a peer model reads (torch_layer_norm, liger_layer_norm): an (M, N) input of `dtype` with
+    weight and bias, forward or backward; l2_rereads: the parameters' re-reads by each program counted as DRAM
+    bytes; harness: the benchmark harness's gradient accumulation after a backward (the published measurements
+    time it)."""
+
+    N: int
+    M: int = M_ROWS
+    dtype: torch.dtype = torch.float32
+    direction: str = "forward"
+    l2_rereads: bool = False
+    harness: bool = False
+
+
+def torch_layer_norm(case: LayerNormCase) -> list[Launch]:
+    """The launches nn.LayerNorm (weight and bias, contiguous input, fresh aligned tensors) makes on sm_90 for the
+    case, with the kernels of the installed torch wheel; see the module docstring. Modelled: fp32 (the loop
+    structures of the fp16 / bf16 instantiations, with 8-byte vectors, are not mapped); in backward, N % 4 == 0 (the
+    vectorized dX kernel) and the aligned GammaBeta grid (M % rows == 0, N % 32 == 0)."""
+    N, M, dtype, direction, l2_rereads = case.N, case.M, case.dtype, case.direction, case.l2_rereads
     if dtype != torch.float32:
         raise ToolError(f"torch_layer_norm models fp32 only (got {dtype})")
     e, t, code = _elem(dtype), _MANGLED_T[dtype], torch_cubin()
@@ -376,7 +385,7 @@ def torch_layer_norm(
         return _torch_layer_norm_forward(code, t, N, M, e, l2_rereads)
     if direction != "backward":
         raise ValueError(direction)
-    return _torch_layer_norm_backward(code, t, N, M, e, l2_rereads, harness)
+    return _torch_layer_norm_backward(code, t, N, M, e, l2_rereads, case.harness)
 
 
 def _torch_layer_norm_forward(code, t: str, N: int, M: int, e: int, l2_rereads: bool) -> list[Launch]:
@@ -650,19 +659,12 @@ def _liger_launch(info, ev: _Recorded, version: str, **terms) -> KernelLaunch:
     return compiled_triton_launch(info, ev.grid, label=label, **terms)
 
 
-def liger_layer_norm(
-    N: int,
-    M: int = M_ROWS,
-    dtype: torch.dtype = torch.float32,
-    direction: str = "forward",
-    sm_count: int = SM_COUNT,
-    l2_rereads: bool = False,
-    harness: bool = False,
-) -> list[Launch]:
-    """The launches Liger-Kernel's LayerNorm (the installed version, see liger_version()) makes for an (M, N)
-    input with weight and bias, each Triton kernel compiled for sm_90; host torch ops as OpaqueLaunch."""
+def liger_layer_norm(case: LayerNormCase, sm_count: int = SM_COUNT) -> list[Launch]:
+    """The launches Liger-Kernel's LayerNorm (the installed version, see liger_version()) makes for the case, on an
+    `sm_count`-SM GPU, each Triton kernel compiled for sm_90; host torch ops as OpaqueLaunch."""
     from tools.triton_resources import compile_cubin  # sets Triton's cache and interpreter flags on import
 
+    N, M, dtype, direction, l2_rereads = case.N, case.M, case.dtype, case.direction, case.l2_rereads
     e = _elem(dtype)
     mn = M * N
     version = liger_version()
@@ -694,7 +696,7 @@ def liger_layer_norm(
         else:
             raise ToolError(f"liger's host code launched an unknown kernel {name}")
         out.append(_liger_launch(info, ev, version, elements=mn, bytes=nbytes, read_bytes=read, trips=trips))
-    if direction == "backward" and harness:
+    if direction == "backward" and case.harness:
         out += _accumulate_grads(N, e)
     return out
 
@@ -839,7 +841,7 @@ def calibration_launches(l2_rereads: bool = False) -> list[tuple[dict, list[Laun
     for row in PUBLISHED:
         m, n = row["shape"]
         fn = liger_layer_norm if row["kernel"] == "liger" else torch_layer_norm
-        out.append((row, fn(n, m, torch.float32, row["direction"], l2_rereads=l2_rereads, harness=True)))
+        out.append((row, fn(LayerNormCase(n, m, torch.float32, row["direction"], l2_rereads, harness=True))))
     return out
 
 
