@@ -766,22 +766,17 @@ def liger_swiglu(F: int, M: int, dtype: torch.dtype = torch.bfloat16, direction:
 # ----------------------------------------------------------------------------------------------------------------
 # The published measurements
 _CSV = "linkedin/Liger-Kernel benchmark/data/all_benchmark_data.csv (added by commit 6a2c491, #815)"
-# (provider in the CSV, mode, N) -> median ms (y_value_50) of the rows "layer_norm,<provider>,<mode>,speed,ms,N,
-# hidden size,<N>,...,{"M": 4096, "dtype": "torch.float32", "eps": 1e-06},NVIDIA H100 80GB HBM3,2025-07-17 ...,0.6.0"
-_MS = {
-    ("liger", "forward", 4096): 0.05104000121355057,
-    ("liger", "forward", 8192): 0.0947519987821579,
-    ("liger", "forward", 16384): 0.18476800620555878,
-    ("huggingface", "forward", 4096): 0.06617599725723267,
-    ("huggingface", "forward", 8192): 0.15267199277877808,
-    ("huggingface", "forward", 16384): 0.3067840039730072,
-    ("liger", "backward", 4096): 0.16630400717258453,
-    ("liger", "backward", 8192): 0.31279999017715454,
-    ("liger", "backward", 16384): 0.5776320099830627,
-    ("huggingface", "backward", 4096): 0.17881600558757782,
-    ("huggingface", "backward", 8192): 0.33369600772857666,
-    ("huggingface", "backward", 16384): 0.6424000263214111,
+_NS = (4096, 8192, 16384)  # the CSV's N (hidden size) points
+# (provider in the CSV, mode) -> the median ms (y_value_50) at each N of _NS, from the rows "layer_norm,<provider>,
+# <mode>,speed,ms,N,hidden size,<N>,...,{"M": 4096, "dtype": "torch.float32", "eps": 1e-06},NVIDIA H100 80GB HBM3,
+# 2025-07-17 ...,0.6.0"
+_MS_AT_NS = {
+    ("liger", "forward"): (0.05104000121355057, 0.0947519987821579, 0.18476800620555878),
+    ("huggingface", "forward"): (0.06617599725723267, 0.15267199277877808, 0.3067840039730072),
+    ("liger", "backward"): (0.16630400717258453, 0.31279999017715454, 0.5776320099830627),
+    ("huggingface", "backward"): (0.17881600558757782, 0.33369600772857666, 0.6424000263214111),
 }
+_MS = {(provider, mode, n): ms for (provider, mode), row in _MS_AT_NS.items() for n, ms in zip(_NS, row)}
 _KERNEL = {"liger": "liger", "huggingface": "torch"}
 
 
