@@ -37,6 +37,7 @@ import triton.language as tl
 
 from .common import (
     INTERPRETED,
+    acc_dtype,
     column_groups,
     device_guard,
     device_sm_count,
@@ -291,7 +292,7 @@ def plan_backward(
     n = int(out.shape[-1])
     m = out.numel() // n
     is_fp64 = out.dtype == torch.float64
-    acc = torch.float64 if is_fp64 else torch.float32
+    acc = acc_dtype(out.dtype)
     block_m, block_n, warps = backward_tile(n)
     col_tiles = triton.cdiv(n, block_n)
     sms = sm_count if sm_count is not None else device_sm_count(out.device)

@@ -92,6 +92,11 @@ def sum_partials_kernel(
 
 
 # ------------------------------------------------------------------------------------------- launch helpers
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The accumulation dtype of data in `dtype` (DESIGN 3): fp64 for fp64, else fp32 (the partial sums' buffers)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def is_interpreted(kernel) -> bool:
     try:
         from triton.runtime.interpreter import InterpretedFunction

@@ -44,6 +44,7 @@ import triton.language as tl
 from . import plans
 from .common import (
     INTERPRETED,
+    acc_dtype,
     device_guard,
     launch_directly,
     num_warps_for,
@@ -592,7 +593,7 @@ def plan_backward(
     cfg, kwargs, coef = _backward_kwargs(cfg, n, sum_, flags, is_fp64, limits)
     fused = dan_bwd_wide_kernel if plans.is_wide_backward(cfg, n, limits) else dan_bwd_fused_kernel
     outs = (grad_x, grad_res if grad_res is not None else grad_x)  # grad_res never written without a residual
-    acc = torch.float64 if is_fp64 else torch.float32
+    acc = acc_dtype(grad_out.dtype)
     looped_kwargs = _backward_kwargs(looped, n, sum_, flags, is_fp64, limits) if looped is not None else None
     knobs = dict(sm_count=sm_count, facts=facts, looped=looped_kwargs, holds=plans.wide_holds(cfg, n, limits))
     return plan_rows_backward(
@@ -641,6 +642,6 @@ def launch_backward(
         key = plans.plan_key(dan_bwd_fused_kernel, m, n, tensors, flags, seed, sum_.device)
         call = (grad_out, grad_sum, sum_, weight, bias, mean, rstd, seed, grad_x, grad_res, grad_w, grad_b, p, rms)
         plan = planned(m, key, lambda: plan_backward(*call))
-    acc = torch.float64 if grad_out.dtype == torch.float64 else torch.float32
+    acc = acc_dtype(grad_out.dtype)
     grads = (grad_w if has_w else None, grad_b if has_b else None)
     run_rows_backward(plan, head, outs, *grads, m, n, t, sum_.device, acc, wrap=wrap)

@@ -100,7 +100,7 @@ from typing import Optional
 import torch
 
 from . import plans
-from .common import INTERPRETED, device_guard, launch_directly, num_warps_for, planned, zero_sums
+from .common import INTERPRETED, acc_dtype, device_guard, launch_directly, num_warps_for, planned, zero_sums
 from .norm_dropout_backward import (  # noqa: F401  (the kernels: re-exported here)
     nd_bwd_chunk_kernel,
     nd_bwd_fused_kernel,
@@ -194,7 +194,7 @@ def plan_backward(
     persistent kernel, 8 on the interpreter. Knobs as in plan_forward."""
     limits = plans.row_limits(limits)
     m, n, has_w, has_b, t = plans.backward_facts(x, weight, bias, p)
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = acc_dtype(x.dtype)
     head = _backward_head(grad_out, x, weight, bias, mean, rstd, seed, rms)
     flags = (x, has_w, has_b, t, rms, relu, seed_mapped(seed), limits)
     cfg = plans.backward_config(n, x.dtype, limits, sums=int(has_w) + int(has_b))
@@ -253,6 +253,6 @@ def launch_backward(
         key = plans.plan_key(nd_bwd_fused_kernel, m, n, (grad_out, *head[1:4], rstd, grad_x), flags, seed, x.device)
         args = (grad_out, x, weight, bias, mean, rstd, seed, grad_x, grad_w, grad_b, p)
         plan = planned(m, key, lambda: plan_backward(*args, rms=rms, relu=relu))
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = acc_dtype(x.dtype)
     grads = (grad_w if has_w else None, grad_b if has_b else None)
     run_rows_backward(plan, head, (grad_x,), *grads, m, n, t, x.device, acc, wrap=wrap)
