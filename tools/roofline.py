@@ -38,6 +38,7 @@ Everything printed is an estimate, not a measurement.
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import json
 import math
@@ -439,6 +440,13 @@ def wave_efficiency(
     them: a lone block per SM is not slower for having free neighbours); a block's work is its share of
     `stride_units`. Efficiency = the mean
     slot's work / the busiest slot's work: a partial second wave or an uneven grid stride lowers it."""
+    return _wave_efficiency(tuple(grid), blocks_per_sm, sms, stride_units, stride_axis)
+
+
+@functools.cache  # the model's rows share their grids: the list schedule runs once a grid
+def _wave_efficiency(
+    grid: tuple[int, int, int], blocks_per_sm: int, sms: int, stride_units: Optional[int], stride_axis: int
+) -> tuple[float, int]:
     gx, gy, gz = grid
     total = gx * gy * gz
     used = max(1, min(sms, total))  # a grid smaller than the SM count: the latency bound counts the idle SMs
