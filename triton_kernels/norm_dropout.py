@@ -40,7 +40,8 @@ Tuning (chosen from N on the host; no autotune, which the interpreter would only
 fixed number of elements per thread, num_warps = tile / (32 x per_thread) clamped to 1..16, with per_thread
 16 in the forward and 8 in the backward (halved for fp64). Checked with ptxas for sm_90 (compiled without a
 GPU with the specialization of a real launch: `python -m tools.triton_resources`, the static gate of the
-tests): no configuration spills. Not yet timed on a GPU. Every launch runs under x's device (device_guard).
+tests): no configuration spills. Measured on an H200 once (the wheel of f5132bd: docs/RESULTS.md and
+docs/measurements/). Every launch runs under x's device (device_guard).
 
 - Row chunks (single-block kernels): N = 3 x 2^k (768, 1536, 3072, 6144) is three chunks of N / 3 columns, so no
   lane runs Philox and the math on padding (one padded BLOCK_N = 1024 at N = 768 wasted 25 %); BLOCK_M then grows
