@@ -304,6 +304,21 @@ def test_gated_act_sass_of_built_extension():
         assert philox == drop, (direction, drop)
 
 
+def _built_cubin(kernel: str, workdir: Path) -> Path:
+    """The built extension's sm_90 cubin that holds `kernel`, extracted into workdir; skips the test where there is
+    no CUDA build or no cuobjdump / nvdisasm."""
+    try:
+        so = _built_extension()
+        S.find_nvdisasm(S.find_cuobjdump())
+        cubins = S.extract_cubins(so, "sm_90", kernel, workdir)
+    except ToolError as e:
+        pytest.skip(f"needs cuobjdump, nvdisasm and the built CUDA extension: {e}")
+    if not cubins:
+        pytest.skip(f"{so} has no sm_90 CUDA kernels (a CPU-only build?)")
+    (cubin,) = cubins
+    return cubin
+
+
 @pytest.mark.slow  # runs cuobjdump over a built cubin (an external tool, ~8 s; the fast lane skips it)
 def test_one_pass_disassembly_matches_cuobjdump(tmp_path):
     """sass_of_cubins (one raw-instruction pass of the disassembler for many cubins, the performance model's way
@@ -311,15 +326,7 @@ def test_one_pass_disassembly_matches_cuobjdump(tmp_path):
     a sample of them (every twelfth, and the first of each kernel template) has the instructions of `cuobjdump
     -sass` on that cubin: the branch, convergence and return targets that raw mode prints as stream addresses
     included. (cuobjdump runs the disassembler once a function, ~0.3 s each: the whole cubin took 27 s.)"""
-    try:
-        so = _built_extension()
-        S.find_nvdisasm(S.find_cuobjdump())
-        cubins = S.extract_cubins(so, "sm_90", "dan_forward_rows_kernel", tmp_path)
-    except ToolError as e:
-        pytest.skip(f"needs cuobjdump, nvdisasm and the built CUDA extension: {e}")
-    if not cubins:
-        pytest.skip(f"{so} has no sm_90 CUDA kernels (a CPU-only build?)")
-    (cubin,) = cubins
+    cubin = _built_cubin("dan_forward_rows_kernel", tmp_path)
     alone: list[int] = []
     (batched,) = S.sass_of_cubins([cubin.read_bytes()], alone=alone)
     first = {n.split("I")[0]: n for n in reversed(list(batched))}  # a kernel template's first instance
@@ -368,15 +375,7 @@ def test_one_pass_falls_back_to_a_run_a_cubin(tmp_path, monkeypatch):
     """A listing that is not one line per 16 bytes: sass_of_cubins reads every cubin on its own instead, and
     sass_of_functions every name (both through sass_of, which the tests above check against cuobjdump; here a
     stand-in records what it was asked)."""
-    try:
-        so = _built_extension()
-        S.find_nvdisasm(S.find_cuobjdump())
-        cubins = S.extract_cubins(so, "sm_90", "bias_act_forward_kernel", tmp_path)
-    except ToolError as e:
-        pytest.skip(f"needs cuobjdump, nvdisasm and the built CUDA extension: {e}")
-    if not cubins:
-        pytest.skip(f"{so} has no sm_90 CUDA kernels (a CPU-only build?)")
-    (cubin,) = cubins
+    cubin = _built_cubin("bias_act_forward_kernel", tmp_path)
     blob = cubin.read_bytes()
     listed = S._instr_lines
     monkeypatch.setattr(S, "_instr_lines", lambda proc, what: listed(proc, what)[1:])
