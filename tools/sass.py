@@ -841,12 +841,8 @@ def sass_of_functions(
     names = list(dict.fromkeys(functions))
     cubin = _is_cubin(path)
     with tempfile.TemporaryDirectory() as tmp:
-        if cubin:
-            with open(path, "rb") as f:
-                blobs = [f.read()]
-        else:
-            _cuobjdump(["-xelf", "all", "-arch", arch, os.path.abspath(path)], cwd=tmp)
-            blobs = [p.read_bytes() for p in sorted(Path(tmp).glob("*.cubin"))]
+        files = [Path(path)] if cubin else extract_cubins(path, arch, None, tmp)
+        blobs = [f.read_bytes() for f in files]
     reads = [_cubin_texts(b) for b in blobs]
     sm = reads[0][0] if cubin and reads[0] is not None else int(arch.removeprefix("sm_"))
     wanted = set(names)
@@ -868,15 +864,18 @@ def sass_of_functions(
     return {n: out[n] for n in names}
 
 
-def extract_cubins(elf: os.PathLike, arch: str, containing: str, workdir: os.PathLike) -> list[Path]:
-    """The cubins of `elf` for `arch` whose bytes contain `containing` (e.g. a kernel's symbol): runs
-    `cuobjdump -xelf all -arch <arch>` in workdir (for libraries too large to disassemble whole), then looks
+def extract_cubins(elf: os.PathLike, arch: str, containing: Optional[str], workdir: os.PathLike) -> list[Path]:
+    """The cubins of `elf` for `arch` whose bytes contain `containing` (e.g. a kernel's symbol; None: every one):
+    runs `cuobjdump -xelf all -arch <arch>` in workdir (for libraries too large to disassemble whole), then looks
     at every .cubin in workdir."""
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     _cuobjdump(["-xelf", "all", "-arch", arch, os.path.abspath(elf)], cwd=work)
+    cubins = sorted(work.glob("*.cubin"))
+    if containing is None:
+        return cubins
     needle = containing.encode()
-    return [p for p in sorted(work.glob("*.cubin")) if needle in p.read_bytes()]
+    return [p for p in cubins if needle in p.read_bytes()]
 
 
 # ----------------------------------------------------------------------------------------------------------------
