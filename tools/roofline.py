@@ -275,6 +275,12 @@ def _as_path(code, tmp: tempfile.TemporaryDirectory) -> Path:
     return Path(code)
 
 
+def _read_by_name(code) -> bool:
+    """Whether functions_of reads the named functions of `code` alone: a file of machine code (an ELF, a .cubin),
+    not cubin bytes (read whole, Triton's: prefetch_sass) nor SASS text (a `.sass` path)."""
+    return not isinstance(code, (bytes, bytearray)) and not str(code).endswith(".sass")
+
+
 def functions_of(code, names: Optional[Sequence[str]] = None) -> Mapping[str, S.Function]:
     """The functions of the code's sm_90 SASS (cached per file / cubin): every one, or of a file (an ELF such as
     the extension, a .cubin) where `names` are given, at least those (sass.sass_of_functions: the disassembler
@@ -285,7 +291,7 @@ def functions_of(code, names: Optional[Sequence[str]] = None) -> Mapping[str, S.
         return _CODE_CACHE[key]
     if not isinstance(code, (bytes, bytearray)) and str(code).endswith(".sass"):
         _CODE_CACHE[key] = S.parse_sass(Path(code).read_text())
-    elif isinstance(code, (bytes, bytearray)) or names is None:
+    elif names is None or not _read_by_name(code):
         _CODE_CACHE[key] = S.sass_of(code)
     else:
         got = _NAMED_CACHE.setdefault(key, {})
@@ -345,7 +351,7 @@ def prefetch_functions(launches: Iterable[Union[KernelLaunch, OpaqueLaunch]]) ->
     wanted: dict[object, tuple[object, set[str]]] = {}
     for launch in launches:
         code = getattr(launch, "code", None)
-        if code is None or isinstance(code, (bytes, bytearray)) or str(code).endswith(".sass"):
+        if code is None or not _read_by_name(code):
             continue
         wanted.setdefault(_code_key(code), (code, set()))[1].add(launch.function)
     for code, names in wanted.values():
