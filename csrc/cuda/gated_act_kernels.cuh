@@ -76,43 +76,43 @@ GPUOPT_HOST_DEV void gated_walk_step(GatedWalk& w, const GatedGeometry& geo) {
   }
 }
 
-// The group of 8 elements at walk w, `valid` of them (the rest read as 0), from a gate-layout buffer. Element by
-// element the walk wraps at each row end.
+// f(j, g) for the elements j = 0 .. 7 of the group at walk w, g the element's offset in the gate layout: element
+// by element, the walk wraps at each row end.
+template <class F>
+GPUOPT_DEV void gated_each_element(GatedWalk w, const GatedGeometry& geo, const F& f) {
+  int64_t c = w.c, g = w.g;
+#pragma unroll
+  for (int j = 0; j < kGroup; ++j) {
+    f(j, g);
+    ++g;
+    if (++c == geo.row) {
+      c = 0;
+      g += geo.wrap;
+    }
+  }
+}
+
+// The group of 8 elements at walk w, `valid` of them (the rest read as 0), from a gate-layout buffer.
 template <bool kVec, typename S>
 GPUOPT_DEV void gated_load(const S* __restrict__ base, GatedWalk w, int valid, const GatedGeometry& geo,
                            Group<S>& out) {
   if (kVec) {
     load_raw_group(base + w.g, kGroup, true, out);
   } else {
-    int64_t c = w.c, g = w.g;
-#pragma unroll
-    for (int j = 0; j < kGroup; ++j) {
-      out.v[j] = j < valid ? base[g] : from_acc<S>(acc_t_of<S>(0));
-      ++g;
-      if (++c == geo.row) {
-        c = 0;
-        g += geo.wrap;
-      }
-    }
+    gated_each_element(w, geo, [&](int j, int64_t g) { out.v[j] = j < valid ? base[g] : from_acc<S>(acc_t_of<S>(0)); });
   }
 }
 
+// The group's `valid` first elements of v at walk w, into a gate-layout buffer.
 template <bool kVec, typename S, typename A>
 GPUOPT_DEV void gated_store(S* __restrict__ base, GatedWalk w, int valid, const GatedGeometry& geo,
                             const A (&v)[kGroup]) {
   if (kVec) {
     store_group(base + w.g, kGroup, true, v);
   } else {
-    int64_t c = w.c, g = w.g;
-#pragma unroll
-    for (int j = 0; j < kGroup; ++j) {
+    gated_each_element(w, geo, [&](int j, int64_t g) {
       if (j < valid) base[g] = from_acc<S>(v[j]);
-      ++g;
-      if (++c == geo.row) {
-        c = 0;
-        g += geo.wrap;
-      }
-    }
+    });
   }
 }
 
@@ -198,45 +198,62 @@ GPUOPT_DEV void gated_forward_group(const GatedForwardParams<S>& p, const GatedD
   store_group(p.out + q * kGroup, valid, kVec, o);
 }
 
-template <typename S, int kAct, bool kVec, bool kDrop, bool kMapped>
-GPUOPT_DEV void gated_act_forward(const GatedForwardParams<S>& p) {
-  constexpr int U = cuda::gated_unroll(sizeof(S), kVec);
-  const GatedGeometry& geo = p.geo;
-  const GatedDropout drop(p.seed, p.threshold);  // kDrop false: unused, no code
+// The elements of group q to read and write: 8 on the vector path (whole groups only), else those before n.
+template <bool kVec>
+GPUOPT_DEV int gated_valid(int64_t q, const GatedGeometry& geo) {
+  return kVec ? kGroup : static_cast<int>(min64(kGroup, geo.n - q * kGroup));
+}
+
+// The walk both kernels share (the header's comment): thread t takes groups t, t + T, ... (T threads in the grid),
+// U a grid stride: load(u, q, valid, w) reads group q (`valid` elements, at walk w) into the caller's slot u for
+// each of the U groups before work(u, q, valid, w) uses a slot. Then, with kVec and n % 8 != 0, the grid's last
+// thread takes the flat problem's last, partial group element by element: tail(q, valid, w).
+template <int U, bool kVec, class Load, class Work, class Tail>
+GPUOPT_DEV void gated_for_each_group(const GatedGeometry& geo, const Load& load, const Work& work, const Tail& tail) {
   const int64_t T = int64_t(gridDim.x) * blockDim.x;
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t groups = kVec ? geo.n / kGroup : ceil_div(geo.n, kGroup);  // kVec: whole groups; the tail after
   GatedWalk w = gated_walk_at(t * kGroup, geo);
   for (int64_t q = t; q < groups; q += U * T) {
-    Group<S> gv[U], uv[U];
+    GatedWalk wu[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t qu = q + u * T;
-      if (qu < groups) {
-        const int valid = kVec ? kGroup : static_cast<int>(min64(kGroup, geo.n - qu * kGroup));
-        gated_load<kVec>(p.gate, w, valid, geo, gv[u]);
-        gated_load<kVec>(p.up, w, valid, geo, uv[u]);
-      }
+      wu[u] = w;
+      if (qu < groups) load(u, qu, gated_valid<kVec>(qu, geo), w);
       gated_walk_step(w, geo);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t qu = q + u * T;
-      if (qu < groups) {
-        const int valid = kVec ? kGroup : static_cast<int>(min64(kGroup, geo.n - qu * kGroup));
-        gated_forward_group<kAct, kVec, kDrop, kMapped>(p, drop, qu, valid, gv[u], uv[u]);
-      }
+      if (qu < groups) work(u, qu, gated_valid<kVec>(qu, geo), wu[u]);
     }
   }
-  if (kVec && geo.n % kGroup != 0 && t == T - 1) {  // the flat problem's last, partial group
-    const int64_t q = groups;
-    const int valid = static_cast<int>(geo.n - q * kGroup);
-    const GatedWalk wt = gated_walk_at(q * kGroup, geo);
-    Group<S> gv, uv;
-    gated_load<false>(p.gate, wt, valid, geo, gv);
-    gated_load<false>(p.up, wt, valid, geo, uv);
-    gated_forward_group<kAct, false, kDrop, kMapped>(p, drop, q, valid, gv, uv);
+  if (kVec && geo.n % kGroup != 0 && t == T - 1) {
+    tail(groups, static_cast<int>(geo.n - groups * kGroup), gated_walk_at(groups * kGroup, geo));
   }
+}
+
+template <typename S, int kAct, bool kVec, bool kDrop, bool kMapped>
+GPUOPT_DEV void gated_act_forward(const GatedForwardParams<S>& p) {
+  constexpr int U = cuda::gated_unroll(sizeof(S), kVec);
+  const GatedDropout drop(p.seed, p.threshold);  // kDrop false: unused, no code
+  Group<S> gv[U], uv[U];
+  gated_for_each_group<U, kVec>(
+      p.geo,
+      [&](int u, int64_t, int valid, GatedWalk w) {
+        gated_load<kVec>(p.gate, w, valid, p.geo, gv[u]);
+        gated_load<kVec>(p.up, w, valid, p.geo, uv[u]);
+      },
+      [&](int u, int64_t q, int valid, GatedWalk) {
+        gated_forward_group<kAct, kVec, kDrop, kMapped>(p, drop, q, valid, gv[u], uv[u]);
+      },
+      [&](int64_t q, int valid, GatedWalk w) {
+        Group<S> g, v;
+        gated_load<false>(p.gate, w, valid, p.geo, g);
+        gated_load<false>(p.up, w, valid, p.geo, v);
+        gated_forward_group<kAct, false, kDrop, kMapped>(p, drop, q, valid, g, v);
+      });
 }
 
 // One group of the backward: gated_backward_element per element; grad_gate and grad_up at the walk's offsets.
@@ -260,46 +277,25 @@ GPUOPT_DEV void gated_backward_group(const GatedBackwardParams<S>& p, const Gate
 template <typename S, int kAct, bool kVec, bool kDrop, bool kMapped>
 GPUOPT_DEV void gated_act_backward(const GatedBackwardParams<S>& p) {
   constexpr int U = cuda::gated_unroll(sizeof(S), kVec);
-  const GatedGeometry& geo = p.geo;
   const GatedDropout drop(p.seed, p.threshold);
-  const int64_t T = int64_t(gridDim.x) * blockDim.x;
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t groups = kVec ? geo.n / kGroup : ceil_div(geo.n, kGroup);
-  GatedWalk w = gated_walk_at(t * kGroup, geo);
-  for (int64_t q = t; q < groups; q += U * T) {
-    Group<S> dv[U], gv[U], uv[U];
-    GatedWalk wu[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t qu = q + u * T;
-      wu[u] = w;
-      if (qu < groups) {
-        const int valid = kVec ? kGroup : static_cast<int>(min64(kGroup, geo.n - qu * kGroup));
-        load_raw_group(p.grad_out + qu * kGroup, valid, kVec, dv[u]);
-        gated_load<kVec>(p.gate, w, valid, geo, gv[u]);
-        gated_load<kVec>(p.up, w, valid, geo, uv[u]);
-      }
-      gated_walk_step(w, geo);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t qu = q + u * T;
-      if (qu < groups) {
-        const int valid = kVec ? kGroup : static_cast<int>(min64(kGroup, geo.n - qu * kGroup));
-        gated_backward_group<kAct, kVec, kDrop, kMapped>(p, drop, qu, wu[u], valid, dv[u], gv[u], uv[u]);
-      }
-    }
-  }
-  if (kVec && geo.n % kGroup != 0 && t == T - 1) {
-    const int64_t q = groups;
-    const int valid = static_cast<int>(geo.n - q * kGroup);
-    const GatedWalk wt = gated_walk_at(q * kGroup, geo);
-    Group<S> dv, gv, uv;
-    load_raw_group(p.grad_out + q * kGroup, valid, false, dv);
-    gated_load<false>(p.gate, wt, valid, geo, gv);
-    gated_load<false>(p.up, wt, valid, geo, uv);
-    gated_backward_group<kAct, false, kDrop, kMapped>(p, drop, q, wt, valid, dv, gv, uv);
-  }
+  Group<S> dv[U], gv[U], uv[U];
+  gated_for_each_group<U, kVec>(
+      p.geo,
+      [&](int u, int64_t q, int valid, GatedWalk w) {
+        load_raw_group(p.grad_out + q * kGroup, valid, kVec, dv[u]);
+        gated_load<kVec>(p.gate, w, valid, p.geo, gv[u]);
+        gated_load<kVec>(p.up, w, valid, p.geo, uv[u]);
+      },
+      [&](int u, int64_t q, int valid, GatedWalk w) {
+        gated_backward_group<kAct, kVec, kDrop, kMapped>(p, drop, q, w, valid, dv[u], gv[u], uv[u]);
+      },
+      [&](int64_t q, int valid, GatedWalk w) {
+        Group<S> d, g, v;
+        load_raw_group(p.grad_out + q * kGroup, valid, false, d);
+        gated_load<false>(p.gate, w, valid, p.geo, g);
+        gated_load<false>(p.up, w, valid, p.geo, v);
+        gated_backward_group<kAct, false, kDrop, kMapped>(p, drop, q, w, valid, d, g, v);
+      });
 }
 
 // out = dropout(act(gate) * up); backward: grad_gate = dropout'(grad_out) * up * act'(gate),
