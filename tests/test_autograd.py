@@ -21,10 +21,10 @@ def test_gradcheck_fp64_with_dropout(backend):
     x, w, b = make_inputs((m,), n, torch.float64, dev, requires_grad=True)
     seed = seed_tensor(99, dev)
     ldr = backend.op("layer_norm_dropout_relu")
-    assert torch.autograd.gradcheck(lambda x, w, b: ldr(x, w, b, seed, 0.3, EPS)[0], (x, w, b), eps=1e-6, atol=1e-5)
+    assert backend.gradcheck(lambda x, w, b: ldr(x, w, b, seed, 0.3, EPS)[0], (x, w, b), eps=1e-6, atol=1e-5)
     xb = torch.randn(5, 7, dtype=torch.float64, device=dev, requires_grad=True)
     bb = torch.randn(7, dtype=torch.float64, device=dev, requires_grad=True)
-    assert torch.autograd.gradcheck(backend.op("bias_relu"), (xb, bb))
+    assert backend.gradcheck(backend.op("bias_relu"), (xb, bb))
 
 
 def opcheck_samples(device, large=False):
@@ -126,7 +126,7 @@ def test_bias_act_autograd(backend):
     for act in (0, 1, 2, 3):
         x = (torch.randn(3, 5, generator=g, dtype=torch.float64) * 2).to(dev).requires_grad_()
         b = torch.randn(5, generator=g, dtype=torch.float64).to(dev).requires_grad_()
-        assert torch.autograd.gradcheck(lambda x, b, act=act: op(x, b, act), (x, b), eps=1e-6, atol=1e-6)
+        assert backend.gradcheck(lambda x, b, act=act: op(x, b, act), (x, b), eps=1e-6, atol=1e-6)
         # autograd equals the backward op called on what the contract says is saved
         out = op(x, b, act)
         go = torch.randn_like(out)
@@ -179,7 +179,7 @@ def test_dropout_add_norm_gradcheck_and_opcheck(backend):
             out, s, _, _ = dan(x, r, w, b, seed, 0.3, EPS, rms, False)
             return out, s
 
-        assert torch.autograd.gradcheck(f, (x, r, w, b), eps=1e-6, atol=1e-5)
+        assert backend.gradcheck(f, (x, r, w, b), eps=1e-6, atol=1e-5)
     for i, (x, r, w, b, rms, rif) in enumerate(_dan_samples(dev)):
         torch.library.opcheck(dan, (x, r, w, b, seed, 0.2, EPS, rms, rif))
         d = [None if t is None else t.detach() for t in (x, r, w, b)]
@@ -215,7 +215,7 @@ def test_norm_dropout_gradcheck_and_opcheck(backend):
         def f(x, w, b, rms=rms, relu=relu):
             return nd(x, w, b, seed, 0.3, EPS, rms, relu)[0]
 
-        assert torch.autograd.gradcheck(f, (x, w, b), eps=1e-6, atol=1e-5), (rms, relu)
+        assert backend.gradcheck(f, (x, w, b), eps=1e-6, atol=1e-5), (rms, relu)
     samples = (
         (*make_inputs((3,), 7, torch.float32, dev, requires_grad=True), True, False),
         (*make_inputs((2, 3), 16, torch.bfloat16, dev, affine=False, requires_grad=True), False, True),
@@ -261,7 +261,7 @@ def test_gated_act_autograd(backend):
         def fn(*ts, act=act, p=p, seed=seed, packed=packed):
             return op(ts[0], None if packed else ts[1], seed, p, act)
 
-        assert torch.autograd.gradcheck(fn, leaves, eps=1e-6, atol=1e-6)
+        assert backend.gradcheck(fn, leaves, eps=1e-6, atol=1e-6)
         out = fn(*leaves)
         go = torch.randn_like(out)
         grads = torch.autograd.grad(out, leaves, go)
