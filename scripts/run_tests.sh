@@ -24,8 +24,9 @@ export GPUOPT_EMU_BUILD_DIR="${GPUOPT_EMU_BUILD_DIR:-$ROOT/build/cuda-emu}"
 # the Triton compile results of the Triton gate and the performance model (tools/triton_resources.py), kept between
 # runs; an entry is named by everything its compile reads (kernel source, signature, options, triton's version)
 export GPUOPT_TRITON_STORE="${GPUOPT_TRITON_STORE:-$ROOT/build/triton-store}"
-# the CUDA build's resource analysis (tools/cuda_resources.py), kept between runs; an entry is named by the build's
-# bytes, the arguments, cuobjdump and the parser, so a rebuilt extension is read afresh
+# the CUDA build's resource analysis (tools/cuda_resources.py) and the SASS the performance model reads
+# (tools/roofline.py), kept between runs; an entry is named by the code's bytes, the arguments, the disassembler and
+# the parser, so a rebuilt extension is read afresh
 export GPUOPT_TOOL_STORE="${GPUOPT_TOOL_STORE:-$ROOT/build/tool-store}"
 mkdir -p "$TREE"
 find "$TREE" -mindepth 1 -maxdepth 1 ! -name .pytest_cache -exec rm -rf {} +

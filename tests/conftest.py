@@ -85,7 +85,8 @@ def prune_kept_store(folder) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def kept_tool_store():
     """$GPUOPT_TOOL_STORE (scripts/run_tests.sh: build/tool-store), which the static CUDA gate and the performance
-    model read through tools.cuda_resources.analyze, pruned once a test process."""
+    model read through tools.cuda_resources.analyze, and where the model keeps the SASS it reads (tools/roofline.py),
+    pruned once a test process."""
     kept = os.environ.get("GPUOPT_TOOL_STORE", "").strip()
     if kept:
         prune_kept_store(kept)

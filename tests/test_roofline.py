@@ -301,6 +301,29 @@ def test_sass_is_read_in_one_pass(model):
     assert reads["named"] > 100 and reads["named_alone"] == 0 and "_kernel" in reads["named_checked"], reads
 
 
+def test_kept_sass_is_read_once_a_store(tmp_path, monkeypatch):
+    """The SASS the model reads is kept under $GPUOPT_TOOL_STORE by what it was read from: the same parts are read
+    once and taken from the store after (counted in SASS_READS["kept"], with the counts of the read that stored
+    them), other parts are read afresh."""
+    try:
+        S.find_nvdisasm(S.find_cuobjdump())  # the entry's name includes the disassembler's
+    except S.ToolError as e:
+        pytest.skip(str(e))
+    monkeypatch.setenv("GPUOPT_TOOL_STORE", str(tmp_path))
+    monkeypatch.setattr(R, "SASS_READS", dict.fromkeys(R.SASS_READS, 0) | {"named_checked": ""})
+    calls = []
+
+    def read():
+        calls.append(1)
+        return {"functions": {"f": S.Function("f", [])}, "named": 1, "named_checked": "f"}
+
+    first = R._kept_reads("sass-named", [b"code", b"f"], read)
+    again = R._kept_reads("sass-named", [b"code", b"f"], read)
+    other = R._kept_reads("sass-named", [b"other code", b"f"], read)
+    assert len(calls) == 2 and first == again == other and len(list(tmp_path.glob("sass-named-*.pkl"))) == 2
+    assert R.SASS_READS["kept"] == 1 and R.SASS_READS["named"] == 3 and R.SASS_READS["named_checked"] == "f"
+
+
 @pytest.mark.slow
 # ids other than the bare backend names: conftest skips any test keyed `cuda` on a machine without a GPU
 @pytest.mark.parametrize("backend", ["cuda", "triton"], ids=["cuda-kernels", "triton-kernels"])

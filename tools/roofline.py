@@ -307,14 +307,62 @@ def functions_of(code, names: Optional[Sequence[str]] = None) -> Mapping[str, S.
 
 # how the SASS was read, in --json's output: Triton's cubins in one pass (prefetch_sass) and the functions read by
 # name from files, the extension's kernels (prefetch_functions), with how many went to a disassembler run of their
-# own and the function checked against `cuobjdump -sass` alone
-SASS_READS = {"cubins": 0, "alone": 0, "checked": "", "named": 0, "named_alone": 0, "named_checked": ""}
+# own and the function checked against `cuobjdump -sass` alone; kept: how many of those reads a run took from
+# $GPUOPT_TOOL_STORE (the counts and checks are then those of the run that stored them)
+SASS_READS = {"cubins": 0, "alone": 0, "checked": "", "named": 0, "named_alone": 0, "named_checked": "", "kept": 0}
+
+
+def _kept_sass_path(kind: str, parts: Iterable[bytes]) -> Optional[Path]:
+    """Where SASS the model read is kept under $GPUOPT_TOOL_STORE (tools/cuda_resources.py; None without it), as
+    cuda_resources keeps its analysis: the name hashes the parts (the code's bytes, the functions asked for), the
+    disassembler (cuobjdump and nvdisasm: real path, size, mtime) and tools/sass.py's source (the parser)."""
+    folder = os.environ.get(CR.TOOL_STORE_ENV, "").strip()
+    if not folder:
+        return None
+    import hashlib
+
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    tool = os.path.realpath(S.find_cuobjdump())
+    for exe in (tool, os.path.realpath(os.path.join(S.find_nvdisasm(tool), "nvdisasm"))):
+        st = os.stat(exe)
+        h.update(repr((exe, st.st_size, st.st_mtime_ns)).encode())
+    h.update(Path(S.__file__).read_bytes())
+    return Path(folder) / f"{kind}-{h.hexdigest()[:40]}.pkl"
+
+
+def _kept_reads(kind: str, parts: Sequence[bytes], read: Callable[[], dict]) -> dict:
+    """read()'s answer ({"functions": ..., and its SASS_READS counts}), kept under $GPUOPT_TOOL_STORE: a run that
+    takes it from there counts it in SASS_READS["kept"] and reports the reads (and the check) that produced it."""
+    path = _kept_sass_path(kind, parts)
+    if path is not None and path.is_file():
+        SASS_READS["kept"] += 1
+    got = CR.kept_result(path, read)
+    for k, v in got.items():
+        if k != "functions":
+            SASS_READS[k] = SASS_READS[k] + v if isinstance(v, int) else v
+    return got["functions"]
+
+
+def _read_cubins(blobs: Sequence[bytes]) -> dict:
+    """The cubins' functions in one pass of the disassembler (sass.sass_of_cubins), every function parsed; the
+    listing of the largest cubin checked against `cuobjdump -sass` of it alone."""
+    alone: list[int] = []
+    parsed = S.sass_of_cubins(blobs, alone=alone)
+    out = {"functions": [{n: fns[n] for n in fns} for fns in parsed], "cubins": len(blobs), "alone": len(alone)}
+    if blobs:
+        big = max(range(len(blobs)), key=lambda i: len(blobs[i]))
+        ref = S.sass_of(blobs[big])
+        if list(ref) != list(parsed[big]) or any(ref[n].instrs != parsed[big][n].instrs for n in ref):
+            raise CR.ToolError(f"the one-pass disassembly of {', '.join(ref)} differs from cuobjdump -sass")
+        out["checked"] = ", ".join(ref)
+    return out
 
 
 def prefetch_sass(codes, jobs: int) -> None:
     """Disassembles the distinct codes not yet cached into functions_of's cache: the cubins (Triton's) in one
-    pass of the disassembler (sass.sass_of_cubins; its listing of the largest cubin is checked against
-    `cuobjdump -sass` of that cubin alone), any other code `jobs` at a time."""
+    pass of the disassembler (_read_cubins, kept under $GPUOPT_TOOL_STORE), any other code `jobs` at a time."""
     todo = {}
     for code in codes:
         key = _code_key(code)
@@ -322,18 +370,9 @@ def prefetch_sass(codes, jobs: int) -> None:
             todo.setdefault(key, code)
     cubins = {k: bytes(c) for k, c in todo.items() if isinstance(c, (bytes, bytearray))}
     blobs = list(cubins.values())
-    alone: list[int] = []
-    parsed = S.sass_of_cubins(blobs, alone=alone)
-    for key, fns in zip(cubins, parsed):
-        _CODE_CACHE[key] = fns
     if blobs:
-        big = max(range(len(blobs)), key=lambda i: len(blobs[i]))
-        ref = S.sass_of(blobs[big])
-        if list(ref) != list(parsed[big]) or any(ref[n].instrs != parsed[big][n].instrs for n in ref):
-            raise CR.ToolError(f"the one-pass disassembly of {', '.join(ref)} differs from cuobjdump -sass")
-        SASS_READS["checked"] = ", ".join(ref)
-    SASS_READS["cubins"] += len(cubins)
-    SASS_READS["alone"] += len(alone)
+        for key, fns in zip(cubins, _kept_reads("sass-cubins", blobs, lambda: _read_cubins(blobs))):
+            _CODE_CACHE[key] = fns
     rest = {k: c for k, c in todo.items() if k not in cubins}
     if jobs <= 1 or len(rest) < 2:
         return
@@ -345,21 +384,33 @@ def prefetch_sass(codes, jobs: int) -> None:
             _CODE_CACHE[key] = fns
 
 
+def _read_functions(code, names: Sequence[str]) -> dict:
+    """The named functions of a file in one pass of the disassembler (sass.sass_of_functions); the largest checked
+    against `cuobjdump -sass -fun` of it alone."""
+    alone: list[str] = []
+    fns = S.sass_of_functions(code, names, alone=alone)
+    big = max(names, key=lambda n: len(fns[n].instrs))
+    if S.sass_of(code, [big])[big].instrs != fns[big].instrs:
+        raise CR.ToolError(f"the one-pass disassembly of {big} differs from cuobjdump -sass")
+    return {"functions": fns, "named": len(names), "named_alone": len(alone), "named_checked": big}
+
+
 def prefetch_functions(launches: Iterable[Union[KernelLaunch, OpaqueLaunch]]) -> None:
     """Reads the functions that the kernel launches run from files (the extension) into functions_of's cache, in
-    one pass of the disassembler a file; the largest is checked against `cuobjdump -sass` of it alone."""
+    one pass of the disassembler a file (_read_functions, kept under $GPUOPT_TOOL_STORE)."""
     wanted: dict[object, tuple[object, set[str]]] = {}
     for launch in launches:
         code = getattr(launch, "code", None)
         if code is None or not _read_by_name(code):
             continue
         wanted.setdefault(_code_key(code), (code, set()))[1].add(launch.function)
-    for code, names in wanted.values():
-        fns = functions_of(code, sorted(names))
-        big = max(sorted(names), key=lambda n: len(fns[n].instrs))
-        if S.sass_of(code, [big])[big].instrs != fns[big].instrs:
-            raise CR.ToolError(f"the one-pass disassembly of {big} differs from cuobjdump -sass")
-        SASS_READS["named_checked"] = big
+    for key, (code, names) in wanted.items():
+        order = sorted(names - _NAMED_CACHE.get(key, {}).keys())
+        if not order:
+            continue
+        parts = (Path(code).read_bytes(), "\n".join(order).encode())
+        fns = _kept_reads("sass-named", parts, lambda code=code, order=order: _read_functions(code, order))
+        _NAMED_CACHE.setdefault(key, {}).update(fns)
 
 
 def resources_of(code) -> dict[str, tuple[int, int]]:
