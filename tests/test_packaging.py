@@ -236,7 +236,8 @@ def test_gpu_skips_follow_marks_not_folder_names(tmp_path):
     whose folder is named `cuda` (a test's keywords hold the folder names above it)."""
     root = tmp_path / "cuda"
     (root / "tests").mkdir(parents=True)
-    shutil.copy2(ROOT / "tests" / "conftest.py", root / "tests" / "conftest.py")
+    for name in ("conftest.py", "interpreter_lists.py"):  # conftest.py and the module it imports
+        shutil.copy2(ROOT / "tests" / name, root / "tests" / name)
     (root / "pytest.ini").write_text("[pytest]\nmarkers =\n  cuda: needs a GPU\n  triton_gpu: needs a GPU\n")
     (root / "tests" / "test_probe.py").write_text(
         "import pytest\n\n\ndef test_plain():\n    pass\n\n\n@pytest.mark.cuda\ndef test_marked():\n    pass\n"
