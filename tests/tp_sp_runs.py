@@ -120,13 +120,16 @@ def main() -> int:
         "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
     }
     model = nn.ModuleList()
+    tp, dp = mesh["tp"], mesh["dp"]  # sliced once: each slicing makes another mesh, which a compiled block guards on
     for block in blocks:
-        parallelize_module(block, mesh["tp"], plan)
+        parallelize_module(block, tp, plan)
         compiled = torch.compile(Checkpointed(block) if SAC else block, fullgraph=True)  # a graph break is an error
-        fully_shard(compiled, mesh=mesh["dp"])
+        fully_shard(compiled, mesh=dp)
         model.append(compiled)
 
-    h, r = (distribute_tensor(t, mesh["tp"], [Shard(1)]) for t in (h0, r0))
+    # h and the residual require grad, as an embedding's output does: every block then takes the one graph its first
+    # compile made (with inputs that need no grad the second block compiled again)
+    h, r = (distribute_tensor(t, tp, [Shard(1)]) for t in (h0.requires_grad_(), r0.requires_grad_()))
     torch.manual_seed(STEP_SEED)
     run(model, h, r).full_tensor().square().mean().backward()  # compiles; the profiled step below is the second
     model.zero_grad(set_to_none=True)
