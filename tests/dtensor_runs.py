@@ -27,6 +27,9 @@ from torch.distributed.tensor.placement_types import _StridedShard  # noqa: E402
 import gpuopt_ops  # noqa: E402
 
 from helpers import exit_without_teardown  # noqa: E402
+from interpreter_lists import list_builtins_once  # noqa: E402
+
+list_builtins_once()  # as tests/conftest.py does: the interpreter's builtins listed once a module
 
 B, S, N = 2, 4, 16  # x (B, S, N); Shard(1) leaves each rank B runs of S / 2 rows (strided statistics)
 CHECKS: list[str] = []
