@@ -29,7 +29,10 @@ export GPUOPT_TRITON_STORE="${GPUOPT_TRITON_STORE:-$ROOT/build/triton-store}"
 # the parser, so a rebuilt extension is read afresh
 export GPUOPT_TOOL_STORE="${GPUOPT_TOOL_STORE:-$ROOT/build/tool-store}"
 mkdir -p "$TREE"
-find "$TREE" -mindepth 1 -maxdepth 1 ! -name .pytest_cache -exec rm -rf {} +
+# the tree's files go, its bytecode stays: __pycache__ (pytest's rewritten test modules, the tree's compiled modules;
+# each entry is checked against its source's mtime and size, which tar keeps) and .pytest_cache
+find "$TREE" -mindepth 1 \( -name __pycache__ -o -name .pytest_cache \) -prune -o ! -type d -print0 | xargs -0r rm -f
+find "$TREE" -mindepth 1 -depth -type d -empty -delete  # the folders the copy below does not fill again
 (cd "$ROOT" && tar -cf - --exclude=./gpuopt_ops --exclude=./triton_kernels --exclude=./build --exclude=./dist \
    --exclude='./.venv*' --exclude=./.git --exclude='./*.egg-info' --exclude=./tools/cuda_emu/.build --exclude=./runs --exclude='*/__pycache__' --exclude=./.pytest_cache \
    --exclude=./.hypothesis --exclude=./bench_out --exclude=./gpu_check_out .) | (cd "$TREE" && tar -xf -)
