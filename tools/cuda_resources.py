@@ -655,22 +655,37 @@ def build_rows(
 TOOL_STORE_ENV = "GPUOPT_TOOL_STORE"
 
 
-def _analysis_path(elf: Path, arch: Optional[str], tool: str, sm: SMLimits) -> Optional[Path]:
-    """Where analyze's result for these arguments is kept under $GPUOPT_TOOL_STORE (None without it): the name
-    hashes the ELF's bytes, the arch asked for, the SM limits, cuobjdump (path, size, mtime) and this module's
-    source (the parsers and the occupancy model). The tool by its real path: a venv reached through a link (the
-    README test's checkout) names the same cuobjdump."""
+def file_digest(path: os.PathLike) -> str:
+    """The sha256 of a file's bytes, read a MiB at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def kept_path(kind: str, ident: Sequence[object], tools: Sequence[str], source: os.PathLike) -> Optional[Path]:
+    """Where a result is kept under $GPUOPT_TOOL_STORE (None without it): `<kind>-<hash>.pkl`, the hash of `ident`
+    (what the result is of: the code's digest, the arguments), each tool by its real path, size and mtime (a venv
+    reached through a link names the same tool) and the source of the module that computes the result."""
     folder = os.environ.get(TOOL_STORE_ENV, "").strip()
     if not folder:
         return None
-    tool = os.path.realpath(tool)
-    h = hashlib.sha256()
-    with open(elf, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    st = os.stat(tool)
-    ident = (h.hexdigest(), arch, repr(sm), tool, st.st_size, st.st_mtime_ns, Path(__file__).read_bytes())
-    return Path(folder) / f"cuda-resources-{hashlib.sha256(repr(ident).encode()).hexdigest()[:40]}.pkl"
+    stats = []
+    for tool in tools:
+        real = os.path.realpath(tool)
+        st = os.stat(real)
+        stats.append((real, st.st_size, st.st_mtime_ns))
+    key = repr((tuple(ident), stats, Path(source).read_bytes()))
+    return Path(folder) / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:40]}.pkl"
+
+
+def _analysis_path(elf: Path, arch: Optional[str], tool: str, sm: SMLimits) -> Optional[Path]:
+    """Where analyze's result for these arguments is kept (kept_path): named by the ELF's bytes, the arch asked
+    for, the SM limits, cuobjdump and this module's source (the parsers and the occupancy model)."""
+    if not os.environ.get(TOOL_STORE_ENV, "").strip():
+        return None
+    return kept_path("cuda-resources", (file_digest(elf), arch, repr(sm)), [tool], __file__)
 
 
 def analyze(

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import heapq
 import json
 import math
@@ -260,8 +261,6 @@ _RES_CACHE: dict[object, dict[str, tuple[int, int]]] = {}
 
 def _code_key(code) -> object:
     if isinstance(code, (bytes, bytearray)):
-        import hashlib
-
         return ("bytes", hashlib.sha1(code).hexdigest())
     p = Path(code).resolve()
     return ("path", str(p), p.stat().st_mtime_ns)
@@ -312,30 +311,15 @@ def functions_of(code, names: Optional[Sequence[str]] = None) -> Mapping[str, S.
 SASS_READS = {"cubins": 0, "alone": 0, "checked": "", "named": 0, "named_alone": 0, "named_checked": "", "kept": 0}
 
 
-def _kept_sass_path(kind: str, parts: Iterable[bytes]) -> Optional[Path]:
-    """Where SASS the model read is kept under $GPUOPT_TOOL_STORE (tools/cuda_resources.py; None without it), as
-    cuda_resources keeps its analysis: the name hashes the parts (the code's bytes, the functions asked for), the
-    disassembler (cuobjdump and nvdisasm: real path, size, mtime) and tools/sass.py's source (the parser)."""
-    folder = os.environ.get(CR.TOOL_STORE_ENV, "").strip()
-    if not folder:
-        return None
-    import hashlib
-
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(hashlib.sha256(part).digest())
-    tool = os.path.realpath(S.find_cuobjdump())
-    for exe in (tool, os.path.realpath(os.path.join(S.find_nvdisasm(tool), "nvdisasm"))):
-        st = os.stat(exe)
-        h.update(repr((exe, st.st_size, st.st_mtime_ns)).encode())
-    h.update(Path(S.__file__).read_bytes())
-    return Path(folder) / f"{kind}-{h.hexdigest()[:40]}.pkl"
-
-
-def _kept_reads(kind: str, parts: Sequence[bytes], read: Callable[[], dict]) -> dict:
-    """read()'s answer ({"functions": ..., and its SASS_READS counts}), kept under $GPUOPT_TOOL_STORE: a run that
-    takes it from there counts it in SASS_READS["kept"] and reports the reads (and the check) that produced it."""
-    path = _kept_sass_path(kind, parts)
+def _kept_reads(kind: str, ident: Sequence[object], read: Callable[[], dict]) -> dict:
+    """read()'s answer ({"functions": ..., and its SASS_READS counts}), kept under $GPUOPT_TOOL_STORE
+    (cuda_resources.kept_path: named by `ident`, the disassembler, cuobjdump and nvdisasm, and tools/sass.py's source,
+    the parser): a run that takes it from there counts it in SASS_READS["kept"] and reports the reads (and the
+    check) that produced it."""
+    path = None
+    if os.environ.get(CR.TOOL_STORE_ENV, "").strip():
+        tool = S.find_cuobjdump()
+        path = CR.kept_path(kind, ident, [tool, os.path.join(S.find_nvdisasm(tool), "nvdisasm")], S.__file__)
     if path is not None and path.is_file():
         SASS_READS["kept"] += 1
     got = CR.kept_result(path, read)
@@ -371,7 +355,8 @@ def prefetch_sass(codes, jobs: int) -> None:
     cubins = {k: bytes(c) for k, c in todo.items() if isinstance(c, (bytes, bytearray))}
     blobs = list(cubins.values())
     if blobs:
-        for key, fns in zip(cubins, _kept_reads("sass-cubins", blobs, lambda: _read_cubins(blobs))):
+        ident = [hashlib.sha256(b).hexdigest() for b in blobs]
+        for key, fns in zip(cubins, _kept_reads("sass-cubins", ident, lambda: _read_cubins(blobs))):
             _CODE_CACHE[key] = fns
     rest = {k: c for k, c in todo.items() if k not in cubins}
     if jobs <= 1 or len(rest) < 2:
@@ -408,8 +393,8 @@ def prefetch_functions(launches: Iterable[Union[KernelLaunch, OpaqueLaunch]]) ->
         order = sorted(names - _NAMED_CACHE.get(key, {}).keys())
         if not order:
             continue
-        parts = (Path(code).read_bytes(), "\n".join(order).encode())
-        fns = _kept_reads("sass-named", parts, lambda code=code, order=order: _read_functions(code, order))
+        ident = (CR.file_digest(code), tuple(order))
+        fns = _kept_reads("sass-named", ident, lambda code=code, order=order: _read_functions(code, order))
         _NAMED_CACHE.setdefault(key, {}).update(fns)
 
 
