@@ -29,7 +29,8 @@ fi
 VPY="$VENV/bin/python"
 # Dependencies: installed once per venv and list (a stamp of what was asked for), so a warm run asks pip nothing.
 # --no-compile: pip would byte-compile all ~14k Python files of torch and the extras (about a minute of CPU);
-# Python compiles the modules a program imports, once, when it first imports them.
+# Python compiles the modules a program imports, once, when it first imports them (where the environment sets
+# PYTHONDONTWRITEBYTECODE it writes none: the test command then keeps them in build/pycache, scripts/run_tests.sh).
 # One stamp per list: run_main.sh and run_tests.sh ask for different extras and both stay satisfied.
 DEPS="$TORCH_SPEC numpy ninja setuptools>=77 wheel ${GPUOPT_EXTRA_PIP:-} ${GPUOPT_PIP_INDEX:-}"
 DEPS_STAMP="$VENV/.gpuopt_deps_$(echo "$DEPS" | sha256sum | cut -c1-16)"
