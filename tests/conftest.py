@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # Files whose tests share one costly module fixture (a subprocess that compiles or reads every kernel, an extension
-# build, a torchrun launch), and their group. Under pytest-xdist with `--dist loadgroup` (scripts/run_tests.sh) a
+# build, a distributed launch), and their group. Under pytest-xdist with `--dist loadgroup` (scripts/run_tests.sh) a
 # group's tests run on one worker, so the fixture is built once, not once per worker; every other test is a unit
 # of its own. The performance model and the Triton gate share a group: they compile many of the same Triton
 # variants, and the second takes them from the first's store (the triton_store fixture).

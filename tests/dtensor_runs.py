@@ -1,4 +1,5 @@
-"""Run by tests/test_dtensor.py under torchrun (2 processes, gloo, CPU): every gpuopt op on DTensors.
+"""Run by tests/test_dtensor.py in 2 processes (helpers.TwoRanks, as torchrun starts them; gloo, CPU): every gpuopt
+op on DTensors.
 
 For each op, backend (C++; Triton too where it imports) and placement of its rows (Replicate, Shard(0), Shard(1),
 and Shard on the last dimension for the element-wise ops), the op is called on DTensors and on the whole tensors:

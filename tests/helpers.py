@@ -204,6 +204,80 @@ def torchrun(script, *argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=
     return subprocess.Popen([*cmd, *map(str, argv)], stdout=stdout, stderr=stderr, text=True, env=env)
 
 
+class TwoRanks:
+    """`script` in two processes that meet as torchrun's workers do, without torchrun's own process (which imports
+    torch a third time and runs the elastic agent: ~2 s of CPU and ~1.4 s a launch). As under torchrun, this process
+    serves the rendezvous store (a TCPStore on a port the system picks, so no two launches can race for a port) and
+    the ranks are its clients (TORCHELASTIC_USE_AGENT_STORE, MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE: what
+    init_process_group's env:// reads), and a rank that fails stops the other. The tests that check torchrun's own
+    behaviour launch it (torchrun above). Seen as one process: poll / wait / communicate / kill, returncode (the
+    first failed rank's, else 0); communicate returns the ranks' stdout and stderr, rank 0's first."""
+
+    def __init__(self, script, *argv, env=None):
+        import tempfile
+
+        from torch.distributed import TCPStore
+
+        self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        common = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+        common.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(self._store.port),
+            TORCHELASTIC_USE_AGENT_STORE="True",
+            WORLD_SIZE="2",
+            LOCAL_WORLD_SIZE="2",
+        )
+        self._logs = [tempfile.TemporaryFile("w+") for _ in range(4)]  # files, not pipes: nothing to drain meanwhile
+        self._procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), *map(str, argv)],
+                stdout=self._logs[2 * r],
+                stderr=self._logs[2 * r + 1],
+                text=True,
+                env=dict(common, RANK=str(r), LOCAL_RANK=str(r)),
+            )
+            for r in range(2)
+        ]
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is not None:
+            return self.returncode
+        codes = [p.poll() for p in self._procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:  # the other rank would wait for it in a collective
+            self.kill()
+            for p in self._procs:
+                p.wait()
+            self.returncode = failed[0]
+        elif None not in codes:
+            self.returncode = 0
+        return self.returncode
+
+    def wait(self, timeout=None):
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self._procs[0].args, timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def communicate(self, timeout=None):
+        self.wait(timeout)
+        texts = []
+        for f in self._logs:
+            f.seek(0)
+            texts.append(f.read())
+        return "".join(texts[0::2]), "".join(texts[1::2])
+
+    def kill(self):
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
+
+
 def exit_without_teardown(code: int = 0) -> None:
     """The end of a torchrun script, once its files are written and its process group destroyed: leave without the
     interpreter's teardown. On a loaded machine a rank has aborted there ("terminate called without an active

@@ -1,10 +1,11 @@
-"""Launched by tests/test_sac_fsdp.py under torchrun (2 processes, gloo on CPU): the recipe of today's distributed
-LLaMA trainers with gpuopt's modules inside. Each block of a small LLaMA-style model is checkpointed selectively
-(torch.utils.checkpoint with create_selective_checkpoint_contexts: matmuls saved, everything else recomputed in
-the backward, our ops included), then compiled with torch.compile(fullgraph=True), then sharded with FSDP2's
-fully_shard, in that order (torchtitan's; the compile is nn.Module.compile, torch.compile of the block's call in
-place, so that fully_shard gets the block itself rather than a wrapper). One training step per model; no sequence
-parallelism, no DTensor activations (FSDP2 makes the parameters DTensors and gathers them around each block).
+"""Launched by tests/test_sac_fsdp.py in 2 processes (helpers.TwoRanks, as torchrun starts them; gloo on CPU): the
+recipe of today's distributed LLaMA trainers with gpuopt's modules inside. Each block of a small LLaMA-style model is
+checkpointed selectively (torch.utils.checkpoint with create_selective_checkpoint_contexts: matmuls saved, everything
+else recomputed in the backward, our ops included), then compiled with torch.compile(fullgraph=True), then sharded
+with FSDP2's fully_shard, in that order (torchtitan's; the compile is nn.Module.compile, torch.compile of the block's
+call in place, so that fully_shard gets the block itself rather than a wrapper). One training step per model; no
+sequence parallelism, no DTensor activations (FSDP2 makes the parameters DTensors and gathers them around each
+block).
 
     torchrun --standalone --nproc_per_node=2 tests/sac_fsdp_runs.py OUT
 

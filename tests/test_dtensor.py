@@ -1,5 +1,5 @@
 """DTensor sharding rules (gpuopt_ops/dtensor.py): every op, forward and backward, C++ and Triton, on a 2-process
-gloo mesh under torchrun (tests/dtensor_runs.py does the checks; this test launches it and reads its summary)."""
+gloo mesh in two processes (tests/dtensor_runs.py does the checks; this test launches it and reads its summary)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 import gpuopt_ops.dtensor as gdt
 
-from helpers import TESTS, torchrun
+from helpers import TESTS, TwoRanks
 
 TIMEOUT = 240
 
@@ -23,11 +23,11 @@ def _triton_ops() -> bool:
     return True
 
 
-@pytest.mark.slow  # a torchrun launch: two fresh processes that import torch and compile (the fast lane skips it)
+@pytest.mark.slow  # a launch of two fresh processes that import torch and compile (the fast lane skips it)
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
-def test_sharding_rules_under_torchrun(tmp_path):
+def test_sharding_rules_in_two_processes(tmp_path):
     out = tmp_path / "dtensor.json"
-    proc = torchrun(TESTS / "dtensor_runs.py", out, env={"TRITON_INTERPRET": "1"})
+    proc = TwoRanks(TESTS / "dtensor_runs.py", out, env={"TRITON_INTERPRET": "1"})
     _, stderr = proc.communicate(timeout=TIMEOUT)
     assert out.exists(), stderr[-4000:]
     summary = json.loads(out.read_text())
@@ -60,6 +60,29 @@ def test_sharding_rules_under_torchrun(tmp_path):
             assert needle in checks, (needle, [c for c in checks if c.startswith(be)][:20])
 
 
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+def test_a_failed_rank_stops_the_other(tmp_path):
+    """helpers.TwoRanks, the launcher of the tests above: each rank gets the rendezvous that init_process_group reads,
+    and a rank that fails ends the launch at once with its exit code (the other, which would wait for it in a
+    collective, is stopped), as torchrun does; its stderr comes back."""
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_ADDR'], file=sys.stderr)\n"
+        f"ready = {str(tmp_path / 'rank0_ready')!r}\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    while not os.path.exists(ready):\n"
+        "        time.sleep(0.01)\n"
+        "    sys.exit(3)\n"
+        "open(ready, 'w').close()\n"
+        "time.sleep(120)\n"
+    )
+    launch = TwoRanks(script)
+    _, stderr = launch.communicate(timeout=60)
+    assert launch.returncode == 3
+    assert stderr.splitlines() == ["0 2 127.0.0.1", "1 2 127.0.0.1"], stderr
+
+
 def test_rules_are_registered_for_every_op():
     """Each op of the library (and each Triton twin that is registered) has a rule whose cache key includes p."""
     if not gdt.AVAILABLE:
@@ -85,7 +108,7 @@ def test_rules_are_registered_for_every_op():
 TORCH_SAC_RANDOM_LIMIT = "expected all tensors_saved_with_vc_check to be Tensors"
 
 
-@pytest.mark.slow  # torchrun launches, each a compiled FSDP2 training step in two processes
+@pytest.mark.slow  # launches of two processes, each a compiled FSDP2 training step in two processes
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
 @pytest.mark.parametrize("p,sac", [(0.0, "sac"), (0.1, "sac"), (0.1, "none")])
 def test_tensor_and_sequence_parallel_training_step_matches_one_process(tmp_path, p, sac):
@@ -94,7 +117,7 @@ def test_tensor_and_sequence_parallel_training_step_matches_one_process(tmp_path
     dropout too (each shard draws the whole tensor's masks, and the recomputation the forward's); the norm weights'
     gradients sharded by FSDP2 and replicated over tp; every gpuopt forward op recomputed once in the backward."""
     out = tmp_path / "tp_sp.json"
-    proc = torchrun(TESTS / "tp_sp_runs.py", out, str(p), sac)
+    proc = TwoRanks(TESTS / "tp_sp_runs.py", out, str(p), sac)
     _, stderr = proc.communicate(timeout=TIMEOUT)
     if p > 0 and sac == "sac" and proc.returncode != 0 and TORCH_SAC_RANDOM_LIMIT in stderr:
         assert tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 14), stderr[-4000:]

@@ -1,6 +1,6 @@
 """gpuopt's modules in today's distributed recipe: FSDP2 (gloo, 2 processes on CPU), each block compiled with
-torch.compile(fullgraph=True), selective activation checkpointing that saves only the matmuls, so that our ops
-are recomputed in the backward. One torchrun launch (tests/sac_fsdp_runs.py, which holds the model, the data, the
+torch.compile(fullgraph=True), selective activation checkpointing that saves only the matmuls, so that our ops are
+recomputed in the backward. One launch of two processes (tests/sac_fsdp_runs.py, which holds the model, the data, the
 seeds and the mask check) trains one step of two models; this process runs the one-process reference meanwhile.
 
 Why the reference is two one-process runs and not one on the whole batch: a dropout mask is keyed by the seed and
@@ -16,7 +16,7 @@ import pytest
 import sac_fsdp_runs as runs
 import torch
 
-from helpers import TESTS, torchrun
+from helpers import TESTS, TwoRanks
 
 TIMEOUT = 240
 TOL = 1e-5
@@ -53,7 +53,7 @@ def test_fsdp2_compiled_blocks_with_selective_checkpointing(tmp_path):
         gated_act) takes the forward call's seed and gives its outputs bit for bit, so the same masks;
     (c) the negative control: in the model with gpuopt_test::dropout_inner_seed (its seed drawn inside the op),
         the same check reports each of its recomputations as another mask, and the gradients are off."""
-    launch = torchrun(TESTS / "sac_fsdp_runs.py", tmp_path)
+    launch = TwoRanks(TESTS / "sac_fsdp_runs.py", tmp_path)
     try:  # the references run while the launch starts up
         ref_losses, ref_grads = one_process()
         bad_ref_losses, bad_ref_grads = one_process(inner_seed=True)

@@ -1,6 +1,6 @@
-"""Run by tests/test_dtensor.py under torchrun (2 processes, gloo, CPU): a LLaMA-style stack of gpuopt modules
-trained the way large models are (tensor + sequence parallelism on DTensors, FSDP2, each block compiled with
-fullgraph=True under selective activation checkpointing), against the same stack in one process.
+"""Run by tests/test_dtensor.py in 2 processes (helpers.TwoRanks, as torchrun starts them; gloo, CPU): a LLaMA-style
+stack of gpuopt modules trained the way large models are (tensor + sequence parallelism on DTensors, FSDP2, each
+block compiled with fullgraph=True under selective activation checkpointing), against the same stack in one process.
 
 Mesh (dp = 1, tp = 2). Per block: the residual norms (FusedDropoutAddRMSNorm, prenorm) run sequence parallel
 (gpuopt_ops.dtensor.SequenceParallel: x and the residual Shard(1), the weight replicated); an attention stand-in
