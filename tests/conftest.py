@@ -17,9 +17,9 @@ except Exception:  # pragma: no cover
     _HAS_CUDA = False
 if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    from interpreter_lists import list_builtins_once
+    import interpreter_lists
 
-    list_builtins_once()  # the interpreter's builtins listed once a module, not at every helper call
+    interpreter_lists.install()  # the interpreter's builtins listed once a module, its numpy dtypes kept
 
 import pytest  # noqa: E402
 

@@ -27,10 +27,10 @@ from torch.distributed.tensor.placement_types import _StridedShard  # noqa: E402
 
 import gpuopt_ops  # noqa: E402
 
+import interpreter_lists  # noqa: E402
 from helpers import exit_without_teardown  # noqa: E402
-from interpreter_lists import list_builtins_once  # noqa: E402
 
-list_builtins_once()  # as tests/conftest.py does: the interpreter's builtins listed once a module
+interpreter_lists.install()  # as tests/conftest.py does: the interpreter made cheaper to call into
 
 B, S, N = 2, 4, 16  # x (B, S, N); Shard(1) leaves each rank B runs of S / 2 rows (strided statistics)
 CHECKS: list[str] = []
