@@ -36,6 +36,7 @@ Occupancy model, per SM (the CUDA occupancy calculator's rules):
 from __future__ import annotations
 
 import argparse
+import gc
 import glob
 import hashlib
 import importlib.util
@@ -703,15 +704,22 @@ def analyze(
 def kept_result(path: Optional[os.PathLike], compute: Callable[[], object]):
     """compute()'s result, kept as a pickle at `path` (None: not kept) for the processes that name the same path:
     read when it is there (a read refreshes the file's time: a store kept between runs drops what no run has read
-    for a while), else computed and written whole or not at all, for a concurrent reader."""
+    for a while), else computed and written whole or not at all, for a concurrent reader. The cyclic garbage
+    collector pauses while a pickle loads: the model's kept SASS is ~0.5M small objects, each collection during the
+    load walks those made so far (a load took 3-8x as long), and nothing the load makes is garbage."""
     if path is not None:
+        enabled = gc.isenabled()
         try:
+            gc.disable()
             with open(path, "rb") as f:
                 result = pickle.load(f)
             os.utime(path)
             return result
         except FileNotFoundError:  # not computed yet, or just dropped as unread
             pass
+        finally:
+            if enabled:
+                gc.enable()
     result = compute()
     if path is not None:
         os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -213,23 +213,24 @@ def structural_trips(
 
     def trips(lps: list) -> dict[int, float]:
         out: dict[int, float] = {}
-        data0 = [lp for lp in lps if lp.depth == 0 and _global_ops(lp.body)]
+        ops = {lp.index: _global_ops(lp.body) for lp in lps}
+        data0 = [lp for lp in lps if lp.depth == 0 and ops[lp.index]]
         if len(data0) == 1 or (data0 and not split_unrolled):
             for lp in data0:
                 out[lp.index] = outer
         elif data0:  # a main loop unrolled u times, and remainder loops for what is left
-            loops_by_size = sorted(data0, key=lambda lp: -_global_ops(lp.body))
-            unit = max(1, min(_global_ops(lp.body) for lp in loops_by_size))
+            loops_by_size = sorted(data0, key=lambda lp: -ops[lp.index])
+            unit = max(1, min(ops[lp.index] for lp in loops_by_size))
             left = float(outer)  # iterations of the original loop, handed out largest step first
             for i, lp in enumerate(loops_by_size):
-                step = max(1, round(_global_ops(lp.body) / unit))
+                step = max(1, round(ops[lp.index] / unit))
                 last = i == len(loops_by_size) - 1
                 out[lp.index] = left / step if last else float(math.floor(left / step))
                 left -= out[lp.index] * step
         for lp in lps:
             if lp.index in out:
                 continue
-            if not _global_ops(lp.body):
+            if not ops[lp.index]:
                 out[lp.index] = 1.0
             elif lp.depth == 1 and inner is not None:
                 out[lp.index] = inner
@@ -290,24 +291,40 @@ def functions_of(code, names: Optional[Sequence[str]] = None) -> Mapping[str, S.
         return _CODE_CACHE[key]
     if not isinstance(code, (bytes, bytearray)) and str(code).endswith(".sass"):
         _CODE_CACHE[key] = S.parse_sass(Path(code).read_text())
-    elif names is None or not _read_by_name(code):
+    elif isinstance(code, (bytes, bytearray)):
+        _CODE_CACHE[key] = _kept_reads("sass-cubin", [hashlib.sha256(code).hexdigest()], lambda: _read_cubin(code))
+    elif names is None:
         _CODE_CACHE[key] = S.sass_of(code)
     else:
         got = _NAMED_CACHE.setdefault(key, {})
         missing = [n for n in names if n not in got]
         if missing:
-            alone: list[str] = []
-            got.update(S.sass_of_functions(code, missing, alone=alone))
-            SASS_READS["named"] += len(missing)
-            SASS_READS["named_alone"] += len(alone)
+            ident = (CR.file_digest(code), tuple(missing))
+            got.update(_kept_reads("sass-fun", ident, lambda: _read_named(code, missing)))
         return got
     return _CODE_CACHE[key]
 
 
+def _read_cubin(blob: bytes) -> dict:
+    """Every function of a cubin that functions_of reads alone (the peers' Triton kernels; prefetch_sass reads
+    gpuopt's), parsed."""
+    fns = S.sass_of(bytes(blob))
+    return {"functions": {n: fns[n] for n in fns}}
+
+
+def _read_named(code, names: Sequence[str]) -> dict:
+    """The named functions of a file that functions_of reads (sass.sass_of_functions; the peers' kernels), with
+    the SASS_READS counts they add."""
+    alone: list[str] = []
+    fns = S.sass_of_functions(code, names, alone=alone)
+    return {"functions": fns, "named": len(names), "named_alone": len(alone)}
+
+
 # how the SASS was read, in --json's output: Triton's cubins in one pass (prefetch_sass) and the functions read by
 # name from files, the extension's kernels (prefetch_functions), with how many went to a disassembler run of their
-# own and the function checked against `cuobjdump -sass` alone; kept: how many of those reads a run took from
-# $GPUOPT_TOOL_STORE (the counts and checks are then those of the run that stored them)
+# own and the function checked against `cuobjdump -sass` alone; kept: how many of those reads, and of the codes
+# functions_of reads on demand (the peers'), a run took from $GPUOPT_TOOL_STORE (the counts and checks are then
+# those of the run that stored them)
 SASS_READS = {"cubins": 0, "alone": 0, "checked": "", "named": 0, "named_alone": 0, "named_checked": "", "kept": 0}
 
 
@@ -501,7 +518,7 @@ def _wave_efficiency(
             return 1.0
         return stride_units // g_axis + (1 if i_axis < stride_units % g_axis else 0)
 
-    if total > 200_000 and stride_units is None:  # equal blocks: closed form
+    if stride_units is None and total > 0:  # equal blocks: the schedule gives each slot `waves` or `waves - 1`
         waves = math.ceil(total / slots)
         return (total / slots) / waves, k
     loads = [0.0] * slots
@@ -582,13 +599,15 @@ def chain_after_loads(instrs, steady_state: bool = True) -> float:
     cycles = 0
     for walk in (0, 1) if steady_state else (1,):
         for ins in instrs:
-            if outstanding.intersection(ins.srcs) or outstanding.intersection(ins.dsts):
+            if outstanding and not (outstanding.isdisjoint(ins.srcs) and outstanding.isdisjoint(ins.dsts)):
                 for r in outstanding:
                     ready[r] = t
                 outstanding.clear()
                 if walk == 1 or not steady_state:
                     since = t
-            start = max([t] + [ready.get(r, 0) for r in ins.srcs])
+            start = t
+            for r in ins.srcs:
+                start = max(start, ready.get(r, 0))
             t = start + 1
             m = S.mem_bytes(ins)
             if m and m[0] in ("global_load", "async_copy"):

@@ -29,6 +29,7 @@ inside a loop body count, and the waits are found from register dependencies onl
 from __future__ import annotations
 
 import argparse
+import bisect
 import glob
 import importlib.util
 import os
@@ -475,25 +476,30 @@ def loops(fn: Function) -> list[Loop]:
                 break
         parents.append(parent)
         depths.append(0 if parent is None else depths[parent] + 1)
+    instrs = fn.instrs
+    addrs = [x.addr for x in instrs]
+    ordered = all(a <= b for a, b in zip(addrs, addrs[1:]))  # as listed; otherwise each range is a scan
+
+    def span(head: int, tail: int) -> Sequence[int]:  # the indices of the instructions in [head, tail]
+        if ordered:
+            return range(bisect.bisect_left(addrs, head), bisect.bisect_right(addrs, tail))
+        return [k for k, a in enumerate(addrs) if head <= a <= tail]
+
+    spans = [span(head, tail) for head, tail in ranges]
     result = [
-        Loop(i, head, tail, depths[i], parents[i], [x for x in fn.instrs if head <= x.addr <= tail], [])
+        Loop(i, head, tail, depths[i], parents[i], [instrs[k] for k in spans[i]], [])
         for i, (head, tail) in enumerate(ranges)
     ]
-    for ins in fn.instrs:
-        owner = _innermost(result, ins.addr)
-        if owner is not None:
-            result[owner].own.append(ins)
+    # an instruction's innermost loop: the deepest that contains it, then the smallest, then the first; each loop
+    # marks its range, in increasing order of that preference, so the last mark is the owner
+    owner: list[Optional[int]] = [None] * len(instrs)
+    for lp in sorted(result, key=lambda lp: (lp.depth, lp.head - lp.tail, -lp.index)):
+        for k in spans[lp.index]:
+            owner[k] = lp.index
+    for ins, o in zip(instrs, owner):
+        if o is not None:
+            result[o].own.append(ins)
     return result
-
-
-def _innermost(loops_: Sequence[Loop], addr: int) -> Optional[int]:
-    best: Optional[Loop] = None
-    for lp in loops_:
-        if lp.head <= addr <= lp.tail and (
-            best is None or (lp.depth, best.tail - best.head) > (best.depth, lp.tail - lp.head)
-        ):
-            best = lp
-    return None if best is None else best.index
 
 
 def dynamic_count(fn: Function, trips: Mapping[int, float], loops_: Optional[list[Loop]] = None) -> float:
@@ -551,7 +557,17 @@ def mem_bytes(instr: Instr) -> Optional[tuple[str, int]]:
     global_store (STG, ST), local_load (LDL), local_store (STL), shared_load (LDS, LDSM), shared_store (STS,
     STSM), global_atomic (ATOMG, RED, ATOM), async_copy (LDGSTS: the bytes copied), const_load (LDC). Width from
     the modifiers: .128 = 16, .64 = 8, .U16/.S16 = 2, .U8/.S8 = 1, else 4 bytes (LDSM: 4 bytes per matrix)."""
-    return mem_bytes_of(instr.base, instr.opcode.split("."))
+    key = (instr.base, instr.opcode)
+    try:
+        return _MEM_BYTES[key]
+    except KeyError:
+        got = _MEM_BYTES[key] = mem_bytes_of(instr.base, instr.opcode.split("."))
+        return got
+
+
+# mem_bytes by opcode: the model asks again for each instruction of each loop body and walk (millions of times),
+# of a few hundred distinct opcodes
+_MEM_BYTES: dict = {}
 
 
 def mem_summary(instrs: Iterable[Instr]) -> dict[str, dict[str, int]]:
@@ -589,7 +605,7 @@ def load_batches(
     for walk in (0, 1) if steady_state else (1,):
         counting = walk == 1
         for ins in instrs:
-            touches = outstanding.intersection(ins.srcs) or outstanding.intersection(ins.dsts)
+            touches = outstanding and not (outstanding.isdisjoint(ins.srcs) and outstanding.isdisjoint(ins.dsts))
             if touches or (async_pending and ins.base == "DEPBAR"):
                 if counting:
                     waits += 1
