@@ -6,9 +6,9 @@ lists the members of tl, tl.tensor, tl.math and tl.core.tensor_descriptor_base w
 find the builtins among them. The kernels here call a helper per step (the row_* helpers), so in test_correctness's
 82 interpreter cases at N = 1000 that listing was a third of the time (cProfile: 152,073 calls, 25.6 s of 75.6 s).
 The names of a module's builtins do not change once triton is imported: list_builtins_once lists them once, before
-any kernel runs, and at a call patches them as _patch_builtin does. A scope patches all of a module's builtins or
-none of them, and restores all, so where the first listed name is patched already (inside a kernel) all are, and
-neither patches anything.
+any kernel runs, and at every call patches those of the names whose current value is a builtin, as _patch_builtin
+does (inside a kernel they are already patched, and neither patches them again). Not every name of a module is
+patched or unpatched together: a helper called outside a kernel scope patches for good, so each name is checked.
 
 The interpreter also maps a Triton dtype to its numpy dtype (_get_np_dtype) by building a dict of twenty numpy
 dtypes at every call, a few times per operation (the shard-map tests: 379,258 calls, 5.6 s of 66 s); np_dtypes_once
@@ -46,10 +46,7 @@ def list_builtins_once() -> bool:
         known = names.get(id(pkg))
         if known is None or known[0] is not pkg:  # a module or class not listed above: as the interpreter does
             return original(pkg, builder, scope)
-        listed = known[1]
-        if not listed or not tl.core.is_builtin(getattr(pkg, listed[0])):
-            return  # patched already: all of them are
-        for name in listed:
+        for name in known[1]:
             member = getattr(pkg, name)
             if tl.core.is_builtin(member):
                 interp._patch_attr(pkg, name, member, builder, scope)
