@@ -17,7 +17,7 @@ EPS = 1e-5
 @pytest.mark.parametrize("backend", backend_params())
 def test_gradcheck_fp64_with_dropout(backend):
     dev = backend.device
-    m, n = (2, 6) if backend.interpreted else (4, 9)  # each gradcheck runs the op ~2 x (inputs' numel) times
+    m, n = 4, 9  # the slow backends' gradcheck takes its fast mode (Backend.gradcheck): two runs an input
     x, w, b = make_inputs((m,), n, torch.float64, dev, requires_grad=True)
     seed = seed_tensor(99, dev)
     ldr = backend.op("layer_norm_dropout_relu")
@@ -207,10 +207,8 @@ def test_norm_dropout_gradcheck_and_opcheck(backend):
     nd, nd_bwd = backend.op("norm_dropout"), backend.op("norm_dropout_backward")
     seed = seed_tensor(99, dev)
     x, w, b = make_inputs((2,), 5, torch.float64, dev, requires_grad=True)
-    # every flag combination where a gradcheck is cheap; the interpreter's slow kernels take each flag value once
     flags = (False, True)
-    combos = [(False, False), (True, True)] if backend.interpreted else [(r, a) for r in flags for a in flags]
-    for rms, relu in combos:
+    for rms, relu in [(r, a) for r in flags for a in flags]:  # every flag combination
 
         def f(x, w, b, rms=rms, relu=relu):
             return nd(x, w, b, seed, 0.3, EPS, rms, relu)[0]
@@ -237,19 +235,15 @@ def test_norm_dropout_gradcheck_and_opcheck(backend):
 # kernels' and the Triton ops' gradients against the reference (test_correctness.py)
 @pytest.mark.parametrize("backend", backend_params(slow_in_full_suite=True))
 def test_gated_act_autograd(backend):
-    """gradcheck in fp64 for every activation and both layouts (relu away from its kink, dropout on and off; the
-    Triton interpreter: each activation once, each layout and p twice), opcheck of the op pair, autograd equal to
-    the backward op on the saved inputs (nothing else is saved), and the public function: same seed, same mask;
-    training=False drops nothing."""
+    """gradcheck in fp64 for every activation and both layouts (relu away from its kink, dropout on and off),
+    opcheck of the op pair, autograd equal to the backward op on the saved inputs (nothing else is saved), and the
+    public function: same seed, same mask; training=False drops nothing."""
     require_op(backend, "gated_act")
     dev = backend.device
     op, op_bwd = backend.op("gated_act"), backend.op("gated_act_backward")
     g = torch.Generator().manual_seed(5)
     layouts = ((False, 0.0), (True, 0.0), (False, 0.3), (True, 0.3))
-    combos = [(act, packed, p) for act in (0, 1, 2, 3) for packed, p in layouts]
-    if backend.interpreted:  # a few examples a second: every act once, every layout and p twice
-        combos = [(0, False, 0.3), (1, True, 0.0), (2, False, 0.0), (3, True, 0.3)]
-    for act, packed, p in combos:
+    for act, packed, p in [(act, packed, p) for act in (0, 1, 2, 3) for packed, p in layouts]:
         gate = (torch.randn(3, 10 if packed else 5, generator=g, dtype=torch.float64) * 2).to(dev)
         up = None if packed else torch.randn(3, 5, generator=g, dtype=torch.float64).to(dev)
         gate.requires_grad_()
